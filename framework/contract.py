@@ -1,0 +1,172 @@
+"""The plugin contract: everything a backend plugin author needs, in one module.
+
+A backend plugin is a Python distribution with an entry point in the group
+``framework.backends`` that names a module (or object) implementing the hooks
+below with ``@hookimpl``. Its devices subclass :class:`Device`.
+
+Shapes are numpy order (outermost axis first; ggml's ``ne`` reversed). Tensors
+and graphs come from ``framework.core.graph``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pluggy
+
+if TYPE_CHECKING:
+    from .core.graph import Tensor
+    from .core.scheduler.fragment import Fragment
+
+PROJECT = "framework"
+ENTRY_POINT_GROUP = "framework.backends"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class DeviceType(str, Enum):
+    CPU = "CPU"
+    GPU = "GPU"
+    NPU = "NPU"
+    ACCEL = "ACCEL"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A device's answer to "can you run this node" or "can you use this buffer".
+
+    ``code`` is machine-readable (``ok``, ``unsupported_op``, ``unsupported_dtype``,
+    ``unsupported_shape``, ``unsupported_buffer``, ``refused_by_profile``, ...);
+    ``reason`` is one sentence for people.
+    """
+
+    ok: bool
+    code: str = "ok"
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def yes(cls) -> "Verdict":
+        return _YES
+
+    @classmethod
+    def no(cls, code: str, reason: str) -> "Verdict":
+        return cls(False, code, reason)
+
+
+_YES = Verdict(True)
+
+
+@dataclass(frozen=True)
+class BufferType:
+    """Where a tensor's bytes live. ``host`` buffers are plain numpy arrays any device can read."""
+
+    name: str
+    host: bool = False
+
+
+HOST_BUFFER = BufferType("host", host=True)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a device declares up front. ``None`` means "no limit"."""
+
+    memory_bytes: int | None = None
+    max_live_programs: int | None = None
+    max_chain: int | None = None          # commands (dispatches, runs) one submission may chain
+    static_shapes: bool = False           # every program needs fixed shapes
+    dtypes: frozenset[str] | None = None  # weight dtypes accepted (names like "Q4_K"); None: all
+
+
+class Program(Protocol):
+    """A compiled fragment."""
+
+    def run(self, args: list[Any]) -> list[Any]:
+        """Run once. ``args`` are device handles in ``fragment.inputs`` order; returns handles in
+        ``fragment.outputs`` order."""
+
+
+class Device:
+    """Base class of every device. Subclasses set the class data and override the methods
+    marked *required*; every other member is optional and its default is written here.
+    """
+
+    # -- identity (required) ---------------------------------------------------------------
+    name: str = ""                       # unique, "plugin:index" style, e.g. "cpu", "vulkan:0"
+    type: DeviceType = DeviceType.CPU
+    physical_id: str = ""                # PCI address or equivalent; two plugins, one chip: same id
+    description: str = ""
+
+    # -- availability (optional; default: available) ----------------------------------------
+    available: bool = True
+    unavailable_reason: str = ""
+
+    # -- capabilities (optional) -------------------------------------------------------------
+    limits: Limits = Limits()
+    buffer_type: BufferType = HOST_BUFFER   # where this device keeps the tensors it owns
+    emulation: str | None = None            # set when limits of absent hardware are emulated
+
+    def supports_op(self, node: "Tensor") -> Verdict:
+        """*Required.* Whether this device can compute ``node`` (its op, dtypes, shapes)."""
+        raise NotImplementedError
+
+    def supports_buffer(self, buft: BufferType) -> Verdict:
+        """Whether this device can read and write tensors held in ``buft``.
+        Default: its own buffer type and host buffers."""
+        if buft == self.buffer_type or buft.host:
+            return Verdict.yes()
+        return Verdict.no("unsupported_buffer", f"{self.name} cannot access buffers of type '{buft.name}'")
+
+    # -- memory (optional) --------------------------------------------------------------------
+    def load_weight(self, tensor: "Tensor", raw: np.ndarray) -> Any:
+        """Turn a weight's file bytes (uint8, as stored in GGUF) into a device handle.
+        Default: dequantize to a float32 numpy array."""
+        from .core.graph.quants import dequantize
+        return dequantize(raw, tensor.dtype, tensor.shape)
+
+    def alloc(self, tensor: "Tensor") -> Any:
+        """A zero-filled handle for a pre-allocated tensor (a KV cache). Default: numpy zeros."""
+        return np.zeros(tensor.shape, dtype=np.float32 if tensor.dtype.name == "F32" else np.int32)
+
+    def from_host(self, array: np.ndarray) -> Any:
+        """A device handle holding ``array``'s values. Default: the array itself."""
+        return array
+
+    def to_host(self, handle: Any) -> np.ndarray:
+        """A numpy array holding the handle's values. Default: ``np.asarray(handle)``."""
+        return np.asarray(handle)
+
+    # -- work (required) ------------------------------------------------------------------------
+    def compile(self, fragment: "Fragment") -> Program:
+        """*Required.* Compile a fragment into a program. Called once per distinct fragment
+        structure; the program must not capture the fragment's weights (they are arguments)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
+        return f"{self.name} ({self.type.value}, {state})"
+
+
+class BackendSpec:
+    """Hook specifications. A plugin implements some of them with ``@hookimpl``."""
+
+    @hookspec
+    def framework_devices(self) -> list[Device]:
+        """Return the devices this plugin provides, available or not.
+
+        An unavailable device is still returned, with ``available = False`` and the reason, so
+        that ``framework backends`` can say why it cannot be used.
+
+        The caller collects the lists of every plugin.
+        """
+
+
+__all__ = ["PROJECT", "ENTRY_POINT_GROUP", "hookspec", "hookimpl", "DeviceType", "Verdict", "BufferType",
+           "HOST_BUFFER", "Limits", "Program", "Device", "BackendSpec"]

@@ -1,0 +1,1 @@
+"""The compute-graph core: graphs (core.graph) and plans (core.scheduler)."""

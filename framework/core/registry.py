@@ -1,0 +1,119 @@
+"""Discovering backend plugins (entry points, loaded with pluggy) and choosing devices.
+
+A plugin that fails to import or does not fit the contract is recorded with its
+distribution and the reason; it never takes the other plugins down.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+import pluggy
+
+from ..contract import ENTRY_POINT_GROUP, PROJECT, BackendSpec, Device, DeviceType
+from .scheduler.errors import DeviceSelectionError
+
+DISABLE_ENV = "FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD"   # "1": load no entry points
+BLOCK_ENV = "FRAMEWORK_BLOCK_PLUGINS"               # comma-separated plugin names not to load
+ALIASES = {"cpu": DeviceType.CPU, "gpu": DeviceType.GPU, "npu": DeviceType.NPU, "accel": DeviceType.ACCEL}
+
+
+@dataclass
+class PluginRecord:
+    name: str
+    distribution: str
+    error: str | None = None
+    devices: list[Device] = field(default_factory=list)
+
+
+class Registry:
+    def __init__(self):
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(BackendSpec)
+        self.plugins: dict[str, PluginRecord] = {}
+
+    def load_entry_points(self) -> "Registry":
+        if os.environ.get(DISABLE_ENV) == "1":
+            return self
+        blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name in blocked or ep.name in self.plugins:
+                continue
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
+            try:
+                obj = ep.load()
+            except Exception as e:
+                self.plugins[ep.name] = PluginRecord(ep.name, dist, f"failed to import {ep.value}: "
+                                                     f"{type(e).__name__}: {e}")
+                continue
+            self.register(obj, ep.name, dist)
+        return self
+
+    def register(self, plugin, name: str, distribution: str = "(registered in code)") -> PluginRecord:
+        record = PluginRecord(name, distribution)
+        self.plugins[name] = record
+        try:
+            self.pm.register(plugin, name=name)
+        except Exception as e:   # pluggy's PluginValidationError names the hook and the signature
+            record.error = f"does not fit the plugin contract: {e}"
+            return record
+        try:
+            record.devices = self._devices_of(plugin, name)
+        except Exception as e:
+            record.error = f"framework_devices() failed: {type(e).__name__}: {e}"
+            self.pm.unregister(name=name)
+        return record
+
+    def _devices_of(self, plugin, name: str) -> list[Device]:
+        impls = [i for i in self.pm.hook.framework_devices.get_hookimpls() if i.plugin_name == name]
+        devices = [d for impl in impls for d in (impl.function() or [])]
+        for d in devices:
+            if not isinstance(d, Device):
+                raise TypeError(f"it returned {d!r}, which is not a framework.contract.Device")
+            if not d.name:
+                raise TypeError(f"device {type(d).__name__} has no name")
+        return devices
+
+    def devices(self) -> list[Device]:
+        return [d for r in self.plugins.values() if not r.error for d in r.devices]
+
+    def describe_devices(self) -> str:
+        lines = [f"  {d.describe()}" for d in self.devices()]
+        lines += [f"  plugin '{r.name}' ({r.distribution}): {r.error}" for r in self.plugins.values() if r.error]
+        return "\n".join(lines) or "  (no plugins found in entry-point group framework.backends)"
+
+    def select(self, spec: str) -> list[Device]:
+        """Resolve a --backends list: device names or the aliases cpu, gpu, npu, accel."""
+        names = [s.strip() for s in spec.split(",") if s.strip()]
+        if not names:
+            raise DeviceSelectionError(f"--backends is empty; devices:\n{self.describe_devices()}")
+        by_name = {d.name: d for d in self.devices()}
+        chosen: list[Device] = []
+        for name in names:
+            dev = by_name.get(name) or self._alias(name)
+            if dev is None:
+                raise DeviceSelectionError(f"unknown backend '{name}'; devices:\n{self.describe_devices()}")
+            if not dev.available:
+                raise DeviceSelectionError(f"device '{dev.name}' is unavailable: {dev.unavailable_reason}; "
+                                           f"devices:\n{self.describe_devices()}")
+            if dev not in chosen:
+                chosen.append(dev)
+        return chosen
+
+    def _alias(self, name: str) -> Device | None:
+        kind = ALIASES.get(name.lower())
+        if kind is None:
+            return None
+        of_kind = [d for d in self.devices() if d.type == kind]
+        available = [d for d in of_kind if d.available]
+        if available:
+            return available[0]
+        why = "; ".join(f"{d.name}: {d.unavailable_reason}" for d in of_kind) or "no plugin provides one"
+        raise DeviceSelectionError(f"alias '{name}' matches no available {kind.value} device ({why}); "
+                                   f"devices:\n{self.describe_devices()}")
+
+
+def default_registry() -> Registry:
+    return Registry().load_entry_points()

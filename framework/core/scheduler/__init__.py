@@ -1,0 +1,9 @@
+"""Scheduling: plans (which device runs what, and why) and the executor that runs them."""
+
+from .errors import CapabilityError, DeviceRunError, DeviceSelectionError
+from .executor import Executor
+from .fragment import Fragment, split_fragments
+from .plan import Copy, Placement, Plan, make_plan
+
+__all__ = ["CapabilityError", "DeviceRunError", "DeviceSelectionError", "Executor", "Fragment", "split_fragments",
+           "Copy", "Placement", "Plan", "make_plan"]

@@ -1,0 +1,96 @@
+"""Running plans: weights and caches on their devices, one program per fragment structure,
+copies between devices, and the time each device took."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+import numpy as np
+
+from ...contract import Device
+from ..graph import LeafKind, Tensor
+from .errors import DeviceRunError
+from .plan import Plan
+
+WeightBytes = Callable[[Tensor], np.ndarray]
+Progress = Callable[[str, int, int], None]     # (tensor name, bytes done, bytes total)
+
+
+class Executor:
+    def __init__(self, devices: list[Device], weight_bytes: WeightBytes):
+        self.devices = {d.name: d for d in devices}
+        self.weight_bytes = weight_bytes
+        self.weights: dict[tuple[str, int], Any] = {}
+        self.caches: dict[int, tuple[str, Any]] = {}
+        self.programs: dict[tuple[str, str], Any] = {}
+        self.stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0, "bytes_copied": 0, "compiles": 0})
+
+    # -- preparation ----------------------------------------------------------------------
+    def prepare(self, plan: Plan, progress: Progress | None = None) -> None:
+        """Load every weight the plan reads onto its device, allocate caches, compile programs."""
+        todo = [(f.device, t) for f in plan.fragments for t in f.inputs
+                if t.is_leaf and t.kind == LeafKind.WEIGHT and (f.device, id(t)) not in self.weights]
+        todo = list({(d, id(t)): (d, t) for d, t in todo}.values())
+        total, done = sum(t.nbytes for _, t in todo), 0
+        for dev_name, t in todo:
+            self.weights[(dev_name, id(t))] = self._device_call(dev_name, "loading weight", t.name,
+                                                                self.devices[dev_name].load_weight,
+                                                                t, self.weight_bytes(t))
+            done += t.nbytes
+            if progress:
+                progress(t.name, done, total)
+        for f in plan.fragments:
+            for t in f.inputs:
+                if t.is_leaf and t.kind == LeafKind.CACHE and id(t) not in self.caches:
+                    self.caches[id(t)] = (f.device, self.devices[f.device].alloc(t))
+            key = (f.device, f.structure)
+            if key not in self.programs:
+                self.programs[key] = self._device_call(f.device, "compiling", f.describe(),
+                                                       self.devices[f.device].compile, f)
+                self.stats[f.device]["compiles"] += 1
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, plan: Plan, inputs: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """Run every fragment in order; return the graph's outputs as numpy arrays."""
+        self.prepare(plan)
+        values: dict[int, tuple[str, Any]] = {}
+        for f in plan.fragments:
+            args = [self._arg(t, f.device, values, inputs) for t in f.inputs]
+            t0 = time.perf_counter()
+            results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.structure)].run,
+                                        args)
+            st = self.stats[f.device]
+            st["seconds"] += time.perf_counter() - t0
+            st["runs"] += 1
+            for t, h in zip(f.outputs, results):
+                values[id(t)] = (f.device, h)
+                if t.op == "SET_ROWS":
+                    self.caches[id(t.storage)] = (f.device, h)
+        return [self._to_host(values[id(t)]) for t in plan.graph.outputs]
+
+    def _arg(self, t: Tensor, dev_name: str, values: dict, inputs: dict[int, np.ndarray]) -> Any:
+        if t.is_leaf and t.kind == LeafKind.WEIGHT:
+            return self.weights[(dev_name, id(t))]
+        if t.is_leaf and t.kind == LeafKind.INPUT:
+            return self.devices[dev_name].from_host(inputs[id(t)])
+        held = self.caches[id(t)] if t.is_leaf else values[id(t)]
+        if held[0] == dev_name:
+            return held[1]
+        host = self._to_host(held)
+        self.stats[dev_name]["bytes_copied"] += host.nbytes
+        return self.devices[dev_name].from_host(host)
+
+    def _to_host(self, held: tuple[str, Any]) -> np.ndarray:
+        return self.devices[held[0]].to_host(held[1])
+
+    def _device_call(self, dev_name: str, doing: str, what: str, fn, *args):
+        """Never swallow a device's failure: re-raise it in words, keeping its own message."""
+        try:
+            return fn(*args)
+        except DeviceRunError:
+            raise
+        except Exception as e:
+            raise DeviceRunError(f"device {dev_name} failed while {doing} {what}: {type(e).__name__}: {e}") from e
+

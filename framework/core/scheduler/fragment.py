@@ -1,0 +1,46 @@
+"""Fragments: connected runs of nodes on one device, the unit a device compiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import Graph, Tensor, structure_hash
+
+
+@dataclass(eq=False)
+class Fragment:
+    index: int
+    device: str
+    nodes: list[Tensor]
+    inputs: list[Tensor] = field(default_factory=list)    # read here, made elsewhere (first-use order)
+    outputs: list[Tensor] = field(default_factory=list)   # made here, read elsewhere or wanted by the caller
+    structure: str = ""
+
+    def describe(self) -> str:
+        return f"fragment {self.index} on {self.device}: nodes {self.nodes[0].name} .. {self.nodes[-1].name}"
+
+
+def split_fragments(graph: Graph, device_of: dict[int, str]) -> list[Fragment]:
+    """Cut the node list wherever the device changes; find each fragment's inputs and outputs."""
+    fragments: list[Fragment] = []
+    for n in graph.nodes:
+        dev = device_of[id(n)]
+        if not fragments or fragments[-1].device != dev:
+            fragments.append(Fragment(index=len(fragments), device=dev, nodes=[]))
+        fragments[-1].nodes.append(n)
+    frag_of = {id(n): f.index for f in fragments for n in f.nodes}
+    wanted = {id(t) for t in graph.outputs}
+    for f in fragments:
+        seen: set[int] = set()
+        for n in f.nodes:
+            for s in n.src:
+                if frag_of.get(id(s)) != f.index and id(s) not in seen:
+                    seen.add(id(s))
+                    f.inputs.append(s)
+        for n in f.nodes:
+            used_elsewhere = any(frag_of[id(c)] != f.index for c in graph.consumers.get(id(n), ()))
+            # a cache write is a side effect on a persistent tensor: always hand its result back
+            if used_elsewhere or id(n) in wanted or n.op == "SET_ROWS":
+                f.outputs.append(n)
+        f.structure = structure_hash(f.nodes, f.outputs)
+    return fragments

@@ -1,0 +1,1 @@
+"""Model files: GGUF reading and checking, hyper-parameters, tokenizers, architectures."""

@@ -1,0 +1,11 @@
+"""Architectures: each builds the graph of one step the way llama.cpp's src/models/*.cpp do."""
+
+from __future__ import annotations
+
+from .base import Architecture, StepInputs
+from .gemma3 import Gemma3
+from .llama import Llama
+
+ARCHITECTURES: dict[str, type[Architecture]] = {"llama": Llama, "gemma3": Gemma3}
+
+__all__ = ["ARCHITECTURES", "Architecture", "StepInputs"]

@@ -1,0 +1,114 @@
+"""What every architecture shares: weights as leaves, step inputs, the KV cache, attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core.graph import F32, I32, GraphBuilder, LeafKind, Tensor, leaf
+from ..gguf_file import ModelFile
+from ..hparams import HParams
+
+
+class MissingWeightError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class StepInputs:
+    """The input leaves of one step's graph; the runtime fills their values before every step."""
+
+    tokens: Tensor      # (T,) int32 token ids
+    pos: Tensor         # (T,) int32 positions
+    kv_rows: Tensor     # (T,) int32 cache rows the step's K and V are written to
+    mask: Tensor        # (T, n_kv) float32, 0 or -inf: causal
+    mask_swa: Tensor | None   # (T, n_kv) causal and within the sliding window
+    out_ids: Tensor | None    # (n_out,) int32 rows whose logits are wanted; None: all
+
+    def all(self) -> list[Tensor]:
+        return [t for t in (self.tokens, self.pos, self.kv_rows, self.mask, self.mask_swa, self.out_ids) if t]
+
+
+class KVCache:
+    """Pre-allocated K and V tensors, one pair per layer, of n_ctx rows each."""
+
+    def __init__(self, hp: HParams, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.k = [leaf(f"cache_k_l{il}", F32, (n_ctx, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
+        self.v = [leaf(f"cache_v_l{il}", F32, (n_ctx, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
+
+    def tensors(self) -> list[Tensor]:
+        return self.k + self.v
+
+
+class Architecture:
+    """Subclasses set `name`, `rope_mode` and implement `build`."""
+
+    name = ""
+    rope_mode = "normal"
+    swa_pattern = 0
+    rope_base_swa: float | None = None
+
+    def __init__(self, file: ModelFile, hparams: HParams):
+        self.file = file
+        self.hp = hparams
+        self._weights: dict[str, Tensor] = {}
+
+    def weight(self, name: str) -> Tensor:
+        """The leaf for a tensor of the file (one Tensor object per name, shared by every graph)."""
+        t = self._weights.get(name)
+        if t is None:
+            entry = self.file.tensors.get(name)
+            if entry is None:
+                raise MissingWeightError(f"{self.file.path}: tensor '{name}' is missing; the {self.name} "
+                                         f"architecture needs it")
+            t = self._weights[name] = leaf(name, entry.dtype, entry.shape, LeafKind.WEIGHT)
+        return t
+
+    def has_weight(self, name: str) -> bool:
+        return name in self.file.tensors
+
+    def check_weights(self) -> None:
+        """Build nothing, but touch every weight the graph will need, so a missing one fails now."""
+        for name in self.weight_names():
+            self.weight(name)
+
+    def weight_names(self) -> list[str]:
+        raise NotImplementedError
+
+    def make_inputs(self, b: GraphBuilder, n_tokens: int, n_kv: int, n_out: int | None) -> StepInputs:
+        swa = b.input("kq_mask_swa", F32, (n_tokens, n_kv)) if any(self.hp.swa_layers) else None
+        return StepInputs(
+            tokens=b.input("inp_tokens", I32, (n_tokens,)), pos=b.input("inp_pos", I32, (n_tokens,)),
+            kv_rows=b.input("kv_rows", I32, (n_tokens,)), mask=b.input("kq_mask", F32, (n_tokens, n_kv)),
+            mask_swa=swa, out_ids=None if n_out is None else b.input("inp_out_ids", I32, (n_out,)))
+
+    def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache) -> Tensor:
+        """Append one step's nodes; return the logits tensor (n_out, n_vocab)."""
+        raise NotImplementedError
+
+    # -- pieces shared by the architectures --------------------------------------------------
+    def norm(self, b: GraphBuilder, x: Tensor, weight: str, name: str) -> Tensor:
+        return b.mul(b.rms_norm(x, self.hp.rms_eps, name=f"{name}_rms"), self.weight(weight), name=name)
+
+    def attention(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, il: int, q: Tensor, k: Tensor,
+                  v: Tensor, scale: float) -> Tensor:
+        """Write this step's K and V into the cache, attend over the cache, return (T, H*D)."""
+        hp = self.hp
+        n_tokens, n_kv = inp.mask.shape
+        k_rows = b.reshape(k, (n_tokens, hp.kv_width), name=f"k_rows-{il}")
+        v_rows = b.reshape(v, (n_tokens, hp.kv_width), name=f"v_rows-{il}")
+        k_written = b.set_rows(cache.k[il], k_rows, inp.kv_rows, name=f"k_cache_write-{il}")
+        v_written = b.set_rows(cache.v[il], v_rows, inp.kv_rows, name=f"v_cache_write-{il}")
+        k_all = b.view(k_written, (n_kv, hp.n_head_kv, hp.head_dim), name=f"k_cache_view-{il}")
+        v_all = b.view(v_written, (n_kv, hp.n_head_kv, hp.head_dim), name=f"v_cache_view-{il}")
+        mask = inp.mask_swa if hp.swa_layers[il] else inp.mask
+        out = b.flash_attn_ext(q, k_all, v_all, mask, scale, name=f"kqv-{il}")
+        return b.reshape(out, (n_tokens, hp.n_head * hp.head_dim), name=f"kqv_merged-{il}")
+
+    def logits(self, b: GraphBuilder, x: Tensor, inp: StepInputs) -> Tensor:
+        if inp.out_ids is not None:
+            x = b.get_rows(x, inp.out_ids, name="out_rows")
+        x = self.norm(b, x, "output_norm.weight", "result_norm")
+        out_name = "output.weight" if self.has_weight("output.weight") else "token_embd.weight"
+        return b.mul_mat(self.weight(out_name), x, name="result_output")

@@ -1,0 +1,383 @@
+"""Tokenizers rebuilt from GGUF metadata that reproduce llama.cpp's token ids.
+
+Two ``tokenizer.ggml.model`` types are supported:
+
+- ``"gpt2"``: byte-level BPE.  The merging is done by the HF ``tokenizers`` library, which
+  applies merges by rank exactly like llama.cpp's llm_tokenizer_bpe; the pre-tokenizer is
+  rebuilt from llama.cpp's regex list for ``tokenizer.ggml.pre``.
+- ``"llama"``: SentencePiece-style BPE (llama.cpp's llm_tokenizer_spm): adjacent symbols are
+  merged by highest token score, unknown characters fall back to ``<0xXX>`` byte tokens.
+  ``tokenizers`` has no score-driven merge model, so this part is hand-written.
+
+Both share llama.cpp's special-token partitioning (``tokenizer_st_partition``): user-defined
+tokens are cut out of the text before the BPE runs, even when ``parse_special`` is False;
+control and unknown tokens only when it is True.  Reference: llama.cpp src/llama-vocab.cpp.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+SUPPORTED_MODELS = ("gpt2", "llama")
+
+# Token texts llama.cpp recognises by text when the GGUF has no explicit id (llama_vocab::load).
+# Each detected token is forced to CONTROL type, which matters for partitioning and decoding.
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+              "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
+                "▁<PRE>", "<|code_prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
+                "▁<SUF>", "<|code_suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
+                "▁<MID>", "<|code_middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+# Texts that end generation wherever they appear in the vocabulary.
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+              "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
+              "<end_of_utterance>")
+
+# llama.cpp pre-tokenizer regex lists for gpt2 vocabularies, by tokenizer.ggml.pre.  Only
+# families whose llama.cpp detokenizer does no "clean_spaces" post-processing are listed, so
+# that decode() stays exact.  Value: whether digits are split off one by one first ("\p{N}").
+_BPE_PRE_SPLIT_DIGITS = {"smollm": True, "command-r": True}
+
+_SPACE_MARK = "\u2581"  # SentencePiece's visible space
+
+
+class Tokenizer:
+    """Shared part: vocabulary, special-token partitioning, pieces and decoding.
+
+    Subclasses implement ``_encode_fragments`` (the BPE of one model type) and
+    ``_normal_piece`` (bytes of a NORMAL/BYTE token's piece).
+    """
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int], *,
+                 bos_id: int | None, eos_id: int | None, eog_ids: Iterable[int],
+                 add_bos: bool, chat_template: str | None = None) -> None:
+        self.tokens = list(tokens)
+        self.token_types = list(token_types)
+        self.n_vocab = len(self.tokens)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eog_ids = frozenset(eog_ids)
+        self.add_bos = bool(add_bos)
+        self.chat_template = chat_template
+        # llama.cpp's token_to_id: a later duplicate text wins, as in its load loop.
+        self._vocab = {text: i for i, text in enumerate(self.tokens)}
+        self._piece_cache: dict[int, bytes] = {}
+        self._special_all, self._special_user = self._special_lists()
+
+    def _special_lists(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        # llama.cpp's cache_special_tokens: control, user-defined and unknown tokens, longest
+        # (in bytes) first, so a long token is cut out before a shorter one inside it.
+        # Equal lengths keep id order (llama.cpp's std::sort leaves them unspecified).
+        kinds = (CONTROL, USER_DEFINED, UNKNOWN)
+        ids = [i for i, t in enumerate(self.token_types) if t in kinds]
+        ids.sort(key=lambda i: -len(self.tokens[i].encode("utf-8")))
+        every = [(self.tokens[i], i) for i in ids]
+        user = [(self.tokens[i], i) for i in ids if self.token_types[i] == USER_DEFINED]
+        return every, user
+
+    def encode(self, text: str, add_bos: bool | None = None,
+               parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, as llama_tokenize(add_special=add_bos, parse_special)."""
+        if add_bos is None:
+            add_bos = self.add_bos
+        ids = [self.bos_id] if add_bos and self.bos_id is not None else []
+        ids.extend(self._encode_fragments(self._partition(text, parse_special)))
+        return ids
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """Cut special-token strings out of ``text`` (llama.cpp's tokenizer_st_partition).
+
+        Returns raw-text pieces (str) and special token ids (int) in order.  Tokens are
+        applied one at a time, longest first, each splitting every remaining raw piece at
+        its non-overlapping left-to-right occurrences, exactly as llama.cpp does.
+        """
+        frags: list[str | int] = [text] if text else []
+        specials = self._special_all if parse_special else self._special_user
+        for piece, tid in specials:
+            if piece not in text:  # cheap filter: most special tokens never occur
+                continue
+            out: list[str | int] = []
+            for frag in frags:
+                if isinstance(frag, int) or piece not in frag:
+                    out.append(frag)
+                    continue
+                for k, part in enumerate(frag.split(piece)):
+                    if k:
+                        out.append(tid)
+                    if part:
+                        out.append(part)
+            frags = out
+        return frags
+
+    def _encode_fragments(self, frags: list[str | int]) -> list[int]:
+        raise NotImplementedError
+
+    def token_bytes(self, id: int, special: bool = False) -> bytes:
+        """Raw bytes of one token's piece (llama.cpp's token_to_piece).
+
+        Control and unknown tokens give b"" unless ``special``; user-defined tokens give their
+        text verbatim; unused tokens give b"".  Bytes may be a partial UTF-8 sequence, so a
+        streamer should join them before decoding.
+        """
+        ttype = self.token_types[id]
+        if ttype in (CONTROL, UNKNOWN):
+            return self.tokens[id].encode("utf-8") if special else b""
+        if ttype == USER_DEFINED:
+            return self.tokens[id].encode("utf-8")
+        piece = self._piece_cache.get(id)
+        if piece is None:
+            piece = self._piece_cache[id] = self._normal_piece(id)
+        return piece
+
+    def _normal_piece(self, id: int) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of a whole id sequence; control tokens (BOS, EOS...) render as nothing."""
+        data = b"".join(self.token_bytes(int(i)) for i in ids)
+        return data.decode("utf-8", errors="replace")
+
+
+class SPMTokenizer(Tokenizer):
+    """tokenizer.ggml.model == "llama": llama.cpp's llm_tokenizer_spm."""
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int],
+                 scores: Sequence[float], *, add_space_prefix: bool, **kwargs) -> None:
+        super().__init__(tokens, token_types, **kwargs)
+        self.scores = [float(s) for s in scores]
+        self.add_space_prefix = bool(add_space_prefix)
+        self._byte_ids = [self._byte_token(b) for b in range(256)]
+
+    def _byte_token(self, b: int) -> int | None:
+        # llama.cpp's byte_to_token: "<0xXX>", else the byte itself as a one-char token.
+        tid = self._vocab.get(f"<0x{b:02X}>")
+        if tid is None and b < 0x80:
+            tid = self._vocab.get(chr(b))
+        return tid
+
+    def _encode_fragments(self, frags: list[str | int]) -> list[int]:
+        ids: list[int] = []
+        prev_special = True  # a space prefix goes at the start and after special tokens
+        for frag in frags:
+            if isinstance(frag, int):
+                ids.append(frag)
+                prev_special = True
+                continue
+            if self.add_space_prefix and prev_special:
+                frag = " " + frag
+            # llama_escape_whitespace: only ' ' becomes '▁'; tabs and newlines stay.
+            ids.extend(self._merge(frag.replace(" ", _SPACE_MARK)))
+            prev_special = False
+        return ids
+
+    def _merge(self, text: str) -> list[int]:
+        """Merge adjacent symbols by best score (llm_tokenizer_spm_session::tokenize).
+
+        Symbols start as single characters; symbol i always begins at character i, so a
+        symbol is identified by its start and tracked by length and linked-list neighbours.
+        The heap pops the highest score first, ties going to the leftmost pair, exactly as
+        llama.cpp's priority queue; stale pairs are recognised by their length.
+        """
+        n = len(text)
+        length = [1] * n
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        if n:
+            nxt[-1] = -1
+        heap: list[tuple[float, int, int, int]] = []
+        vocab, scores = self._vocab, self.scores
+
+        def push(left: int, right: int) -> None:
+            end = right + length[right]
+            tid = vocab.get(text[left:end])
+            if tid is not None:
+                heapq.heappush(heap, (-scores[tid], left, right, end - left))
+
+        for i in range(n - 1):
+            push(i, i + 1)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
+                continue  # one side was merged elsewhere since this pair was queued
+            length[left] = size
+            length[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            if prev[left] >= 0:
+                push(prev[left], left)
+            if nxt[left] >= 0:
+                push(left, nxt[left])
+        return self._symbols_to_ids(text, length, nxt)
+
+    def _symbols_to_ids(self, text: str, length: list[int], nxt: list[int]) -> list[int]:
+        # Every merged symbol is a token by construction; a leftover single character that
+        # is not in the vocabulary becomes its UTF-8 bytes (llama.cpp's resegment).
+        ids: list[int] = []
+        i = 0 if text else -1
+        while i != -1:
+            piece = text[i:i + length[i]]
+            tid = self._vocab.get(piece)
+            if tid is not None:
+                ids.append(tid)
+            else:
+                for b in piece.encode("utf-8", errors="surrogatepass"):
+                    byte_id = self._byte_ids[b]
+                    if byte_id is None:
+                        raise ValueError(f"no byte-fallback token for byte 0x{b:02X}")
+                    ids.append(byte_id)
+            i = nxt[i]
+        return ids
+
+    def _normal_piece(self, id: int) -> bytes:
+        ttype = self.token_types[id]
+        if ttype == NORMAL:
+            return self.tokens[id].replace(_SPACE_MARK, " ").encode("utf-8")
+        if ttype == BYTE:  # "<0xXX>"
+            return bytes([int(self.tokens[id][3:5], 16)])
+        return b""  # unused / undefined tokens print nothing in llama.cpp
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable-character stand-ins for bytes, inverted (char -> byte)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = iter(range(256, 512))
+    return {chr(b if b in keep else next(extra)): b for b in range(256)}
+
+
+class BPETokenizer(Tokenizer):
+    """tokenizer.ggml.model == "gpt2": byte-level BPE through HF ``tokenizers``."""
+
+    def __init__(self, tokens: Sequence[str], token_types: Sequence[int],
+                 merges: Sequence[str], *, pre: str, **kwargs) -> None:
+        super().__init__(tokens, token_types, **kwargs)
+        self.pre = pre
+        self._hf = self._build_hf(merges, pre)
+        self._byte_of = _byte_decoder()
+
+    def _build_hf(self, merges: Sequence[str], pre: str):
+        from tokenizers import Regex, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if pre not in _BPE_PRE_SPLIT_DIGITS:
+            raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 tokenizer; "
+                             f"supported: {sorted(_BPE_PRE_SPLIT_DIGITS)}")
+        model = models.BPE(vocab=self._vocab, merges=self._merge_pairs(merges))
+        hf = HFTokenizer(model)
+        # ByteLevel(use_regex) is GPT-2's regex, which llama.cpp runs through its own
+        # equivalent (unicode_regex_split_custom_gpt2), then maps bytes to GPT-2 characters.
+        steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        if _BPE_PRE_SPLIT_DIGITS[pre]:
+            steps.insert(0, pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"))
+        hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
+        return hf
+
+    def _merge_pairs(self, merges: Sequence[str]) -> list[tuple[str, str]]:
+        # llama.cpp splits at the first space after position 0.  Pairs whose parts or result
+        # are not tokens are dropped: HF refuses them, and such merges can never produce a
+        # token in llama.cpp either.
+        pairs = []
+        for merge in merges:
+            pos = merge.find(" ", 1)
+            if pos < 0:
+                continue
+            a, b = merge[:pos], merge[pos + 1:]
+            if a in self._vocab and b in self._vocab and a + b in self._vocab:
+                pairs.append((a, b))
+        return pairs
+
+    def _encode_fragments(self, frags: list[str | int]) -> list[int]:
+        ids: list[int] = []
+        for frag in frags:
+            if isinstance(frag, int):
+                ids.append(frag)
+            else:
+                ids.extend(self._hf.encode(frag, add_special_tokens=False).ids)
+        return ids
+
+    def _normal_piece(self, id: int) -> bytes:
+        if self.token_types[id] != NORMAL:
+            return b""  # llama.cpp prints nothing for unused/byte/undefined BPE tokens
+        text = self.tokens[id]
+        try:
+            return bytes(self._byte_of[c] for c in text)
+        except KeyError:  # not a byte-level piece; keep its text
+            return text.encode("utf-8")
+
+
+def _token_id(fields: Mapping[str, object], key: str, default: int | None,
+              n_vocab: int) -> int | None:
+    # llama.cpp keeps the default when the key is missing or out of range.
+    value = fields.get(key)
+    if value is None or not 0 <= int(value) < n_vocab:
+        return default
+    return int(value)
+
+
+def _end_of_generation(fields: Mapping[str, object], vocab: Mapping[str, int],
+                       types: list[int], eos_id: int | None) -> frozenset[int]:
+    """End-of-generation ids, derived as llama.cpp does; retypes detected tokens CONTROL."""
+    n = len(types)
+    found: dict[str, int | None] = {}
+    for name, texts in (("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), *_FIM_TEXTS.items()):
+        tid = _token_id(fields, f"tokenizer.ggml.{name}_token_id", None, n)
+        if tid is None:
+            hits = [vocab[t] for t in texts if t in vocab]
+            tid = min(hits) if hits else None  # llama.cpp takes whichever it meets first
+            if tid is not None:
+                types[tid] = CONTROL
+        found[name] = tid
+    eog = {found[k] for k in ("fim_pad", "fim_rep", "fim_sep") if found[k] is not None}
+    for text in _EOG_TEXTS:
+        if text in vocab:
+            eog.add(vocab[text])
+            types[vocab[text]] = CONTROL
+    eog.update(t for t in (eos_id, found["eot"], found["eom"]) if t is not None)
+    return frozenset(eog)
+
+
+def tokenizer_from_metadata(fields: Mapping[str, object]) -> Tokenizer:
+    """Build the tokenizer described by GGUF metadata (key -> python value)."""
+    model = fields.get("tokenizer.ggml.model")
+    if model not in SUPPORTED_MODELS:
+        raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
+                         f"supported: {', '.join(repr(m) for m in SUPPORTED_MODELS)}")
+    # llama.cpp renames empty texts so they never match inside text.
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(fields["tokenizer.ggml.tokens"])]
+    n = len(tokens)
+    raw_types = fields.get("tokenizer.ggml.token_type")
+    types = [int(t) for t in raw_types] if raw_types is not None else [NORMAL] * n
+    # Defaults per model type, as llama_vocab::load before reading the GGUF keys.
+    bos_default, eos_default, add_bos_default = (1, 2, True) if model == "llama" else (11, 11, False)
+    bos_id = _token_id(fields, "tokenizer.ggml.bos_token_id", bos_default, n)
+    eos_id = _token_id(fields, "tokenizer.ggml.eos_token_id", eos_default, n)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    common = dict(
+        bos_id=bos_id, eos_id=eos_id,
+        eog_ids=_end_of_generation(fields, vocab, types, eos_id),
+        add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+        chat_template=fields.get("tokenizer.chat_template"),
+    )
+    if model == "llama":
+        scores = fields.get("tokenizer.ggml.scores")
+        if scores is None:
+            scores = [0.0] * n
+        add_prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+        return SPMTokenizer(tokens, types, scores, add_space_prefix=add_prefix, **common)
+    merges = fields.get("tokenizer.ggml.merges")
+    if merges is None:
+        raise ValueError("gpt2 tokenizer without tokenizer.ggml.merges")
+    pre = fields.get("tokenizer.ggml.pre") or "default"
+    return BPETokenizer(tokens, types, merges, pre=pre, **common)

@@ -1,0 +1,143 @@
+"""numpy kernels for every op, in float32. Each takes arrays and returns an array; no loop in
+Python runs over elements or rows. Also the reference the conformance suite compares against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+
+
+def get_rows(a, rows):
+    return a[rows]
+
+
+def mul_mat(a, b):
+    """b @ a^T, with a's batch axes repeated to b's (ggml: b batch i uses a batch i // ratio)."""
+    if a.ndim == 2:
+        return b @ a.T
+    for axis in range(a.ndim - 2):
+        off = b.ndim - a.ndim
+        if a.shape[axis] != b.shape[axis + off]:
+            a = np.repeat(a, b.shape[axis + off] // a.shape[axis], axis=axis)
+    return b @ np.swapaxes(a, -1, -2)
+
+
+def _tile_to(b, shape):
+    """ggml_repeat: tile b to `shape` when plain broadcasting does not apply."""
+    b = b.reshape((1,) * (len(shape) - b.ndim) + b.shape)
+    return np.tile(b, [s // d for s, d in zip(shape, b.shape)])
+
+
+def add(a, b):
+    try:
+        return a + b
+    except ValueError:
+        return a + _tile_to(b, a.shape)
+
+
+def mul(a, b):
+    try:
+        return a * b
+    except ValueError:
+        return a * _tile_to(b, a.shape)
+
+
+def scale(a, *, scale):
+    return a * np.float32(scale)
+
+
+def gelu(x):
+    """The tanh approximation, as ggml_gelu."""
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(SQRT_2_OVER_PI * (x + np.float32(0.044715) * x * x * x)))
+
+
+def silu(x):
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+UNARY = {"gelu": gelu, "silu": silu, "tanh": np.tanh}
+GLU = {"geglu": gelu, "swiglu": silu}
+
+
+def unary(a, *, op):
+    return UNARY[op](a)
+
+
+def glu(gate, up, *, op):
+    return GLU[op](gate) * up
+
+
+def rms_norm(x, *, eps):
+    ms = np.mean(np.square(x), axis=-1, keepdims=True)
+    return x / np.sqrt(ms + np.float32(eps))
+
+
+def soft_max(a, mask=None, *, scale):
+    x = a * np.float32(scale)
+    if mask is not None:
+        x = x + mask
+    x = x - np.max(x, axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= np.sum(x, axis=-1, keepdims=True)
+    return x
+
+
+def flash_attn_ext(q, k, v, mask=None, *, scale):
+    """q (T, H, D), k and v (S, Hkv, D), mask (T, S): softmax(q k^T * scale + mask) v -> (T, H, D)."""
+    t, h, d = q.shape
+    hkv = k.shape[1]
+    g = h // hkv
+    qh = q.transpose(1, 0, 2).reshape(hkv, g * t, d)              # query heads grouped by kv head
+    scores = np.matmul(qh, k.transpose(1, 2, 0)).reshape(hkv, g, t, -1)
+    probs = soft_max(scores, mask, scale=scale)
+    out = np.matmul(probs.reshape(hkv, g * t, -1), v.transpose(1, 0, 2))   # (hkv, g*t, d)
+    return np.ascontiguousarray(out.reshape(h, t, d).transpose(1, 0, 2))
+
+
+def rope(x, pos, *, n_dims, mode, freq_base, freq_scale):
+    half = n_dims // 2
+    inv_freq = freq_scale * freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
+    theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
+    cos = np.cos(theta).astype(np.float32)[:, None, :]
+    sin = np.sin(theta).astype(np.float32)[:, None, :]
+    out = x.copy()
+    if mode == "neox":
+        x0, x1 = x[..., :half], x[..., half:n_dims]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:n_dims] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+        out[..., 0:n_dims:2] = x0 * cos - x1 * sin
+        out[..., 1:n_dims:2] = x0 * sin + x1 * cos
+    return out
+
+
+def set_rows(dst, src, rows):
+    dst[rows] = src.reshape(rows.shape[0], -1)
+    return dst
+
+
+def view(a, *, shape, offset):
+    n = int(np.prod(shape))
+    return a.reshape(-1)[offset:offset + n].reshape(shape)
+
+
+def reshape(a, *, shape):
+    return a.reshape(shape)
+
+
+def permute(a, *, axes):
+    return a.transpose(axes)
+
+
+def cont(a):
+    return np.ascontiguousarray(a)
+
+
+KERNELS = {
+    "GET_ROWS": get_rows, "MUL_MAT": mul_mat, "ADD": add, "MUL": mul, "SCALE": scale, "UNARY": unary,
+    "GLU": glu, "RMS_NORM": rms_norm, "SOFT_MAX": soft_max, "FLASH_ATTN_EXT": flash_attn_ext, "ROPE": rope,
+    "SET_ROWS": set_rows, "VIEW": view, "RESHAPE": reshape, "PERMUTE": permute, "TRANSPOSE": permute,
+    "CONT": cont,
+}

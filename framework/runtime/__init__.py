@@ -1,0 +1,1 @@
+"""Running a model: sessions (KV cache, prefill, decode), sampling, generation."""
