@@ -1,0 +1,209 @@
+"""Argument parsing and the commands: run, backends, info, perplexity, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .common import err, fail, load_model, out, positive_int, select_devices, weight_progress
+
+SAMPLE_PROMPT = "The capital of France is"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="framework", description="Run GGUF language models across CPUs, GPUs "
+                                "and NPUs through backend plugins.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="generate text from a prompt")
+    run.add_argument("prompt", nargs="?", default=SAMPLE_PROMPT, help=f"default: {SAMPLE_PROMPT!r}")
+    _model_args(run)
+    run.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate (default 64)")
+    run.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
+    run.add_argument("--top-k", type=int, default=40)
+    run.add_argument("--top-p", type=float, default=0.95)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    run.add_argument("--plan", metavar="FILE", help="write the plans that ran as JSON")
+
+    sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
+
+    info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
+    info.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+
+    ppl = sub.add_parser("perplexity", help="perplexity of a text file")
+    _model_args(ppl)
+    ppl.add_argument("-f", "--file", required=True, help="text file")
+
+    bench = sub.add_parser("bench", help="load, prefill and decode speed, bandwidth, llama.cpp alongside")
+    bench.add_argument("--models", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
+    bench.add_argument("--backends", default="cpu")
+    bench.add_argument("--prompt-tokens", type=positive_int, default=256)
+    bench.add_argument("--decode-tokens", type=positive_int, default=32)
+    bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--threads", type=positive_int, default=2)
+    bench.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+    p.add_argument("--backends", default="cpu", help="priority list of devices or aliases (cpu, gpu, npu)")
+    p.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
+    p.add_argument("--batch", type=positive_int, default=512, help="prefill chunk in tokens (default 512)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
+    from ..model.chat import ChatTemplateError
+    from ..model.gguf_file import ModelFileError
+    from ..runtime.session import ContextFullError
+    try:
+        return COMMANDS[args.command](args)
+    except (ModelFileError, DeviceSelectionError, CapabilityError, ContextFullError, ChatTemplateError,
+            DeviceRunError, FileNotFoundError, ValueError) as e:
+        return fail(str(e))
+
+
+def cmd_run(args) -> int:
+    from ..runtime.generate import generate
+    from ..runtime.sampling import Sampler, SamplingParams
+    from ..runtime.session import Session
+    from .report import fallback_lines, placement_table
+
+    sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
+    devices = select_devices(args.backends)
+    model = load_model(args.model)
+    tok = model.tokenizer
+    ids = _prompt_ids(model, args.prompt, args.chat)
+    with weight_progress() as progress:
+        session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress)
+        session.plan(min(len(ids), args.batch), 0)     # load and compile before the clock starts
+    out(args.prompt if not args.chat else "")
+    interrupted = False
+    try:
+        for piece in generate(session, ids, args.n_predict, sampler, tok.eog_ids):
+            out(piece.text)
+    except KeyboardInterrupt:
+        interrupted = True
+    out("\n")
+    _summary(model, session, interrupted)
+    for line in fallback_lines(session):
+        err.print(f"[yellow]{line}[/yellow]", soft_wrap=True)
+    err.print(placement_table(session))
+    if args.plan:
+        _write_plans(session, Path(args.plan))
+    return 130 if interrupted else 0
+
+
+def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
+    tok = model.tokenizer
+    if not chat:
+        return tok.encode(prompt)
+    from ..model.chat import chat_template_for, render_chat
+    template, source = chat_template_for(model.file.metadata, model.arch.name)
+    if "built-in" in source:
+        err.print(f"[yellow]chat template: {source}[/yellow]")
+    bos = tok.token_bytes(tok.bos_id, special=True).decode() if tok.bos_id is not None else ""
+    eos = tok.token_bytes(tok.eos_id, special=True).decode() if tok.eos_id is not None else ""
+    text = render_chat(template, [{"role": "user", "content": prompt}], bos, eos)
+    add_bos = tok.add_bos and not (bos and text.startswith(bos))
+    return tok.encode(text, add_bos=add_bos, parse_special=True)
+
+
+def _summary(model, session, interrupted: bool) -> None:
+    names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in session.devices)
+    pre, dec = session.prefill, session.decode
+    err.print(f"model {model.name} ({model.arch.name}, {model.file.path.name}) on {names}"
+              + (" - interrupted" if interrupted else ""))
+    err.print(f"prefill {pre.tokens} tokens at {pre.tokens_per_second:.1f} tok/s, "
+              f"decode {dec.tokens} tokens at {dec.tokens_per_second:.1f} tok/s")
+
+
+def _write_plans(session, path: Path) -> None:
+    record = [plan.to_dict() for plan, _ in session.plans.values()]
+    path.write_text(json.dumps(record, indent=1))
+    err.print(f"plans written to {path}")
+
+
+def cmd_backends(args) -> int:
+    from rich.table import Table
+
+    from ..core.registry import default_registry
+    reg = default_registry()
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("plugin", "distribution", "device", "type", "physical id", "state"):
+        table.add_column(col)
+    for rec in reg.plugins.values():
+        if rec.error:
+            table.add_row(rec.name, rec.distribution, "-", "-", "-", f"[red]plugin failed: {rec.error}[/red]")
+        for d in rec.devices:
+            state = "available" if d.available else f"[yellow]unavailable: {d.unavailable_reason}[/yellow]"
+            table.add_row(rec.name, rec.distribution, d.name, d.type.value, d.physical_id, state)
+    if not reg.plugins:
+        return fail("no backend plugins found in entry-point group framework.backends (is the package installed?)")
+    from rich.console import Console
+    Console(soft_wrap=True).print(table)
+    return 0
+
+
+def cmd_info(args) -> int:
+    from collections import Counter
+
+    model = load_model(args.model)
+    hp, tok = model.hp, model.tokenizer
+    types = Counter(t.dtype.name for t in model.file.tensors.values())
+    size = sum(t.nbytes for t in model.file.tensors.values())
+    lines = [
+        f"file          {model.file.path}",
+        f"name          {model.name}",
+        f"architecture  {hp.arch}",
+        f"layers        {hp.n_layer}, embedding {hp.n_embd}, feed-forward {hp.n_ff}",
+        f"attention     {hp.n_head} heads, {hp.n_head_kv} kv heads, head size {hp.head_dim}"
+        + (f", sliding window {hp.sliding_window} on {sum(hp.swa_layers)} layers" if hp.sliding_window else ""),
+        f"rope          base {hp.rope_base:g}" + (f" (sliding layers {hp.rope_base_swa:g})" if hp.sliding_window
+                                                   else "") + f", {model.arch.rope_mode} mode",
+        f"context       {hp.n_ctx_train} tokens (trained)",
+        f"tensors       {len(model.file.tensors)}, {size / 2**20:.1f} MiB: "
+        + ", ".join(f"{n} {k}" for k, n in types.most_common()),
+        f"tokenizer     {model.file.metadata.get('tokenizer.ggml.model')} "
+        f"(pre: {model.file.metadata.get('tokenizer.ggml.pre', '-')}), {tok.n_vocab} tokens, bos {tok.bos_id}, "
+        f"eos {tok.eos_id}, end-of-generation {sorted(tok.eog_ids)}, add bos {tok.add_bos}",
+        f"chat template {'yes' if tok.chat_template else 'no (a built-in one is used with --chat)'}",
+    ]
+    out("\n".join(lines) + "\n")
+    return 0
+
+
+def cmd_perplexity(args) -> int:
+    from ..runtime.perplexity import perplexity
+    from ..runtime.session import Session
+    path = Path(args.file)
+    if not path.is_file():
+        return fail(f"text file not found: {path}")
+    devices = select_devices(args.backends)
+    model = load_model(args.model)
+    ids = model.tokenizer.encode(path.read_bytes().decode("utf-8"))
+    with weight_progress() as progress:
+        session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress)
+    t0 = time.perf_counter()
+    result = perplexity(session, ids, args.ctx, progress=lambda i, n: err.print(f"window {i}/{n}"))
+    out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "
+        f"({len(result.nll)} scored, window {args.ctx}), {result.n_tokens / (time.perf_counter() - t0):.1f} tok/s\n")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from ..bench import run_bench
+    return run_bench(args)
+
+
+COMMANDS = {"run": cmd_run, "backends": cmd_backends, "info": cmd_info, "perplexity": cmd_perplexity,
+            "bench": cmd_bench}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Chat prompts from the model's own template (jinja2), as llama.cpp applies them."""
+
+from __future__ import annotations
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# Used only when the file has no tokenizer.chat_template, and always said so: llama.cpp's
+# built-in templates for these architectures.
+BUILTIN_TEMPLATES = {
+    "gemma3": ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
+               "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}<end_of_turn>\n"
+               "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+}
+
+
+class ChatTemplateError(ValueError):
+    pass
+
+
+def chat_template_for(metadata: dict, arch: str) -> tuple[str, str]:
+    """(template, where it came from)."""
+    template = metadata.get("tokenizer.chat_template")
+    if template:
+        return str(template), "the model file"
+    if arch in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[arch], f"the built-in {arch} template (the model file has none)"
+    raise ChatTemplateError(f"the model file has no tokenizer.chat_template and there is no built-in template "
+                            f"for architecture '{arch}' (built-in: {', '.join(BUILTIN_TEMPLATES)})")
+
+
+def render_chat(template: str, messages: list[dict], bos_token: str, eos_token: str) -> str:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message):
+        raise ChatTemplateError(f"the chat template refused the conversation: {message}")
+
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                                add_generation_prompt=True)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"the chat template does not render: {e}") from e
