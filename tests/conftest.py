@@ -1,0 +1,46 @@
+"""Shared fixtures: the two real models, llama.cpp's reference outputs, CPU sessions."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from framework.model.default import default_model_path, smollm2_path
+
+REF_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+MODELS = ("smollm2", "gemma3")
+
+
+def model_path(name: str) -> Path:
+    return {"smollm2": smollm2_path, "gemma3": default_model_path}[name]()
+
+
+@lru_cache(maxsize=None)
+def load_model(name: str):
+    """One Model per name for the whole run (weights stay memory-mapped)."""
+    from framework.model.model import Model
+    return Model(model_path(name))
+
+
+@lru_cache(maxsize=None)
+def reference(name: str) -> tuple[dict, dict]:
+    if not REF_DIR.is_dir():
+        pytest.fail(f"llama.cpp's reference outputs are missing: expected {REF_DIR} (shared/ beside the checkout)")
+    ref = json.loads((REF_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    arrays = dict(np.load(REF_DIR / f"{name}.npz"))
+    return ref, arrays
+
+
+def reference_text(ref: dict) -> str:
+    # read_bytes keeps the file's exact newlines (text mode would translate \r\n)
+    return (REF_DIR / ref["text"]["text_file"]).read_bytes().decode("utf-8")
+
+
+@pytest.fixture(scope="session")
+def registry():
+    from framework.core.registry import default_registry
+    return default_registry()

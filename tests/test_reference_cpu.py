@@ -1,0 +1,63 @@
+"""Both models on the CPU plugin against llama.cpp's outputs (shared/reference)."""
+
+import numpy as np
+import pytest
+from conftest import MODELS, load_model, reference, reference_text
+from reference_checks import assert_teacher_forced, assert_text_metrics
+
+from framework.runtime.session import Session
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def case(request, registry):
+    model = load_model(request.param)
+    session = Session(model, registry.select("cpu"), n_ctx=1024)
+    return request.param, model, session
+
+
+def test_last_logits_follow_llama_cpp(case):
+    name, model, session = case
+    ref, arrays = reference(name)
+    for p in ref["prompts"]:
+        session.reset()
+        logits = session.eval(p["ids"])
+        want = arrays[p["last_logits_key"]]
+        assert int(np.argmax(logits)) == p["greedy_ids"][0]
+        assert np.corrcoef(logits, want)[0, 1] > 0.995, p["prompt"]
+
+
+def test_teacher_forced_greedy(case):
+    name, _, session = case
+    assert_teacher_forced(session, reference(name)[0])
+
+
+def test_text_perplexity_and_top1(case):
+    name, model, session = case
+    ref, arrays = reference(name)
+    assert_text_metrics(session, ref, arrays, model.tokenizer, reference_text(ref))
+
+
+def test_chunked_prefill_equals_one_chunk(case):
+    """Prefill in chunks of 7 tokens must give the logits of a single chunk."""
+    name, model, session = case
+    ids = reference(name)[0]["prompts"][1]["ids"]
+    session.reset()
+    whole = session.eval(ids, all_logits=True)
+    chunked = Session(model, session.devices, n_ctx=256, n_batch=7)
+    parts = chunked.eval(ids, all_logits=True)
+    np.testing.assert_allclose(parts, whole, rtol=2e-3, atol=2e-3)
+
+
+def test_decode_steps_equal_prefill(case):
+    """Decoding llama.cpp's greedy tokens one at a time gives the logits that one prefill of the
+    whole sequence gives (so the KV cache is written and read at the right rows)."""
+    name, _, session = case
+    p = reference(name)[0]["prompts"][0]
+    follow = p["greedy_ids"][:8]
+    session.reset()
+    whole = session.eval(p["ids"] + follow, all_logits=True)
+    session.reset()
+    session.eval(p["ids"])
+    for i, tok in enumerate(follow):
+        step = session.eval([tok])
+        np.testing.assert_allclose(step, whole[len(p["ids"]) + i], rtol=1e-3, atol=1e-3)
