@@ -110,19 +110,25 @@ class Device:
 
     # -- capabilities (optional) -------------------------------------------------------------
     limits: Limits = Limits()
-    buffer_type: BufferType = HOST_BUFFER   # where this device keeps the tensors it owns
-    emulation: str | None = None            # set when limits of absent hardware are emulated
+    buffer_type: BufferType = HOST_BUFFER   # where this device allocates the pre-allocated tensors it owns
+    weight_buffer_type: BufferType | None = None   # where it keeps weights, if not buffer_type (a repacked layout)
+    emulation: str | None = None            # set when limits of absent hardware are emulated: reports say so
 
     def supports_op(self, node: "Tensor") -> Verdict:
         """*Required.* Whether this device can compute ``node`` (its op, dtypes, shapes)."""
         raise NotImplementedError
 
     def supports_buffer(self, buft: BufferType) -> Verdict:
-        """Whether this device can read and write tensors held in ``buft``.
-        Default: its own buffer type and host buffers."""
-        if buft == self.buffer_type or buft.host:
+        """Whether this device can read and write tensors held in ``buft`` in place.
+        Default: its own buffer types, and host buffers when the device's own buffer is host memory."""
+        if buft in (self.buffer_type, self.weight_buffer_type) or (buft.host and self.buffer_type.host):
             return Verdict.yes()
         return Verdict.no("unsupported_buffer", f"{self.name} cannot access buffers of type '{buft.name}'")
+
+    def weight_nbytes(self, tensor: "Tensor") -> int:
+        """Bytes ``load_weight`` will hold for this weight (used by the memory check at reservation).
+        Default: float32 values, as the default ``load_weight`` makes."""
+        return tensor.nelements * 4
 
     # -- memory (optional) --------------------------------------------------------------------
     def load_weight(self, tensor: "Tensor", raw: np.ndarray) -> Any:

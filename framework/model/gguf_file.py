@@ -26,6 +26,19 @@ SUPPORTED_TYPES = (DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DTy
                    DType.Q8_0, DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K)
 
 
+class _DirectoryReader(GGUFReader):
+    """GGUFReader that records the tensor directory but builds no data views: GGUFReader's own
+    views fail on a truncated file before _check_tensors could name the tensor that is cut."""
+
+    def _build_tensors(self, start_offs, fields) -> None:
+        self.directory = []
+        for field in fields:
+            _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = field.parts
+            self.directory.append((str(bytes(name_data), encoding="utf-8"), int(raw_dtype[0]),
+                                   tuple(int(d) for d in reversed(dims.tolist())),
+                                   int(start_offs + offset_tensor[0])))
+
+
 class ModelFileError(ValueError):
     """The model file is missing, not GGUF, truncated, or holds a tensor that does not add up."""
 
@@ -104,7 +117,7 @@ def _read_index(path: Path) -> tuple[dict, list[TensorEntry]]:
 def _parse(path: Path) -> tuple[dict, list[TensorEntry]]:
     size = path.stat().st_size
     try:
-        reader = GGUFReader(path)
+        reader = _DirectoryReader(path)
     except Exception as e:  # the gguf package reports truncation as index or reshape errors
         raise ModelFileError(f"{path} ({size} bytes) could not be parsed as GGUF: {type(e).__name__}: {e}. "
                              f"The file is truncated or corrupt; fetch or assemble it again") from e
@@ -114,15 +127,17 @@ def _parse(path: Path) -> tuple[dict, list[TensorEntry]]:
             metadata[key] = field.contents()
         except Exception as e:
             raise ModelFileError(f"{path}: metadata key '{key}' cannot be decoded: {e}") from e
-    entries = []
-    for t in reader.tensors:
+    entries, seen = [], set()
+    for name, type_id, shape, offset in reader.directory:
+        if name in seen:
+            raise ModelFileError(f"{path}: tensor '{name}' appears twice in the tensor directory")
+        seen.add(name)
         try:
-            dtype = DType(int(t.tensor_type))
+            dtype = DType(type_id)
         except ValueError:
-            raise ModelFileError(f"{path}: tensor '{t.name}' has tensor type {int(t.tensor_type)}, which this "
+            raise ModelFileError(f"{path}: tensor '{name}' has tensor type {type_id}, which this "
                                  f"project does not know") from None
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        entries.append(TensorEntry(t.name, dtype, shape, int(t.data_offset)))
+        entries.append(TensorEntry(name, dtype, shape, offset))
     return metadata, entries
 
 
@@ -139,10 +154,16 @@ def _check_tensors(path: Path, entries: list[TensorEntry], size: int, alignment:
                                  f"{e.dtype.name} blocks of {per_block}")
     ordered = sorted(entries, key=lambda e: e.offset)
     for i, e in enumerate(ordered):
-        end = ordered[i + 1].offset if i + 1 < len(ordered) else size
-        held, need = end - e.offset, e.nbytes
+        need = e.nbytes
+        if e.offset + need > size:
+            raise ModelFileError(
+                f"{path}: tensor '{e.name}' at offset {e.offset} needs {need} bytes ({list(e.shape)} as "
+                f"{e.dtype.name}), {e.offset + need - size} bytes more than the file's {size} bytes hold: "
+                f"the file is truncated; fetch or assemble it again")
         last = i + 1 == len(ordered)
-        if need <= held and (last or held - need < alignment):
+        end = size if last else ordered[i + 1].offset
+        held = end - e.offset
+        if need <= held and held - need < alignment:
             continue
         where = "to the end of the file" if last else f"before tensor '{ordered[i + 1].name}'"
         hint = (f"the file is truncated: {size} bytes, tensor ends at {e.offset + need}" if last and need > held

@@ -37,14 +37,18 @@ class Model:
         from .tokenizer import tokenizer_from_metadata
         return tokenizer_from_metadata(self.file.metadata)
 
-    def build_step(self, n_tokens: int, n_kv: int, n_out: int | None, cache: KVCache) -> tuple[Graph, StepInputs]:
+    def build_step(self, n_tokens: int, n_kv: int, n_out: int | None, cache: KVCache,
+                   n_layers: int | None = None) -> tuple[Graph, StepInputs]:
         """The graph of one step: n_tokens new tokens attending over n_kv cache rows; logits for
         n_out rows chosen by the out_ids input (None: every row)."""
         b = GraphBuilder()
         inp = self.arch.make_inputs(b, n_tokens, n_kv, n_out)
-        logits = self.arch.build(b, inp, cache)
+        if n_layers is not None and not 1 <= n_layers <= self.hp.n_layer:
+            raise ValueError(f"n_layers must be between 1 and {self.hp.n_layer} for {self.name}, got {n_layers}")
+        logits = self.arch.build(b, inp, cache, n_layers)
         graph = b.build([logits])
-        graph.meta.update(arch=self.arch.name, n_tokens=n_tokens, n_kv=n_kv, n_out=n_out or n_tokens)
+        graph.meta.update(arch=self.arch.name, n_tokens=n_tokens, n_kv=n_kv, n_out=n_out or n_tokens,
+                          n_layers=n_layers or self.hp.n_layer)
         return graph, inp
 
     def weight_bytes(self, tensor) -> "object":

@@ -1,8 +1,11 @@
 """A session: one model on a list of devices, a KV cache, and the steps that fill it.
 
 Prefill runs in chunks of n_batch tokens, decode one token at a time. Each distinct step
-shape gets its graph and plan once; the KV length a step attends over is rounded up to
-a multiple of KV_PAD (as llama.cpp pads n_kv), so decode reuses a handful of plans.
+shape gets its graph and plan once; the KV length a step attends over is rounded up to a
+multiple of KV_PAD (as llama.cpp pads n_kv), so decode reuses a handful of plans.
+
+`reserve()` plans every shape a run will use and checks the plans before any weight is
+loaded; a shape met later (a longer run than reserved) is planned and checked on arrival.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract import Device
-from ..core.scheduler import Executor, Plan, make_plan
+from ..core.graph import Graph
+from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve
 from ..model.arch.base import KVCache
 from ..model.model import Model
 
@@ -35,32 +39,92 @@ class StepStats:
 
 
 class Session:
-    def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512, progress=None):
+    def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512, progress=None,
+                 strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
+                 share_kv_with: "Session | None" = None):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
-        self.model, self.devices, self.n_ctx, self.n_batch = model, devices, n_ctx, n_batch
-        self.cache = KVCache(model.hp, n_ctx)
-        self.executor = Executor(devices, model.weight_bytes)
-        self.progress = progress
+        self.model, self.devices, self.n_batch = model, list(devices), n_batch
+        self.progress, self.strict, self.n_layers = progress, strict, n_layers
+        if share_kv_with is not None:
+            # a draft that reads and writes the target's cache tensors where the target keeps them
+            self.n_ctx, self.cache, self.residence = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.residence
+            caches = share_kv_with.executor.caches
+        else:
+            self.n_ctx, self.cache = n_ctx, KVCache(model.hp, n_ctx)
+            self.residence = self._place_cache(kv_device)
+            caches = None
+        self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches)
         self.n_past = 0
         self.plans: dict[tuple, tuple[Plan, object]] = {}
+        self.graphs: dict[tuple, tuple[Graph, object]] = {}
         self.prefill = StepStats()
         self.decode = StepStats()
+
+    def _place_cache(self, kv_device: str | None) -> dict[int, Residence]:
+        """The KV cache lives on kv_device, or on the first device in the list that can write it."""
+        by_name = {d.name: d for d in self.devices}
+        if kv_device is not None and kv_device not in by_name:
+            raise ValueError(f"--kv-device {kv_device} is not among the selected devices "
+                             f"({', '.join(by_name)})")
+        graph, _ = self.model.build_step(1, KV_PAD, 1, self.cache, n_layers=1)
+        write = next(n for n in graph.nodes if n.op == "SET_ROWS")
+        owner = by_name.get(kv_device) or next((d for d in self.devices if d.supports_op(write).ok), self.devices[0])
+        return {id(t): Residence(owner.name, owner.buffer_type) for t in self.cache.tensors()}
 
     def reset(self) -> None:
         self.n_past = 0
 
-    def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
-        n_kv = min(self.n_ctx, -(-(n_past + n_tokens) // KV_PAD) * KV_PAD)
-        key = (n_tokens, n_kv, n_out)
-        if key not in self.plans:
-            graph, inp = self.model.build_step(n_tokens, n_kv, n_out, self.cache)
-            graph.meta["phase"] = "decode" if n_tokens == 1 else "prefill"
-            plan = make_plan(graph, self.devices)
-            self.executor.prepare(plan, self.progress)
-            self.plans[key] = (plan, inp)
-        return self.plans[key]
+    # -- shapes and plans -----------------------------------------------------------------
+    def _key(self, n_tokens: int, n_past: int, n_out: int | None) -> tuple:
+        return n_tokens, min(self.n_ctx, -(-(n_past + n_tokens) // KV_PAD) * KV_PAD), n_out
 
+    def _graph(self, key: tuple) -> tuple[Graph, object]:
+        if key not in self.graphs:
+            n_tokens, n_kv, n_out = key
+            graph, inp = self.model.build_step(n_tokens, n_kv, n_out, self.cache, self.n_layers)
+            graph.meta["phase"] = "decode" if n_tokens == 1 else "prefill"
+            self.graphs[key] = (graph, inp)
+        return self.graphs[key]
+
+    def shapes_for(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> list[tuple]:
+        """Every step shape a run of this prompt length and generation length will use."""
+        if n_prompt + n_predict > self.n_ctx:
+            raise ContextFullError(f"a {n_prompt}-token prompt plus {n_predict} generated tokens exceed the "
+                                   f"context length {self.n_ctx}; raise --ctx or lower -n")
+        keys, past = [], 0
+        for start in range(0, n_prompt, self.n_batch):
+            n = min(self.n_batch, n_prompt - start)
+            keys.append(self._key(n, past, None if all_logits else 1))
+            past += n
+        for _ in range(max(0, n_predict - 1)):
+            keys.append(self._key(1, past, 1))
+            past += 1
+        return list(dict.fromkeys(keys))
+
+    def reserve(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> Reservation:
+        """Plan and check every shape the run will use; nothing is loaded or compiled."""
+        keys = self.shapes_for(n_prompt, n_predict, all_logits)
+        phases = {_phase_name(k): self.plans[k][0] if k in self.plans else self._graph(k)[0] for k in keys}
+        known = {_phase_name(k): p for k, (p, _) in self.plans.items() if _phase_name(k) not in phases}
+        result = reserve({**known, **phases}, self.devices, self.residence, self.strict)
+        for k in keys:
+            self.plans.setdefault(k, (result.plans[_phase_name(k)], self._graph(k)[1]))
+        return result
+
+    def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
+        key = self._key(n_tokens, n_past, n_out)
+        if key not in self.plans:
+            graph, inp = self._graph(key)
+            plan = make_plan(graph, self.devices, self.residence)
+            known = {_phase_name(k): p for k, (p, _) in self.plans.items()}
+            reserve({**known, _phase_name(key): plan}, self.devices, self.residence, self.strict)
+            self.plans[key] = (plan, inp)
+        plan, inp = self.plans[key]
+        self.executor.prepare(plan, self.progress)
+        return plan, inp
+
+    # -- running --------------------------------------------------------------------------
     def eval(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
         """Append tokens to the context; return logits of the last token, or of every token."""
         tokens = [int(t) for t in tokens]
@@ -75,8 +139,7 @@ class Session:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary (0..{self.model.hp.n_vocab - 1})")
         out = []
         for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
-            out.append(self._step(chunk, all_logits))
+            out.append(self._step(tokens[start:start + self.n_batch], all_logits))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def _step(self, chunk: list[int], all_logits: bool) -> np.ndarray:
@@ -97,6 +160,12 @@ class Session:
         stats.tokens += n
         stats.seconds += time.perf_counter() - t0
         return logits
+
+
+def _phase_name(key: tuple) -> str:
+    n_tokens, n_kv, n_out = key
+    kind = "decode" if n_tokens == 1 else "prefill"
+    return f"{kind}[tokens={n_tokens},kv={n_kv}" + (",all-logits]" if n_out is None and n_tokens > 1 else "]")
 
 
 def causal_mask(pos: np.ndarray, n_kv: int, window: int) -> np.ndarray:

@@ -167,7 +167,8 @@ class GraphBuilder:
             raise GraphBuildError(f"reshape: {_shape_str(a)} has {a.nelements} elements, {list(shape)} has "
                                   f"{math.prod(shape)}")
         if not a.contiguous:
-            raise GraphBuildError(f"reshape: {_shape_str(a)} is not contiguous; cont() it first")
+            raise GraphBuildError(f"reshape: {_shape_str(a)} is not contiguous, so it cannot be reshaped to "
+                                  f"{list(shape)}; cont() it first")
         return self._node("RESHAPE", name or f"{a.name}(reshaped)", a.dtype, shape, (a,), {"shape": shape},
                           view_src=a)
 

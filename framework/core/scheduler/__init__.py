@@ -3,7 +3,8 @@
 from .errors import CapabilityError, DeviceRunError, DeviceSelectionError
 from .executor import Executor
 from .fragment import Fragment, split_fragments
-from .plan import Copy, Placement, Plan, make_plan
+from .plan import Copy, Placement, Plan, Residence, make_plan
+from .reserve import Reservation, reserve
 
 __all__ = ["CapabilityError", "DeviceRunError", "DeviceSelectionError", "Executor", "Fragment", "split_fragments",
-           "Copy", "Placement", "Plan", "make_plan"]
+           "Copy", "Placement", "Plan", "Residence", "make_plan", "Reservation", "reserve"]

@@ -19,11 +19,14 @@ Progress = Callable[[str, int, int], None]     # (tensor name, bytes done, bytes
 
 
 class Executor:
-    def __init__(self, devices: list[Device], weight_bytes: WeightBytes):
+    def __init__(self, devices: list[Device], weight_bytes: WeightBytes, residence: dict | None = None,
+                 caches: dict | None = None):
         self.devices = {d.name: d for d in devices}
         self.weight_bytes = weight_bytes
+        self.residence = residence if residence is not None else {}
         self.weights: dict[tuple[str, int], Any] = {}
-        self.caches: dict[int, tuple[str, Any]] = {}
+        # pre-allocated tensors: id -> (device, handle); shared with another executor for a shared KV cache
+        self.caches: dict[int, tuple[str, Any]] = caches if caches is not None else {}
         self.programs: dict[tuple[str, str], Any] = {}
         self.stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0, "bytes_copied": 0, "compiles": 0})
 
@@ -44,7 +47,9 @@ class Executor:
         for f in plan.fragments:
             for t in f.inputs:
                 if t.is_leaf and t.kind == LeafKind.CACHE and id(t) not in self.caches:
-                    self.caches[id(t)] = (f.device, self.devices[f.device].alloc(t))
+                    home = self.residence.get(id(t))
+                    dev_name = home.device if home else f.device
+                    self.caches[id(t)] = (dev_name, self.devices[dev_name].alloc(t))
             key = (f.device, f.structure)
             if key not in self.programs:
                 self.programs[key] = self._device_call(f.device, "compiling", f.describe(),

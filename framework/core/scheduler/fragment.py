@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..graph import Graph, Tensor, structure_hash
+from ..graph import VIEW_OPS, Graph, Tensor, structure_hash
 
 
 @dataclass(eq=False)
@@ -15,6 +15,32 @@ class Fragment:
     inputs: list[Tensor] = field(default_factory=list)    # read here, made elsewhere (first-use order)
     outputs: list[Tensor] = field(default_factory=list)   # made here, read elsewhere or wanted by the caller
     structure: str = ""
+    submissions: list[tuple[int, int]] = field(default_factory=list)   # node ranges [start, end)
+
+    def cut_submissions(self, max_chain: int | None) -> None:
+        """Cut the fragment's commands (its non-view nodes) into submissions of at most max_chain."""
+        if not max_chain:
+            self.submissions = [(0, len(self.nodes))]
+            return
+        self.submissions, start, count = [], 0, 0
+        for i, n in enumerate(self.nodes):
+            if n.op in VIEW_OPS:
+                continue
+            if count == max_chain:
+                self.submissions.append((start, i))
+                start, count = i, 0
+            count += 1
+        self.submissions.append((start, len(self.nodes)))
+
+    @property
+    def commands(self) -> int:
+        return sum(1 for n in self.nodes if n.op not in VIEW_OPS)
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "device": self.device, "first": self.nodes[0].name, "last": self.nodes[-1].name,
+                "nodes": len(self.nodes), "commands": self.commands, "submissions": [list(s) for s in self.submissions],
+                "structure": self.structure, "inputs": [t.name for t in self.inputs],
+                "outputs": [t.name for t in self.outputs]}
 
     def describe(self) -> str:
         return f"fragment {self.index} on {self.device}: nodes {self.nodes[0].name} .. {self.nodes[-1].name}"

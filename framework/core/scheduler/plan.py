@@ -1,22 +1,36 @@
 """Planning: which device runs every node, and why; fragments, copies, programs, fallbacks.
 
 The assignment is a sequence of numbered passes (after ggml's scheduler):
-  1. every node goes to the first device in the priority list whose verdict accepts it;
-  2. zero-cost view ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) run where their source is;
-  3. the node list is cut into fragments where the device changes, and every tensor that
-     crosses a device boundary becomes a copy.
-A node placed on a device later than the first is a fallback, and the plan lists it with
-the refusal of every device before it.
+  1. nodes that read or write a pre-allocated tensor (a KV cache) directly are pinned to the
+     device whose buffer holds it, when that device accepts them;
+  2. every other computing node goes to the first device in the priority list that accepts it;
+  3. smoothing: a short run of nodes between two runs on one other device moves to that device
+     when it accepts them all and the move saves bytes of copies (no ping-pong for cheap nodes);
+  4. zero-cost view ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) run where the memory they alias is;
+  5. the node list is cut into fragments where the device changes; every tensor that crosses a
+     device boundary becomes a copy.
+A node placed on a device later than the first in the list is a fallback: the plan keeps the
+refusal of every device before it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...contract import Device, Verdict
-from ..graph import VIEW_OPS, Graph, Tensor
+from ...contract import BufferType, Device
+from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
 from .errors import CapabilityError
 from .fragment import Fragment, split_fragments
+
+SMOOTH_MAX_RUN = 4       # nodes; longer runs are real work and stay where the verdicts put them
+
+
+@dataclass(frozen=True)
+class Residence:
+    """Where a pre-allocated tensor lives: the device that allocated it and the buffer type."""
+
+    device: str
+    buffer: BufferType
 
 
 @dataclass
@@ -59,11 +73,12 @@ class Plan:
         return self.placement[id(t)].device
 
     def per_device(self) -> dict[str, dict]:
-        stats = {d.name: {"nodes": 0, "fragments": 0, "programs": 0} for d in self.devices}
+        stats = {d.name: {"nodes": 0, "fragments": 0, "programs": 0, "submissions": 0} for d in self.devices}
         for n in self.graph.nodes:
             stats[self.device_of(n)]["nodes"] += 1
         for f in self.fragments:
             stats[f.device]["fragments"] += 1
+            stats[f.device]["submissions"] += len(f.submissions)
         for dev, _ in self.programs:
             stats[dev]["programs"] += 1
         return {k: v for k, v in stats.items() if v["nodes"]}
@@ -72,13 +87,10 @@ class Plan:
         return {
             "graph": dict(self.graph.meta),
             "devices": [d.name for d in self.devices],
-            "nodes": [{"name": n.name, "op": n.op, "shape": list(n.shape), "dtype": n.dtype.name,
-                       "device": self.placement[id(n)].device, "reason": self.placement[id(n)].reason,
-                       **({"refusals": self.placement[id(n)].refusals} if self.placement[id(n)].refusals else {})}
-                      for n in self.graph.nodes],
-            "fragments": [{"index": f.index, "device": f.device, "first": f.nodes[0].name, "last": f.nodes[-1].name,
-                           "nodes": len(f.nodes), "structure": f.structure, "inputs": [t.name for t in f.inputs],
-                           "outputs": [t.name for t in f.outputs]} for f in self.fragments],
+            "emulation": {d.name: d.emulation for d in self.devices if d.emulation},
+            "per_device": self.per_device(),
+            "nodes": [_node_record(n, self.placement[id(n)]) for n in self.graph.nodes],
+            "fragments": [f.to_dict() for f in self.fragments],
             "copies": [vars(c) for c in self.copies],
             "programs": [{"device": d, "structure": h, "fragments": idx} for (d, h), idx in self.programs.items()],
             "fallbacks": [{"node": n.name, "op": n.op, "device": p.device, "refusals": p.refusals}
@@ -86,27 +98,58 @@ class Plan:
         }
 
 
-def make_plan(graph: Graph, devices: list[Device]) -> Plan:
+def _node_record(n: Tensor, p: Placement) -> dict:
+    rec = {"name": n.name, "op": n.op, "shape": list(n.shape), "dtype": n.dtype.name,
+           "src": [s.name for s in n.src], "device": p.device, "reason": p.reason}
+    if p.refusals:
+        rec["refusals"] = p.refusals
+    return rec
+
+
+def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residence] | None = None) -> Plan:
+    residence = residence or {}
     placement: dict[int, Placement] = {}
-    _pass1_first_accepting(graph, devices, placement)
-    _pass2_views_follow_source(graph, placement)
+    _pass1_pin_preallocated(graph, devices, residence, placement)
+    _pass2_first_accepting(graph, devices, placement)
+    _pass3_smooth(graph, devices, placement)
+    _pass4_views_follow_memory(graph, devices, placement)
     device_of = {k: p.device for k, p in placement.items()}
     fragments = split_fragments(graph, device_of)
+    by_name = {d.name: d for d in devices}
+    for f in fragments:
+        f.cut_submissions(by_name[f.device].limits.max_chain)
     copies = _copies(fragments, device_of)
     return Plan(graph=graph, devices=list(devices), placement=placement, fragments=fragments, copies=copies)
 
 
-def _pass1_first_accepting(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
-    """Pass 1: each computing node goes to the first device in the list that accepts it."""
+def _preallocated_sources(n: Tensor) -> list[Tensor]:
+    return [s for s in n.src if s.is_leaf and s.kind == LeafKind.CACHE]
+
+
+def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:
+    """Pass 1: a node that touches a pre-allocated tensor runs where that tensor lives."""
+    by_name = {d.name: d for d in devices}
     for n in graph.nodes:
         if n.op in VIEW_OPS:
             continue
+        for t in _preallocated_sources(n):
+            home = residence.get(id(t))
+            dev = by_name.get(home.device) if home else None
+            if dev is not None and dev.supports_op(n).ok:
+                placement[id(n)] = Placement(dev.name, f"pinned: reads or writes '{t.name}', held on {dev.name}")
+                break
+
+
+def _pass2_first_accepting(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
+    """Pass 2: each remaining computing node goes to the first device in the list that accepts it."""
+    for n in graph.nodes:
+        if n.op in VIEW_OPS or id(n) in placement:
+            continue
         refusals: dict[str, str] = {}
         for i, dev in enumerate(devices):
-            verdict: Verdict = dev.supports_op(n)
+            verdict = dev.supports_op(n)
             if verdict.ok:
-                reason = ("first device in the list" if i == 0 else
-                          f"fallback: refused by {', '.join(refusals)}")
+                reason = "first device in the list" if i == 0 else f"fallback: refused by {', '.join(refusals)}"
                 placement[id(n)] = Placement(dev.name, reason, refusals)
                 break
             refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
@@ -114,21 +157,63 @@ def _pass1_first_accepting(graph: Graph, devices: list[Device], placement: dict[
             lines = "; ".join(f"{d} says {r}" for d, r in refusals.items())
             raise CapabilityError(
                 "no_device_for_node", f"no device accepts node {n.describe()}: {lines}",
-                node=n.name, devices=tuple(refusals), fix="add a device that supports this op to --backends "
-                f"(for example cpu at the end of the list)")
+                node=n.name, devices=tuple(refusals),
+                fix="add a device that supports this op to --backends (for example cpu at the end of the list)")
 
 
-def _pass2_views_follow_source(graph: Graph, placement: dict[int, Placement]) -> None:
-    """Pass 2: a view costs nothing and must live with the memory it aliases."""
-    for n in graph.nodes:
-        if n.op not in VIEW_OPS:
+def _pass3_smooth(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
+    """Pass 3: move short runs into the device on both sides of them when that saves copies."""
+    by_name = {d.name: d for d in devices}
+    compute = [n for n in graph.nodes if n.op not in VIEW_OPS]
+    runs: list[list[Tensor]] = []
+    for n in compute:
+        if runs and placement[id(runs[-1][-1])].device == placement[id(n)].device:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    for i in range(1, len(runs) - 1):
+        run, before, after = runs[i], runs[i - 1], runs[i + 1]
+        here, there = placement[id(run[0])].device, placement[id(before[-1])].device
+        if len(run) > SMOOTH_MAX_RUN or placement[id(after[0])].device != there:
             continue
-        src = n.src[0]
-        if id(src) in placement:
-            placement[id(n)] = Placement(placement[id(src)].device, "view of a tensor on this device")
-        else:   # a view of a leaf: run it where its first consumer runs (found when that is placed)
-            consumer = next(c for c in graph.consumers[id(n)] if id(c) in placement)
-            placement[id(n)] = Placement(placement[id(consumer)].device, "view read on this device")
+        if any("pinned" in placement[id(n)].reason for n in run):
+            continue
+        target = by_name[there]
+        if not all(target.supports_op(n).ok for n in run):
+            continue
+        saved = _boundary_bytes(graph, run, placement)
+        if saved <= 0:
+            continue
+        for n in run:
+            old = placement[id(n)]
+            placement[id(n)] = Placement(there, f"smoothed: moved from {here} to {there}, saving {saved} bytes "
+                                         f"of copies", old.refusals)
+
+
+def _boundary_bytes(graph: Graph, run: list[Tensor], placement: dict[int, Placement]) -> int:
+    """Bytes that cross into and out of a run from nodes on other devices."""
+    inside = {id(n) for n in run}
+    dev = placement[id(run[0])].device
+    total = 0
+    for n in run:
+        total += sum(s.nbytes for s in n.src if not s.is_leaf and id(s) not in inside
+                     and id(s) in placement and placement[id(s)].device != dev)
+        total += n.nbytes if any(id(c) not in inside for c in graph.consumers.get(id(n), ())) else 0
+    return total
+
+
+def _pass4_views_follow_memory(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
+    """Pass 4: a view costs nothing and must live with the memory it aliases."""
+    for n in graph.nodes:               # views of computed tensors (and views of those), in order
+        if n.op in VIEW_OPS and id(n.src[0]) in placement:
+            placement[id(n)] = Placement(placement[id(n.src[0])].device, "view of a tensor on this device")
+    for n in reversed(graph.nodes):     # views of leaves run where they are first read; every consumer
+        if n.op in VIEW_OPS and id(n) not in placement:     # comes later, so it is placed already
+            consumers = graph.consumers.get(id(n), ())
+            if consumers:
+                placement[id(n)] = Placement(placement[id(consumers[0])].device, "view read on this device")
+            else:
+                placement[id(n)] = Placement(devices[0].name, "view of a leaf wanted as an output")
 
 
 def _copies(fragments: list[Fragment], device_of: dict[int, str]) -> list[Copy]:

@@ -83,8 +83,9 @@ class Architecture:
             kv_rows=b.input("kv_rows", I32, (n_tokens,)), mask=b.input("kq_mask", F32, (n_tokens, n_kv)),
             mask_swa=swa, out_ids=None if n_out is None else b.input("inp_out_ids", I32, (n_out,)))
 
-    def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache) -> Tensor:
-        """Append one step's nodes; return the logits tensor (n_out, n_vocab)."""
+    def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
+        """Append one step's nodes; return the logits tensor (n_out, n_vocab). n_layers: only the first
+        n_layers layers, then the output head (a draft model made of the target's first layers)."""
         raise NotImplementedError
 
     # -- pieces shared by the architectures --------------------------------------------------

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Limits, Verdict
+from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Verdict
 from ...core.graph import Tensor
 from ...core.graph.quants import dequantize
 from ...core.scheduler.fragment import Fragment
@@ -46,7 +46,8 @@ class CpuProgram:
 class CpuDevice(Device):
     name = "cpu"
     type = DeviceType.CPU
-    buffer_type = CPU_F32_BUFFER
+    buffer_type = HOST_BUFFER
+    weight_buffer_type = CPU_F32_BUFFER
     limits = Limits()
 
     def __init__(self):

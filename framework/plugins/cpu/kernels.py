@@ -3,6 +3,8 @@ Python runs over elements or rows. Also the reference the conformance suite comp
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
@@ -15,6 +17,8 @@ def get_rows(a, rows):
 def mul_mat(a, b):
     """b @ a^T, with a's batch axes repeated to b's (ggml: b batch i uses a batch i // ratio)."""
     if a.ndim == 2:
+        if b.ndim == 2 and b.shape[0] == 1:     # decode: BLAS's matrix-vector product streams faster
+            return (a @ b[0])[None, :]
         return b @ a.T
     for axis in range(a.ndim - 2):
         off = b.ndim - a.ndim
@@ -69,8 +73,8 @@ def glu(gate, up, *, op):
 
 
 def rms_norm(x, *, eps):
-    ms = np.mean(np.square(x), axis=-1, keepdims=True)
-    return x / np.sqrt(ms + np.float32(eps))
+    ms = np.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))
 
 
 def soft_max(a, mask=None, *, scale):
@@ -95,13 +99,29 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     return np.ascontiguousarray(out.reshape(h, t, d).transpose(1, 0, 2))
 
 
+_ROPE_TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _rope_table(pos, n_dims, freq_base, freq_scale):
+    """cos and sin of every (position, frequency); every layer of a step asks for the same ones."""
+    key = (pos.dtype.str, pos.shape, pos.tobytes(), n_dims, freq_base, freq_scale)
+    table = _ROPE_TABLES.get(key)
+    if table is None:
+        half = n_dims // 2
+        inv_freq = freq_scale * freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
+        theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
+        table = (np.cos(theta).astype(np.float32)[:, None, :], np.sin(theta).astype(np.float32)[:, None, :])
+        if len(_ROPE_TABLES) > 64:
+            _ROPE_TABLES.clear()
+        _ROPE_TABLES[key] = table
+    return table
+
+
 def rope(x, pos, *, n_dims, mode, freq_base, freq_scale):
     half = n_dims // 2
-    inv_freq = freq_scale * freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
-    theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
-    cos = np.cos(theta).astype(np.float32)[:, None, :]
-    sin = np.sin(theta).astype(np.float32)[:, None, :]
-    out = x.copy()
+    cos, sin = _rope_table(pos, n_dims, freq_base, freq_scale)
+    out = np.empty_like(x)
+    out[..., n_dims:] = x[..., n_dims:]
     if mode == "neox":
         x0, x1 = x[..., :half], x[..., half:n_dims]
         out[..., :half] = x0 * cos - x1 * sin
@@ -119,7 +139,7 @@ def set_rows(dst, src, rows):
 
 
 def view(a, *, shape, offset):
-    n = int(np.prod(shape))
+    n = math.prod(shape)
     return a.reshape(-1)[offset:offset + n].reshape(shape)
 
 

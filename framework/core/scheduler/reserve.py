@@ -1,0 +1,167 @@
+"""Reservation: plan every graph shape a run will use and check the plans, before anything is
+allocated or compiled. Either a Reservation comes back or a CapabilityError is raised.
+
+Checks, in order:
+  1. every pre-allocated tensor is usable in place by every device that reads or writes it;
+  2. with strict, no node runs on a device later than the first in the list;
+  3. the programs all phases need fit each device's live-program budget;
+  4. commands per submission fit each device's chain limit (plans cut submissions to fit);
+  5. weights, caches and activations fit each device's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...contract import Device
+from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
+from .errors import CapabilityError
+from .plan import Plan, Residence, make_plan
+
+
+@dataclass
+class Reservation:
+    plans: dict[str, Plan]                 # phase name -> plan
+    programs: dict[str, int]               # device -> distinct programs over all phases
+    memory: dict[str, dict[str, int]]      # device -> {"weights", "caches", "activations", "total"}
+
+    def summary(self) -> list[str]:
+        lines = []
+        for phase, plan in self.plans.items():
+            for dev, use in plan.per_device().items():
+                lines.append(f"{phase:>16}  {dev}: {use['nodes']} nodes, {use['fragments']} fragments, "
+                             f"{use['submissions']} submissions, {use['programs']} programs")
+            if plan.copies:
+                lines.append(f"{'':>16}  {len(plan.copies)} copies, {sum(c.nbytes for c in plan.copies)} bytes")
+            for node, p in plan.fallbacks[:3]:
+                lines.append(f"{'':>16}  fallback {node.name} ({node.op}) -> {p.device}")
+            if len(plan.fallbacks) > 3:
+                lines.append(f"{'':>16}  ... {len(plan.fallbacks)} fallbacks in all")
+        for dev, n in self.programs.items():
+            mem = self.memory.get(dev, {})
+            lines.append(f"{dev}: {n} programs over all phases, memory {mem.get('total', 0) / 2**20:.1f} MiB "
+                         f"(weights {mem.get('weights', 0) / 2**20:.1f}, caches {mem.get('caches', 0) / 2**20:.1f}, "
+                         f"activations {mem.get('activations', 0) / 2**20:.1f})")
+        return lines
+
+
+def reserve(phases: dict[str, Graph | Plan], devices: list[Device], residence: dict[int, Residence] | None = None,
+            strict: bool = False) -> Reservation:
+    """Plan (or re-check, for phases given as plans) every phase, then check the plans together."""
+    residence = residence or {}
+    by_name = {d.name: d for d in devices}
+    plans = {}
+    for phase, graph in phases.items():
+        plan = graph if isinstance(graph, Plan) else make_plan(graph, devices, residence)
+        check_preallocated(plan, residence, by_name)
+        if strict:
+            check_strict(plan, phase)
+        plans[phase] = plan
+    programs = check_program_budget(plans, by_name)
+    memory = check_memory(plans, by_name, residence)
+    return Reservation(plans=plans, programs=programs, memory=memory)
+
+
+def _preallocated(t: Tensor) -> Tensor | None:
+    s = t.storage
+    return s if s.is_leaf and s.kind == LeafKind.CACHE else None
+
+
+def check_preallocated(plan: Plan, residence: dict[int, Residence], by_name: dict[str, Device]) -> None:
+    """1. A device that reads or writes a pre-allocated tensor must use that tensor's buffer in place."""
+    for n in plan.graph.nodes:
+        if n.op in VIEW_OPS:
+            continue
+        dev = by_name[plan.device_of(n)]
+        for s in n.src:
+            t = _preallocated(s)
+            home = residence.get(id(t)) if t is not None else None
+            if home is None or home.device == dev.name:
+                continue
+            verdict = dev.supports_buffer(home.buffer)
+            if verdict.ok:
+                continue
+            raise CapabilityError(
+                "buffer_not_usable",
+                f"pre-allocated tensor '{t.name}' is held in buffer '{home.buffer.name}' on device {home.device}, "
+                f"but node '{n.name}' ({n.op}) that reads or writes it is placed on {dev.name}, which cannot use "
+                f"that buffer ({verdict.code}: {verdict.reason})",
+                tensor=t.name, node=n.name, devices=(home.device, dev.name), limit=f"buffer={home.buffer.name}",
+                fix=f"place the graph that uses '{t.name}' on {home.device} (list it first in --backends), or keep "
+                    f"'{t.name}' in a buffer both {home.device} and {dev.name} can use")
+
+
+def check_strict(plan: Plan, phase: str) -> None:
+    """2. --strict: every node on the first device of the list."""
+    fallbacks = plan.fallbacks
+    if not fallbacks:
+        return
+    first = plan.devices[0].name
+    lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name}) -> {p.device}; "
+             + "; ".join(f"{d}: {r}" for d, r in p.refusals.items()) for n, p in fallbacks]
+    raise CapabilityError(
+        "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}:\n    "
+        + "\n    ".join(lines), node=fallbacks[0][0].name, devices=tuple(d.name for d in plan.devices),
+        fix=f"drop --strict to let them fall back, or use a device that supports them instead of {first}")
+
+
+def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device]) -> dict[str, int]:
+    """3. Distinct programs per device over every phase, against its live-program budget."""
+    needed: dict[str, set[str]] = {}
+    per_phase: dict[str, dict[str, int]] = {}
+    for phase, plan in plans.items():
+        for dev, structure in plan.programs:
+            needed.setdefault(dev, set()).add(structure)
+            per_phase.setdefault(dev, {}).setdefault(phase, 0)
+            per_phase[dev][phase] += 1
+    for dev, structures in needed.items():
+        budget = by_name[dev].limits.max_live_programs
+        if budget is not None and len(structures) > budget:
+            detail = ", ".join(f"{ph}: {n}" for ph, n in per_phase[dev].items())
+            emu = f" (EMULATION of {by_name[dev].emulation})" if by_name[dev].emulation else ""
+            raise CapabilityError(
+                "program_budget", f"device {dev}{emu} allows {budget} live compiled programs, but the plans need "
+                f"{len(structures)} distinct programs ({detail})", devices=(dev,),
+                limit=f"max_live_programs={budget}",
+                fix=f"at most {budget} fit: let {dev} take whole fragments (remove what splits them, e.g. an op it "
+                    f"refuses between layers), or put another device before it in --backends")
+    return {dev: len(s) for dev, s in needed.items()}
+
+
+def check_memory(plans: dict[str, Plan], by_name: dict[str, Device],
+                 residence: dict[int, Residence]) -> dict[str, dict[str, int]]:
+    """5. Weights each device loads, caches it holds, its largest fragment's activations."""
+    weights: dict[str, dict[int, int]] = {}
+    activations: dict[str, int] = {}
+    for plan in plans.values():
+        for f in plan.fragments:
+            dev = by_name[f.device]
+            for t in f.inputs:
+                if t.is_leaf and t.kind == LeafKind.WEIGHT:
+                    weights.setdefault(f.device, {})[id(t)] = dev.weight_nbytes(t)
+            live = sum(n.nbytes for n in f.nodes if n.op not in VIEW_OPS and n.op != "SET_ROWS")
+            activations[f.device] = max(activations.get(f.device, 0), live)
+    caches: dict[str, int] = {}
+    seen: set[int] = set()
+    for plan in plans.values():
+        for t in plan.graph.leaves:
+            home = residence.get(id(t))
+            if home and id(t) not in seen:
+                seen.add(id(t))
+                caches[home.device] = caches.get(home.device, 0) + t.nbytes
+    out = {}
+    for name in set(weights) | set(caches) | set(activations):
+        use = {"weights": sum(weights.get(name, {}).values()), "caches": caches.get(name, 0),
+               "activations": activations.get(name, 0)}
+        use["total"] = sum(use.values())
+        out[name] = use
+        limit = by_name[name].limits.memory_bytes
+        if limit is not None and use["total"] > limit:
+            raise CapabilityError(
+                "out_of_memory", f"device {name} has {limit / 2**20:.1f} MiB, the plans need "
+                f"{use['total'] / 2**20:.1f} MiB (weights {use['weights'] / 2**20:.1f}, caches "
+                f"{use['caches'] / 2**20:.1f}, activations {use['activations'] / 2**20:.1f})",
+                devices=(name,), limit=f"memory_bytes={limit}",
+                fix="lower --ctx (smaller caches) or --batch (smaller activations), or put part of the model on "
+                    "another device")
+    return out
