@@ -21,11 +21,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -ra
 
-# llama.cpp alongside, built for this CPU without AMX (AMX instructions trap in these VMs)
+# llama.cpp alongside, built for this CPU (benchmarks/install_llama_cpp.sh says how)
 bench: $(STAMP)
-	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON \
-	  -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \
-	  -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" $(PY) -m pip install 'llama-cpp-python>=0.3.16'
+	benchmarks/install_llama_cpp.sh $(PY)
 	$(VENV)/bin/framework bench
 
 clean:
