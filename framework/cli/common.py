@@ -32,8 +32,16 @@ def load_model(arg: str | None):
 
 
 def select_devices(spec: str):
+    """Resolve --backends; say when two chosen devices are one physical device."""
     from ..core.registry import default_registry
-    return default_registry().select(spec)
+    registry = default_registry()
+    devices = registry.select(spec)
+    for group in registry.same_silicon():
+        chosen = [d.name for d in group if d in devices]
+        if len(chosen) > 1:
+            err.print(f"[yellow]note: {' and '.join(chosen)} are one physical device ({group[0].physical_id}) "
+                      f"reached through two plugins[/yellow]")
+    return devices
 
 
 @contextmanager

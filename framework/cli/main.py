@@ -29,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     run.add_argument("--plan", metavar="FILE", help="write the plans that ran as JSON")
 
+    check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
+    check.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+    _device_args(check)
+    check.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
+    check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
+    check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
+
     sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
 
     info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
@@ -51,7 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+    _device_args(p)
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", default="cpu", help="priority list of devices or aliases (cpu, gpu, npu)")
+    p.add_argument("--strict", action="store_true", help="fail instead of falling back to a later device")
+    p.add_argument("--kv-device", help="device that holds the KV cache (default: the first that can write it)")
     p.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
     p.add_argument("--batch", type=positive_int, default=512, help="prefill chunk in tokens (default 512)")
 
@@ -80,9 +93,13 @@ def cmd_run(args) -> int:
     model = load_model(args.model)
     tok = model.tokenizer
     ids = _prompt_ids(model, args.prompt, args.chat)
+    session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
+                      kv_device=args.kv_device)
+    session.reserve(len(ids), args.n_predict)           # every check before anything is loaded
     with weight_progress() as progress:
-        session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress)
+        session.progress = progress
         session.plan(min(len(ids), args.batch), 0)     # load and compile before the clock starts
+    session.progress = None
     out(args.prompt if not args.chat else "")
     interrupted = False
     try:
@@ -125,9 +142,29 @@ def _summary(model, session, interrupted: bool) -> None:
 
 
 def _write_plans(session, path: Path) -> None:
-    record = [plan.to_dict() for plan, _ in session.plans.values()]
+    from ..runtime.session import _phase_name
+    record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
+              "plans": {_phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
     path.write_text(json.dumps(record, indent=1))
     err.print(f"plans written to {path}")
+
+
+def cmd_check(args) -> int:
+    from ..runtime.session import Session
+    devices = select_devices(args.backends)
+    model = load_model(args.model)
+    t0 = time.perf_counter()
+    session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
+                      kv_device=args.kv_device)
+    reservation = session.reserve(args.prompt_tokens, args.n_predict)
+    seconds = time.perf_counter() - t0
+    names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in devices)
+    out(f"reservation of {model.name} on {names}: {len(reservation.plans)} graph shapes planned and checked in "
+        f"{seconds * 1000:.0f} ms; nothing was loaded or compiled\n")
+    out("\n".join(reservation.summary()) + "\n")
+    if args.plan:
+        _write_plans(session, Path(args.plan))
+    return 0
 
 
 def cmd_backends(args) -> int:
@@ -148,6 +185,8 @@ def cmd_backends(args) -> int:
         return fail("no backend plugins found in entry-point group framework.backends (is the package installed?)")
     from rich.console import Console
     Console(soft_wrap=True).print(table)
+    for group in reg.same_silicon():
+        out(f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}\n")
     return 0
 
 
@@ -202,7 +241,7 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
-COMMANDS = {"run": cmd_run, "backends": cmd_backends, "info": cmd_info, "perplexity": cmd_perplexity,
+COMMANDS = {"run": cmd_run, "check": cmd_check, "backends": cmd_backends, "info": cmd_info, "perplexity": cmd_perplexity,
             "bench": cmd_bench}
 
 if __name__ == "__main__":

@@ -70,11 +70,18 @@ class Registry:
         impls = [i for i in self.pm.hook.framework_devices.get_hookimpls() if i.plugin_name == name]
         devices = [d for impl in impls for d in (impl.function() or [])]
         for d in devices:
-            if not isinstance(d, Device):
-                raise TypeError(f"it returned {d!r}, which is not a framework.contract.Device")
-            if not d.name:
-                raise TypeError(f"device {type(d).__name__} has no name")
+            problems = contract_problems(d)
+            if problems:
+                raise TypeError(f"device {getattr(d, 'name', d)!r} does not fit the contract: {'; '.join(problems)}")
         return devices
+
+    def same_silicon(self) -> list[list[Device]]:
+        """Groups of devices, from different plugins or not, that report one physical id."""
+        groups: dict[str, list[Device]] = {}
+        for d in self.devices():
+            if d.physical_id:
+                groups.setdefault(d.physical_id, []).append(d)
+        return [g for g in groups.values() if len(g) > 1]
 
     def devices(self) -> list[Device]:
         return [d for r in self.plugins.values() if not r.error for d in r.devices]
@@ -113,6 +120,24 @@ class Registry:
         why = "; ".join(f"{d.name}: {d.unavailable_reason}" for d in of_kind) or "no plugin provides one"
         raise DeviceSelectionError(f"alias '{name}' matches no available {kind.value} device ({why}); "
                                    f"devices:\n{self.describe_devices()}")
+
+
+REQUIRED_METHODS = ("supports_op", "compile")
+
+
+def contract_problems(d) -> list[str]:
+    """What keeps a device object from fitting framework.contract.Device (empty when it fits)."""
+    if not isinstance(d, Device):
+        return [f"{type(d).__name__} is not a subclass of framework.contract.Device"]
+    problems = [f"{m}() is not implemented" for m in REQUIRED_METHODS
+                if getattr(type(d), m) is getattr(Device, m)]
+    if not d.name or not isinstance(d.name, str):
+        problems.append("it has no name")
+    if not isinstance(d.type, DeviceType):
+        problems.append(f"its type {d.type!r} is not a DeviceType")
+    if not d.available and not d.unavailable_reason:
+        problems.append("it is unavailable but gives no unavailable_reason")
+    return problems
 
 
 def default_registry() -> Registry:

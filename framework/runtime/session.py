@@ -70,7 +70,7 @@ class Session:
         graph, _ = self.model.build_step(1, KV_PAD, 1, self.cache, n_layers=1)
         write = next(n for n in graph.nodes if n.op == "SET_ROWS")
         owner = by_name.get(kv_device) or next((d for d in self.devices if d.supports_op(write).ok), self.devices[0])
-        return {id(t): Residence(owner.name, owner.buffer_type) for t in self.cache.tensors()}
+        return {id(t): Residence(owner.name, owner.buffer_type, owner.physical_id) for t in self.cache.tensors()}
 
     def reset(self) -> None:
         self.n_past = 0

@@ -31,6 +31,7 @@ class Residence:
 
     device: str
     buffer: BufferType
+    physical_id: str = ""    # of the owning device, to recognise one chip reached through two plugins
 
 
 @dataclass

@@ -81,11 +81,13 @@ def check_preallocated(plan: Plan, residence: dict[int, Residence], by_name: dic
             verdict = dev.supports_buffer(home.buffer)
             if verdict.ok:
                 continue
+            same = (f"; {home.device} and {dev.name} are the same physical device ({dev.physical_id}) reached "
+                    f"through two plugins" if home.physical_id and home.physical_id == dev.physical_id else "")
             raise CapabilityError(
                 "buffer_not_usable",
                 f"pre-allocated tensor '{t.name}' is held in buffer '{home.buffer.name}' on device {home.device}, "
                 f"but node '{n.name}' ({n.op}) that reads or writes it is placed on {dev.name}, which cannot use "
-                f"that buffer ({verdict.code}: {verdict.reason})",
+                f"that buffer ({verdict.code}: {verdict.reason}){same}",
                 tensor=t.name, node=n.name, devices=(home.device, dev.name), limit=f"buffer={home.buffer.name}",
                 fix=f"place the graph that uses '{t.name}' on {home.device} (list it first in --backends), or keep "
                     f"'{t.name}' in a buffer both {home.device} and {dev.name} can use")

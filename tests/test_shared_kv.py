@@ -1,0 +1,59 @@
+"""The design brief's shared-KV failure, reproduced: a draft made of the target's first layers
+shares the target's KV cache tensors. Placed on a device that cannot use the cache's buffer,
+reservation fails naming the tensor, its buffer and device, the consumer and the fix, before
+anything is loaded; placed on the cache's device, the draft runs and reads the target's cache."""
+
+import numpy as np
+import pytest
+from conftest import load_model, reference
+
+from framework.core.scheduler import CapabilityError
+from framework.runtime.session import Session
+
+DRAFT_LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def devices(registry):
+    names = {d.name for d in registry.devices()}
+    assert "example:0" in names, "the example plugin (examples/plugin-example) must be installed"
+    return registry.select("example:0")[0], registry.select("cpu")[0]
+
+
+@pytest.fixture(scope="module")
+def target(devices):
+    example, cpu = devices
+    return Session(load_model("smollm2"), [example, cpu], n_ctx=256, kv_device="example:0")
+
+
+def test_draft_on_a_device_that_cannot_use_the_kv_buffer_fails_at_reservation(devices, target):
+    _, cpu = devices
+    draft = Session(target.model, [cpu], n_layers=DRAFT_LAYERS, share_kv_with=target)
+    with pytest.raises(CapabilityError) as info:
+        draft.reserve(8, 4)
+    e = info.value
+    assert e.code == "buffer_not_usable"
+    assert e.tensor == "cache_k_l0" and e.node == "k_cache_write-0"
+    assert e.devices == ("example:0", "cpu")
+    text = str(e)
+    for part in ("cache_k_l0", "example_private", "example:0", "k_cache_write-0", "SET_ROWS", "cpu",
+                 "same physical device", "fix: place the graph that uses 'cache_k_l0' on example:0"):
+        assert part in text, part
+    assert draft.executor.weights == {} and draft.executor.programs == {}   # nothing loaded or compiled
+
+
+def test_draft_on_the_cache_owner_runs_on_the_targets_cache(devices, target):
+    example, cpu = devices
+    prompt = reference("smollm2")[0]["prompts"][0]["ids"]
+    target.reset()
+    target.eval(prompt)
+    draft = Session(target.model, [example, cpu], n_layers=DRAFT_LAYERS, share_kv_with=target)
+    draft.reserve(len(prompt), 2)
+    draft.n_past = target.n_past                       # the draft continues where the target stopped
+    shared = draft.eval([prompt[-1]])
+    # the same draft with a cache of its own, prefilled itself, must predict the same
+    alone = Session(target.model, [cpu], n_ctx=256, n_layers=DRAFT_LAYERS)
+    alone.eval(prompt)
+    own = alone.eval([prompt[-1]])
+    np.testing.assert_allclose(shared, own, rtol=1e-4, atol=1e-4)
+    assert draft.executor.caches is target.executor.caches
