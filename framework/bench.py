@@ -106,6 +106,29 @@ def bench_llama_cpp(model_path, ids: list[int], n_decode: int, repeats: int, thr
     return {"prefill": statistics.median(prefill[1:]), "decode": statistics.median(decode[1:])}
 
 
+def bench_reservation(model_path, devices, n_prompt: int, repeats: int = 5) -> list[tuple]:
+    """Median milliseconds to build and to reserve (plan and check) the prefill and decode graphs."""
+    from .core.scheduler import reserve
+    from .model.model import Model
+    from .runtime.session import Session
+    model = Model(model_path)
+    rows = []
+    for phase, n_tokens, n_past in (("prefill", n_prompt, 0), ("decode", 1, n_prompt)):
+        session = Session(model, devices, n_ctx=max(512, n_prompt + 8))
+        key = session._key(n_tokens, n_past, 1)
+        build, plan = [], []
+        for _ in range(repeats):
+            session.graphs.clear()
+            t0 = time.perf_counter()
+            graph, _ = session._graph(key)
+            t1 = time.perf_counter()
+            reserve({phase: graph}, devices, session.residence)
+            plan.append(time.perf_counter() - t1)
+            build.append(t1 - t0)
+        rows.append((phase, len(graph.nodes), statistics.median(build) * 1e3, statistics.median(plan) * 1e3))
+    return rows
+
+
 def run_bench(args) -> int:
     from .model.default import default_model_path, smollm2_path
     paths = {"smollm2": smollm2_path, "gemma3": default_model_path}
@@ -116,6 +139,15 @@ def run_bench(args) -> int:
     devices = select_devices(args.backends)
     err.print(f"threads: {args.threads} (numpy's BLAS and llama.cpp), {os.cpu_count()} CPUs; "
               f"prompt {args.prompt_tokens} tokens, {args.decode_tokens} decoded, median of {args.repeats}")
+    res = Table(title="reservation (build the graph, then plan and check it; median of 5)", title_justify="left")
+    for col in ("model", "graph", "nodes", "build ms", "reserve ms", "total ms"):
+        res.add_column(col, justify="left" if col in ("model", "graph") else "right")
+    for name in names:
+        for phase, nodes, build, plan in bench_reservation(paths[name](), devices, args.prompt_tokens):
+            res.add_row(name, phase, str(nodes), f"{build:.1f}", f"{plan:.1f}", f"{build + plan:.1f}")
+    Console(soft_wrap=True, width=200).print(res)
+    if args.reservation_only:
+        return 0
     bw = measure_bandwidth()
     table = Table(title=f"framework bench on {', '.join(d.name for d in devices)}", title_justify="left")
     for col in ("model", "load s", "prefill tok/s", "decode tok/s", "weights MB/token", "effective GB/s",

@@ -113,6 +113,8 @@ class Device:
     buffer_type: BufferType = HOST_BUFFER   # where this device allocates the pre-allocated tensors it owns
     weight_buffer_type: BufferType | None = None   # where it keeps weights, if not buffer_type (a repacked layout)
     emulation: str | None = None            # set when limits of absent hardware are emulated: reports say so
+    weights_in_programs: bool = False       # True: compile() folds the fragment's weights into the program
+                                            # (as constants), so only fragments with the same weights share one
 
     def supports_op(self, node: "Tensor") -> Verdict:
         """*Required.* Whether this device can compute ``node`` (its op, dtypes, shapes)."""
@@ -151,8 +153,9 @@ class Device:
 
     # -- work (required) ------------------------------------------------------------------------
     def compile(self, fragment: "Fragment") -> Program:
-        """*Required.* Compile a fragment into a program. Called once per distinct fragment
-        structure; the program must not capture the fragment's weights (they are arguments)."""
+        """*Required.* Compile a fragment into a program. Called once per distinct ``fragment.program``
+        key: by default the structure hash, so the program must not capture the fragment's weights
+        (they are arguments of ``run``). A device that sets ``weights_in_programs`` may fold them in."""
         raise NotImplementedError
 
     def describe(self) -> str:

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=positive_int, default=3)
     bench.add_argument("--threads", type=positive_int, default=2)
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    bench.add_argument("--reservation-only", action="store_true", help="only time graph building and reservation")
     return p
 
 

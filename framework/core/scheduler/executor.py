@@ -1,4 +1,4 @@
-"""Running plans: weights and caches on their devices, one program per fragment structure,
+"""Running plans: weights and caches on their devices, one program per fragment program key,
 copies between devices, and the time each device took."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Executor:
                     home = self.residence.get(id(t))
                     dev_name = home.device if home else f.device
                     self.caches[id(t)] = (dev_name, self.devices[dev_name].alloc(t))
-            key = (f.device, f.structure)
+            key = (f.device, f.program)
             if key not in self.programs:
                 self.programs[key] = self._device_call(f.device, "compiling", f.describe(),
                                                        self.devices[f.device].compile, f)
@@ -64,7 +64,7 @@ class Executor:
         for f in plan.fragments:
             args = [self._arg(t, f.device, values, inputs) for t in f.inputs]
             t0 = time.perf_counter()
-            results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.structure)].run,
+            results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.program)].run,
                                         args)
             st = self.stats[f.device]
             st["seconds"] += time.perf_counter() - t0

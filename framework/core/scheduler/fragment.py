@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from ..graph import VIEW_OPS, Graph, Tensor, structure_hash
@@ -15,6 +16,7 @@ class Fragment:
     inputs: list[Tensor] = field(default_factory=list)    # read here, made elsewhere (first-use order)
     outputs: list[Tensor] = field(default_factory=list)   # made here, read elsewhere or wanted by the caller
     structure: str = ""
+    program: str = ""       # what identifies its program: the structure, plus the weights if the device bakes them
     submissions: list[tuple[int, int]] = field(default_factory=list)   # node ranges [start, end)
 
     def cut_submissions(self, max_chain: int | None) -> None:
@@ -39,8 +41,16 @@ class Fragment:
     def to_dict(self) -> dict:
         return {"index": self.index, "device": self.device, "first": self.nodes[0].name, "last": self.nodes[-1].name,
                 "nodes": len(self.nodes), "commands": self.commands, "submissions": [list(s) for s in self.submissions],
-                "structure": self.structure, "inputs": [t.name for t in self.inputs],
+                "structure": self.structure, "program": self.program, "inputs": [t.name for t in self.inputs],
                 "outputs": [t.name for t in self.outputs]}
+
+    def set_program_key(self, weights_in_programs: bool) -> None:
+        """Fragments with one key share one compiled program."""
+        if not weights_in_programs:
+            self.program = self.structure
+            return
+        weights = ",".join(t.name for t in self.inputs if t.is_leaf and t.kind is not None and t.kind.value == "weight")
+        self.program = self.structure + ":" + hashlib.sha256(weights.encode()).hexdigest()[:8]
 
     def describe(self) -> str:
         return f"fragment {self.index} on {self.device}: nodes {self.nodes[0].name} .. {self.nodes[-1].name}"

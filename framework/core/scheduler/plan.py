@@ -60,10 +60,10 @@ class Plan:
 
     @property
     def programs(self) -> dict[tuple[str, str], list[int]]:
-        """(device, structure hash) -> indices of the fragments that share that program."""
+        """(device, program key) -> indices of the fragments that share that program."""
         out: dict[tuple[str, str], list[int]] = {}
         for f in self.fragments:
-            out.setdefault((f.device, f.structure), []).append(f.index)
+            out.setdefault((f.device, f.program), []).append(f.index)
         return out
 
     @property
@@ -93,7 +93,7 @@ class Plan:
             "nodes": [_node_record(n, self.placement[id(n)]) for n in self.graph.nodes],
             "fragments": [f.to_dict() for f in self.fragments],
             "copies": [vars(c) for c in self.copies],
-            "programs": [{"device": d, "structure": h, "fragments": idx} for (d, h), idx in self.programs.items()],
+            "programs": [{"device": d, "program": h, "fragments": idx} for (d, h), idx in self.programs.items()],
             "fallbacks": [{"node": n.name, "op": n.op, "device": p.device, "refusals": p.refusals}
                           for n, p in self.fallbacks],
         }
@@ -119,6 +119,7 @@ def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residenc
     by_name = {d.name: d for d in devices}
     for f in fragments:
         f.cut_submissions(by_name[f.device].limits.max_chain)
+        f.set_program_key(by_name[f.device].weights_in_programs)
     copies = _copies(fragments, device_of)
     return Plan(graph=graph, devices=list(devices), placement=placement, fragments=fragments, copies=copies)
 

@@ -112,8 +112,8 @@ def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device]) -> 
     needed: dict[str, set[str]] = {}
     per_phase: dict[str, dict[str, int]] = {}
     for phase, plan in plans.items():
-        for dev, structure in plan.programs:
-            needed.setdefault(dev, set()).add(structure)
+        for dev, key in plan.programs:
+            needed.setdefault(dev, set()).add(key)
             per_phase.setdefault(dev, {}).setdefault(phase, 0)
             per_phase[dev][phase] += 1
     for dev, structures in needed.items():
