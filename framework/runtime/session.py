@@ -4,6 +4,11 @@ Prefill runs in chunks of n_batch tokens, decode one token at a time. Each disti
 shape gets its graph and plan once; the KV length a step attends over is rounded up to a
 multiple of KV_PAD (as llama.cpp pads n_kv), so decode reuses a handful of plans.
 
+When a selected device demands static shapes (limits.static_shapes), every prefill chunk is
+padded to n_batch tokens and every step attends over all n_ctx cache rows: two shapes for a
+whole run. Padding tokens write their K and V to scratch rows after the n_ctx real ones,
+which no query reads, and their logits are never returned.
+
 `reserve()` plans every shape a run will use and checks the plans before any weight is
 loaded; a shape met later (a longer run than reserved) is planned and checked on arrival.
 """
@@ -46,12 +51,13 @@ class Session:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
         self.progress, self.strict, self.n_layers = progress, strict, n_layers
+        self.static = any(d.limits.static_shapes for d in self.devices)
         if share_kv_with is not None:
             # a draft that reads and writes the target's cache tensors where the target keeps them
             self.n_ctx, self.cache, self.residence = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.residence
             caches = share_kv_with.executor.caches
         else:
-            self.n_ctx, self.cache = n_ctx, KVCache(model.hp, n_ctx)
+            self.n_ctx, self.cache = n_ctx, KVCache(model.hp, n_ctx, n_batch if self.static else 0)
             self.residence = self._place_cache(kv_device)
             caches = None
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches)
@@ -77,6 +83,8 @@ class Session:
 
     # -- shapes and plans -----------------------------------------------------------------
     def _key(self, n_tokens: int, n_past: int, n_out: int | None) -> tuple:
+        if self.static:
+            return (1 if n_tokens == 1 else self.n_batch), self.n_ctx, (None if n_out is None else 1)
         return n_tokens, min(self.n_ctx, -(-(n_past + n_tokens) // KV_PAD) * KV_PAD), n_out
 
     def _graph(self, key: tuple) -> tuple[Graph, object]:
@@ -146,15 +154,20 @@ class Session:
         t0 = time.perf_counter()
         n = len(chunk)
         plan, inp = self.plan(n, self.n_past, None if all_logits else 1)
-        n_kv = inp.mask.shape[1]
-        pos = np.arange(self.n_past, self.n_past + n, dtype=np.int32)
-        values = {id(inp.tokens): np.asarray(chunk, dtype=np.int32), id(inp.pos): pos, id(inp.kv_rows): pos,
+        n_tokens, n_kv = inp.mask.shape
+        pos = np.arange(self.n_past, self.n_past + n_tokens, dtype=np.int32)
+        rows = pos.copy()
+        rows[n:] = self.n_ctx + np.arange(n_tokens - n, dtype=np.int32)     # padding writes scratch rows
+        tokens = np.zeros(n_tokens, dtype=np.int32)
+        tokens[:n] = chunk
+        values = {id(inp.tokens): tokens, id(inp.pos): pos, id(inp.kv_rows): rows,
                   id(inp.mask): causal_mask(pos, n_kv, 0)}
         if inp.mask_swa is not None:
             values[id(inp.mask_swa)] = causal_mask(pos, n_kv, self.model.hp.sliding_window)
         if inp.out_ids is not None:
             values[id(inp.out_ids)] = np.array([n - 1], dtype=np.int32)
         (logits,) = self.executor.run(plan, values)
+        logits = logits[:n] if inp.out_ids is None else logits
         self.n_past += n
         stats = self.decode if n == 1 else self.prefill
         stats.tokens += n

@@ -30,12 +30,14 @@ class StepInputs:
 
 
 class KVCache:
-    """Pre-allocated K and V tensors, one pair per layer, of n_ctx rows each."""
+    """Pre-allocated K and V tensors, one pair per layer, of n_ctx rows each, plus `scratch_rows`
+    beyond them that padding tokens of fixed-shape steps write to and no query ever reads."""
 
-    def __init__(self, hp: HParams, n_ctx: int):
-        self.n_ctx = n_ctx
-        self.k = [leaf(f"cache_k_l{il}", F32, (n_ctx, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
-        self.v = [leaf(f"cache_v_l{il}", F32, (n_ctx, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
+    def __init__(self, hp: HParams, n_ctx: int, scratch_rows: int = 0):
+        self.n_ctx, self.scratch_rows = n_ctx, scratch_rows
+        rows = n_ctx + scratch_rows
+        self.k = [leaf(f"cache_k_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
+        self.v = [leaf(f"cache_v_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
 
     def tensors(self) -> list[Tensor]:
         return self.k + self.v
