@@ -73,7 +73,7 @@ class Session:
         if kv_device is not None and kv_device not in by_name:
             raise ValueError(f"--kv-device {kv_device} is not among the selected devices "
                              f"({', '.join(by_name)})")
-        graph, _ = self.model.build_step(1, KV_PAD, 1, self.cache, n_layers=1)
+        graph, _ = self.model.build_step(1, min(KV_PAD, self.cache.n_ctx), 1, self.cache, n_layers=1)
         write = next(n for n in graph.nodes if n.op == "SET_ROWS")
         owner = by_name.get(kv_device) or next((d for d in self.devices if d.supports_op(write).ok), self.devices[0])
         return {id(t): Residence(owner.name, owner.buffer_type, owner.physical_id) for t in self.cache.tensors()}
