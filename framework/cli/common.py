@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 err = Console(stderr=True, highlight=False)
@@ -68,7 +69,7 @@ def positive_int(text: str) -> int:
 
 
 def fail(message: str, code: int = 2) -> int:
-    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return code
 
 

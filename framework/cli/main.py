@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich.markup import escape
+
 from .common import err, fail, load_model, out, positive_int, select_devices, weight_progress
 
 SAMPLE_PROMPT = "The capital of France is"
@@ -35,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
     check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
+
+    split = sub.add_parser("split", help="show where every node of the plan runs, why, and what it costs")
+    split.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+    _device_args(split)
+    split.add_argument("--phase", choices=("prefill", "decode"), help="only this phase's plans (default: all)")
+    split.add_argument("--device-profile", metavar="NAME", help="apply a device profile (plugins that offer them)")
+    split.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
+    split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
+    split.add_argument("-o", "--output", metavar="FILE", help=".html, .svg, .dot, .json or .txt (default: the "
+                       "summary on the terminal)")
 
     sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
 
@@ -111,7 +123,7 @@ def cmd_run(args) -> int:
     out("\n")
     _summary(model, session, interrupted)
     for line in fallback_lines(session):
-        err.print(f"[yellow]{line}[/yellow]", soft_wrap=True)
+        err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     err.print(placement_table(session))
     if args.plan:
         _write_plans(session, Path(args.plan))
@@ -166,6 +178,11 @@ def cmd_check(args) -> int:
     if args.plan:
         _write_plans(session, Path(args.plan))
     return 0
+
+
+def cmd_split(args) -> int:
+    from .split import run_split
+    return run_split(args)
 
 
 def cmd_backends(args) -> int:
@@ -242,7 +259,7 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "backends": cmd_backends, "info": cmd_info, "perplexity": cmd_perplexity,
+COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "backends": cmd_backends, "info": cmd_info, "perplexity": cmd_perplexity,
             "bench": cmd_bench}
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class ExampleProgram:
     the number of commands (non-view nodes) each one chained.
     """
 
-    def __init__(self, device: "ExampleDevice", fragment):
+    def __init__(self, device: ExampleDevice, fragment):
         self.device = device
         slots = {id(t): i for i, t in enumerate(fragment.inputs)}
         self.n_args = len(fragment.inputs)

@@ -1,8 +1,8 @@
 """Planning: which device runs every node, and why; fragments, copies, programs, fallbacks.
 
 The assignment is a sequence of numbered passes (after ggml's scheduler):
-  1. nodes that read or write a pre-allocated tensor (a KV cache) directly are pinned to the
-     device whose buffer holds it, when that device accepts them;
+  1. nodes that read or write a pre-allocated tensor (a KV cache), directly or through views,
+     are pinned to the device whose buffer holds it, when that device accepts them;
   2. every other computing node goes to the first device in the priority list that accepts it;
   3. smoothing: a short run of nodes between two runs on one other device moves to that device
      when it accepts them all and the move saves bytes of copies (no ping-pong for cheap nodes);
@@ -125,7 +125,14 @@ def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residenc
 
 
 def _preallocated_sources(n: Tensor) -> list[Tensor]:
-    return [s for s in n.src if s.is_leaf and s.kind == LeafKind.CACHE]
+    """Pre-allocated tensors n reads or writes, directly or through views of them (attention reads
+    the cache through a VIEW of the SET_ROWS result)."""
+    out: list[Tensor] = []
+    for s in n.src:
+        t = s.storage
+        if t.is_leaf and t.kind == LeafKind.CACHE and all(t is not o for o in out):
+            out.append(t)
+    return out
 
 
 def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:

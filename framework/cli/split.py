@@ -1,0 +1,69 @@
+"""`framework split`: where every node of the plan runs, why, and what it costs.
+
+    framework split [MODEL] --backends example:0,cpu -o plan.html     # interactive page
+    framework split --backends example:0,cpu --phase decode           # terminal summary
+    framework split ... -o plan.svg | plan.dot | plan.json | plan.txt
+
+The plan is the one `framework check` reserves. When reservation fails, the plans that can still be
+made are shown with the error on the node, tensor or device it names, and the exit status is 1.
+`write_run_view` writes the view of the plans a session ran (`framework run --plan-view FILE`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.markup import escape
+
+from .common import err, fail, load_model, out, select_devices
+
+NO_PROFILES = "--device-profile: no plugin offers device profiles yet"
+
+
+def apply_device_profile(devices: list, name: str) -> None:
+    """Device profiles (limits of absent hardware, applied to a device) come with the OpenVINO plugin,
+    which is not part of the framework yet: until it defines how a profile is applied, say so."""
+    raise ValueError(f"{NO_PROFILES} (asked for '{name}' on {', '.join(d.name for d in devices)})")
+
+
+def run_split(args) -> int:
+    from ..runtime.session import Session
+    from ..viz import GraphvizMissing, PlanView, render_text, write_view
+
+    devices = select_devices(args.backends)
+    if args.device_profile:
+        apply_device_profile(devices, args.device_profile)
+    target = Path(args.output) if args.output and args.output != "-" else None
+    if target is not None and not target.suffix:
+        return fail(f"-o {target}: name the file .html, .svg, .dot, .json or .txt (the extension picks the format)")
+    model = load_model(args.model)
+    session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
+                      kv_device=args.kv_device)
+    view = PlanView.from_session(session, args.prompt_tokens, args.n_predict, args.phase)
+    if target is None:
+        out(render_text(view))
+    else:
+        try:
+            write_view(view, target)
+        except GraphvizMissing as e:
+            return fail(str(e))
+        err.print(f"{len(view.plans)} plan(s) of {model.name} written to {target}")
+    if view.error is not None:
+        e = view.error
+        where = ", ".join(x for x in (e.node, e.tensor) if x) or ", ".join(e.devices)
+        err.print(f"[red]reservation failed[/red] {escape(f'[{e.code}]')}: the view marks where ({escape(where)})",
+                  soft_wrap=True)
+        return 1
+    return 0
+
+
+def write_run_view(session, path: Path) -> None:
+    """The view of the plans that ran, with the time measured per fragment (or per device)."""
+    from ..viz import GraphvizMissing, PlanView, write_view
+    view = PlanView.after_run(session)
+    try:
+        write_view(view, path)
+    except GraphvizMissing as e:
+        err.print(f"[yellow]{e}[/yellow]", soft_wrap=True)
+        return
+    err.print(f"plan view written to {path}")
