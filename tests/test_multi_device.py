@@ -394,9 +394,6 @@ def test_bad_backends_on_the_command_line(capsys, monkeypatch, registry, spec, m
     assert captured.out == ""                                   # nothing was generated
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "framework bug: framework/cli/common.py fail() prints the message as rich markup, so a CapabilityError's "
-    "leading '[program_budget]' is taken for a style tag and vanishes (patch: rich.markup.escape, in the report)"))
 def test_capability_error_on_the_command_line_keeps_its_code(capsys, monkeypatch):
     monkeypatch.setenv("FRAMEWORK_EXAMPLE_REFUSE", "ROPE")
     monkeypatch.setenv("FRAMEWORK_EXAMPLE_MAX_PROGRAMS", "2")
@@ -446,10 +443,6 @@ def test_kv_cache_on_the_example_device(smollm2, cpu, prompt, cpu_logits):
     assert np.abs(k0[:n]).sum(axis=1).min() > 0 and not k0[n:].any()
 
 
-@pytest.mark.xfail(strict=True, raises=CapabilityError, reason=(
-    "framework bug: plan pass 1 pins only nodes whose direct source is a cache leaf; FLASH_ATTN_EXT reads the "
-    "cache through a VIEW of the SET_ROWS result, so with cpu first it lands on cpu and reservation fails with "
-    "buffer_not_usable (patch for _preallocated_sources in framework/core/scheduler/plan.py in the report)"))
 def test_cache_readers_are_pinned_through_views_when_the_cpu_comes_first(smollm2, cpu, prompt, cpu_logits):
     ex = ExampleDevice()
     session = Session(smollm2, [cpu, ex], n_ctx=N_CTX, kv_device="example:0")
