@@ -73,7 +73,10 @@ def glu(gate, up, *, op):
 
 
 def rms_norm(x, *, eps):
-    ms = np.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
+    if x.ndim == 2 and x.shape[0] == 1:     # decode: one dot product beats einsum's set-up
+        ms = np.dot(x[0], x[0]) * np.float32(1.0 / x.shape[-1])
+    else:
+        ms = np.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))
 
 
@@ -92,11 +95,14 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     t, h, d = q.shape
     hkv = k.shape[1]
     g = h // hkv
-    qh = q.transpose(1, 0, 2).reshape(hkv, g * t, d)              # query heads grouped by kv head
-    scores = np.matmul(qh, k.transpose(1, 2, 0)).reshape(hkv, g, t, -1)
+    qh = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)   # query heads by kv head
+    # contiguous per-head K and V let BLAS take the batched products (strided views fall off it)
+    kh = np.ascontiguousarray(k.transpose(1, 0, 2))
+    vh = np.ascontiguousarray(v.transpose(1, 0, 2))
+    scores = np.matmul(qh, kh.transpose(0, 2, 1)).reshape(hkv, g, t, -1)
     probs = soft_max(scores, mask, scale=scale)
-    out = np.matmul(probs.reshape(hkv, g * t, -1), v.transpose(1, 0, 2))   # (hkv, g*t, d)
-    return np.ascontiguousarray(out.reshape(h, t, d).transpose(1, 0, 2))
+    out = np.matmul(probs.reshape(hkv, g * t, -1), vh)                          # (hkv, g*t, d)
+    return out.reshape(hkv, g, t, d).transpose(2, 0, 1, 3).reshape(t, h, d)
 
 
 _ROPE_TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
