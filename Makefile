@@ -19,7 +19,19 @@ $(STAMP): pyproject.toml Makefile examples/plugin-example/pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/framework run "$(PROMPT)" -n 48
 
-test: $(STAMP)
+# tests/test_split.py drives a real browser: Debian's chromium, headless, through playwright (never
+# `playwright install`); Graphviz's dot renders the .svg view. Installed once (as root, or with sudo).
+CHROMIUM      := /usr/bin/chromium
+BROWSER_STAMP := $(VENV)/.browser
+SUDO          := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+$(BROWSER_STAMP): $(STAMP)
+	test -x $(CHROMIUM) && command -v dot >/dev/null || { $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium graphviz; }
+	$(PY) -m pip install -q 'playwright>=1.40'
+	touch $(BROWSER_STAMP)
+
+test: $(STAMP) $(BROWSER_STAMP)
 	$(PY) -m pytest -q -ra
 
 # llama.cpp alongside, built for this CPU (benchmarks/install_llama_cpp.sh says how)

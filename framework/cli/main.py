@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     run.add_argument("--plan", metavar="FILE", help="write the plans that ran as JSON")
+    run.add_argument("--plan-view", metavar="FILE", help="write the view of the plans that ran, with the time each "
+                     "fragment took (.html, .svg, .dot, .json or .txt)")
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
     check.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
@@ -127,6 +129,9 @@ def cmd_run(args) -> int:
     err.print(placement_table(session))
     if args.plan:
         _write_plans(session, Path(args.plan))
+    if args.plan_view:
+        from .split import write_run_view
+        write_run_view(session, Path(args.plan_view))
     return 130 if interrupted else 0
 
 

@@ -29,6 +29,8 @@ class Executor:
         self.caches: dict[int, tuple[str, Any]] = caches if caches is not None else {}
         self.programs: dict[tuple[str, str], Any] = {}
         self.stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0, "bytes_copied": 0, "compiles": 0})
+        # (id(plan), fragment index) -> seconds and runs of that fragment (the view of a run shows them)
+        self.fragment_stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0})
 
     # -- preparation ----------------------------------------------------------------------
     def prepare(self, plan: Plan, progress: Progress | None = None) -> None:
@@ -66,9 +68,10 @@ class Executor:
             t0 = time.perf_counter()
             results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.program)].run,
                                         args)
-            st = self.stats[f.device]
-            st["seconds"] += time.perf_counter() - t0
-            st["runs"] += 1
+            seconds = time.perf_counter() - t0
+            for st in (self.stats[f.device], self.fragment_stats[(id(plan), f.index)]):
+                st["seconds"] += seconds
+                st["runs"] += 1
             for t, h in zip(f.outputs, results):
                 values[id(t)] = (f.device, h)
                 if t.op == "SET_ROWS":
