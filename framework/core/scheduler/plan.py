@@ -212,17 +212,42 @@ def _boundary_bytes(graph: Graph, run: list[Tensor], placement: dict[int, Placem
 
 
 def _pass4_views_follow_memory(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
-    """Pass 4: a view costs nothing and must live with the memory it aliases."""
+    """Pass 4: a view costs nothing and lives with the memory it aliases, when that device accepts it.
+    A view the device of its memory refuses runs where it is read (the aliased tensor is copied there),
+    and the refusal is kept in the plan like any other."""
+    by_name = {d.name: d for d in devices}
+    refused: dict[int, dict[str, str]] = {}
     for n in graph.nodes:               # views of computed tensors (and views of those), in order
         if n.op in VIEW_OPS and id(n.src[0]) in placement:
-            placement[id(n)] = Placement(placement[id(n.src[0])].device, "view of a tensor on this device")
-    for n in reversed(graph.nodes):     # views of leaves run where they are first read; every consumer
-        if n.op in VIEW_OPS and id(n) not in placement:     # comes later, so it is placed already
-            consumers = graph.consumers.get(id(n), ())
-            if consumers:
-                placement[id(n)] = Placement(placement[id(consumers[0])].device, "view read on this device")
+            home = placement[id(n.src[0])].device
+            verdict = by_name[home].supports_op(n)
+            if verdict.ok:
+                placement[id(n)] = Placement(home, "view of a tensor on this device")
             else:
-                placement[id(n)] = Placement(devices[0].name, "view of a leaf wanted as an output")
+                refused[id(n)] = {home: f"{verdict.code}: {verdict.reason}"}
+    for n in reversed(graph.nodes):     # views of leaves, and refused views, run where they are first read;
+        if n.op in VIEW_OPS and id(n) not in placement:     # every consumer comes later, so it is placed
+            consumers = graph.consumers.get(id(n), ())
+            first = placement[id(consumers[0])].device if consumers else devices[0].name
+            refusals = dict(refused.get(id(n), {}))
+            for dev in [by_name[first]] + [d for d in devices if d.name != first]:
+                if dev.name in refusals:
+                    continue
+                verdict = dev.supports_op(n)
+                if verdict.ok:
+                    if refusals:
+                        reason = f"fallback: refused by {', '.join(refusals)}"
+                    else:
+                        reason = "view read on this device" if consumers else "view of a leaf wanted as an output"
+                    placement[id(n)] = Placement(dev.name, reason, refusals)
+                    break
+                refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
+            else:
+                lines = "; ".join(f"{d} says {r}" for d, r in refusals.items())
+                raise CapabilityError(
+                    "no_device_for_node", f"no device accepts node {n.describe()}: {lines}",
+                    node=n.name, devices=tuple(refusals),
+                    fix="add a device that supports this op to --backends (for example cpu at the end of the list)")
 
 
 def _copies(fragments: list[Fragment], device_of: dict[int, str]) -> list[Copy]:

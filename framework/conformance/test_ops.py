@@ -1,0 +1,230 @@
+"""The conformance tests: every case on every selected device, against the CPU reference.
+
+For each case and device:
+  * ``test_matches_cpu_reference``: the device runs the case through make_plan + Executor; when it
+    accepts every node, every output must have the node's shape, be float32 and finite, and be within
+    the case's NMSE threshold of the CPU device's output for the same graph and values. When it
+    refuses a node, the test is skipped with the device's verdict (code and reason).
+  * ``test_deterministic``: the same compiled program run twice gives bit-identical outputs.
+  * ``test_verdicts_are_well_formed``: every supports_op answer is a Verdict, a refusal has a code and
+    a reason, the answer does not change when asked again, and a weight type outside the device's
+    declared ``Limits.dtypes`` is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from framework.conformance.cases import (
+    EXTRA_WEIGHT_TYPES,
+    NMSE_DEFAULT,
+    NMSE_MAX,
+    WEIGHT_TYPES,
+    Built,
+    Case,
+    all_cases,
+    nmse,
+    ops_of,
+)
+from framework.contract import Verdict
+from framework.core.graph import F32, GLU_OPS, ROPE_MODES, UNARY_OPS, Graph, LeafKind, Tensor, leaf
+from framework.core.scheduler import CapabilityError, Executor, make_plan
+from framework.plugins.cpu.device import CpuDevice
+from framework.plugins.cpu.kernels import KERNELS
+
+CASES = all_cases()
+
+_built: dict[str, Built] = {}
+_reference: dict[str, list[np.ndarray]] = {}
+
+
+def built(case: Case) -> Built:
+    """One build per case per session, shared by the reference and every device."""
+    if case.id not in _built:
+        _built[case.id] = case.build()
+    return _built[case.id]
+
+
+def run(device, b: Built, times: int = 2) -> list[list[np.ndarray]]:
+    """Plan the case on this device alone and run it `times` times with one executor: one load of the
+    weights, one compiled program, fresh copies of the inputs every time."""
+    plan = make_plan(b.graph, [device])
+    elsewhere = [n.name for n in b.graph.nodes if plan.device_of(n) != device.name]
+    assert not elsewhere, f"the planner put {elsewhere} off {device.name}"
+    ex = Executor([device], b.weight_bytes)
+    # copy at once: an output may alias device memory the next run writes (a view of the KV cache)
+    return [[np.array(o, copy=True) for o in ex.run(plan, b.fresh_inputs())] for _ in range(times)]
+
+
+_runs: dict[tuple[str, str], list[list[np.ndarray]]] = {}
+
+
+def runs_on(device, case: Case) -> list[list[np.ndarray]]:
+    """Two runs of the case's program on the device; shared by the tests of one session, so that a
+    device whose compile is slow compiles each case once."""
+    key = (device.name, case.id)
+    if key not in _runs:
+        _runs[key] = run(device, built(case))
+    return _runs[key]
+
+
+def reference(case: Case) -> list[np.ndarray]:
+    """The case's outputs on the CPU device, through the same planner and executor path."""
+    if case.id not in _reference:
+        _reference[case.id] = run(CpuDevice(), built(case), times=1)[0]
+    return _reference[case.id]
+
+
+def verdicts(device, graph: Graph) -> list[tuple[Tensor, object]]:
+    return [(n, device.supports_op(n)) for n in graph.nodes]
+
+
+def skip_unless_accepted(device, b: Built) -> None:
+    """Skip, quoting the device's own verdicts, when it refuses a node of the case. An answer that is
+    not a Verdict fails: the planner cannot read it."""
+    refused = []
+    for node, v in verdicts(device, b.graph):
+        if not isinstance(v, Verdict):
+            pytest.fail(f"{device.name}.supports_op({node.describe()}) returned {v!r}, not a framework.contract."
+                        f"Verdict: return Verdict.yes() or Verdict.no(code, reason)", pytrace=False)
+        if not v.ok:
+            refused.append(f"{node.describe()} -> {v.code}: {v.reason}")
+    if refused:
+        more = f" (and {len(refused) - 2} more)" if len(refused) > 2 else ""
+        pytest.skip(f"not supported by {device.name} (its own verdict): {'; '.join(refused[:2])}{more}")
+
+
+# ------------------------------------------------------------------------------------------------------
+# per case, per device
+# ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_matches_cpu_reference(device, case):
+    """supports_op honesty: a device that accepts every node of a case must compute it correctly."""
+    b = built(case)
+    skip_unless_accepted(device, b)
+    outs = runs_on(device, case)[0]
+    refs = reference(case)
+    assert len(outs) == len(b.graph.outputs)
+    for i, (out, ref, t) in enumerate(zip(outs, refs, b.graph.outputs)):
+        where = f"{device.name}, case {case.id}, output {i} {t.describe()}"
+        assert isinstance(out, np.ndarray), f"{where}: to_host gave {type(out).__name__}, not a numpy array"
+        assert out.shape == t.shape, f"{where}: shape {out.shape}, expected {t.shape}"
+        assert out.dtype == np.float32, f"{where}: dtype {out.dtype}, expected float32"
+        bad = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
+        assert bad == 0, f"{where}: {bad} of {out.size} values are not finite (the CPU reference's all are)"
+        err = nmse(out, ref)
+        if not err <= b.tolerance:
+            diff = np.abs(out.astype(np.float64) - ref)
+            at = np.unravel_index(int(np.argmax(diff)), diff.shape)
+            pytest.fail(f"{where}: NMSE {err:.3e} > {b.tolerance:.0e} (ggml's threshold for {case.op}); "
+                        f"largest error {diff[at]:.3e} at {tuple(int(x) for x in at)}: {out[at]!r} vs reference "
+                        f"{ref[at]!r}\n{b.describe()}", pytrace=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_deterministic(device, case):
+    """The same program, run twice on the same values, gives bit-identical outputs."""
+    b = built(case)
+    skip_unless_accepted(device, b)
+    first, second = runs_on(device, case)
+    for i, (x, y) in enumerate(zip(first, second)):
+        if not np.array_equal(x, y, equal_nan=True):
+            n = int(np.count_nonzero(x != y))
+            pytest.fail(f"{device.name}, case {case.id}, output {i}: the second run differs from the first in "
+                        f"{n} of {x.size} values (max difference {np.nanmax(np.abs(x - y)):.3e})", pytrace=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_verdicts_are_well_formed(device, case):
+    """Every answer is a Verdict; a refusal carries a code and a reason; the answer is stable; a weight
+    type the device does not declare in Limits.dtypes is refused."""
+    b = built(case)
+    declared = device.limits.dtypes
+    for node, v in verdicts(device, b.graph):
+        what = f"{device.name}.supports_op({node.describe()})"
+        assert isinstance(v, Verdict), f"{what} returned {v!r}, not a Verdict (never a bare bool)"
+        assert isinstance(v.ok, bool), f"{what}: Verdict.ok is {v.ok!r}, not a bool"
+        if not v.ok:
+            assert isinstance(v.code, str) and v.code and v.code != "ok", f"{what}: refusal without a code: {v!r}"
+            assert isinstance(v.reason, str) and v.reason.strip(), f"{what}: refusal without a reason: {v!r}"
+        again = device.supports_op(node)
+        assert again == v, f"{what} answered {v!r}, then {again!r}"
+        weight_types = {s.dtype.name for s in node.src if s.is_leaf and s.kind == LeafKind.WEIGHT}
+        if declared is not None and v.ok and not weight_types <= set(declared):
+            pytest.fail(f"{what} accepts a node reading a {'/'.join(sorted(weight_types - set(declared)))} weight, "
+                        f"but the device's Limits.dtypes declares only {sorted(declared)}", pytrace=False)
+
+
+# ------------------------------------------------------------------------------------------------------
+# per device
+# ------------------------------------------------------------------------------------------------------
+
+def _node(op: str) -> Tensor:
+    x = leaf("x", F32, (4, 8), LeafKind.INPUT)
+    return Tensor(name=f"{op.lower()}-0", dtype=F32, shape=(4, 8), op=op, src=(x,))
+
+
+def test_refuses_an_op_that_does_not_exist(device):
+    v = device.supports_op(_node("CONFORMANCE_NO_SUCH_OP"))
+    assert isinstance(v, Verdict) and not v.ok, f"{device.name} accepts an op that does not exist: {v!r}"
+    assert v.code and v.code != "ok" and v.reason.strip(), f"{device.name}: refusal without code or reason: {v!r}"
+
+
+def test_answers_gated_delta_net_with_a_verdict(device):
+    """An op no kernel of the suite covers (Qwen3-Next's): whatever the answer, it is a Verdict."""
+    v = device.supports_op(_node("GATED_DELTA_NET"))
+    assert isinstance(v, Verdict), f"{device.name} returned {v!r} for GATED_DELTA_NET, not a Verdict"
+    if not v.ok:
+        assert v.code and v.code != "ok" and v.reason.strip(), f"{device.name}: refusal without code or reason: {v!r}"
+
+
+# ------------------------------------------------------------------------------------------------------
+# the reference and the suite itself
+# ------------------------------------------------------------------------------------------------------
+
+def test_cpu_reference_refuses_gated_delta_net():
+    """The CPU device has no kernel for GATED_DELTA_NET: a proper Verdict, and a plan that says so."""
+    node = _node("GATED_DELTA_NET")
+    v = CpuDevice().supports_op(node)
+    assert isinstance(v, Verdict) and v.ok is False and not v
+    assert v.code == "unsupported_op" and "GATED_DELTA_NET" in v.reason
+    with pytest.raises(CapabilityError) as err:
+        make_plan(Graph(nodes=[node], leaves=list(node.src), outputs=[node]), [CpuDevice()])
+    assert err.value.code == "no_device_for_node" and "GATED_DELTA_NET" in str(err.value)
+
+
+def test_metric_detects_errors():
+    ref = np.linspace(1.0, 2.0, 64)
+    assert nmse(ref.astype(np.float32), ref) < 1e-14
+    assert nmse(ref * (1 + 1e-3), ref) > NMSE_DEFAULT          # a 0.1 % error fails the default threshold
+    assert nmse(ref * (1 + 1e-2), ref) < NMSE_MAX["MUL_MAT"]   # 1 % passes the matrix-product one
+    assert nmse(ref * (1 + 1e-1), ref) > NMSE_MAX["MUL_MAT"]
+    assert nmse(np.zeros(3), np.zeros(3)) == 0.0 and nmse(np.ones(3), np.zeros(3)) == float("inf")
+    assert not nmse(np.array([np.nan, 1.0]), np.ones(2)) <= 1.0
+
+
+def test_cases_cover_every_op():
+    """Every op the graph builder can emit (the CPU kernels' list), every unary, GLU and rope mode, and
+    every weight type for GET_ROWS and for MUL_MAT in decode and prefill, has a case."""
+    covered = ops_of(CASES)
+    # the builder's transpose() emits PERMUTE; TRANSPOSE is only a kernel alias
+    assert set(KERNELS) - {"TRANSPOSE"} <= covered, sorted(set(KERNELS) - {"TRANSPOSE"} - covered)
+    params = {(n.op, n.params.get("op") or n.params.get("mode")) for c in CASES for n in c.build().graph.nodes}
+    for op, kinds in (("UNARY", UNARY_OPS), ("GLU", GLU_OPS), ("ROPE", ROPE_MODES)):
+        assert {(op, k) for k in kinds} <= params, f"{op}: {sorted(set(kinds) - {k for o, k in params if o == op})}"
+    ids = [c.id for c in CASES]
+    for q in WEIGHT_TYPES:
+        for prefix in (f"GET_ROWS-{q.name}-decode", f"GET_ROWS-{q.name}-prefill", f"MUL_MAT-{q.name}-decode",
+                       f"MUL_MAT-{q.name}-prefill"):
+            assert any(i.startswith(prefix) for i in ids), prefix
+    assert set(EXTRA_WEIGHT_TYPES).isdisjoint(WEIGHT_TYPES)
+
+
+def test_cases_are_reproducible():
+    """A case is the same values every time it is built (seeded per case id, independent of order)."""
+    for case in (CASES[0], CASES[len(CASES) // 2], CASES[-1]):
+        one, two = case.build(), case.build()
+        assert [v.tobytes() for v in one.inputs.values()] == [v.tobytes() for v in two.inputs.values()]
+        assert {k: v.tobytes() for k, v in one.weights.items()} == {k: v.tobytes() for k, v in two.weights.items()}
