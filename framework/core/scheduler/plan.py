@@ -21,6 +21,7 @@ from ...contract import BufferType, Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
 from .errors import CapabilityError
 from .fragment import Fragment, split_fragments
+from .verdicts import ask
 
 SMOOTH_MAX_RUN = 4       # nodes; longer runs are real work and stay where the verdicts put them
 
@@ -144,7 +145,7 @@ def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:
         for t in _preallocated_sources(n):
             home = residence.get(id(t))
             dev = by_name.get(home.device) if home else None
-            if dev is not None and dev.supports_op(n).ok:
+            if dev is not None and ask(dev, n).ok:
                 placement[id(n)] = Placement(dev.name, f"pinned: reads or writes '{t.name}', held on {dev.name}")
                 break
 
@@ -156,7 +157,7 @@ def _pass2_first_accepting(graph: Graph, devices: list[Device], placement: dict[
             continue
         refusals: dict[str, str] = {}
         for i, dev in enumerate(devices):
-            verdict = dev.supports_op(n)
+            verdict = ask(dev, n)
             if verdict.ok:
                 reason = "first device in the list" if i == 0 else f"fallback: refused by {', '.join(refusals)}"
                 placement[id(n)] = Placement(dev.name, reason, refusals)
@@ -188,7 +189,7 @@ def _pass3_smooth(graph: Graph, devices: list[Device], placement: dict[int, Plac
         if any("pinned" in placement[id(n)].reason for n in run):
             continue
         target = by_name[there]
-        if not all(target.supports_op(n).ok for n in run):
+        if not all(ask(target, n).ok for n in run):
             continue
         saved = _boundary_bytes(graph, run, placement)
         if saved <= 0:
@@ -220,7 +221,7 @@ def _pass4_views_follow_memory(graph: Graph, devices: list[Device], placement: d
     for n in graph.nodes:               # views of computed tensors (and views of those), in order
         if n.op in VIEW_OPS and id(n.src[0]) in placement:
             home = placement[id(n.src[0])].device
-            verdict = by_name[home].supports_op(n)
+            verdict = ask(by_name[home], n)
             if verdict.ok:
                 placement[id(n)] = Placement(home, "view of a tensor on this device")
             else:
@@ -233,7 +234,7 @@ def _pass4_views_follow_memory(graph: Graph, devices: list[Device], placement: d
             for dev in [by_name[first]] + [d for d in devices if d.name != first]:
                 if dev.name in refusals:
                     continue
-                verdict = dev.supports_op(n)
+                verdict = ask(dev, n)
                 if verdict.ok:
                     if refusals:
                         reason = f"fallback: refused by {', '.join(refusals)}"
