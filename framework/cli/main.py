@@ -207,7 +207,7 @@ def cmd_backends(args) -> int:
     if not reg.plugins:
         return fail("no backend plugins found in entry-point group framework.backends (is the package installed?)")
     from rich.console import Console
-    Console(soft_wrap=True).print(table)
+    Console(soft_wrap=True, width=None if err.is_terminal else 200).print(table)
     for group in reg.same_silicon():
         out(f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}\n")
     return 0
