@@ -31,7 +31,17 @@ $(BROWSER_STAMP): $(STAMP)
 	$(PY) -m pip install -q 'playwright>=1.40'
 	touch $(BROWSER_STAMP)
 
-test: $(STAMP) $(BROWSER_STAMP)
+# tests/test_vulkan.py runs real Vulkan compute on Mesa's lavapipe (a CPU driver): Debian's
+# mesa-vulkan-drivers and the loader libvulkan1, installed once when missing.
+VULKAN_STAMP := $(VENV)/.vulkan
+
+$(VULKAN_STAMP): $(STAMP)
+	ls /usr/lib/*/libvulkan.so.1 >/dev/null 2>&1 && ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q \
+	    --no-install-recommends mesa-vulkan-drivers libvulkan1; }
+	touch $(VULKAN_STAMP)
+
+test: $(STAMP) $(BROWSER_STAMP) $(VULKAN_STAMP)
 	$(PY) -m pytest -q -ra
 
 # llama.cpp alongside, built for this CPU (benchmarks/install_llama_cpp.sh says how)

@@ -1,0 +1,489 @@
+"""Speed of the Vulkan plugin on a real GPU, next to PyTorch on the same GPU (benchmarks/vulkan_h200.sh
+runs it on the nvidia-h200 machine). Prints, in one run:
+
+* the adapter (name, type, backend, binding limit);
+* a device-to-device copy through PyTorch (bytes read + written per second): the bandwidth ceiling;
+* each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; about 0.5 GB of weights):
+  weight bytes read per second, and that as a share of the copy's figure;
+* the tiled matrix-matrix kernel's rate on a prefill-sized product;
+* both model architectures at their real sizes and tensor types, random weights (GGUF files written
+  here from benchmarks/vulkan_models.json), through the framework's Session on vulkan:0: prefill of
+  256 tokens and decode tok/s; and PyTorch bf16 eager on the same architectures and sizes (random
+  weights, manual decode loop with a KV cache);
+* a correctness check on that GPU: the op conformance cases, and the random-weight models' logits
+  against the CPU plugin.
+
+Timings on lavapipe (Mesa's CPU Vulkan driver) are not GPU figures: the script says so and refuses
+to compare them unless --allow-cpu-adapter is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+
+# byte offsets of f16 scales inside a block (kept finite and small so values stay finite)
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,),
+              "Q5_1": (0, 2), "Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2)}
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def random_raw(rng, qtype: str, shape) -> np.ndarray:
+    """Random GGUF bytes of a weight: values do not change speed; scales are small finite f16s."""
+    if qtype == "F32":
+        return (rng.standard_normal(math.prod(shape), dtype=np.float32) * 0.02).view(np.uint8)
+    if qtype == "F16":
+        return (rng.standard_normal(math.prod(shape), dtype=np.float32) * 0.02).astype(np.float16).view(np.uint8)
+    per, size = GGML_QUANT_SIZES[Q[qtype]]
+    nb = math.prod(shape) // per
+    raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    for off in F16_FIELDS[qtype]:
+        raw[:, off:off + 2] = rng.uniform(0.0005, 0.002, size=nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1)
+
+
+# ------------------------------------------------------------------------------------------------------
+# GGUF files of the models' shapes
+# ------------------------------------------------------------------------------------------------------
+
+def write_model(name: str, spec: dict, path: Path, rng) -> Path:
+    import gguf
+    meta = spec["metadata"]
+    arch = meta["general.architecture"]
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in meta.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        else:
+            w.add_string(k, v)
+    for tname, dtype, shape in spec["tensors"]:
+        if dtype == "F32" and len(shape) == 1:
+            data = np.ones(shape, np.float32)      # norm gains
+            w.add_tensor(tname, data)
+            continue
+        raw = random_raw(rng, dtype, shape)
+        per, size = GGML_QUANT_SIZES[Q[dtype]]
+        raw_shape = list(shape[:-1]) + [shape[-1] // per * size]
+        w.add_tensor(tname, raw.reshape(raw_shape), raw_dtype=Q[dtype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------
+# Vulkan measurements
+# ------------------------------------------------------------------------------------------------------
+
+def vulkan_device():
+    from framework.plugins.vulkan.device import devices
+    devs = devices()
+    for d in devs:
+        log(f"  {d.describe()}")
+    dev = devs[0]
+    if not dev.available:
+        raise SystemExit(f"vulkan:0 unavailable: {dev.unavailable_reason}")
+    return dev
+
+
+def wait(dev):
+    """Until the queue has run everything submitted (a 16-byte read-back waits for the work before it;
+    wgpu 0.32's on_submitted_work_done_sync is broken)."""
+    dev.gpu.queue.read_buffer(dev.dummy(), 0, 16)
+
+
+def program_for(dev, graph, weight_bytes):
+    from framework.core.scheduler import Executor, make_plan
+    plan = make_plan(graph, [dev])
+    ex = Executor([dev], weight_bytes)
+    ex.prepare(plan)
+    (frag,) = plan.fragments
+    prog = ex.programs[(dev.name, frag.program)]
+    return plan, ex, frag, prog
+
+
+def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int = 1) -> dict:
+    from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
+    k = 4096
+    per, size = GGML_QUANT_SIZES[Q[qtype]]
+    row = k // per * size
+    n = max(64, target_bytes // row // 64 * 64)
+    raw = random_raw(rng, qtype, (n, k))
+    b = GraphBuilder()
+    wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
+    x = b.input("x", F32, (m, k))
+    y = b.mul_mat(b.use(wt), x)
+    _plan, ex, _frag, prog = program_for(dev, b.build([y]), lambda t: raw)
+    args = [ex.weights[(dev.name, id(wt))], dev.from_host(rng.standard_normal((m, k)).astype(np.float32))]
+    prog.run(args)
+    wait(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        prog.run(args)
+    wait(dev)
+    dt = (time.perf_counter() - t0) / reps
+    return {"type": qtype, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes), "seconds": dt,
+            "read_GBps": raw.nbytes / dt / 1e9, "TFLOPs": 2 * n * k * m / dt / 1e12,
+            "kernel": next(s.name.split(" ")[0] for s in prog.steps)}
+
+
+def model_speed(dev, model, n_prompt: int, n_decode: int, rng) -> dict:
+    from framework.runtime.session import Session
+    n_vocab = model.hp.n_vocab
+    prompt = [int(t) for t in rng.integers(0, n_vocab, size=n_prompt)]
+    s = Session(model, [dev], n_ctx=1024, n_batch=n_prompt)
+    t0 = time.perf_counter()
+    s.eval(prompt)                                    # loads weights, compiles (not timed)
+    first = time.perf_counter() - t0
+    s.reset()
+    t0 = time.perf_counter()
+    logits = s.eval(prompt)
+    prefill = time.perf_counter() - t0
+    tok = int(np.argmax(logits))
+    for _ in range(8):                                # the decode plan is compiled here (not timed)
+        tok = int(np.argmax(s.eval([tok])))
+    t0 = time.perf_counter()
+    for _ in range(n_decode):
+        tok = int(np.argmax(s.eval([tok])))
+    decode = time.perf_counter() - t0
+    out = {"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_decode / decode,
+           "decode_ms_per_token": decode / n_decode * 1e3, "first_prefill_s": first,
+           "dispatches_per_decode_step": sum(len(dev_prog.steps) for dev_prog in _programs(s, 1))}
+    if dev.timestamps:      # GPU time per kernel (one pass per dispatch while profiling)
+        for phase, run in (("prefill", lambda: (s.reset(), s.eval(prompt))),
+                           ("decode", lambda: [s.eval([tok]) for _ in range(8)])):
+            dev.profile = {}
+            run()
+            prof, dev.profile = dev.profile, None
+            n = n_prompt if phase == "prefill" else 8
+            total = sum(v[0] for v in prof.values())
+            out[f"gpu_ms_per_{phase}_token"] = total / n * 1e3
+            out[f"gpu_profile_{phase}"] = {k: round(v[0] / n * 1e6, 1) for k, v in
+                                           sorted(prof.items(), key=lambda kv: -kv[1][0])}
+            if phase == "prefill":
+                s.reset()
+                s.eval(prompt)
+    return out
+
+
+def _programs(session, n_tokens):
+    out = []
+    for key, (plan, _) in session.plans.items():
+        if key[0] == n_tokens:
+            for f in plan.fragments:
+                out.append(session.executor.programs[(f.device, f.program)])
+            break
+    return out
+
+
+def check_models_against_cpu(dev, model) -> dict:
+    from framework.plugins.cpu.device import CpuDevice
+    from framework.runtime.session import Session
+    ids = [1, 50, 300, 7000 % model.hp.n_vocab, 12, 99, 4000 % model.hp.n_vocab, 5]
+    a = Session(model, [dev], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
+    b = Session(model, [CpuDevice()], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
+    s = Session(model, [dev], n_ctx=256, n_batch=8)
+    s.eval(ids[:4])
+    steps = np.stack([s.eval([t]) for t in ids[4:]])
+    corr = float(min(np.corrcoef(a[i], b[i])[0, 1] for i in range(len(ids))))
+    nmse = float(np.sum((a - b) ** 2) / np.sum(b ** 2))
+    nmse_decode = float(np.sum((steps - b[4:]) ** 2) / np.sum(b[4:] ** 2))
+    return {"min_corr_vs_cpu": corr, "nmse_vs_cpu": nmse, "nmse_decode_vs_cpu": nmse_decode,
+            "argmax_agree": float(np.mean(a.argmax(1) == b.argmax(1)))}
+
+
+def conformance(dev) -> dict:
+    from framework.conformance.cases import all_cases, nmse
+    from framework.core.scheduler import Executor, make_plan
+    from framework.plugins.cpu.device import CpuDevice
+    cpu = CpuDevice()
+    ok = refused = 0
+    failed = []
+    for case in all_cases():
+        b = case.build()
+        if not all(dev.supports_op(n).ok for n in b.graph.nodes):
+            refused += 1
+            continue
+        outs = []
+        for d in (dev, cpu):
+            plan = make_plan(b.graph, [d])
+            outs.append([np.array(o) for o in Executor([d], b.weight_bytes).run(plan, b.fresh_inputs())])
+        errs = [nmse(o, r) for o, r in zip(*outs)]
+        if all(e <= b.tolerance for e in errs):
+            ok += 1
+        else:
+            failed.append((case.id, max(errs)))
+    return {"passed": ok, "refused": refused, "failed": failed}
+
+
+# ------------------------------------------------------------------------------------------------------
+# PyTorch: the copy ceiling and eager bf16 models
+# ------------------------------------------------------------------------------------------------------
+
+def torch_copy_bandwidth() -> float:
+    import torch
+    n = 2 << 30
+    x = torch.empty(n, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        y.copy_(x)
+    e1.record()
+    torch.cuda.synchronize()
+    dt = e0.elapsed_time(e1) / 1e3 / 20
+    del x, y
+    torch.cuda.empty_cache()
+    return 2 * n / dt / 1e9
+
+
+class TorchLM:
+    """Eager bf16 forward of the llama (SmolLM2) and gemma3 graphs, random weights, KV cache."""
+
+    def __init__(self, hp, arch: str, n_ctx: int):
+        import torch
+        self.t = torch
+        self.hp, self.arch = hp, arch
+        dev, dt = "cuda", torch.bfloat16
+        g = torch.Generator(device=dev).manual_seed(0)
+
+        def w(*shape):
+            return (torch.randn(*shape, generator=g, device=dev, dtype=torch.float32) * 0.02).to(dt)
+
+        e, hd, nh, nkv, ff = hp.n_embd, hp.head_dim, hp.n_head, hp.n_head_kv, hp.n_ff
+        self.emb = w(hp.n_vocab, e)
+        self.layers = []
+        for _ in range(hp.n_layer):
+            L = {"q": w(nh * hd, e), "k": w(nkv * hd, e), "v": w(nkv * hd, e), "o": w(e, nh * hd),
+                 "gate": w(ff, e), "up": w(ff, e), "down": w(e, ff),
+                 "n1": torch.ones(e, device=dev, dtype=dt), "n2": torch.ones(e, device=dev, dtype=dt)}
+            if arch == "gemma3":
+                L.update(qn=torch.ones(hd, device=dev, dtype=dt), kn=torch.ones(hd, device=dev, dtype=dt),
+                         pn1=torch.ones(e, device=dev, dtype=dt), pn2=torch.ones(e, device=dev, dtype=dt))
+            self.layers.append(L)
+        self.norm = torch.ones(e, device=dev, dtype=dt)
+        self.kc = torch.zeros(hp.n_layer, n_ctx, nkv, hd, device=dev, dtype=dt)
+        self.vc = torch.zeros_like(self.kc)
+        self.n_ctx = n_ctx
+
+    def rms(self, x, wgt):
+        t = self.t
+        xf = x.float()
+        return (xf * t.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.hp.rms_eps)).to(x.dtype) * wgt
+
+    def tables(self, pos, base):
+        t = self.t
+        d = self.hp.n_rot
+        half = d // 2
+        inv = 1.0 / (base ** (t.arange(0, half, device=pos.device, dtype=t.float32) * 2 / d))
+        ang = pos.float()[:, None] * inv[None, :]
+        return ang.cos()[:, None, :].to(t.bfloat16), ang.sin()[:, None, :].to(t.bfloat16)
+
+    def rope(self, x, cs):
+        t = self.t
+        cos, sin = cs
+        half = x.shape[-1] // 2
+        if self.arch == "gemma3":
+            x0, x1 = x[..., :half], x[..., half:]
+            return t.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1)
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return t.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2)
+
+    def forward(self, tokens, start: int):
+        t, hp = self.t, self.hp
+        F = t.nn.functional
+        T = tokens.shape[0]
+        pos = t.arange(start, start + T, device=tokens.device)
+        x = self.emb[tokens]
+        if self.arch == "gemma3":
+            x = x * math.sqrt(hp.n_embd)
+        n_kv = start + T
+        s_idx = t.arange(n_kv, device=tokens.device)
+        causal = s_idx[None, :] <= pos[:, None]
+        masks = {False: causal[None, None]}
+        tables = {hp.rope_base: self.tables(pos, hp.rope_base)}
+        if self.arch == "gemma3":
+            masks[True] = (causal & ((pos[:, None] - s_idx[None, :]) < hp.sliding_window))[None, None]
+            tables[hp.rope_base_swa] = self.tables(pos, hp.rope_base_swa)
+        for il, L in enumerate(self.layers):
+            h = self.rms(x, L["n1"])
+            q = (h @ L["q"].T).view(T, hp.n_head, hp.head_dim)
+            k = (h @ L["k"].T).view(T, hp.n_head_kv, hp.head_dim)
+            v = (h @ L["v"].T).view(T, hp.n_head_kv, hp.head_dim)
+            swa = self.arch == "gemma3" and hp.swa_layers[il]
+            cs = tables[hp.rope_base_swa if swa else hp.rope_base]
+            if self.arch == "gemma3":
+                q, k = self.rms(q, L["qn"]), self.rms(k, L["kn"])
+            q, k = self.rope(q, cs), self.rope(k, cs)
+            self.kc[il, start:start + T] = k
+            self.vc[il, start:start + T] = v
+            kk, vv = self.kc[il, :n_kv], self.vc[il, :n_kv]
+            att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk.transpose(0, 1)[None],
+                                                 vv.transpose(0, 1)[None], attn_mask=masks[swa], enable_gqa=True)
+            att = att[0].transpose(0, 1).reshape(T, -1) @ L["o"].T
+            if self.arch == "gemma3":
+                att = self.rms(att, L["pn1"])
+            x = x + att
+            h = self.rms(x, L["n2"])
+            gate, up = h @ L["gate"].T, h @ L["up"].T
+            act = F.gelu(gate, approximate="tanh") if self.arch == "gemma3" else F.silu(gate)
+            y = (act * up) @ L["down"].T
+            if self.arch == "gemma3":
+                y = self.rms(y, L["pn2"])
+            x = x + y
+        x = self.rms(x[-1:], self.norm)
+        return x @ self.emb.T
+
+
+def torch_model_speed(hp, arch: str, n_prompt: int, n_decode: int) -> dict:
+    import torch
+    m = TorchLM(hp, arch, 1024)
+    prompt = torch.randint(0, hp.n_vocab, (n_prompt,), device="cuda")
+    with torch.inference_mode():
+        for _ in range(2):
+            m.forward(prompt, 0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        logits = m.forward(prompt, 0)
+        torch.cuda.synchronize()
+        prefill = time.perf_counter() - t0
+        tok = logits.argmax(-1)
+        pos = n_prompt
+        for _ in range(8):
+            tok = m.forward(tok, pos).argmax(-1)
+            pos += 1
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n_decode):
+            tok = m.forward(tok, pos).argmax(-1)     # stays on the GPU: no host round trip per token
+            pos += 1
+        torch.cuda.synchronize()
+        decode = time.perf_counter() - t0
+    del m
+    torch.cuda.empty_cache()
+    return {"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_decode / decode}
+
+
+# ------------------------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--work", default="/tmp/vulkan_bench")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--matvec-bytes", type=int, default=512 << 20)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--allow-cpu-adapter", action="store_true")
+    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--skip-matvec", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+
+    import wgpu
+    log(f"wgpu {wgpu.__version__}; VK_DRIVER_FILES={os.environ.get('VK_DRIVER_FILES', '')}")
+    dev = vulkan_device()
+    result["adapter"] = dev.data
+    log(f"adapter: {dev.data['adapter']} ({dev.data['adapter_type']}, backend {dev.data['backend']}, driver "
+        f"{dev.data['driver']}), storage bindings up to {dev.max_binding / 2**30:.2f} GiB, f16 {dev.f16}")
+    if dev.cpu_adapter and not args.allow_cpu_adapter:
+        raise SystemExit("the adapter is a CPU (software) one: its timings are not GPU figures")
+
+    if not args.skip_check:
+        t0 = time.perf_counter()
+        result["conformance"] = conformance(dev)
+        log(f"conformance on {dev.name}: {result['conformance']} ({time.perf_counter() - t0:.0f} s)")
+
+    copy = None
+    if not args.skip_torch:
+        copy = torch_copy_bandwidth()
+        log(f"PyTorch device-to-device copy: {copy:.0f} GB/s (read + written)")
+    result["copy_GBps"] = copy
+
+    result["matvec"] = []
+    for qt in () if args.skip_matvec else ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+        r = matvec_bandwidth(dev, qt, args.matvec_bytes, rng, args.reps)
+        share = f", {r['read_GBps'] / copy:.0%} of the copy" if copy else ""
+        log(f"matvec {qt}: {r['rows']}x{r['cols']} ({r['weight_bytes'] / 2**20:.0f} MiB) {r['seconds'] * 1e6:.0f} us, "
+            f"read {r['read_GBps']:.0f} GB/s{share}  [{r['kernel']}]")
+        r["share_of_copy"] = r["read_GBps"] / copy if copy else None
+        result["matvec"].append(r)
+    result["matmul"] = []
+    for qt in () if args.skip_matvec else ("Q8_0", "Q4_K"):
+        r = matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256)
+        log(f"tiled matmul {qt}: {r['rows']}x{r['cols']} by 256 rows: {r['seconds'] * 1e3:.2f} ms, "
+            f"{r['TFLOPs']:.1f} TFLOP/s  [{r['kernel']}]")
+        result["matmul"].append(r)
+
+    from framework.model.model import Model
+    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
+    result["models"] = {}
+    for name, spec in specs.items():
+        if name not in args.models.split(","):
+            continue
+        path = write_model(name, spec, work / f"{name}-random.gguf", rng)
+        model = Model(path)
+        entry = {"arch": model.hp.arch, "file_bytes": path.stat().st_size}
+        if not args.skip_check:
+            entry["check"] = check_models_against_cpu(dev, model)
+            log(f"{name}: vulkan vs cpu plugin on random weights: {entry['check']}")
+        entry["vulkan"] = model_speed(dev, model, args.prompt, args.decode, rng)
+        log(f"{name}: vulkan:0 prefill {entry['vulkan']['prefill_tok_s']:.0f} tok/s, decode "
+            f"{entry['vulkan']['decode_tok_s']:.1f} tok/s ({entry['vulkan']['decode_ms_per_token']:.2f} ms/token, "
+            f"{entry['vulkan']['dispatches_per_decode_step']} dispatches a step)")
+        for phase in ("prefill", "decode"):
+            if f"gpu_profile_{phase}" in entry["vulkan"]:
+                log(f"  {phase}: GPU {entry['vulkan'][f'gpu_ms_per_{phase}_token']:.3f} ms/token; per kernel (us/token): "
+                    f"{entry['vulkan'][f'gpu_profile_{phase}']}")
+        if not args.skip_torch:
+            try:
+                entry["torch_eager_bf16"] = torch_model_speed(model.hp, model.hp.arch, args.prompt, args.decode)
+            except Exception as e:       # report, and keep the Vulkan figures  # noqa: BLE001
+                log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
+                result["models"][name] = entry
+                continue
+            tv, tt = entry["vulkan"], entry["torch_eager_bf16"]
+            log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s, decode {tt['decode_tok_s']:.1f} "
+                f"tok/s -> vulkan/torch: prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, decode "
+                f"{tv['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
+        result["models"][name] = entry
+        path.unlink()
+
+    out = Path(args.out) / "vulkan_h200.json"
+    out.write_text(json.dumps(result, indent=1, default=str))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Write benchmarks/vulkan_models.json: the two bundled models' metadata (scalars only; no tokenizer)
+and tensor list (name, type, shape), from which vulkan_bench.py builds GGUF files of the same shapes
+and tensor types with random weights on a machine the model files cannot be carried to."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from framework.model.default import default_model_path, smollm2_path
+from framework.model.gguf_file import open_model_file
+
+OUT = Path(__file__).with_name("vulkan_models.json")
+
+
+def spec(path) -> dict:
+    f = open_model_file(path)
+    meta = {k: v for k, v in f.metadata.items()
+            if isinstance(v, (int, float, str, bool)) and not k.startswith("tokenizer.")}
+    arch = f.architecture
+    meta[f"{arch}.vocab_size"] = int(f.tensors["token_embd.weight"].shape[0])
+    tensors = [[name, e.dtype.name, list(e.shape)] for name, e in f.tensors.items()]
+    return {"file": Path(path).name, "metadata": meta, "tensors": tensors}
+
+
+def main() -> None:
+    specs = {"smollm2": spec(smollm2_path()), "gemma3": spec(default_model_path())}
+    OUT.write_text(json.dumps(specs, indent=1) + "\n")
+    print(f"wrote {OUT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

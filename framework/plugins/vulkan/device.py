@@ -1,0 +1,332 @@
+"""The Vulkan device: one per Vulkan adapter wgpu reports; tensors and weights in device buffers."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...contract import BufferType, Device, DeviceType, Limits, Verdict
+from ...core.graph import Tensor
+from . import quant, wgsl
+
+OPS = frozenset({"GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                 "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT"})
+VIEWS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
+DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
+PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
+F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": no f16 arithmetic even where the adapter has it
+MAX_ATTN_HEAD = 256
+UNIFORM_STRIDE = 256      # bytes between two steps' parameter blocks (wgpu's uniform offset alignment)
+
+ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU, "VirtualGPU": DeviceType.GPU,
+                 "CPU": DeviceType.CPU}
+
+
+class VkTensor:
+    """A device handle: elements of a buffer (offset and strides in elements), or host values not yet
+    uploaded (``host``: from_host is lazy, so a program copies them straight into its own buffer)."""
+
+    __slots__ = ("buffer", "dtype", "host", "lease", "offset", "shape", "strides")
+
+    def __init__(self, buffer, offset: int, shape: tuple, dtype=np.float32, strides: tuple | None = None, host=None,
+                 lease=None):
+        self.buffer, self.offset, self.shape, self.dtype = buffer, int(offset), tuple(shape), np.dtype(dtype)
+        self.strides = strides            # None: contiguous
+        self.host = host
+        self.lease = lease                # keeps a pooled output buffer out of the pool while a handle lives
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides is None or self.strides == _contig(self.shape)
+
+    def __repr__(self) -> str:
+        where = "host" if self.host is not None else f"buffer {self.buffer.size} bytes @{self.offset}"
+        return f"VkTensor({list(self.shape)}, {self.dtype}, {where})"
+
+
+@dataclass
+class Chunk:
+    buffer: object
+    row0: int
+    rows: int
+    moff: int          # word offset of the scale plane in this chunk's buffer
+
+
+class VkWeight:
+    """A weight in its device layout (quant.py), split into chunks of whole rows where it is larger than
+    one storage binding may be."""
+
+    def __init__(self, dtype: str, shape: tuple, chunks: list[Chunk]):
+        self.dtype, self.shape, self.chunks = dtype, tuple(shape), chunks
+        self.nbytes = sum(c.buffer.size for c in chunks)
+
+    # a single-chunk F32 weight is also usable as a plain tensor (a norm's gain)
+    @property
+    def buffer(self):
+        return self.chunks[0].buffer
+
+    offset = 0
+    strides = None
+    host = None
+
+    def __repr__(self) -> str:
+        return f"VkWeight({self.dtype}, {list(self.shape)}, {len(self.chunks)} chunks)"
+
+
+class _Lease:
+    __slots__ = ("__weakref__",)
+
+
+def _contig(shape) -> tuple:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return tuple(reversed(out))
+
+
+class VulkanDevice(Device):
+    """A Vulkan adapter, driven through wgpu's compute API."""
+
+    weights_in_programs = False
+
+    def __init__(self, index: int, adapter=None, reason: str = ""):
+        self.index = index
+        self.name = f"vulkan:{index}"
+        self.adapter = adapter
+        self.buffer_type = BufferType(f"vulkan:{index}")
+        self.weight_buffer_type = BufferType(f"vulkan:{index}:weights")
+        self.disabled = frozenset(o.strip().upper() for o in os.environ.get(DISABLE_OPS_ENV, "").split(",")
+                                  if o.strip())
+        if adapter is None:
+            self.available, self.unavailable_reason = False, reason or "no Vulkan adapter"
+            self.type = DeviceType.GPU
+            self.description = "Vulkan through wgpu (unavailable)"
+            self.info, self.data = {}, {}
+            self.limits = Limits(dtypes=frozenset(quant.SUPPORTED))
+            return
+        info = dict(adapter.info)
+        self.info = info
+        alim = dict(adapter.limits)
+        feats = set(adapter.features)
+        self.type = ADAPTER_TYPES.get(str(info.get("adapter_type")), DeviceType.GPU)
+        self.physical_id = f"vulkan-pci {int(info.get('vendor_id', 0)):04x}:{int(info.get('device_id', 0)):04x}"
+        # a software (CPU) adapter runs barrier-free register-tiled kernels far better than cooperative ones
+        self.cpu_adapter = self.type == DeviceType.CPU
+        self.f16 = "shader-f16" in feats and os.environ.get(F16_ENV, "1") != "0"
+        self.max_binding = int(min(alim.get("max-storage-buffer-binding-size", 1 << 27),
+                                   alim.get("max-buffer-size", 1 << 28)))
+        self.max_buffer = int(alim.get("max-buffer-size", 1 << 28))
+        self.data = {
+            "adapter": info.get("device", ""), "vendor": info.get("vendor", ""),
+            "driver": info.get("description", ""), "adapter_type": info.get("adapter_type", ""),
+            "backend": info.get("backend_type", ""), "vendor_id": info.get("vendor_id"),
+            "device_id": info.get("device_id"),
+            "max_buffer_size": alim.get("max-buffer-size"),
+            "max_storage_buffer_binding_size": alim.get("max-storage-buffer-binding-size"),
+            "max_storage_buffers_per_shader_stage": alim.get("max-storage-buffers-per-shader-stage"),
+            "max_compute_workgroup_size": (alim.get("max-compute-workgroup-size-x"),
+                                           alim.get("max-compute-workgroup-size-y"),
+                                           alim.get("max-compute-workgroup-size-z")),
+            "max_compute_invocations_per_workgroup": alim.get("max-compute-invocations-per-workgroup"),
+            "max_compute_workgroup_storage_size": alim.get("max-compute-workgroup-storage-size"),
+            "max_compute_workgroups_per_dimension": alim.get("max-compute-workgroups-per-dimension"),
+            "shader_f16": "shader-f16" in feats, "f16_in_use": self.f16,
+            "subgroups": "subgroup" in feats,
+            "subgroup_size": (info.get("subgroup_min_size", info.get("stackgroup_min_size")),
+                              info.get("subgroup_max_size", info.get("stackgroup_max_size"))),
+        }
+        kind = {"CPU": "a CPU (software) Vulkan adapter",
+                "DiscreteGPU": "a discrete GPU", "IntegratedGPU": "an integrated GPU"}.get(
+            str(info.get("adapter_type")), f"a {info.get('adapter_type')} adapter")
+        soft = (" -- Mesa's lavapipe, which runs Vulkan on the host CPU: its timings are not GPU figures"
+                if "llvmpipe" in str(info.get("device", "")).lower() else "")
+        self.description = (f"{info.get('device', '?')} ({info.get('description', '')}), {kind}, Vulkan through wgpu"
+                            f"{soft}; storage bindings up to {self.max_binding / 2**20:.0f} MiB, "
+                            f"f16 {'on' if self.f16 else 'off'}")
+        self.limits = Limits(dtypes=frozenset(quant.SUPPORTED))
+        self._gpu = None
+        self._lock = threading.Lock()
+        self._pipelines: dict = {}
+        self._scratch: list = []
+        self._pool: dict[int, list] = {}
+        self._dummy = None
+        self.uploads = 0
+        self.submits = 0
+        # FRAMEWORK_VULKAN_PROFILE=1: GPU time per kernel (one pass per dispatch, timestamps around each)
+        self.timestamps = "timestamp-query" in feats
+        self.profile = {} if os.environ.get(PROFILE_ENV) == "1" and self.timestamps else None
+
+    # -- the wgpu device, made on first use ----------------------------------------------------
+    @property
+    def gpu(self):
+        if self._gpu is None:
+            with self._lock:
+                if self._gpu is None:
+                    feats = ["shader-f16"] if self.f16 else []
+                    if self.timestamps:
+                        feats.append("timestamp-query")
+                    alim = dict(self.adapter.limits)
+                    want = {k: alim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                                 "max-storage-buffers-per-shader-stage",
+                                                 "max-compute-workgroup-storage-size",
+                                                 "max-compute-invocations-per-workgroup",
+                                                 "max-compute-workgroup-size-x") if k in alim}
+                    self._gpu = self.adapter.request_device_sync(required_features=feats, required_limits=want,
+                                                                 label=self.name)
+        return self._gpu
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def new_buffer(self, nbytes: int, usage=None):
+        import wgpu
+        if usage is None:
+            usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        return self.gpu.create_buffer(size=max(16, -(-int(nbytes) // 16) * 16), usage=usage)
+
+    def buffer_with(self, array: np.ndarray):
+        array = np.ascontiguousarray(array)
+        buf = self.new_buffer(array.nbytes)
+        if array.nbytes:
+            self.gpu.queue.write_buffer(buf, 0, _padded(array))
+        self.uploads += array.nbytes
+        return buf
+
+    def dummy(self):
+        if self._dummy is None:
+            self._dummy = self.new_buffer(16)
+        return self._dummy
+
+    def scratch(self, i: int, nbytes: int):
+        """Scratch buffer i, at least nbytes: internal values of a program run, shared by all programs
+        (runs are sequential on the queue and no internal value outlives its run)."""
+        while len(self._scratch) <= i:
+            self._scratch.append(None)
+        buf = self._scratch[i]
+        if buf is None or buf.size < nbytes:
+            buf = self._scratch[i] = self.new_buffer(max(nbytes, 256))
+        return buf
+
+    def output_buffer(self, nbytes: int):
+        """(buffer, lease) for a program's output: the buffer returns to a pool once the lease, held by
+        every handle of the buffer, is gone."""
+        size = max(256, -(-int(nbytes) // 256) * 256)
+        free = self._pool.setdefault(size, [])
+        buf = free.pop() if free else self.new_buffer(size)
+        lease = _Lease()
+        weakref.finalize(lease, free.append, buf)
+        return buf, lease
+
+    # -- pipelines, made once and cached ------------------------------------------------------
+    def pipeline(self, key: tuple, source, rw: tuple[bool, ...]):
+        """(pipeline, bind group layout) for a kernel; `rw`: per storage binding, written or only read."""
+        hit = self._pipelines.get(key)
+        if hit is not None:
+            return hit
+        import wgpu
+        code = source() if callable(source) else source
+        module = self.gpu.create_shader_module(code=code, label=str(key[0]))
+        entries = [{"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
+                    "buffer": {"type": wgpu.BufferBindingType.uniform}}]
+        for i, w in enumerate(rw):
+            entries.append({"binding": i + 1, "visibility": wgpu.ShaderStage.COMPUTE,
+                            "buffer": {"type": wgpu.BufferBindingType.storage if w
+                                       else wgpu.BufferBindingType.read_only_storage}})
+        bgl = self.gpu.create_bind_group_layout(entries=entries)
+        layout = self.gpu.create_pipeline_layout(bind_group_layouts=[bgl])
+        pipe = self.gpu.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": "main"},
+                                                label=str(key))
+        self._pipelines[key] = (pipe, bgl)
+        return pipe, bgl
+
+    # -- the contract --------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> Verdict:
+        if not self.available:
+            return Verdict.no("unavailable", f"{self.name} is unavailable: {self.unavailable_reason}")
+        from .program import verdict
+        return verdict(self, node)
+
+    def weight_nbytes(self, tensor: Tensor) -> int:
+        return tensor.nbytes + 8 * len(self.chunk_plan(tensor.dtype.name, tensor.shape))
+
+    def chunk_plan(self, dtype: str, shape: tuple) -> list[tuple[int, int]]:
+        """(first row, rows) of each chunk of a weight: whole rows, each chunk within one binding."""
+        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        rb = quant.row_bytes(dtype, shape[-1])
+        per = max(1, (self.max_binding - 64) // max(1, rb))
+        if per >= rows:
+            return [(0, rows)]
+        per -= per % 2         # an even number of rows keeps the scale planes' word pairs whole
+        return [(r, min(per, rows - r)) for r in range(0, rows, per)]
+
+    def load_weight(self, tensor: Tensor, raw: np.ndarray) -> VkWeight:
+        dtype = tensor.dtype.name
+        if dtype not in quant.SUPPORTED:
+            raise ValueError(f"{self.name} keeps no {dtype} weights ({tensor.describe()}); supported: "
+                             f"{', '.join(sorted(quant.SUPPORTED))}")
+        raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+        rb = quant.row_bytes(dtype, tensor.shape[-1])
+        chunks = []
+        for row0, rows in self.chunk_plan(dtype, tensor.shape):
+            words, moff = quant.repack(dtype, raw[row0 * rb:(row0 + rows) * rb])
+            chunks.append(Chunk(self.buffer_with(words), row0, rows, moff))
+        return VkWeight(dtype, tensor.shape, chunks)
+
+    def alloc(self, tensor: Tensor) -> VkTensor:
+        dt = np.float32 if tensor.dtype.name == "F32" else np.int32
+        n = tensor.nelements
+        return VkTensor(self.new_buffer(n * 4), 0, tensor.shape, dt)   # wgpu zero-fills new buffers
+
+    def from_host(self, array: np.ndarray) -> VkTensor:
+        array = np.asarray(array)
+        if array.dtype not in (np.float32, np.int32):
+            array = array.astype(np.int32 if np.issubdtype(array.dtype, np.integer) else np.float32)
+        return VkTensor(None, 0, array.shape, array.dtype, host=array)
+
+    def to_host(self, handle) -> np.ndarray:
+        if isinstance(handle, np.ndarray):
+            return handle
+        if isinstance(handle, VkWeight):
+            raise TypeError(f"{self.name}: weights are not read back ({handle})")
+        if handle.host is not None:
+            return np.asarray(handle.host)
+        shape, strides = handle.shape, handle.strides or _contig(handle.shape)
+        n = math.prod(shape)
+        if n == 0:
+            return np.zeros(shape, handle.dtype)
+        span = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+        data = self.gpu.queue.read_buffer(handle.buffer, handle.offset * 4, span * 4)
+        flat = np.frombuffer(data, dtype=handle.dtype, count=span)
+        out = np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides))
+        return np.array(out, copy=True)
+
+    def compile(self, fragment):
+        from .program import VkProgram
+        return VkProgram(self, fragment)
+
+    def describe(self) -> str:
+        state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
+        what = f", {self.description}" if self.available else ""
+        return f"{self.name} ({self.type.value}, {state}{what})"
+
+
+def _padded(array: np.ndarray) -> np.ndarray:
+    b = array.reshape(-1).view(np.uint8)
+    if b.size % 4:
+        b = np.concatenate([b, np.zeros(4 - b.size % 4, np.uint8)])
+    return b
+
+
+def devices() -> list[VulkanDevice]:
+    from .discovery import discover
+    found = discover()
+    if not found.adapters:
+        return [VulkanDevice(0, None, found.reason)]
+    return [VulkanDevice(i, a) for i, a in enumerate(found.adapters)]
+
+
+__all__ = ["OPS", "VkTensor", "VkWeight", "VulkanDevice", "devices", "wgsl"]
