@@ -5,7 +5,8 @@ The assignment is a sequence of numbered passes (after ggml's scheduler):
      are pinned to the device whose buffer holds it, when that device accepts them;
   2. every other computing node goes to the first device in the priority list that accepts it;
   3. smoothing: a short run of nodes between two runs on one other device moves to that device
-     when it accepts them all and the move saves bytes of copies (no ping-pong for cheap nodes);
+     when it accepts them all and the move saves bytes of copies (no ping-pong for cheap nodes;
+     a run that reads model weights is the work its device was chosen for, and stays);
   4. zero-cost view ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) run where the memory they alias is;
   5. the node list is cut into fragments where the device changes; every tensor that crosses a
      device boundary becomes a copy.
@@ -188,6 +189,8 @@ def _pass3_smooth(graph: Graph, devices: list[Device], placement: dict[int, Plac
             continue
         if any("pinned" in placement[id(n)].reason for n in run):
             continue
+        if any(s.is_leaf and s.kind == LeafKind.WEIGHT for n in run for s in n.src):
+            continue    # matrix products with model weights are real work, not a cheap hop
         target = by_name[there]
         if not all(ask(target, n).ok for n in run):
             continue
