@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import tempfile
 import sys
 
 INSTALL_HINT = "pip install 'wgpu>=0.32'"
@@ -85,7 +86,18 @@ def discover() -> Discovery:
     return _cached
 
 
+def _runtime_dir() -> None:
+    """Mesa's loader warns on every start when XDG_RUNTIME_DIR is unset (as on servers and in CI);
+    give it a private directory of this user's, which is all it asks for."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return
+    path = os.path.join(tempfile.gettempdir(), f"framework-runtime-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.environ["XDG_RUNTIME_DIR"] = path
+
+
 def _discover() -> Discovery:
+    _runtime_dir()
     try:
         import wgpu
         from wgpu.backends.wgpu_native import extras
