@@ -70,6 +70,9 @@ def bench_framework(model_path, devices, n_prompt: int, n_decode: int, repeats: 
     session.plan(len(ids), 0)
     session.plan(1, len(ids))
     load = time.perf_counter() - t0
+    for d in devices:                         # compiled models: how many, how long, from the on-disk cache
+        if callable(getattr(d, "compile_summary", None)):
+            print(d.compile_summary())
     prefill, decode = [], []
     for _ in range(repeats + 1):          # the first round warms caches and is not counted
         session.reset()

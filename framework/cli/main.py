@@ -44,7 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
     _device_args(split)
     split.add_argument("--phase", choices=("prefill", "decode"), help="only this phase's plans (default: all)")
-    split.add_argument("--device-profile", metavar="NAME", help="apply a device profile (plugins that offer them)")
     split.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
     split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     split.add_argument("-o", "--output", metavar="FILE", help=".html, .svg, .dot, .json or .txt (default: the "
@@ -78,6 +77,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", default="cpu", help="priority list of devices or aliases (cpu, gpu, npu)")
+    p.add_argument("--device-profile", metavar="NAME", help="apply a device profile (npu37xx, npu40xx) to the "
+                   "selected devices that offer profiles: planning and execution under its limits, an EMULATION")
     p.add_argument("--strict", action="store_true", help="fail instead of falling back to a later device")
     p.add_argument("--kv-device", help="device that holds the KV cache (default: the first that can write it)")
     p.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
@@ -104,7 +105,7 @@ def cmd_run(args) -> int:
     from .report import fallback_lines, placement_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
-    devices = select_devices(args.backends)
+    devices = _devices(args)
     model = load_model(args.model)
     tok = model.tokenizer
     ids = _prompt_ids(model, args.prompt, args.chat)
@@ -114,6 +115,8 @@ def cmd_run(args) -> int:
     with weight_progress() as progress:
         session.progress = progress
         session.plan(min(len(ids), args.batch), 0)     # load and compile before the clock starts
+        if args.n_predict > 1:
+            session.plan(1, len(ids))                  # the decode step's program too
     session.progress = None
     out(args.prompt if not args.chat else "")
     interrupted = False
@@ -157,6 +160,19 @@ def _summary(model, session, interrupted: bool) -> None:
               + (" - interrupted" if interrupted else ""))
     err.print(f"prefill {pre.tokens} tokens at {pre.tokens_per_second:.1f} tok/s, "
               f"decode {dec.tokens} tokens at {dec.tokens_per_second:.1f} tok/s")
+    for d in session.devices:                 # compiled-model count, compile time, on-disk cache hits
+        line = getattr(d, "compile_summary", None)
+        if callable(line) and session.executor.stats.get(d.name, {}).get("compiles"):
+            err.print(escape(line()), soft_wrap=True)
+
+
+def _devices(args):
+    """--backends, then --device-profile applied to the devices that offer profiles."""
+    devices = select_devices(args.backends)
+    if getattr(args, "device_profile", None):
+        from .split import apply_device_profile
+        devices = apply_device_profile(devices, args.device_profile)
+    return devices
 
 
 def _write_plans(session, path: Path) -> None:
@@ -169,7 +185,7 @@ def _write_plans(session, path: Path) -> None:
 
 def cmd_check(args) -> int:
     from ..runtime.session import Session
-    devices = select_devices(args.backends)
+    devices = _devices(args)
     model = load_model(args.model)
     t0 = time.perf_counter()
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
@@ -247,7 +263,7 @@ def cmd_perplexity(args) -> int:
     path = Path(args.file)
     if not path.is_file():
         return fail(f"text file not found: {path}")
-    devices = select_devices(args.backends)
+    devices = _devices(args)
     model = load_model(args.model)
     ids = model.tokenizer.encode(path.read_bytes().decode("utf-8"))
     with weight_progress() as progress:

@@ -1,0 +1,414 @@
+"""OpenVINO devices (openvino:CPU, openvino:GPU, openvino:NPU, ...) and their programs.
+
+Scheme (see the package docstring for the whole story):
+  * ``weights_in_programs = True``: a fragment's weights are folded into its ov.Model as compressed
+    constants. ``load_weight`` repacks the GGUF bytes once (weights.py) and returns an ``OvWeight``;
+    the device remembers (weakly) which tensor each handle belongs to, so ``compile(fragment)``,
+    which only receives the fragment, finds its weights and compiles at once (the executor loads a
+    plan's weights before it compiles). If a handle is missing the program compiles at its first
+    ``run``, from the weight handles that arrive as arguments.
+  * One compiled model per distinct ``fragment.program`` (structure, shapes and weight names): the
+    executor caches programs by that key, and reservation counts them against the device's budget.
+  * OpenVINO's on-disk model cache (CACHE_DIR) is on: a second run of the same model imports every
+    compiled model instead of compiling it; ``stats`` and ``compile_summary()`` say which happened.
+  * The KV cache: ``alloc`` returns a float32 numpy array owned by the device. On openvino:CPU host
+    memory is the device's memory: the model reads the ``n_kv`` window of the cache through a
+    zero-copy input, and the program writes the step's new rows into the array in place after the
+    run. Nothing is copied through another buffer. (On a GPU or NPU the same program would send the
+    window to the device at every step: state variables or remote tensors would be needed there; no
+    such device exists here to build and test them on.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Verdict
+from ...core.graph import LeafKind, Tensor
+from ...core.scheduler.fragment import Fragment
+from . import weights as W
+from .profiles import Profile, get_profile, profile_for_architecture
+from .translate import SUPPORTED_OPS, Translation, rope_table, translate
+
+OV_WEIGHT_BUFFER = BufferType("openvino_compressed_weights", host=True)
+CACHE_ENV = "FRAMEWORK_OPENVINO_CACHE_DIR"      # a folder, or "off"
+PROFILE_ENV = "FRAMEWORK_OPENVINO_PROFILE"      # a profile applied to every present non-NPU device
+PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (default f32: measured)
+BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 for the 4-bit types) or 8 (i8 for every type)
+CACHE_MAX_ENV = "FRAMEWORK_OPENVINO_CACHE_MAX_GB"
+DEFAULT_PRECISION = "f32"
+DEFAULT_BITS = 4
+TYPES = {"CPU": DeviceType.CPU, "GPU": DeviceType.GPU, "NPU": DeviceType.NPU}
+
+
+def default_cache_dir() -> Path | None:
+    value = os.environ.get(CACHE_ENV)
+    if value == "off":
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "framework" / "openvino"
+
+
+_CORE = None
+_CORE_LOCK = threading.Lock()
+
+
+def core():
+    global _CORE
+    with _CORE_LOCK:
+        if _CORE is None:
+            import openvino as ov
+            _CORE = ov.Core()
+        return _CORE
+
+
+@dataclass
+class CompileStats:
+    compiled: int = 0             # compiled from scratch
+    from_cache: int = 0           # imported from the on-disk cache
+    seconds: float = 0.0          # compile_model time, both kinds
+    build_seconds: float = 0.0    # building the ov.Model (translation)
+    live: int = 0                 # compiled models alive now
+
+
+class OpenVinoDevice(Device):
+    """One OpenVINO device. ``ov_name`` is OpenVINO's own name ("CPU", "GPU.0", "NPU")."""
+
+    weights_in_programs = True
+    weight_buffer_type = OV_WEIGHT_BUFFER
+
+    def __init__(self, ov_name: str, *, available: bool = True, unavailable_reason: str = "",
+                 full_name: str = "", physical_id: str = "", architecture: str = "",
+                 profile: Profile | None = None, emulated: bool = False, refuse: dict[str, str] | None = None,
+                 cache_dir: Path | None | str = "default", precision: str | None = None, bits: int | None = None):
+        self.ov_name = ov_name
+        self.name = f"openvino:{ov_name}"
+        self.type = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
+        self.available = available
+        self.unavailable_reason = unavailable_reason
+        self.physical_id = physical_id
+        self.architecture = architecture
+        self.full_name = full_name
+        self.buffer_type = HOST_BUFFER if self.type == DeviceType.CPU else BufferType(f"openvino_{ov_name}")
+        self.profile = profile
+        self.emulation = profile.name if (profile and emulated) else None
+        self.limits = profile.limits if profile else Limits()
+        self.refused = dict(profile.refused_ops) if profile else {}
+        self.refused.update(refuse or {})
+        self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
+        self.precision = precision or os.environ.get(PRECISION_ENV, DEFAULT_PRECISION)
+        self.bits = int(bits or os.environ.get(BITS_ENV, DEFAULT_BITS))
+        self.stats = CompileStats()
+        self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
+        self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        what = f"OpenVINO {ov_name}" + (f" ({full_name})" if full_name else "")
+        if profile:
+            what += (f", EMULATION of {profile.name} ({profile.description})" if emulated
+                     else f", profile {profile.name} ({profile.description})")
+        self.description = what
+
+    # -- derived devices ----------------------------------------------------------------------------
+    def with_options(self, *, profile: str | Profile | None = None, refuse: dict[str, str] | None = None,
+                     cache_dir: Path | None | str = "keep", precision: str | None = None,
+                     bits: int | None = None, max_live_programs: int | None = None) -> OpenVinoDevice:
+        """A device on the same hardware with a profile applied (an emulation unless the hardware is
+        that NPU), extra refusals, another cache folder, precision hint or weight packing.
+        ``max_live_programs`` changes the profile's budget; the profile's name then says so."""
+        prof = get_profile(profile) if isinstance(profile, str) else (profile or self.profile)
+        if max_live_programs is not None:
+            if prof is None:
+                raise ValueError("max_live_programs needs a profile")
+            prof = dataclasses.replace(prof, name=f"{prof.name}[max_live_programs={max_live_programs}]",
+                                       limits=dataclasses.replace(prof.limits, max_live_programs=max_live_programs))
+        emulated = prof is not None and not (self.type == DeviceType.NPU and self.profile is prof
+                                             and self.emulation is None)
+        return OpenVinoDevice(self.ov_name, available=self.available, unavailable_reason=self.unavailable_reason,
+                              full_name=self.full_name, physical_id=self.physical_id,
+                              architecture=self.architecture, profile=prof, emulated=emulated,
+                              refuse={**{k: v for k, v in self.refused.items()
+                                         if not (self.profile and k in self.profile.refused_ops)}, **(refuse or {})},
+                              cache_dir=self.cache_dir if cache_dir == "keep" else cache_dir,
+                              precision=precision or self.precision, bits=bits or self.bits)
+
+    # -- verdicts -----------------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> Verdict:
+        if node.op in self.refused:
+            who = f"profile {self.profile.name}" if self.profile and node.op in self.profile.refused_ops else self.name
+            return Verdict.no("refused_by_profile", f"{who} refuses {node.op}: {self.refused[node.op]}")
+        if node.op not in SUPPORTED_OPS:
+            return Verdict.no("unsupported_op", f"the OpenVINO plugin has no translation for {node.op}")
+        if node.op == "SET_ROWS":
+            dst = node.src[0]
+            if not (dst.is_leaf and dst.kind == LeafKind.CACHE):
+                return Verdict.no("unsupported_op", f"{self.name} writes rows only into a pre-allocated cache, "
+                                                    f"not into {dst.describe()}")
+            if dst.dtype.name != "F32":
+                return Verdict.no("unsupported_dtype", f"{self.name} keeps caches in F32, not {dst.dtype.name}")
+        for s in node.src:
+            if not s.is_leaf or s.kind == LeafKind.WEIGHT:
+                continue
+            if s.dtype.name not in ("F32", "I32"):
+                return Verdict.no("unsupported_dtype", f"{self.name} takes F32 and I32 inputs, not "
+                                                       f"{s.dtype.name} ({s.name})")
+        return Verdict.yes()
+
+    # -- memory -------------------------------------------------------------------------------------
+    def weight_nbytes(self, tensor: Tensor) -> int:
+        return W.nbytes_for(tensor.dtype, tensor.shape, self.bits)
+
+    def load_weight(self, tensor: Tensor, raw: np.ndarray) -> W.OvWeight:
+        handle = W.load(tensor.name, tensor.dtype, tensor.shape, raw, self.bits)
+        self._loaded[id(tensor)] = (tensor.name, weakref.ref(handle))
+        return handle
+
+    def alloc(self, tensor: Tensor) -> np.ndarray:
+        return np.zeros(tensor.shape, dtype=np.float32 if tensor.dtype.name == "F32" else np.int32)
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, handle) -> np.ndarray:
+        if isinstance(handle, W.OvWeight):
+            return W.values(handle)
+        return np.asarray(handle)
+
+    def _weights_of(self, fragment: Fragment) -> dict[int, W.OvWeight] | None:
+        out = {}
+        for t in fragment.inputs:
+            if t.is_leaf and t.kind == LeafKind.WEIGHT:
+                entry = self._loaded.get(id(t))
+                handle = entry[1]() if entry and entry[0] == t.name else None
+                if handle is None or tuple(handle.shape) != tuple(t.shape):
+                    return None
+                out[id(t)] = handle
+        return out
+
+    # -- programs -----------------------------------------------------------------------------------
+    def compile(self, fragment: Fragment) -> OvProgram:
+        if not self.available:
+            raise RuntimeError(f"{self.name} is unavailable: {self.unavailable_reason}")
+        program = OvProgram(self, fragment)
+        weights = self._weights_of(fragment)
+        if weights is not None:
+            program.build(weights)
+        return program
+
+    def compile_config(self) -> dict:
+        cfg = {"INFERENCE_PRECISION_HINT": self.precision, "PERFORMANCE_HINT": "LATENCY"}
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            cfg["CACHE_DIR"] = str(self.cache_dir)
+        return cfg
+
+    def rope(self, pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
+        key = (pos.tobytes(), rope)
+        table = self._rope_cache.get(key)
+        if table is None:
+            if len(self._rope_cache) > 64:
+                self._rope_cache.clear()
+            table = self._rope_cache[key] = rope_table(pos, rope)
+        return table
+
+    def compile_summary(self) -> str:
+        s = self.stats
+        where = f"on-disk cache {self.cache_dir}" if self.cache_dir else "on-disk cache off"
+        line = (f"{self.name}: {s.compiled + s.from_cache} compiled models ({s.compiled} compiled, "
+                f"{s.from_cache} loaded from the {where}) in {s.seconds:.2f} s, graphs built in "
+                f"{s.build_seconds:.2f} s")
+        if s.compiled == 0 and s.from_cache:
+            line += "; this run compiled nothing"
+        if W.CONVERTED:
+            line += "; converted at load: " + "; ".join(W.CONVERTED.values())
+        return line
+
+    def describe(self) -> str:
+        return super().describe() + (f" [EMULATION of {self.emulation}]" if self.emulation else "")
+
+
+class OvProgram:
+    """A fragment as one compiled model, with the feeding of its inputs and the cache writes."""
+
+    def __init__(self, device: OpenVinoDevice, fragment: Fragment):
+        self.device = device
+        self.fragment = fragment
+        self.translation: Translation | None = None
+        self.request = None
+        self.loaded_from_cache = False
+        self.compile_seconds = 0.0
+
+    def build(self, weights: dict[int, W.OvWeight]) -> None:
+        dev = self.device
+        budget = dev.limits.max_live_programs
+        if budget is not None and dev.stats.live >= budget:
+            emu = f" (EMULATION of {dev.emulation})" if dev.emulation else ""
+            raise RuntimeError(f"{dev.name}{emu} already holds {dev.stats.live} live compiled models, its budget "
+                               f"is {budget}: reservation should have refused this plan")
+        t0 = time.perf_counter()
+        self.translation = translate(self.fragment, weights)
+        t1 = time.perf_counter()
+        compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+        t2 = time.perf_counter()
+        if dev.cache_dir is not None:
+            trim_cache(dev.cache_dir)
+        try:
+            self.loaded_from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
+        except Exception:   # noqa: BLE001 - a plugin without the property: not from a cache
+            self.loaded_from_cache = False
+        self.compile_seconds = t2 - t1
+        st = dev.stats
+        st.build_seconds += t1 - t0
+        st.seconds += t2 - t1
+        if self.loaded_from_cache:
+            st.from_cache += 1
+        else:
+            st.compiled += 1
+        st.live += 1
+        weakref.finalize(self, _dead, weakref.ref(dev))
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        self.translation.model = None       # the compiled model keeps what it needs
+        self._n_out = len(compiled.outputs)
+
+    def run(self, args: list) -> list:
+        if self.request is None:
+            weights = {id(t): a for t, a in zip(self.fragment.inputs, args)
+                       if t.is_leaf and t.kind == LeafKind.WEIGHT}
+            self.build(weights)
+        tr = self.translation
+        feeds = []
+        for f in tr.feeds:
+            a = args[f.index]
+            if f.kind == "arg":
+                feeds.append(np.ascontiguousarray(a))
+            elif f.kind == "window":
+                feeds.append(a[:f.rows])
+            else:
+                cos, sin = self.device.rope(np.asarray(a), f.rope)
+                feeds.append(cos if f.kind == "rope_cos" else sin)
+        req = self.request
+        req.infer(feeds, share_inputs=True)
+        outs = [req.get_output_tensor(i).data for i in range(self._n_out)]
+        results = []
+        for o in tr.outputs:
+            if o[0] == "value":
+                results.append(np.array(outs[o[1]], copy=True))
+                continue
+            _, cache_arg, new_idx, rows_arg, rows_idx = o
+            cache = args[cache_arg]
+            rows = np.asarray(args[rows_arg] if rows_arg is not None else outs[rows_idx])
+            if rows.size and (rows.min() < 0 or rows.max() >= cache.shape[0]):
+                raise IndexError(f"cache rows {rows.min()}..{rows.max()} are outside the {cache.shape[0]} rows of "
+                                 f"'{self.fragment.inputs[cache_arg].name}'")
+            cache[rows] = outs[new_idx].reshape(rows.shape[0], -1)
+            results.append(cache)
+        return results
+
+
+def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
+    """Keep OpenVINO's cache folder under FRAMEWORK_OPENVINO_CACHE_MAX_GB (default 4): a compiled model's
+    blob holds its weights, so every distinct shape of a model adds about the model's size. The least
+    recently used blobs (by access time) go first."""
+    if max_bytes is None:
+        max_bytes = int(float(os.environ.get(CACHE_MAX_ENV, "4")) * 2**30)
+    try:
+        blobs = [(p.stat().st_atime, p.stat().st_size, p) for p in folder.glob("*.blob")]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in blobs)
+    for _, size, p in sorted(blobs):
+        if total <= max_bytes:
+            break
+        try:
+            p.unlink()
+            total -= size
+        except OSError:
+            pass
+
+
+def _dead(dev_ref) -> None:
+    dev = dev_ref()
+    if dev is not None:
+        dev.stats.live -= 1
+
+
+# -- discovery ------------------------------------------------------------------------------------------
+def _prop(c, dev: str, name: str):
+    try:
+        return c.get_property(dev, name)
+    except RuntimeError:        # OpenVINO's answer for a property this device does not have
+        return None
+
+
+def _pci(c, dev: str) -> str:
+    info = _prop(c, dev, "DEVICE_PCI_INFO")
+    if info is None:
+        return ""
+    try:
+        return f"{info.domain:04x}:{info.bus:02x}:{info.device:02x}.{info.function:x}"
+    except (AttributeError, TypeError, ValueError):
+        return str(info)
+
+
+def _npu_absent_reason(c, version: str) -> str:
+    try:
+        found = list(c.get_property("NPU", "AVAILABLE_DEVICES"))
+        plugin = "OpenVINO's NPU plugin loaded but found no NPU"
+        if found:
+            return f"OpenVINO's NPU plugin lists {found} but the core does not offer them"
+    except RuntimeError as e:
+        plugin = f"OpenVINO's NPU plugin could not be loaded ({str(e).strip().splitlines()[-1]})"
+    node = ("no /dev/accel/accel* device node (the intel_vpu kernel driver is not loaded, or there is no NPU)"
+            if not any(Path("/dev/accel").glob("accel*")) else
+            "/dev/accel exists: check the NPU user-mode driver (level-zero) and the permissions of /dev/accel")
+    return f"OpenVINO {version} reports no NPU: {plugin}; {node}"
+
+
+def _gpu_absent_reason(c, version: str) -> str:
+    try:
+        found = list(c.get_property("GPU", "AVAILABLE_DEVICES"))
+        return f"OpenVINO {version}'s GPU plugin loaded but found no GPU ({found or 'no OpenCL device'})"
+    except RuntimeError as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        return f"OpenVINO {version} cannot use a GPU: {lines[-1] if lines else e}"
+
+
+def discover() -> list[OpenVinoDevice]:
+    """One device per device OpenVINO offers; openvino:NPU (and openvino:GPU) listed as unavailable
+    with the reason when there is none."""
+    try:
+        import openvino as ov
+        c = core()
+        version = ov.get_version().split("-")[0]
+    except (ImportError, OSError, RuntimeError) as e:
+        reason = f"the openvino package cannot be imported: {type(e).__name__}: {e}"
+        return [OpenVinoDevice(n, available=False, unavailable_reason=reason) for n in ("CPU", "GPU", "NPU")]
+    devices = []
+    profile_name = os.environ.get(PROFILE_ENV)
+    for name in c.available_devices:
+        kind = name.split(".")[0]
+        full = _prop(c, name, "FULL_DEVICE_NAME") or ""
+        arch = str(_prop(c, name, "DEVICE_ARCHITECTURE") or "")
+        phys = "host-cpu" if kind == "CPU" else (_pci(c, name) or f"openvino-{name}")
+        dev = OpenVinoDevice(name, full_name=str(full), physical_id=phys, architecture=arch)
+        if kind == "NPU":
+            prof, note = profile_for_architecture(arch)
+            dev = OpenVinoDevice(name, full_name=str(full), physical_id=phys, architecture=arch, profile=prof)
+            if note:
+                dev.description += f"; {note}"
+        elif profile_name:
+            dev = dev.with_options(profile=profile_name)
+        devices.append(dev)
+    kinds = {d.ov_name.split(".")[0] for d in devices}
+    if "GPU" not in kinds:
+        devices.append(OpenVinoDevice("GPU", available=False, unavailable_reason=_gpu_absent_reason(c, version)))
+    if "NPU" not in kinds:
+        devices.append(OpenVinoDevice("NPU", available=False, unavailable_reason=_npu_absent_reason(c, version)))
+    return devices

@@ -1,0 +1,621 @@
+"""A fragment as an ``ov.Model`` built from OpenVINO opset operations.
+
+Every op's semantics are those of the CPU plugin's numpy kernels (framework/plugins/cpu/kernels.py);
+shapes are numpy order on both sides, so a tensor's shape is its OpenVINO shape.
+
+Inputs of the model, in order (the program feeds them from ``run`` arguments):
+  * every fragment input that is not a weight, as a Parameter of its shape and type, except
+  * a KV cache (a CACHE leaf written by SET_ROWS here): a Parameter of only the rows the fragment
+    reads (the ``n_kv`` window the attention views), bound to the first rows of the cache array
+    without a copy;
+  * cos/sin tables for every ROPE whose positions are a fragment input, computed on the host in
+    float64 like the CPU kernel (position x frequency in float32 would lose digits at long contexts).
+Weights become constants (weights.py: compressed constants with their decompression pattern).
+
+A SET_ROWS does not copy the cache inside the model. The model outputs the step's new rows (the
+program writes them into the cache array in place after the run), and an attention that reads the
+window just written (VIEW of the SET_ROWS) is computed over the window as it was before the write,
+with the columns being rewritten masked out, plus the new rows as extra columns: the same set of
+(score, value) pairs as attention over the updated window, without a copy of the window. Any other
+reader of a SET_ROWS result gets a real ScatterUpdate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import openvino as ov
+from openvino import opset13 as ops
+
+from ...core.graph import LeafKind, Tensor
+from ...core.scheduler.fragment import Fragment
+from .weights import OvWeight
+
+OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
+ELEMENTS = {"i4": ov.Type.i4, "i8": ov.Type.i8}
+SUPPORTED_OPS = frozenset({"GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                           "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE",
+                           "CONT"})
+SQRT_2_OVER_PI = 0.7978845608028654
+# Block offsets (Q4_1, Q5_1, Q4_K, Q5_K) in a matrix product: "zero_point" (-offset / scale, subtracted in
+# the decompression the FullyConnected kernel fuses) or "product" (x @ W^T + offsets @ block_sums(x), as
+# llama.cpp computes it). Measured on this machine they run at the same speed; "zero_point" makes the
+# smaller graph (it compiles faster), so it is the default. A block with a zero scale uses "product".
+OFFSETS = "zero_point"
+ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
+
+
+class TranslationError(RuntimeError):
+    pass
+
+
+@dataclass
+class Feed:
+    """One model input: where its value comes from at run time."""
+
+    kind: str               # "arg": args[index]; "window": args[index][:rows]; "rope_cos"/"rope_sin": table
+    index: int
+    rows: int = 0
+    rope: tuple = ()        # (n_dims, freq_base, freq_scale)
+
+
+@dataclass
+class CacheWrite:
+    """The value of a SET_ROWS, kept lazy: the cache window before the write, the new rows, their rows."""
+
+    node: Tensor
+    window: ov.Output       # (rows, width) cache rows as they were before this step
+    rows_in_window: int
+    new_rows: ov.Output     # (T, width)
+    rows: ov.Output         # (T,) int32
+    width: int
+    scattered: ov.Output | None = None
+
+
+@dataclass
+class CacheView:
+    write: CacheWrite
+    n_rows: int
+    shape: tuple
+
+
+@dataclass
+class Translation:
+    model: ov.Model
+    feeds: list[Feed]
+    # per fragment output: ("value", model output index) or ("cache", arg index of the cache,
+    # model output index of the new rows, arg index of the rows or None, model output index of rows)
+    outputs: list[tuple]
+    windows: dict[int, int] = field(default_factory=dict)    # arg index of a cache -> rows bound
+
+
+_SHARED: dict | None = None     # small constants of the model being built, shared by value
+
+
+def _const(value, dtype=np.float32) -> ov.Output:
+    arr = np.asarray(value, dtype=dtype)
+    if _SHARED is None or arr.size > 4096:
+        return ops.constant(arr).output(0)
+    key = (arr.dtype.str, arr.shape, arr.tobytes())
+    if key not in _SHARED:
+        _SHARED[key] = ops.constant(arr).output(0)
+    return _SHARED[key]
+
+
+def _i64(values) -> ov.Output:
+    return _const(np.asarray(values, dtype=np.int64), np.int64)
+
+
+def _reshape(x, shape) -> ov.Output:
+    return ops.reshape(x, _i64(list(shape)), False).output(0)
+
+
+def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -> ov.Output:
+    """The weight as a float32 value of its shape: a constant, or compressed constants and their
+    decompression (i4/i8 -> Convert -> Multiply scale -> Reshape). ``offsets=False`` leaves out the
+    per-block offsets of the types that have them (a matrix product adds them itself: see mul_mat)."""
+    shape = tuple(shape or w.shape)
+    c = w._constants
+    if w.kind == "plain":
+        if "data" not in c:
+            c["data"] = ops.constant(w.data, shared_memory=True)
+        out = c["data"].output(0)
+        if w.data.dtype != np.float32:
+            out = ops.convert(out, ov.Type.f32).output(0)
+        return out if tuple(w.shape) == shape else _reshape(out, shape)
+    if "data" not in c:
+        et = ELEMENTS[w.element]
+        if w.element == "i4":
+            flat = w.data.reshape(-1).view(np.uint8)
+            packed = np.ascontiguousarray((flat[0::2] & 0x0F) | ((flat[1::2] & 0x0F) << 4))
+            c["packed"] = packed            # the constant shares this memory: keep it alive
+            c["data"] = ops.constant(ov.Tensor(packed, ov.Shape(list(w.data.shape)), et))
+        else:
+            c["data"] = ops.constant(w.data, shared_memory=True)
+        c["scale"] = ops.constant(w.scale, shared_memory=True)
+    x = ops.convert(c["data"], ov.Type.f32).output(0)
+    scale = c["scale"].output(0)
+    if w.scale.dtype != np.float32:
+        scale = ops.convert(scale, ov.Type.f32).output(0)
+    if offsets == "zero_point" and w.offset is not None:
+        if "zp" not in c:
+            c["zp_values"] = (-w.offset[..., None] / w.scale.astype(np.float32)).astype(np.float32)
+            c["zp"] = ops.constant(c["zp_values"], shared_memory=True)
+        x = ops.subtract(x, c["zp"]).output(0)
+        offsets = False
+    x = ops.multiply(x, scale).output(0)
+    if offsets and w.offset is not None:
+        if "offset3" not in c:
+            c["offset3"] = ops.constant(w.offset.reshape(w.offset.shape + (1,)), shared_memory=True)
+        x = ops.add(x, c["offset3"]).output(0)
+    return _reshape(x, shape)
+
+
+def zero_point_ok(w: OvWeight) -> bool:
+    return w.kind == "compressed" and w.offset is not None and bool(np.all(w.scale != 0))
+
+
+def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | None:
+    """offsets (N, blocks) @ block sums of x (..., K): what the block offsets add to x @ W^T."""
+    if w.kind != "compressed" or w.offset is None:
+        return None
+    c = w._constants
+    if "offset" not in c:
+        c["offset"] = ops.constant(w.offset, shared_memory=True)
+    _, blocks, group = w.data.shape
+    sums = ops.reduce_sum(_reshape(x, tuple(x_shape[:-1]) + (blocks, group)), _i64([-1]), False).output(0)
+    return ops.matmul(sums, c["offset"], False, True).output(0)
+
+
+class _FullWindow(Exception):
+    """A cache write must be materialised: translate again binding every row of that cache."""
+
+
+class Translator:
+    def __init__(self, fragment: Fragment, weights: dict[int, OvWeight], full: frozenset = frozenset()):
+        self.f = fragment
+        self.full = full
+        self.weights = weights
+        self.values: dict[int, object] = {}
+        self.params: list[ov.Node] = []
+        self.feeds: list[Feed] = []
+        self.arg_index = {id(t): i for i, t in enumerate(fragment.inputs)}
+        self.rope_tables: dict[tuple, tuple[ov.Output, ov.Output]] = {}
+        self.windows: dict[int, int] = {}
+        self.mask_parts: dict[tuple, tuple] = {}
+        internal = {id(n) for n in fragment.nodes}
+        self.consumers: dict[int, list[Tensor]] = {}
+        for n in fragment.nodes:
+            for s in n.src:
+                self.consumers.setdefault(id(s), []).append(n)
+        self.internal = internal
+
+    # -- inputs -------------------------------------------------------------------------------
+    def _param(self, shape, dtype, name, feed: Feed) -> ov.Output:
+        p = ops.parameter(list(shape), dtype, name=f"in{len(self.params)}_{_safe(name)}")
+        self.params.append(p)
+        self.feeds.append(feed)
+        return p.output(0)
+
+    def value(self, t: Tensor):
+        key = id(t)
+        if key in self.values:
+            return self.values[key]
+        if key in self.arg_index:
+            idx = self.arg_index[key]
+            if t.is_leaf and t.kind == LeafKind.WEIGHT:
+                w = self.weights.get(key)
+                if w is None:
+                    raise TranslationError(f"weight {t.describe()} was not loaded by this device")
+                v = weight_node(w, t.shape)
+            else:
+                if t.dtype.name not in OV_TYPES:
+                    raise TranslationError(f"input {t.describe()}: type {t.dtype.name} is not supported")
+                v = self._param(t.shape, OV_TYPES[t.dtype.name], t.name, Feed("arg", idx))
+            self.values[key] = v
+            return v
+        raise TranslationError(f"{t.describe()} is neither computed in the fragment nor one of its inputs")
+
+    def out(self, t: Tensor) -> ov.Output:
+        """A concrete OpenVINO value for t (materialising a lazy cache write or view)."""
+        v = self.value(t)
+        if isinstance(v, CacheWrite):
+            return self._scattered(v)
+        if isinstance(v, CacheView):
+            full = self._scattered(v.write)
+            return _view(full, v.write.rows_in_window * v.write.width, v.shape, 0)
+        return v
+
+    # -- the model ----------------------------------------------------------------------------
+    def build(self) -> Translation:
+        for n in self.f.nodes:
+            self.values[id(n)] = self.node(n)
+        results, outputs = [], []
+        for t in self.f.outputs:
+            v = self.values[id(t)]
+            if t.op == "SET_ROWS" and isinstance(v, CacheWrite):
+                cache_arg = self.arg_index[id(t.src[0])]
+                results.append(ops.result(v.new_rows))
+                new_idx = len(results) - 1
+                rows_arg = self.arg_index.get(id(t.src[2]))
+                rows_idx = None
+                if rows_arg is None:
+                    results.append(ops.result(v.rows))
+                    rows_idx = len(results) - 1
+                outputs.append(("cache", cache_arg, new_idx, rows_arg, rows_idx))
+            else:
+                results.append(ops.result(self.out(t)))
+                outputs.append(("value", len(results) - 1))
+        model = ov.Model(results, self.params, f"fragment_{self.f.structure}")
+        # deterministic names: OpenVINO's on-disk cache hashes the serialised model, names included
+        for i, node in enumerate(model.get_ordered_ops()):
+            if node.get_type_name() != "Parameter":
+                node.set_friendly_name(f"{node.get_type_name()}_{i}")
+        for i, o in enumerate(model.outputs):
+            o.get_tensor().set_names({f"out{i}"})
+        return Translation(model, self.feeds, outputs, dict(self.windows))
+
+    def node(self, n: Tensor):
+        op = n.op
+        fn = getattr(self, "op_" + op.lower(), None)
+        if fn is None:
+            raise TranslationError(f"no translation for {n.describe()}")
+        return fn(n)
+
+    # -- ops ----------------------------------------------------------------------------------
+    def op_get_rows(self, n):
+        a, rows = n.src
+        return ops.gather(self.out(a), self.out(rows), _i64(0)).output(0)
+
+    def op_mul_mat(self, n):
+        a, b = n.src
+        w = self.weights.get(id(a)) if a.is_leaf and a.kind == LeafKind.WEIGHT else None
+        if w is not None and len(a.shape) == 2 and OFFSETS == "zero_point" and zero_point_ok(w):
+            return ops.matmul(self.out(b), weight_node(w, a.shape, offsets="zero_point"), False, True).output(0)
+        if w is not None and len(a.shape) == 2:
+            bv = self.out(b)
+            y = ops.matmul(bv, weight_node(w, a.shape, offsets=False), False, True).output(0)
+            extra = offset_product(w, bv, b.shape)
+            return y if extra is None else ops.add(y, extra).output(0)
+        av, bv = self.out(a), self.out(b)
+        if len(a.shape) == 2:
+            return ops.matmul(bv, av, False, True).output(0)
+        # ggml broadcasting: b batch i uses a batch i // (nb / na), a's leading axes padded with 1
+        ab = (1,) * (len(b.shape) - len(a.shape)) + tuple(a.shape[:-2])
+        bb = tuple(b.shape[:-2])
+        if ab != bb:
+            av = _reshape(av, ab + a.shape[-2:])
+            expanded, target = [], []
+            for na, nb in zip(ab, bb):
+                expanded += [na, 1]
+                target += [na, nb // na]
+            av = _reshape(av, tuple(expanded) + a.shape[-2:])
+            av = ops.broadcast(av, _i64(target + list(a.shape[-2:]))).output(0)
+            av = _reshape(av, bb + a.shape[-2:])
+        return ops.matmul(bv, av, False, True).output(0)
+
+    def _binary(self, n, fn):
+        a, b = n.src
+        av, bv = self.out(a), self.out(b)
+        bs = (1,) * (len(a.shape) - len(b.shape)) + tuple(b.shape)
+        if any(x != 1 and x != y for x, y in zip(bs, a.shape)):      # ggml_repeat: tile whole copies
+            bv = _reshape(bv, bs)
+            bv = ops.tile(bv, _i64([y // x for x, y in zip(bs, a.shape)])).output(0)
+        return fn(av, bv).output(0)
+
+    def op_add(self, n):
+        return self._binary(n, ops.add)
+
+    def op_mul(self, n):
+        return self._binary(n, ops.multiply)
+
+    def op_scale(self, n):
+        return ops.multiply(self.out(n.src[0]), _const(n.params["scale"])).output(0)
+
+    @staticmethod
+    def _act(x, op):
+        if op == "gelu":
+            return ops.gelu(x, "tanh").output(0)
+        if op == "silu":
+            return ops.swish(x).output(0)
+        if op == "tanh":
+            return ops.tanh(x).output(0)
+        raise TranslationError(f"unknown activation {op}")
+
+    def op_unary(self, n):
+        return self._act(self.out(n.src[0]), n.params["op"])
+
+    def op_glu(self, n):
+        act = {"geglu": "gelu", "swiglu": "silu"}[n.params["op"]]
+        return ops.multiply(self._act(self.out(n.src[0]), act), self.out(n.src[1])).output(0)
+
+    def op_rms_norm(self, n):
+        x = self.out(n.src[0])
+        sq = ops.power(x, _const(2.0)).output(0)
+        mean = ops.reduce_mean(sq, _i64([-1]), True).output(0)
+        rs = ops.sqrt(ops.add(mean, _const(n.params["eps"]))).output(0)
+        return ops.multiply(x, ops.divide(_const(1.0), rs)).output(0)
+
+    def op_soft_max(self, n):
+        x = ops.multiply(self.out(n.src[0]), _const(n.params["scale"])).output(0)
+        if len(n.src) > 1:
+            x = ops.add(x, self.out(n.src[1])).output(0)
+        return ops.softmax(x, -1).output(0)
+
+    def op_rope(self, n):
+        """out = x * C + swap(x) * S: C and S are the cos and (signed) sin of each dimension's pair (1 and
+        0 past n_dims), swap exchanges a pair's members (interleaved pairs in mode "normal", halves in
+        mode "neox"): a Roll when every dimension rotates, else a permutation matrix. No slicing or
+        concatenation."""
+        x, pos = n.src
+        n_dims, mode = n.params["n_dims"], n.params["mode"]
+        t, h, d = x.shape
+        rope = (n_dims, n.params["freq_base"], n.params["freq_scale"], mode, d)
+        cos, sin = self._rope_table(pos, rope)
+        xv = self.out(x)
+        if n_dims == d and mode == "neox":
+            swapped = ops.roll(xv, _i64([d // 2]), _i64([2])).output(0)
+        elif n_dims == d:
+            swapped = _reshape(ops.roll(_reshape(xv, (t, h, d // 2, 2)), _i64([1]), _i64([3])), (t, h, d))
+        else:
+            swapped = _reshape(ops.matmul(_reshape(xv, (t * h, d)), _const(rope_swap(mode, n_dims, d)), False, False),
+                               (t, h, d))
+        return ops.add(ops.multiply(xv, cos), ops.multiply(swapped, sin)).output(0)
+
+    def _rope_table(self, pos: Tensor, rope: tuple):
+        key = (id(pos), rope)
+        if key in self.rope_tables:
+            return self.rope_tables[key]
+        n_dims, base, scale, mode, d = rope
+        t = pos.shape[0]
+        if id(pos) in self.arg_index:
+            idx = self.arg_index[id(pos)]
+            cos = self._param((t, 1, d), ov.Type.f32, f"rope_cos_{n_dims}_{base:g}", Feed("rope_cos", idx, rope=rope))
+            sin = self._param((t, 1, d), ov.Type.f32, f"rope_sin_{n_dims}_{base:g}", Feed("rope_sin", idx, rope=rope))
+        else:       # positions computed here: the table in float32 inside the model
+            half = n_dims // 2
+            inv = scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
+            theta = ops.multiply(_reshape(ops.convert(self.out(pos), ov.Type.f32), (t, 1)),
+                                 _const(inv.astype(np.float32).reshape(1, half))).output(0)
+            spread = _const(_rope_spread(mode, n_dims, d))
+            tail = np.zeros((1, 1, d), dtype=np.float32)
+            tail[..., n_dims:] = 1
+            cos = ops.add(_reshape(ops.matmul(ops.cos(theta), spread, False, False), (t, 1, d)), _const(tail)).output(0)
+            sign = np.zeros((1, 1, d), dtype=np.float32)
+            a, b = _rope_pairs(mode, n_dims)
+            sign[..., a], sign[..., b] = -1.0, 1.0
+            sin = ops.multiply(_reshape(ops.matmul(ops.sin(theta), spread, False, False), (t, 1, d)),
+                               _const(sign)).output(0)
+        self.rope_tables[key] = (cos, sin)
+        return cos, sin
+
+    def op_set_rows(self, n):
+        dst, src, rows = n.src
+        if not (dst.is_leaf and dst.kind == LeafKind.CACHE and id(dst) in self.arg_index):
+            raise TranslationError(f"{n.describe()}: SET_ROWS writes only a pre-allocated cache given to the fragment")
+        n_ctx, width = dst.shape
+        window = n_ctx if id(dst) in self.full else self._window_rows(n, n_ctx, width)
+        idx = self.arg_index[id(dst)]
+        if idx in self.windows:
+            raise TranslationError(f"{n.describe()}: the cache {dst.name} is written twice in one fragment")
+        self.windows[idx] = window
+        win = self._param((window, width), OV_TYPES[dst.dtype.name], dst.name, Feed("window", idx, rows=window))
+        new = _reshape(self.out(src), (rows.shape[0], width))
+        return CacheWrite(n, win, window, new, self.out(rows), width)
+
+    def _window_rows(self, n: Tensor, n_ctx: int, width: int) -> int:
+        """The rows of the cache the fragment reads after this write: the largest offset-0 VIEW, or all."""
+        readers = self.consumers.get(id(n), [])
+        if not readers:
+            return 1 if n_ctx else 0
+        need = 0
+        for r in readers:
+            if r.op != "VIEW" or r.params["offset"] != 0:
+                return n_ctx
+            need = max(need, -(-math.prod(r.params["shape"]) // width))
+        return max(1, min(need, n_ctx))
+
+    def _scattered(self, w: CacheWrite) -> ov.Output:
+        if w.scattered is None:
+            dst = w.node.src[0]
+            if w.rows_in_window < dst.shape[0]:       # rows may fall past a partial window: bind all rows
+                raise _FullWindow(id(dst))
+            w.scattered = ops.scatter_update(w.window, w.rows, w.new_rows, _i64(0)).output(0)
+        return w.scattered
+
+    def op_view(self, n):
+        src = self.value(n.src[0])
+        shape, offset = tuple(n.params["shape"]), n.params["offset"]
+        if isinstance(src, CacheWrite):
+            if offset == 0 and math.prod(shape) % src.width == 0:
+                return CacheView(src, math.prod(shape) // src.width, shape)
+            return _view(self._scattered(src), src.rows_in_window * src.width, shape, offset)
+        return _view(self.out(n.src[0]), math.prod(n.src[0].shape), shape, offset)
+
+    def op_reshape(self, n):
+        return _reshape(self.out(n.src[0]), n.params["shape"])
+
+    def op_permute(self, n):
+        return ops.transpose(self.out(n.src[0]), _i64(list(n.params["axes"]))).output(0)
+
+    op_transpose = op_permute
+
+    def op_cont(self, n):
+        return self.out(n.src[0])
+
+    def _split_mask(self, rows_t: Tensor, rows, mask_t: Tensor, mv, s: int, tn: int):
+        """For attention over the cache window as it was plus this step's new rows: which new rows are
+        kept, the window's mask with the columns being rewritten masked, and the new rows' mask. Rows
+        past the window (scratch rows of padding tokens) are read by no query: their K and V are zeroed
+        (a padding row may hold anything, and 0 * NaN would leak) and their columns masked. Every layer
+        shares one computation."""
+        key = (id(rows_t), id(mask_t), s)
+        if key not in self.mask_parts:
+            ninf = _const(-np.inf)
+            valid = ops.less(rows, _const(s, np.int32)).output(0)                            # (tn,)
+            hit = ops.equal(_reshape(rows, (tn, 1)), _const(np.arange(s, dtype=np.int32).reshape(1, s), np.int32))
+            rewritten = ops.reduce_logical_or(hit, _i64([0]), True).output(0)              # (1, s)
+            mask_c = ops.select(rewritten, ninf, mv).output(0)
+            at = ops.minimum(rows, _const(s - 1, np.int32)).output(0)
+            mask_n = ops.select(_reshape(valid, (1, tn)), ops.gather(mv, at, _i64(1)), ninf).output(0)   # (t, tn)
+            self.mask_parts[key] = (_reshape(valid, (tn, 1)), mask_c, mask_n)
+        return self.mask_parts[key]
+
+    def op_flash_attn_ext(self, n):
+        q, k, v = n.src[:3]
+        mask = n.src[3] if len(n.src) > 3 else None
+        scale = n.params["scale"]
+        t, h, d = q.shape
+        s, hkv, _ = k.shape
+        g = h // hkv
+        qv = self.out(q)
+        qh = _reshape(ops.transpose(qv, _i64([1, 0, 2])), (hkv, g * t, d)) if h > 1 else _reshape(qv, (1, t, d))
+        kl, vl = self.value(k), self.value(v)
+        lazy = (isinstance(kl, CacheView) and isinstance(vl, CacheView) and mask is not None
+                and kl.n_rows == s and vl.n_rows == s and kl.write.rows_in_window == s
+                and vl.write.rows_in_window == s and kl.write.node.src[2] is vl.write.node.src[2])
+        mv = self.out(mask) if mask is not None else None
+
+        def heads(x, rows):       # (rows, hkv, d) -> (hkv, rows, d)
+            x = _reshape(x, (rows, hkv, d))
+            return _reshape(x, (1, rows, d)) if hkv == 1 else ops.transpose(x, _i64([1, 0, 2])).output(0)
+
+        def tiled(m):             # (t, cols) -> (g*t, cols), query rows grouped as in qh
+            return m if g == 1 else ops.tile(m, _i64([g, 1])).output(0)
+
+        if not lazy:
+            kh, vh = heads(self.out(k), s), heads(self.out(v), s)
+            sc = ops.multiply(ops.matmul(qh, kh, False, True), _const(scale)).output(0)
+            if mv is not None:
+                sc = ops.add(sc, tiled(mv)).output(0)
+            p = ops.softmax(sc, -1).output(0)
+            o = ops.matmul(p, vh, False, False).output(0)
+        else:
+            kw, vw = kl.write, vl.write
+            tn = kw.new_rows.get_partial_shape()[0].get_length()
+            keep, mask_c, mask_n = self._split_mask(kw.node.src[2], kw.rows, mask, mv, s, tn)
+            zero = _const(0.0)
+            kc, vc = heads(kw.window, s), heads(vw.window, s)
+            kn = heads(ops.select(keep, kw.new_rows, zero).output(0), tn)
+            vn = heads(ops.select(keep, vw.new_rows, zero).output(0), tn)
+            if t <= ROW_ATTENTION_MAX_T:
+                kn = ops.select(keep, kw.new_rows, zero).output(0)
+                vn = ops.select(keep, vw.new_rows, zero).output(0)
+                return _attend_rows(qv, [(kw.window, vw.window, mask_c, s), (kn, vn, mask_n, tn)], scale, hkv)
+            sc_c = ops.add(ops.multiply(ops.matmul(qh, kc, False, True), _const(scale)), tiled(mask_c)).output(0)
+            sc_n = ops.add(ops.multiply(ops.matmul(qh, kn, False, True), _const(scale)), tiled(mask_n)).output(0)
+            p = ops.softmax(ops.concat([sc_c, sc_n], 2), -1).output(0)
+            split = ops.variadic_split(p, _i64(2), _i64([s, tn]))
+            o = ops.add(ops.matmul(split.output(0), vc, False, False),
+                        ops.matmul(split.output(1), vn, False, False)).output(0)
+        o = _reshape(o, (h, t, d))
+        return ops.transpose(o, _i64([1, 0, 2])).output(0) if h > 1 else _reshape(o, (t, 1, d))
+
+
+def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
+    """Attention of a few queries q (T, H, D) over key/value rows kept as they are stored, (S, Hkv*D),
+    in several parts [(K, V, mask (T, S), S), ...] with one softmax across the parts: no transpose or
+    concatenation of the cache. With Hkv > 1 every query head meets every kv head's rows (Hkv times the
+    few multiply-adds a decode step needs) and keeps its own: cheaper than moving the cache."""
+    t, h, d = (q.get_partial_shape()[i].get_length() for i in range(3))
+    g = h // hkv
+    qf = _reshape(q, (t * h, d))
+    onehot = None
+    if hkv > 1:
+        onehot = _const(np.eye(hkv, dtype=np.float32).reshape(1, hkv, 1, 1, hkv))
+
+    def own(x, inner):      # (T*H, inner*Hkv) ordered (t, kh, g) x (inner, kh') -> keep kh == kh'
+        if hkv == 1:
+            return _reshape(x, (t, 1, g, inner))
+        x = _reshape(x, (t, hkv, g, inner, hkv))
+        return ops.reduce_sum(ops.multiply(x, onehot), _i64([-1]), False).output(0)
+
+    scores = []
+    for k, _, mask, rows in parts:
+        sc = own(ops.matmul(qf, _reshape(k, (rows * hkv, d)), False, True).output(0), rows)    # (t, hkv, g, rows)
+        sc = ops.add(ops.multiply(sc, _const(scale)), _reshape(mask, (t, 1, 1, rows))).output(0)
+        scores.append(sc)
+    top = ops.reduce_max(scores[0], _i64([-1]), True).output(0)
+    for sc in scores[1:]:
+        top = ops.maximum(top, ops.reduce_max(sc, _i64([-1]), True)).output(0)
+    total, out = None, None
+    for sc, (_, v, _, rows) in zip(scores, parts):
+        e = ops.exp(ops.subtract(sc, top)).output(0)
+        den = ops.reduce_sum(e, _i64([-1]), True).output(0)
+        total = den if total is None else ops.add(total, den).output(0)
+        o = ops.matmul(_reshape(e, (t * h, rows)), v, False, False).output(0)            # (t*h, hkv*d)
+        if hkv > 1:
+            o = _reshape(o, (t, hkv, g, hkv, d))
+            o = ops.reduce_sum(ops.multiply(o, _reshape(onehot, (1, hkv, 1, hkv, 1))), _i64([3]), False).output(0)
+        o = _reshape(o, (t, hkv, g, d))
+        out = o if out is None else ops.add(out, o).output(0)
+    return _reshape(ops.divide(out, total), (t, h, d))
+
+
+def _view(x, n_total: int, shape, offset: int) -> ov.Output:
+    n = math.prod(shape)
+    flat = _reshape(x, (n_total,))
+    if offset or n != n_total:
+        flat = ops.slice(flat, _i64([offset]), _i64([offset + n]), _i64([1]), _i64([0])).output(0)
+    return _reshape(flat, shape)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in name)[:48]
+
+
+def _rope_pairs(mode: str, n_dims: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two members of every rotated pair: interleaved (mode "normal") or halves ("neox")."""
+    half = n_dims // 2
+    if mode == "neox":
+        return np.arange(half), np.arange(half) + half
+    return np.arange(half) * 2, np.arange(half) * 2 + 1
+
+
+def rope_swap(mode: str, n_dims: int, d: int) -> np.ndarray:
+    """P (d, d) with (x @ P)[a] = x[b] and (x @ P)[b] = x[a] for every pair (a, b); zero past n_dims."""
+    a, b = _rope_pairs(mode, n_dims)
+    r = np.zeros((d, d), dtype=np.float32)
+    r[b, a] = 1.0
+    r[a, b] = 1.0
+    return r
+
+
+def _rope_spread(mode: str, n_dims: int, d: int) -> np.ndarray:
+    """(n_dims/2, d): frequency i to both members of pair i."""
+    a, b = _rope_pairs(mode, n_dims)
+    m = np.zeros((n_dims // 2, d), dtype=np.float32)
+    m[np.arange(n_dims // 2), a] = 1.0
+    m[np.arange(n_dims // 2), b] = 1.0
+    return m
+
+
+def rope_table(pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """C and S (T, 1, d): the cos and sin of every dimension's pair, from a float64 table rounded to
+    float32 like the CPU kernel's (1 and 0 past n_dims)."""
+    n_dims, base, scale, mode, d = rope
+    half = n_dims // 2
+    inv = scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
+    theta = pos.astype(np.float64)[:, None] * inv[None, :]
+    a, b = _rope_pairs(mode, n_dims)
+    cos = np.ones((len(pos), 1, d), dtype=np.float32)
+    sin = np.zeros((len(pos), 1, d), dtype=np.float32)
+    c, s_ = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    cos[:, 0, a], cos[:, 0, b] = c, c
+    sin[:, 0, a], sin[:, 0, b] = -s_, s_         # out[a] = x[a] c - x[b] s, out[b] = x[b] c + x[a] s
+    return cos, sin
+
+
+def translate(fragment: Fragment, weights: dict[int, OvWeight]) -> Translation:
+    global _SHARED
+    full: frozenset = frozenset()
+    while True:
+        _SHARED = {}
+        try:
+            return Translator(fragment, weights, full).build()
+        except _FullWindow as e:
+            full = full | {e.args[0]}
+        finally:
+            _SHARED = None

@@ -1,0 +1,222 @@
+"""GGUF weights as OpenVINO compressed constants.
+
+Every block-quantized GGUF type this module knows is repacked, exactly, into signed integers with a
+scale per block of the file (its own block size), which OpenVINO's CPU plugin runs with its
+compressed-weight kernels (FullyConnected over i4/i8 constants, Gather over them) instead of float32
+copies::
+
+    Constant(i4 | i8, (rows, blocks, G)) -> Convert(f32) -> Multiply(scale (rows, blocks, 1))
+        -> Reshape(rows, cols) -> MatMul(transpose_b)            (or Gather, for an embedding)
+
+| GGUF   | element | G  | scale        | block offset        | value                     |
+| ------ | ------- | -- | ------------ | ------------------- | ------------------------- |
+| Q4_0   | i4      | 32 | d (f16)      | -                   | d * (q - 8)               |
+| Q4_1   | i4      | 32 | d (f16)      | m + 8 d             | d * q + m                 |
+| Q5_0   | i8      | 32 | d (f16)      | -                   | d * (q - 16)              |
+| Q5_1   | i8      | 32 | d (f16)      | m + 16 d            | d * q + m                 |
+| Q8_0   | i8      | 32 | d (f16)      | -                   | d * q                     |
+| Q4_K   | i4      | 32 | d * sc (f32) | 8 d sc - dmin m     | d * sc * q - dmin * m     |
+| Q5_K   | i8      | 32 | d * sc (f32) | 16 d sc - dmin m    | d * sc * q - dmin * m     |
+| Q6_K   | i8      | 16 | d * sc (f32) | -                   | d * sc * (q - 32)         |
+
+The stored integers are the file's q minus the middle of its range (8, 16 or 32), so they fit a
+signed type; the scales are the file's own (an f16 scale times a 6- or 8-bit sub-scale is exact in
+f32). Types with a block minimum (Q4_1, Q5_1, Q4_K, Q5_K) keep it as a per-block offset, which the
+matrix product applies either as a zero point (-offset / scale, subtracted inside the decompression
+that the FullyConnected kernel fuses) or as ``offsets @ block_sums(x)`` added to the product, as
+llama.cpp computes these types (translate.OFFSETS says which, and why). Either differs from the
+file's values by float32 rounding only.
+
+5-bit and 6-bit values have no OpenVINO element type: they take one byte (still the file's integers
+with its scales). ``bits=8`` stores the 4-bit types one byte per value too (i8).
+
+F32 stays f32, F16 stays f16 (converted in the graph). Every other type (BF16, Q2_K, Q3_K, the IQ
+and TQ types, MXFP4, ...) is **converted at load** to float32 and recorded in
+:data:`CONVERTED` (type name -> why), which the device reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...core.graph.dtypes import DType, block_shape
+from ...core.graph.quants import dequantize
+
+# dtype name -> reason, for every type met that had no exact compressed form
+CONVERTED: dict[str, str] = {}
+
+COMPRESSED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+@dataclass(eq=False)
+class OvWeight:
+    """A weight ready to become OpenVINO constants.
+
+    kind "plain": ``data`` holds the values (float32 or float16) in the tensor's shape.
+    kind "compressed": ``data`` (rows, blocks, G) int8 values stored as ``element`` ("i4" or "i8"),
+    ``scale`` (rows, blocks, 1) float16/float32, ``offset`` None or (rows, blocks) float32:
+    value = scale * data + offset.
+    """
+
+    name: str
+    dtype: str                      # the GGUF type it came from
+    shape: tuple[int, ...]
+    kind: str
+    data: np.ndarray
+    element: str = ""
+    scale: np.ndarray | None = None
+    offset: np.ndarray | None = None
+    note: str = ""                  # set when converted at load
+    _constants: dict = field(default_factory=dict, repr=False)   # OpenVINO constants, made once
+
+    @property
+    def nbytes(self) -> int:
+        n = packed_nbytes(self.element, self.data.size) if self.kind == "compressed" else self.data.nbytes
+        for a in (self.scale, self.offset):
+            if a is not None:
+                n += a.nbytes
+        return n
+
+
+def packed_nbytes(element: str, count: int) -> int:
+    return (count + 1) // 2 if element == "i4" else count
+
+
+def _blocks(raw: np.ndarray, dtype: DType, shape) -> np.ndarray:
+    per, nbytes = block_shape(dtype)
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    flat = np.asarray(raw).reshape(-1)
+    want = rows * (shape[-1] // per) * nbytes
+    if shape[-1] % per or flat.size != want:
+        raise ValueError(f"{dtype.name} tensor of shape {list(shape)} needs {want} bytes "
+                         f"({shape[-1]} columns in blocks of {per}), got {flat.size}")
+    return flat.reshape(rows * (shape[-1] // per), nbytes)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _nibbles_split(qs: np.ndarray) -> np.ndarray:
+    """(n, 16) bytes -> (n, 32): low nibbles are elements 0..15, high nibbles 16..31 (Q4_0/Q4_1/Q5_x)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """(n, 4) bytes, little-endian u32 -> (n, 32) bits."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")
+
+
+def _k4_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = scales.reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """(q (n_groups, G) integers, scale (n_groups,), offset (n_groups,) or None, G): value = scale*q + offset."""
+    name = dtype.name
+    b = _blocks(raw, dtype, shape)
+    if name == "Q8_0":
+        return b[:, 2:].view(np.int8), _f16(b[:, :2])[:, 0], None, 32
+    if name == "Q4_0":
+        return _nibbles_split(b[:, 2:]).astype(np.int8) - 8, _f16(b[:, :2])[:, 0], None, 32
+    if name == "Q4_1":
+        return _nibbles_split(b[:, 4:]), _f16(b[:, :2])[:, 0], _f16(b[:, 2:4])[:, 0], 32
+    if name == "Q5_0":
+        q = _nibbles_split(b[:, 6:]) | (_high_bits(b[:, 2:6]) << 4)
+        return q.astype(np.int8) - 16, _f16(b[:, :2])[:, 0], None, 32
+    if name == "Q5_1":
+        q = _nibbles_split(b[:, 8:]) | (_high_bits(b[:, 4:8]) << 4)
+        return q, _f16(b[:, :2])[:, 0], _f16(b[:, 2:4])[:, 0], 32
+    if name in ("Q4_K", "Q5_K"):
+        n = b.shape[0]
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _k4_scales(b[:, 4:16])
+        if name == "Q4_K":
+            qs = b[:, 16:].reshape(n, 4, 1, 32)
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)
+        else:
+            qh = b[:, 16:48].reshape(n, 1, 32)
+            qs = b[:, 48:].reshape(n, 4, 1, 32)
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)
+            hi = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+            q = q | (hi << 4)
+        scale = (d * sc.astype(np.float32)).reshape(-1)
+        offset = -(dmin * mn.astype(np.float32)).reshape(-1)
+        return q.reshape(n * 8, 32), scale, offset, 32
+    if name == "Q6_K":
+        n = b.shape[0]
+        ql, qh = b[:, :128], b[:, 128:192]
+        sc = b[:, 192:208].view(np.int8).astype(np.float32)
+        d = _f16(b[:, 208:210])
+        lo = ql.reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+        lo = (lo & 0x0F).reshape(n, 8, 32)
+        hi = qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+        hi = (hi & 0x03).reshape(n, 8, 32)
+        q = (lo | (hi << 4)).astype(np.int8) - 32
+        return q.reshape(n * 16, 16), (d * sc).reshape(-1), None, 16
+    raise KeyError(name)
+
+
+MIDDLE = {"Q4_1": 8, "Q4_K": 8, "Q5_1": 16, "Q5_K": 16}
+
+
+def load(name: str, dtype: DType, shape, raw: np.ndarray, bits: int = 4) -> OvWeight:
+    """Repack a GGUF tensor's bytes (see the module docstring)."""
+    shape = tuple(int(s) for s in shape)
+    tname = dtype.name
+    if tname == "F32":
+        return OvWeight(name, tname, shape, "plain", np.array(np.asarray(raw).view(np.float32).reshape(shape)))
+    if tname == "F16":
+        return OvWeight(name, tname, shape, "plain", np.array(np.asarray(raw).view(np.float16).reshape(shape)))
+    if tname not in COMPRESSED_TYPES:
+        why = (f"{tname} has no exact compressed form in OpenVINO's weight-compression pattern: converted to "
+               f"float32 at load")
+        CONVERTED[tname] = why
+        return OvWeight(name, tname, shape, "plain", dequantize(np.asarray(raw), dtype, shape), note=why)
+    q, scale, offset, group = unpack(raw, dtype, shape)
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    blocks = shape[-1] // group
+    if offset is not None:          # value = scale * q + offset = scale * (q - mid) + (offset + mid * scale)
+        mid = MIDDLE[tname]
+        q = q.astype(np.int8) - np.int8(mid)
+        offset = (offset + np.float32(mid) * scale).astype(np.float32)
+    element = "i4" if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else "i8"
+    data = np.array(q.reshape(rows, blocks, group), dtype=np.int8)      # own, writeable
+    exact_f16 = tname in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # d is the file's f16 value
+    scale_arr = np.ascontiguousarray(scale.astype(np.float16 if exact_f16 else np.float32).reshape(rows, blocks, 1))
+    off_arr = None if offset is None else np.ascontiguousarray(offset.reshape(rows, blocks))
+    return OvWeight(name, tname, shape, "compressed", data, element=element, scale=scale_arr, offset=off_arr)
+
+
+def values(w: OvWeight) -> np.ndarray:
+    """float32 values of a loaded weight (for tests and for handing a weight to the host)."""
+    if w.kind == "plain":
+        return w.data.astype(np.float32).reshape(w.shape)
+    x = w.data.astype(np.float32) * w.scale.astype(np.float32)
+    if w.offset is not None:
+        x = x + w.offset[..., None]
+    return x.reshape(w.shape)
+
+
+def nbytes_for(dtype: DType, shape, bits: int = 4) -> int:
+    """Bytes :func:`load` will hold for a tensor of this type and shape (without loading it)."""
+    n = int(np.prod(shape))
+    tname = dtype.name
+    if tname == "F32":
+        return n * 4
+    if tname == "F16":
+        return n * 2
+    if tname not in COMPRESSED_TYPES:
+        return n * 4
+    group = 16 if tname == "Q6_K" else 32
+    blocks = n // group
+    data = n // 2 if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else n
+    scale = blocks * (2 if tname in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else 4)
+    offset = blocks * 4 if tname in MIDDLE else 0
+    return data + scale + offset

@@ -1,0 +1,422 @@
+"""The OpenVINO plugin (framework/plugins/openvino_npu) on openvino:CPU: real compiled models.
+
+Discovery (openvino:CPU available, openvino:NPU unavailable with the reason), NPU profiles applied
+as emulations, every op's translation against the CPU plugin's kernels, compressed weights, both
+models against llama.cpp's reference with and without the npu37xx profile, a mixed plan with the
+cpu device, the compiled-model count of a whole generation, the program budget at reservation,
+and OpenVINO's on-disk cache.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import load_model, reference, reference_text
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import quants as gguf_quants
+from reference_checks import assert_teacher_forced, assert_text_metrics
+
+from framework.contract import DeviceType, Verdict
+from framework.core.graph import (
+    F32,
+    I32,
+    GraphBuilder,
+    LeafKind,
+    Tensor,
+    leaf,
+)
+from framework.core.graph.quants import dequantize
+from framework.core.scheduler import (
+    CapabilityError,
+    DeviceRunError,
+    DeviceSelectionError,
+    Executor,
+    make_plan,
+)
+from framework.plugins.cpu.device import CpuDevice
+from framework.plugins.openvino_npu import weights as W
+from framework.plugins.openvino_npu.profiles import (
+    PROFILES,
+    UnknownProfileError,
+    profile_for_architecture,
+)
+from framework.runtime.session import Session
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_ops as T
+
+Q = GGMLQuantizationType
+NPU_CTX, NPU_BATCH = 512, 64          # the emulated NPU: fixed 64-token chunks over a fixed 512-row cache
+
+
+@pytest.fixture(scope="module")
+def ov_cpu(registry):
+    (dev,) = registry.select("openvino:CPU")
+    return dev
+
+
+@pytest.fixture(scope="module")
+def npu(ov_cpu):
+    return ov_cpu.with_options(profile="npu37xx")
+
+
+# ---------------------------------------------------------------------------------------------
+# devices and profiles
+# ---------------------------------------------------------------------------------------------
+
+def test_openvino_cpu_is_found_and_npu_is_unavailable_with_the_reason(registry):
+    by_name = {d.name: d for d in registry.devices()}
+    cpu = by_name["openvino:CPU"]
+    assert cpu.available and cpu.type == DeviceType.CPU and cpu.physical_id == "host-cpu"
+    assert cpu.weights_in_programs and cpu.emulation is None
+    assert "OpenVINO CPU" in cpu.description
+    npu = by_name["openvino:NPU"]
+    assert not npu.available and npu.type == DeviceType.NPU
+    assert "reports no NPU" in npu.unavailable_reason and "/dev/accel" in npu.unavailable_reason
+    with pytest.raises(DeviceSelectionError) as err:
+        registry.select("openvino:NPU")
+    assert "reports no NPU" in str(err.value)
+    with pytest.raises(DeviceSelectionError) as err:
+        registry.select("npu")
+    assert "openvino:NPU" in str(err.value) and "reports no NPU" in str(err.value)
+
+
+def test_profile_is_an_emulation_with_the_profile_limits(ov_cpu, npu):
+    assert npu.name == "openvino:CPU" and npu.emulation == "npu37xx"
+    assert npu.limits.max_live_programs == 255 and npu.limits.static_shapes
+    assert "EMULATION of npu37xx" in npu.describe()
+    assert ov_cpu.emulation is None and ov_cpu.limits.max_live_programs is None    # the original is untouched
+    gdn = Tensor(name="gdn-0", dtype=F32, shape=(4, 8), op="GATED_DELTA_NET", src=(leaf("x", F32, (4, 8), LeafKind.INPUT),))
+    verdict = npu.supports_op(gdn)
+    assert isinstance(verdict, Verdict) and not verdict and verdict.code == "refused_by_profile"
+    assert "npu37xx" in verdict.reason and "GatedDeltaNet" in verdict.reason
+    assert ov_cpu.supports_op(gdn).code == "unsupported_op"
+    assert ov_cpu.with_options(profile="npu40xx").emulation == "npu40xx"
+    with pytest.raises(UnknownProfileError, match="npu37xx"):
+        ov_cpu.with_options(profile="npu99")
+
+
+def test_real_npu_profile_comes_from_its_architecture():
+    assert profile_for_architecture("3720")[0] is PROFILES["npu37xx"]
+    assert profile_for_architecture("4000")[0] is PROFILES["npu40xx"]
+    prof, note = profile_for_architecture("5010")
+    assert prof is PROFILES["npu37xx"] and "not in the profile table" in note
+
+
+# ---------------------------------------------------------------------------------------------
+# ops: the CPU plugin's cases through make_plan / Executor on openvino:CPU
+# ---------------------------------------------------------------------------------------------
+
+def run_on(dev, b: GraphBuilder, outputs, inputs, weights=None):
+    graph = b.build(outputs)
+    plan = make_plan(graph, [dev])
+    assert all(plan.device_of(n) == dev.name for n in graph.nodes) and not plan.fallbacks
+    weights = weights or {}
+    ex = Executor([dev], lambda t: weights[t.name])
+    return ex.run(plan, inputs), ex
+
+
+@pytest.mark.parametrize("name", T.DEVICE_OPS)
+def test_op_matches_the_float64_reference(ov_cpu, name):
+    b, outputs, inputs, ref, tol = T._device_case(name, np.random.default_rng(1234))
+    (out,), ex = run_on(ov_cpu, b, outputs, inputs)
+    T.check(out, ref, tol)
+    assert ex.stats[ov_cpu.name]["compiles"] == 1
+
+
+def test_set_rows_writes_the_cache_in_place_and_attention_sees_the_new_rows(ov_cpu):
+    rng = np.random.default_rng(7)
+    t, s, hkv, h, d = 3, 8, 2, 4, 16
+    b = GraphBuilder()
+    ck, cv = (leaf(f"cache_{x}_l0", F32, (s + 4, hkv * d), LeafKind.CACHE) for x in "kv")
+    tq, tk, tv = b.input("q", F32, (t, h, d)), b.input("k", F32, (t, hkv * d)), b.input("v", F32, (t, hkv * d))
+    rows, mask = b.input("rows", I32, (t,)), b.input("mask", F32, (t, s))
+    kw, vw = b.set_rows(b.use(ck), tk, rows), b.set_rows(b.use(cv), tv, rows)
+    out = b.flash_attn_ext(tq, b.view(kw, (s, hkv, d)), b.view(vw, (s, hkv, d)), mask, 0.25)
+    graph = b.build([out])
+    old_k, old_v = T.f32(rng, s + 4, hkv * d), T.f32(rng, s + 4, hkv * d)
+    vals = {id(tq): T.f32(rng, t, h, d), id(tk): T.f32(rng, t, hkv * d), id(tv): T.f32(rng, t, hkv * d),
+            id(rows): np.array([3, 4, s + 1], dtype=np.int32),          # the last one: a scratch row past the view
+            id(mask): T.causal_mask(t, s, 3)}
+    results = {}
+    for dev in (ov_cpu, CpuDevice()):
+        ex = Executor([dev], lambda _: None)
+        plan = make_plan(graph, [dev])
+        ex.prepare(plan)
+        for c, old in ((ck, old_k), (cv, old_v)):
+            ex.caches[id(c)][1][...] = old
+        handle = ex.caches[id(ck)][1]
+        (res,) = ex.run(plan, vals)
+        if dev is ov_cpu:
+            assert ex.caches[id(ck)][1] is handle       # written in place: the same array, no copy
+        results[dev.name] = res, ex.caches[id(ck)][1].copy(), ex.caches[id(cv)][1].copy()
+    (a, ka, va), (c, kc, vc) = results["openvino:CPU"], results["cpu"]
+    np.testing.assert_array_equal(ka, kc)
+    np.testing.assert_array_equal(va, vc)
+    assert np.isfinite(a).all()
+    T.check(a, c.astype(np.float64), T.NMSE_MATMUL)
+
+
+QTYPES = [Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+# K-quants have no quantizer in gguf.quants: random blocks with finite f16 super-block scales at these offsets
+K_F16 = {Q.Q2_K: (80, 82), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def raw_weight(qtype, shape, seed=3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    values = T.f32(rng, *shape)
+    if qtype == Q.F32:
+        return values.view(np.uint8).reshape(-1)
+    if qtype in K_F16:
+        per, size = GGML_QUANT_SIZES[qtype]
+        n = values.size // per
+        blocks = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+        for off in K_F16[qtype]:
+            blocks[:, off:off + 2] = rng.uniform(0.001, 0.05, (n, 1)).astype(np.float16).view(np.uint8)
+        return blocks.reshape(-1)
+    return np.ascontiguousarray(gguf_quants.quantize(values, qtype)).view(np.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("qtype", QTYPES + [Q.Q2_K], ids=lambda q: q.name)
+def test_weights_repack_exactly(qtype):
+    raw = raw_weight(qtype, (4, 256))
+    ref = dequantize(raw.reshape(-1), qtype, (4, 256))
+    w = W.load("w", qtype, (4, 256), raw.reshape(-1), bits=4)
+    np.testing.assert_allclose(W.values(w), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+    assert w.nbytes == W.nbytes_for(qtype, (4, 256), 4)
+    if qtype.name in W.COMPRESSED_TYPES:
+        assert w.kind == "compressed"
+        assert w.element == ("i4" if qtype.name in ("Q4_0", "Q4_1", "Q4_K") else "i8")
+        assert w.nbytes < ref.nbytes / 2
+    elif qtype == Q.Q2_K:
+        assert w.kind == "plain" and "converted to float32 at load" in W.CONVERTED["Q2_K"]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
+    rng = np.random.default_rng(11)
+    raw = raw_weight(qtype, (64, 256), seed=11)
+    tw = leaf("blk.0.ffn_up.weight", qtype, (64, 256), LeafKind.WEIGHT)
+    b = GraphBuilder()
+    x = T.f32(rng, 3, 256)
+    tx = b.input("x", F32, x.shape)
+    (out,), ex = run_on(ov_cpu, b, [b.mul_mat(b.use(tw), tx)], {id(tx): x}, {tw.name: raw.reshape(-1)})
+    T.check(out, T.ref_mul_mat(dequantize(raw.reshape(-1), qtype, (64, 256)), x), T.NMSE_MATMUL)
+    (program,) = ex.programs.values()
+    kinds = {str(n.get_rt_info()["layerType"].astype(str)) for n in program.compiled.get_runtime_model().get_ops()}
+    assert "FullyConnected" in kinds                  # one fused kernel over the integer weights
+    consts = [str(n.get_rt_info()["outputPrecisions"].astype(str)) for n in program.compiled.get_runtime_model().get_ops()
+              if str(n.get_rt_info()["layerType"].astype(str)) == "Const"]
+    assert any(p in ("i4", "i8") for p in consts), consts
+
+
+# ---------------------------------------------------------------------------------------------
+# the two models against llama.cpp, with and without the npu37xx profile
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def ov_session(request, ov_cpu):
+    return request.param, Session(load_model(request.param), [ov_cpu], n_ctx=1024)
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def npu_session(request, npu):
+    return request.param, Session(load_model(request.param), [npu], n_ctx=NPU_CTX, n_batch=NPU_BATCH)
+
+
+def _last_logits(session, name):
+    ref, arrays = reference(name)
+    for p in ref["prompts"]:
+        session.reset()
+        logits = session.eval(p["ids"])
+        assert int(np.argmax(logits)) == p["greedy_ids"][0]
+        assert np.corrcoef(logits, arrays[p["last_logits_key"]])[0, 1] > 0.995, p["prompt"]
+
+
+def test_models_match_llama_cpp(ov_session):
+    name, session = ov_session
+    ref, arrays = reference(name)
+    _last_logits(session, name)
+    assert_teacher_forced(session, ref)
+    assert_text_metrics(session, ref, arrays, session.model.tokenizer, reference_text(ref))
+    plan = next(iter(session.plans.values()))[0]
+    assert len(plan.fragments) == 1 and plan.fragments[0].device == "openvino:CPU"   # the whole graph, one model
+
+
+def test_models_match_llama_cpp_under_npu37xx(npu_session):
+    name, session = npu_session
+    ref, arrays = reference(name)
+    _last_logits(session, name)
+    assert_teacher_forced(session, ref)
+    assert_text_metrics(session, ref, arrays, session.model.tokenizer, reference_text(ref))
+    shapes = {(p.graph.meta["n_tokens"], p.graph.meta["n_kv"]) for p, _ in session.plans.values()}
+    assert shapes <= {(NPU_BATCH, NPU_CTX), (1, NPU_CTX)}
+
+
+def test_decode_steps_equal_prefill(ov_session):
+    name, session = ov_session
+    p = reference(name)[0]["prompts"][0]
+    follow = p["greedy_ids"][:6]
+    session.reset()
+    whole = session.eval(p["ids"] + follow, all_logits=True)
+    session.reset()
+    session.eval(p["ids"])
+    caches = {k: h for k, (_, h) in session.executor.caches.items()}
+    for i, tok in enumerate(follow):
+        step = session.eval([tok])
+        np.testing.assert_allclose(step, whole[len(p["ids"]) + i], rtol=2e-3, atol=2e-3)
+    # the KV cache stayed where it was allocated: the same arrays, written in place, nothing copied
+    assert all(session.executor.caches[k][1] is h for k, h in caches.items())
+    assert session.executor.stats["openvino:CPU"]["bytes_copied"] == 0
+
+
+def test_a_whole_generation_needs_at_most_three_compiled_models_under_npu37xx(npu_session):
+    name, session = npu_session
+    ids = reference(name)[0]["prompts"][1]["ids"] * 8          # more than one 64-token chunk
+    generation = Session(session.model, session.devices, n_ctx=NPU_CTX, n_batch=NPU_BATCH)
+    reservation = generation.reserve(len(ids), 40)
+    assert reservation.programs["openvino:CPU"] <= 3
+    logits = generation.eval(ids)
+    for _ in range(39):
+        logits = generation.eval([int(np.argmax(logits))])
+    assert len(generation.executor.programs) <= 3
+    assert generation.executor.stats["openvino:CPU"]["compiles"] <= 3
+
+
+def test_mixed_plan_with_the_cpu_device_matches_llama_cpp(ov_cpu):
+    """openvino:CPU refuses GET_ROWS: the embedding lookup and the output-row selection run on cpu,
+    everything else on openvino:CPU, with copies between them."""
+    dev = ov_cpu.with_options(refuse={"GET_ROWS": "refused for this test"})
+    session = Session(load_model("smollm2"), [dev, CpuDevice()], n_ctx=256)
+    ref = reference("smollm2")[0]
+    assert_teacher_forced(session, ref)
+    plan = next(iter(session.plans.values()))[0]
+    assert {f.device for f in plan.fragments} == {"openvino:CPU", "cpu"} and plan.copies
+    assert all(p.device == "cpu" for n, p in plan.fallbacks if n.op == "GET_ROWS")
+
+
+def test_attention_on_cpu_reads_the_cache_openvino_writes(ov_cpu):
+    """FLASH_ATTN_EXT refused: every layer's attention reads, on cpu, the cache rows openvino:CPU wrote."""
+    model = load_model("gemma3")
+    dev = ov_cpu.with_options(refuse={"FLASH_ATTN_EXT": "refused for this test"})
+    mixed = Session(model, [dev, CpuDevice()], n_ctx=64, n_layers=2)
+    alone = Session(model, [CpuDevice()], n_ctx=64, n_layers=2)
+    ids = reference("gemma3")[0]["prompts"][1]["ids"]
+    np.testing.assert_allclose(mixed.eval(ids, all_logits=True), alone.eval(ids, all_logits=True), rtol=2e-3, atol=2e-3)
+    for tok in (5, 6):
+        np.testing.assert_allclose(mixed.eval([tok]), alone.eval([tok]), rtol=2e-3, atol=2e-3)
+    assert {n.op for n, _ in next(iter(mixed.plans.values()))[0].fallbacks} == {"FLASH_ATTN_EXT"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the program budget: counted at reservation, before anything is compiled
+# ---------------------------------------------------------------------------------------------
+
+def write_deep_llama(path: Path, n_layer: int, n_embd: int = 32, n_ff: int = 64, n_vocab: int = 64) -> Path:
+    """A small llama of many layers (float32 weights), to fragment past an NPU's budget."""
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(path), "llama")
+    for key, value in {"llama.embedding_length": n_embd, "llama.attention.head_count": 2,
+                       "llama.attention.head_count_kv": 1, "llama.block_count": n_layer,
+                       "llama.context_length": 256, "llama.feed_forward_length": n_ff, "llama.vocab_size": n_vocab}.items():
+        w.add_uint32(key, value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    hd = n_embd // 2
+
+    def t(name, *shape):
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    t("token_embd.weight", n_vocab, n_embd)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        t(p + "attn_q.weight", n_embd, n_embd)
+        t(p + "attn_k.weight", hd, n_embd)
+        t(p + "attn_v.weight", hd, n_embd)
+        t(p + "attn_output.weight", n_embd, n_embd)
+        t(p + "ffn_gate.weight", n_ff, n_embd)
+        t(p + "ffn_up.weight", n_ff, n_embd)
+        t(p + "ffn_down.weight", n_embd, n_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_fragmented_plan_fails_at_reservation_naming_count_and_budget(tmp_path, monkeypatch, ov_cpu):
+    """One op refused per layer (GLU) splits every layer's graph; with weights folded into programs
+    every fragment is its own compiled model. 140 layers need 2 x 141 = 282 > 255 for prefill and
+    decode: reservation says so, naming the count and the budget, and nothing is compiled."""
+    from framework.model.model import Model
+    monkeypatch.setenv("FRAMEWORK_CACHE", str(tmp_path / "index"))
+    model = Model(write_deep_llama(tmp_path / "deep.gguf", 140))
+    npu = ov_cpu.with_options(profile="npu37xx", refuse={"GLU": "refused for this test"})
+    session = Session(model, [npu, CpuDevice()], n_ctx=128, n_batch=16)
+    with pytest.raises(CapabilityError) as err:
+        session.reserve(20, 10)
+    e = err.value
+    assert e.code == "program_budget" and e.limit == "max_live_programs=255" and e.devices == ("openvino:CPU",)
+    assert "EMULATION of npu37xx" in str(e) and "allows 255" in str(e) and "need 282 distinct programs" in str(e)
+    assert npu.stats.compiled == npu.stats.from_cache == 0 and not session.executor.programs
+    # the unfragmented plan of the same model fits: one compiled model per phase
+    whole = Session(model, [ov_cpu.with_options(profile="npu37xx"), CpuDevice()], n_ctx=128, n_batch=16)
+    assert whole.reserve(20, 10).programs == {"openvino:CPU": 2}
+
+
+def test_real_model_fragmented_count_is_checked_against_the_budget(ov_cpu):
+    """SmolLM2 (30 layers) with GLU refused: the count (62) is known at reservation; below it, an error."""
+    model = load_model("smollm2")
+    fits = Session(model, [ov_cpu.with_options(profile="npu37xx", refuse={"GLU": "test"}), CpuDevice()], n_ctx=128,
+                   n_batch=16)
+    assert fits.reserve(20, 10).programs["openvino:CPU"] == 62
+    tight = ov_cpu.with_options(profile="npu37xx", refuse={"GLU": "test"}, max_live_programs=40)
+    with pytest.raises(CapabilityError) as err:
+        Session(model, [tight, CpuDevice()], n_ctx=128, n_batch=16).reserve(20, 10)
+    assert "allows 40" in str(err.value) and "need 62" in str(err.value)
+    assert tight.stats.compiled == 0
+
+
+def test_device_refuses_to_compile_past_its_budget(ov_cpu):
+    """The guard behind reservation: the budget+1-th live compiled model is an error that says so."""
+    dev = ov_cpu.with_options(profile="npu37xx", max_live_programs=2, cache_dir=None)
+    programs = []
+    for k in range(3):
+        b = GraphBuilder()
+        x = b.input("x", F32, (2, 4 + k))
+        plan = make_plan(b.build([b.scale(x, 2.0)]), [dev])
+        ex = Executor([dev], lambda _: None)
+        if k < 2:
+            ex.prepare(plan)
+            programs.append(ex)
+        else:
+            with pytest.raises(DeviceRunError, match="budget is 2"):
+                ex.prepare(plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenVINO's on-disk cache: a second run compiles nothing
+# ---------------------------------------------------------------------------------------------
+
+def test_second_run_compiles_nothing(tmp_path, ov_cpu):
+    model = load_model("smollm2")
+    ids = reference("smollm2")[0]["prompts"][0]["ids"]
+    outs = []
+    for run in range(2):
+        dev = ov_cpu.with_options(cache_dir=tmp_path / "ov-cache")      # a fresh device, as a new process has
+        session = Session(model, [dev], n_ctx=64, n_layers=3)
+        logits = session.eval(ids)
+        outs.append(session.eval([int(np.argmax(logits))]))
+        if run == 0:
+            assert dev.stats.compiled == 2 and dev.stats.from_cache == 0
+        else:
+            assert dev.stats.compiled == 0 and dev.stats.from_cache == 2
+            assert "this run compiled nothing" in dev.compile_summary()
+    np.testing.assert_array_equal(outs[0], outs[1])
