@@ -165,11 +165,15 @@ def _pass2_first_accepting(graph: Graph, devices: list[Device], placement: dict[
                 break
             refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
         else:
-            lines = "; ".join(f"{d} says {r}" for d, r in refusals.items())
-            raise CapabilityError(
-                "no_device_for_node", f"no device accepts node {n.describe()}: {lines}",
-                node=n.name, devices=tuple(refusals),
-                fix="add a device that supports this op to --backends (for example cpu at the end of the list)")
+            raise _no_device(n, refusals)
+
+
+def _no_device(n: Tensor, refusals: dict[str, str]) -> CapabilityError:
+    lines = "; ".join(f"{d} says {r}" for d, r in refusals.items())
+    return CapabilityError(
+        "no_device_for_node", f"no device accepts node {n.describe()}: {lines}", node=n.name,
+        devices=tuple(refusals),
+        fix="add a device that supports this op to --backends (for example cpu at the end of the list)")
 
 
 def _pass3_smooth(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
@@ -247,11 +251,7 @@ def _pass4_views_follow_memory(graph: Graph, devices: list[Device], placement: d
                     break
                 refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
             else:
-                lines = "; ".join(f"{d} says {r}" for d, r in refusals.items())
-                raise CapabilityError(
-                    "no_device_for_node", f"no device accepts node {n.describe()}: {lines}",
-                    node=n.name, devices=tuple(refusals),
-                    fix="add a device that supports this op to --backends (for example cpu at the end of the list)")
+                raise _no_device(n, refusals)
 
 
 def _copies(fragments: list[Fragment], device_of: dict[int, str]) -> list[Copy]:
