@@ -94,3 +94,22 @@ def test_bad_numbers_are_rejected_by_the_parser(capsys, value):
 def test_check_reserves_without_loading(capsys):
     code, out, _ = run_cli(capsys, "check", str(model_path("smollm2")), "--prompt-tokens", "16", "-n", "8")
     assert code == 0 and "nothing was loaded or compiled" in out and "decode[tokens=1,kv=256]" in out
+
+
+def test_ctrl_c_ends_cleanly_with_the_summary():
+    """SIGINT while tokens stream: generation stops, the summary is printed, exit status 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "framework.cli.main", "run", "Once upon a time", "-m",
+                             str(model_path("smollm2")), "-n", "400", "--ctx", "512"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.read(len("Once upon a time") + 3)        # the prompt, then generated text
+    assert first.startswith("Once upon a time")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "interrupted" in err and "decode" in err and "Traceback" not in err
