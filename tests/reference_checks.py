@@ -54,3 +54,16 @@ def assert_text_metrics(session, ref: dict, arrays: dict, tokenizer, text: str) 
     top1 = arrays[ref["text"]["top1_key"]]
     agreement = float(np.mean(result.top1[:len(top1)] == top1))
     assert agreement >= MIN_TOP1_AGREEMENT, f"top-1 agreement with llama.cpp {agreement:.3f} is under 0.94"
+
+
+def assert_decode_equals_prefill(session, ref: dict, n_follow: int, tol: float) -> None:
+    """Decoding llama.cpp's greedy tokens one at a time gives the logits one prefill of the whole
+    sequence gives (so the KV cache is written and read at the right rows)."""
+    p = ref["prompts"][0]
+    follow = p["greedy_ids"][:n_follow]
+    session.reset()
+    whole = session.eval(p["ids"] + follow, all_logits=True)
+    session.reset()
+    session.eval(p["ids"])
+    for i, tok in enumerate(follow):
+        np.testing.assert_allclose(session.eval([tok]), whole[len(p["ids"]) + i], rtol=tol, atol=tol)

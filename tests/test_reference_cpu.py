@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from conftest import MODELS, load_model, reference, reference_text
-from reference_checks import assert_teacher_forced, assert_text_metrics
+from reference_checks import assert_decode_equals_prefill, assert_teacher_forced, assert_text_metrics
 
 from framework.runtime.session import Session
 
@@ -49,15 +49,5 @@ def test_chunked_prefill_equals_one_chunk(case):
 
 
 def test_decode_steps_equal_prefill(case):
-    """Decoding llama.cpp's greedy tokens one at a time gives the logits that one prefill of the
-    whole sequence gives (so the KV cache is written and read at the right rows)."""
     name, _, session = case
-    p = reference(name)[0]["prompts"][0]
-    follow = p["greedy_ids"][:8]
-    session.reset()
-    whole = session.eval(p["ids"] + follow, all_logits=True)
-    session.reset()
-    session.eval(p["ids"])
-    for i, tok in enumerate(follow):
-        step = session.eval([tok])
-        np.testing.assert_allclose(step, whole[len(p["ids"]) + i], rtol=1e-3, atol=1e-3)
+    assert_decode_equals_prefill(session, reference(name)[0], n_follow=8, tol=1e-3)

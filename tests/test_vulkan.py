@@ -31,7 +31,7 @@ import os
 import numpy as np
 import pytest
 from conftest import load_model, reference, reference_text
-from reference_checks import assert_teacher_forced, assert_text_metrics
+from reference_checks import assert_decode_equals_prefill, assert_teacher_forced, assert_text_metrics
 
 from framework.contract import DeviceType, Verdict
 from framework.core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
@@ -305,15 +305,7 @@ def test_decode_steps_equal_prefill(case):
     name, _, session = case
     if name != "smollm2" and not FULL:
         pytest.skip("one model is enough on lavapipe (FRAMEWORK_VULKAN_FULL=1 runs both)")
-    p = reference(name)[0]["prompts"][0]
-    follow = p["greedy_ids"][:4]
-    session.reset()
-    whole = session.eval(p["ids"] + follow, all_logits=True)
-    session.reset()
-    session.eval(p["ids"])
-    for i, tok in enumerate(follow):
-        step = session.eval([tok])
-        np.testing.assert_allclose(step, whole[len(p["ids"]) + i], rtol=2e-3, atol=2e-3)
+    assert_decode_equals_prefill(session, reference(name)[0], n_follow=4, tol=2e-3)
 
 
 def test_mixed_plan_with_cpu(vk, variant, registry):

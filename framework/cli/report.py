@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from ..viz.record import human_bytes
+
 
 def placement_table(session) -> Table:
     """Per device: nodes and fragments in the prefill and decode plans, programs compiled, time, bytes copied."""
@@ -23,7 +25,7 @@ def placement_table(session) -> Table:
         pair = lambda key: " / ".join(str(use[ph][key]) if ph in use else "-" for ph in ("prefill", "decode"))
         st = stats.get(dev.name, {})
         table.add_row(label, pair("nodes"), pair("fragments"), str(st.get("compiles", 0)),
-                      f"{st.get('seconds', 0.0):.2f} s", _bytes(st.get("bytes_copied", 0)))
+                      f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0)))
     return table
 
 
@@ -39,10 +41,3 @@ def fallback_lines(session) -> list[str]:
             lines.append(f"fallback: {node.op} nodes (first: {node.name}) ran on {placement.device} ({why})")
     return lines
 
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
