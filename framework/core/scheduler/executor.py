@@ -27,6 +27,7 @@ class Executor:
         self.weights: dict[tuple[str, int], Any] = {}
         # pre-allocated tensors: id -> (device, handle); shared with another executor for a shared KV cache
         self.caches: dict[int, tuple[str, Any]] = caches if caches is not None else {}
+        self._prepared: dict[int, Plan] = {}    # holds the plans too, so an id is never reused
         self.programs: dict[tuple[str, str], Any] = {}
         self.stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0, "bytes_copied": 0, "compiles": 0})
         # (id(plan), fragment index) -> seconds and runs of that fragment (the view of a run shows them)
@@ -34,7 +35,10 @@ class Executor:
 
     # -- preparation ----------------------------------------------------------------------
     def prepare(self, plan: Plan, progress: Progress | None = None) -> None:
-        """Load every weight the plan reads onto its device, allocate caches, compile programs."""
+        """Load every weight the plan reads onto its device, allocate caches, compile programs.
+        Once per plan: every step calls it, and a decode step must not re-walk the plan's inputs."""
+        if self._prepared.get(id(plan)) is plan:
+            return
         todo = [(f.device, t) for f in plan.fragments for t in f.inputs
                 if t.is_leaf and t.kind == LeafKind.WEIGHT and (f.device, id(t)) not in self.weights]
         todo = list({(d, id(t)): (d, t) for d, t in todo}.values())
@@ -57,6 +61,7 @@ class Executor:
                 self.programs[key] = self._device_call(f.device, "compiling", f.describe(),
                                                        self.devices[f.device].compile, f)
                 self.stats[f.device]["compiles"] += 1
+        self._prepared[id(plan)] = plan
 
     # -- running --------------------------------------------------------------------------
     def run(self, plan: Plan, inputs: dict[int, np.ndarray]) -> list[np.ndarray]:
