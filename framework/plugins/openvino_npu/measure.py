@@ -4,6 +4,10 @@
     python -m framework.plugins.openvino_npu.measure cpu-time    # decode and prefill CPU time per token,
                                                                  # openvino:CPU and llama.cpp, 1 thread each
     python -m framework.plugins.openvino_npu.measure precision   # INFERENCE_PRECISION_HINT f32 / bf16 / f16
+    python -m framework.plugins.openvino_npu.measure rope        # the pair swap of rope: Gather against Roll
+    python -m framework.plugins.openvino_npu.measure floor       # a decode step's time per kernel kind, from
+                                                                 # OpenVINO's profiler, and the ceiling that
+                                                                 # the FullyConnected kernels alone leave
 
 CPU time (not wall time) on one thread is what other work on the machine disturbs least.
 Tokens per second against llama.cpp on two threads come from `framework bench --backends openvino:CPU`.
@@ -132,6 +136,87 @@ def precision() -> None:
         print(f"INFERENCE_PRECISION_HINT {hint}: decode {d * 1e3:.1f} ms, prefill {p * 1e3:.2f} ms CPU time per token")
 
 
+def rope(t: int = 1, h: int = 9, d: int = 64, layers: int = 60) -> None:
+    """The swap of each pair's members in rope (interleaved pairs), two ways, per (t, h, d) tensor."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from .translate import rope_partner
+
+    def i64(v):
+        return ops.constant(np.array(v, dtype=np.int64))
+
+    def swap(kind, y):
+        if kind == "gather":
+            return ops.gather(y, ops.constant(rope_partner("normal", d, d)), i64(2))
+        pairs = ops.roll(ops.reshape(y, i64([t, h, d // 2, 2]), False), i64([1]), i64([3]))
+        return ops.reshape(pairs, i64([t, h, d]), False)
+
+    core = ov.Core()
+    feeds = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in ((t, h, d), (t, 1, d), (t, 1, d))]
+    for kind in ("gather", "roll"):
+        x, c, s = (ops.parameter(list(a.shape), ov.Type.f32) for a in feeds)
+        y = x.output(0)
+        for _ in range(layers):
+            y = ops.add(ops.multiply(y, c), ops.multiply(swap(kind, y), s)).output(0)
+        req = core.compile_model(ov.Model([y], [x, c, s]), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+                                 ).create_infer_request()
+        for _ in range(5):
+            req.infer(feeds)
+        ts = sorted(_timed(req.infer, feeds) for _ in range(40))
+        print(f"{kind}: {ts[len(ts) // 2] / layers * 1e6:.1f} us per rope of ({t}, {h}, {d}) (median of 40)")
+
+
+def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
+    """Decode on openvino:CPU (2 threads, as `framework bench`) with OpenVINO's per-node profiler on:
+    milliseconds per token by kernel kind, and the tokens per second the FullyConnected kernels alone
+    would allow if everything else cost nothing."""
+    import collections
+
+    from ...model.default import default_model_path, smollm2_path
+    from ...model.model import Model
+    from ...runtime.session import Session
+    from .device import OpenVinoDevice, OvProgram
+
+    programs: list[OvProgram] = []
+
+    class Profiled(OpenVinoDevice):
+        def compile_config(self):
+            cfg = {**super().compile_config(), "PERF_COUNT": True}
+            cfg.pop("CACHE_DIR", None)          # a cached blob would come back without the profiler
+            return cfg
+
+        def compile(self, fragment):
+            program = super().compile(fragment)
+            programs.append(program)
+            return program
+
+    out = {}
+    for name in names:
+        model = Model({"smollm2": smollm2_path, "gemma3": default_model_path}[name]())
+        s = Session(model, [Profiled("CPU")], n_ctx=512)
+        logits = s.eval(_ids(name) * 2)                     # 256 tokens, as framework bench
+        for _ in range(3):
+            logits = s.eval([int(np.argmax(logits))])
+        decode = programs[-1]
+        per_kind: dict[str, float] = collections.defaultdict(float)
+        wall = time.perf_counter()
+        for _ in range(steps):
+            logits = s.eval([int(np.argmax(logits))])
+            for info in decode.request.get_profiling_info():
+                per_kind[info.node_type] += info.real_time.total_seconds() / steps
+        wall = (time.perf_counter() - wall) / steps
+        fc = sum(v for k, v in per_kind.items() if k.startswith("FullyConnected"))
+        kernels = sum(per_kind.values())
+        print(f"{name}: decode {wall * 1e3:.1f} ms a token ({1 / wall:.1f} tok/s); OpenVINO's kernels "
+              f"{kernels * 1e3:.1f} ms, of which FullyConnected {fc * 1e3:.1f} ms: the weight products alone allow "
+              f"at most {1 / fc:.1f} tok/s")
+        for kind, v in sorted(per_kind.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"    {kind:28s} {v * 1e3:6.2f} ms")
+        out[name] = {"wall_s": wall, "kernels_s": kernels, "fc_s": fc}
+    return out
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
-    {"fc": fc, "cpu-time": cpu_time, "precision": precision}[what]()
+    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "floor": floor}[what]()

@@ -347,21 +347,15 @@ class Translator:
     def op_rope(self, n):
         """out = x * C + swap(x) * S: C and S are the cos and (signed) sin of each dimension's pair (1 and
         0 past n_dims), swap exchanges a pair's members (interleaved pairs in mode "normal", halves in
-        mode "neox"): a Roll when every dimension rotates, else a permutation matrix. No slicing or
-        concatenation."""
+        mode "neox") with one Gather of each dimension's partner. (A Roll over (.., d/2, 2) did the same
+        through OpenVINO's reference kernel, about 10x slower; see measure.py rope.)"""
         x, pos = n.src
         n_dims, mode = n.params["n_dims"], n.params["mode"]
-        t, h, d = x.shape
+        d = x.shape[2]
         rope = (n_dims, n.params["freq_base"], n.params["freq_scale"], mode, d)
         cos, sin = self._rope_table(pos, rope)
         xv = self.out(x)
-        if n_dims == d and mode == "neox":
-            swapped = ops.roll(xv, _i64([d // 2]), _i64([2])).output(0)
-        elif n_dims == d:
-            swapped = _reshape(ops.roll(_reshape(xv, (t, h, d // 2, 2)), _i64([1]), _i64([3])), (t, h, d))
-        else:
-            swapped = _reshape(ops.matmul(_reshape(xv, (t * h, d)), _const(rope_swap(mode, n_dims, d)), False, False),
-                               (t, h, d))
+        swapped = ops.gather(xv, _const(rope_partner(mode, n_dims, d), np.int32), _i64(2)).output(0)
         return ops.add(ops.multiply(xv, cos), ops.multiply(swapped, sin)).output(0)
 
     def _rope_table(self, pos: Tensor, rope: tuple):
@@ -574,13 +568,12 @@ def _rope_pairs(mode: str, n_dims: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(half) * 2, np.arange(half) * 2 + 1
 
 
-def rope_swap(mode: str, n_dims: int, d: int) -> np.ndarray:
-    """P (d, d) with (x @ P)[a] = x[b] and (x @ P)[b] = x[a] for every pair (a, b); zero past n_dims."""
+def rope_partner(mode: str, n_dims: int, d: int) -> np.ndarray:
+    """(d,) int32: the index of each dimension's pair partner (itself past n_dims, where sin is 0)."""
     a, b = _rope_pairs(mode, n_dims)
-    r = np.zeros((d, d), dtype=np.float32)
-    r[b, a] = 1.0
-    r[a, b] = 1.0
-    return r
+    idx = np.arange(d, dtype=np.int32)
+    idx[a], idx[b] = b, a
+    return idx
 
 
 def _rope_spread(mode: str, n_dims: int, d: int) -> np.ndarray:
