@@ -158,6 +158,13 @@ class Device:
         (they are arguments of ``run``). A device that sets ``weights_in_programs`` may fold them in."""
         raise NotImplementedError
 
+    def live_programs(self) -> int:
+        """Compiled programs alive on this device's hardware now, in this process, whoever holds them.
+        Default 0. Reservation counts the ones other sessions hold against ``limits.max_live_programs``:
+        a budget such as an NPU driver's is per process, so a draft model's session and its target's
+        share it."""
+        return 0
+
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
         return f"{self.name} ({self.type.value}, {state})"

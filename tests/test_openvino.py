@@ -384,6 +384,36 @@ def test_real_model_fragmented_count_is_checked_against_the_budget(ov_cpu):
     assert tight.stats.compiled == 0
 
 
+def test_budget_counts_programs_other_sessions_hold(ov_cpu):
+    """The budget is per process: a second session on the same (emulated) NPU, say a draft model beside
+    its target, is refused at reservation while the first holds its programs, and fits once they are
+    freed."""
+    import gc
+    model = load_model("smollm2")
+    ids = reference("smollm2")[0]["prompts"][0]["ids"]
+
+    def session():
+        dev = ov_cpu.with_options(profile="npu37xx", max_live_programs=3, cache_dir=None)
+        return dev, Session(model, [dev], n_ctx=64, n_batch=16, n_layers=2)
+
+    dev_a, first = session()
+    first.eval(ids)
+    first.eval([5])
+    assert dev_a.live_programs() == 2 and first.executor.programs_per_device() == {"openvino:CPU": 2}
+    first.reserve(len(ids), 4)                  # its own programs are not counted twice
+    dev_b, second = session()
+    with pytest.raises(CapabilityError) as err:
+        second.reserve(len(ids), 4)
+    e = err.value
+    assert e.code == "program_budget" and e.limit == "max_live_programs=3"
+    assert "need 2 distinct programs" in str(e) and "other sessions of this process already hold 2" in str(e)
+    assert "close the other sessions" in e.fix and dev_b.stats.compiled == 0
+    del first
+    gc.collect()
+    assert dev_b.live_programs() == 0
+    assert second.reserve(len(ids), 4).programs == {"openvino:CPU": 2}
+
+
 def test_device_refuses_to_compile_past_its_budget(ov_cpu):
     """The guard behind reservation: the budget+1-th live compiled model is an error that says so."""
     dev = ov_cpu.with_options(profile="npu37xx", max_live_programs=2, cache_dir=None)

@@ -115,7 +115,8 @@ class Session:
         keys = self.shapes_for(n_prompt, n_predict, all_logits)
         phases = {_phase_name(k): self.plans[k][0] if k in self.plans else self._graph(k)[0] for k in keys}
         known = {_phase_name(k): p for k, (p, _) in self.plans.items() if _phase_name(k) not in phases}
-        result = reserve({**known, **phases}, self.devices, self.residence, self.strict)
+        result = reserve({**known, **phases}, self.devices, self.residence, self.strict,
+                         self.executor.programs_per_device())
         for k in keys:
             self.plans.setdefault(k, (result.plans[_phase_name(k)], self._graph(k)[1]))
         return result
@@ -126,7 +127,8 @@ class Session:
             graph, inp = self._graph(key)
             plan = make_plan(graph, self.devices, self.residence)
             known = {_phase_name(k): p for k, (p, _) in self.plans.items()}
-            reserve({**known, _phase_name(key): plan}, self.devices, self.residence, self.strict)
+            reserve({**known, _phase_name(key): plan}, self.devices, self.residence, self.strict,
+                    self.executor.programs_per_device())
             self.plans[key] = (plan, inp)
         plan, inp = self.plans[key]
         self.executor.prepare(plan, self.progress)

@@ -34,6 +34,13 @@ class Executor:
         self.fragment_stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0})
 
     # -- preparation ----------------------------------------------------------------------
+    def programs_per_device(self) -> dict[str, int]:
+        """Compiled programs this executor holds, per device."""
+        out: dict[str, int] = {}
+        for dev, _ in self.programs:
+            out[dev] = out.get(dev, 0) + 1
+        return out
+
     def prepare(self, plan: Plan, progress: Progress | None = None) -> None:
         """Load every weight the plan reads onto its device, allocate caches, compile programs.
         Once per plan: every step calls it, and a decode step must not re-walk the plan's inputs."""

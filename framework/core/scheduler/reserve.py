@@ -4,7 +4,8 @@ allocated or compiled. Either a Reservation comes back or a CapabilityError is r
 Checks, in order:
   1. every pre-allocated tensor is usable in place by every device that reads or writes it;
   2. with strict, no node runs on a device later than the first in the list;
-  3. the programs all phases need fit each device's live-program budget;
+  3. the programs all phases need, with those other sessions of the process hold on the same device,
+     fit each device's live-program budget;
   4. commands per submission fit each device's chain limit (plans cut submissions to fit);
   5. weights, caches and activations fit each device's memory.
 """
@@ -46,8 +47,10 @@ class Reservation:
 
 
 def reserve(phases: dict[str, Graph | Plan], devices: list[Device], residence: dict[int, Residence] | None = None,
-            strict: bool = False) -> Reservation:
-    """Plan (or re-check, for phases given as plans) every phase, then check the plans together."""
+            strict: bool = False, held: dict[str, int] | None = None) -> Reservation:
+    """Plan (or re-check, for phases given as plans) every phase, then check the plans together.
+    ``held``: programs the caller already holds per device (counted in the plans, not again among
+    the device's live programs)."""
     residence = residence or {}
     by_name = {d.name: d for d in devices}
     plans = {}
@@ -57,7 +60,7 @@ def reserve(phases: dict[str, Graph | Plan], devices: list[Device], residence: d
         if strict:
             check_strict(plan, phase)
         plans[phase] = plan
-    programs = check_program_budget(plans, by_name)
+    programs = check_program_budget(plans, by_name, held or {})
     memory = check_memory(plans, by_name, residence)
     return Reservation(plans=plans, programs=programs, memory=memory)
 
@@ -107,8 +110,10 @@ def check_strict(plan: Plan, phase: str) -> None:
         fix=f"drop --strict to let them fall back, or use a device that supports them instead of {first}")
 
 
-def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device]) -> dict[str, int]:
-    """3. Distinct programs per device over every phase, against its live-program budget."""
+def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
+                         held: dict[str, int] | None = None) -> dict[str, int]:
+    """3. Distinct programs per device over every phase, plus those other sessions hold on it, against
+    its live-program budget."""
     needed: dict[str, set[str]] = {}
     per_phase: dict[str, dict[str, int]] = {}
     for phase, plan in plans.items():
@@ -118,15 +123,23 @@ def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device]) -> 
             per_phase[dev][phase] += 1
     for dev, structures in needed.items():
         budget = by_name[dev].limits.max_live_programs
-        if budget is not None and len(structures) > budget:
-            detail = ", ".join(f"{ph}: {n}" for ph, n in per_phase[dev].items())
-            emu = f" (EMULATION of {by_name[dev].emulation})" if by_name[dev].emulation else ""
-            raise CapabilityError(
-                "program_budget", f"device {dev}{emu} allows {budget} live compiled programs, but the plans need "
-                f"{len(structures)} distinct programs ({detail})", devices=(dev,),
-                limit=f"max_live_programs={budget}",
-                fix=f"at most {budget} fit: let {dev} take whole fragments (remove what splits them, e.g. an op it "
-                    f"refuses between layers), or put another device before it in --backends")
+        if budget is None:
+            continue
+        others = max(0, by_name[dev].live_programs() - (held or {}).get(dev, 0))
+        if len(structures) + others <= budget:
+            continue
+        detail = ", ".join(f"{ph}: {n}" for ph, n in per_phase[dev].items())
+        emu = f" (EMULATION of {by_name[dev].emulation})" if by_name[dev].emulation else ""
+        live = (f", and other sessions of this process already hold {others} live programs on it"
+                if others else "")
+        raise CapabilityError(
+            "program_budget", f"device {dev}{emu} allows {budget} live compiled programs, but the plans need "
+            f"{len(structures)} distinct programs ({detail}){live}", devices=(dev,),
+            limit=f"max_live_programs={budget}",
+            fix=(f"close the other sessions on {dev} first (their programs are freed with them), or give this "
+                 f"one another device" if others and len(structures) <= budget else
+                 f"at most {budget} fit: let {dev} take whole fragments (remove what splits them, e.g. an op it "
+                 f"refuses between layers), or put another device before it in --backends"))
     return {dev: len(s) for dev, s in needed.items()}
 
 

@@ -59,6 +59,9 @@ def default_cache_dir() -> Path | None:
 
 _CORE = None
 _CORE_LOCK = threading.Lock()
+# compiled models alive per OpenVINO device (hardware, and the profile it emulates if any), over every
+# OpenVinoDevice object and session of the process: an NPU driver's budget is per process
+_LIVE: dict[tuple[str, str | None], int] = {}
 
 
 def core():
@@ -217,6 +220,13 @@ class OpenVinoDevice(Device):
             table = self._rope_cache[key] = rope_table(pos, rope)
         return table
 
+    def live_programs(self) -> int:
+        return _LIVE.get(self._live_key, 0)
+
+    @property
+    def _live_key(self) -> tuple[str, str | None]:
+        return (self.ov_name, self.emulation)
+
     def compile_summary(self) -> str:
         s = self.stats
         where = f"on-disk cache {self.cache_dir}" if self.cache_dir else "on-disk cache off"
@@ -247,10 +257,10 @@ class OvProgram:
     def build(self, weights: dict[int, W.OvWeight]) -> None:
         dev = self.device
         budget = dev.limits.max_live_programs
-        if budget is not None and dev.stats.live >= budget:
+        if budget is not None and dev.live_programs() >= budget:
             emu = f" (EMULATION of {dev.emulation})" if dev.emulation else ""
-            raise RuntimeError(f"{dev.name}{emu} already holds {dev.stats.live} live compiled models, its budget "
-                               f"is {budget}: reservation should have refused this plan")
+            raise RuntimeError(f"{dev.name}{emu} already holds {dev.live_programs()} live compiled models in this "
+                               f"process, its budget is {budget}: reservation should have refused this plan")
         t0 = time.perf_counter()
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
@@ -271,7 +281,8 @@ class OvProgram:
         else:
             st.compiled += 1
         st.live += 1
-        weakref.finalize(self, _dead, weakref.ref(dev))
+        _LIVE[dev._live_key] = _LIVE.get(dev._live_key, 0) + 1
+        weakref.finalize(self, _dead, weakref.ref(dev), dev._live_key)
         self.compiled = compiled
         self.request = compiled.create_infer_request()
         self.translation.model = None       # the compiled model keeps what it needs
@@ -333,7 +344,8 @@ def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
             pass
 
 
-def _dead(dev_ref) -> None:
+def _dead(dev_ref, live_key: tuple) -> None:
+    _LIVE[live_key] -= 1
     dev = dev_ref()
     if dev is not None:
         dev.stats.live -= 1
