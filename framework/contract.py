@@ -170,6 +170,18 @@ class Device:
         return f"{self.name} ({self.type.value}, {state})"
 
 
+class UnknownProfileError(ValueError):
+    """A device profile name that a plugin's profile table does not hold."""
+
+
+def lookup_profile(profiles: dict[str, Any], name: str, what: str = "device profile") -> Any:
+    """``profiles[name]``, or an error that lists every known name (never a guess)."""
+    try:
+        return profiles[name]
+    except KeyError:
+        raise UnknownProfileError(f"unknown {what} '{name}'; known: {', '.join(profiles)}") from None
+
+
 class BackendSpec:
     """Hook specifications. A plugin implements some of them with ``@hookimpl``."""
 

@@ -75,8 +75,11 @@ class Architecture:
         for name in self.weight_names():
             self.weight(name)
 
+    layer_weights: tuple[str, ...] = ()     # each layer's weights: blk.{il}.{name}.weight
+
     def weight_names(self) -> list[str]:
-        raise NotImplementedError
+        names = ["token_embd.weight", "output_norm.weight"]
+        return names + [f"blk.{il}.{w}.weight" for il in range(self.hp.n_layer) for w in self.layer_weights]
 
     def make_inputs(self, b: GraphBuilder, n_tokens: int, n_kv: int, n_out: int | None) -> StepInputs:
         swa = b.input("kq_mask_swa", F32, (n_tokens, n_kv)) if any(self.hp.swa_layers) else None

@@ -19,14 +19,10 @@ LAYER_WEIGHTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn
 
 class Gemma3(Architecture):
     name = "gemma3"
+    layer_weights = LAYER_WEIGHTS
     rope_mode = "neox"
     swa_pattern = 6             # layers 5, 11, 17, ... are global
     rope_base_swa = 10000.0     # llama.cpp's rope_freq_base_train_swa for gemma3
-
-    def weight_names(self) -> list[str]:
-        names = ["token_embd.weight", "output_norm.weight"]
-        names += [f"blk.{il}.{w}.weight" for il in range(self.hp.n_layer) for w in LAYER_WEIGHTS]
-        return names
 
     def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
         hp = self.hp

@@ -13,12 +13,8 @@ LAYER_WEIGHTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_
 
 class Llama(Architecture):
     name = "llama"
+    layer_weights = LAYER_WEIGHTS
     rope_mode = "normal"
-
-    def weight_names(self) -> list[str]:
-        names = ["token_embd.weight", "output_norm.weight"]
-        names += [f"blk.{il}.{w}.weight" for il in range(self.hp.n_layer) for w in LAYER_WEIGHTS]
-        return names
 
     def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
         hp = self.hp

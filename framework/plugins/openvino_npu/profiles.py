@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...contract import Limits
+from ...contract import Limits, UnknownProfileError, lookup_profile  # noqa: F401 (UnknownProfileError: re-exported)
 
 NPU_PROGRAM_BUDGET = 255
 
@@ -48,15 +48,8 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-class UnknownProfileError(ValueError):
-    pass
-
-
 def get_profile(name: str) -> Profile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise UnknownProfileError(f"unknown device profile '{name}'; known: {', '.join(PROFILES)}") from None
+    return lookup_profile(PROFILES, name, "device profile")
 
 
 def profile_for_architecture(arch: str) -> tuple[Profile, str]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...contract import lookup_profile
+
 XRT_RUNLIST_CHAIN = 24
 
 
@@ -47,15 +49,8 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-class UnknownProfileError(ValueError):
-    pass
-
-
 def get_profile(name: str) -> Profile:
-    try:
-        return PROFILES[name]
-    except KeyError:
-        raise UnknownProfileError(f"unknown xdna profile '{name}'; known: {', '.join(PROFILES)}") from None
+    return lookup_profile(PROFILES, name, "xdna profile")
 
 
 def profile_for_pci(device_id: int | None, revision: int | None) -> tuple[Profile, str]:
