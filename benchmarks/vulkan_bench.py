@@ -4,7 +4,8 @@ runs it on the nvidia-h200 machine). Prints, in one run:
 * the adapter (name, type, backend, binding limit);
 * a device-to-device copy through PyTorch (bytes read + written per second): the bandwidth ceiling;
 * each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; about 0.5 GB of weights):
-  weight bytes read per second, and that as a share of the copy's figure;
+  weight bytes read per second, over wall time of back-to-back runs and over GPU timestamps, and
+  those as shares of the copy's figure; --variants compares kernel shapes (FRAMEWORK_VULKAN_MATVEC);
 * the tiled matrix-matrix kernel's rate on a prefill-sized product;
 * both model architectures at their real sizes and tensor types, random weights (GGUF files written
   here from benchmarks/vulkan_models.json), through the framework's Session on vulkan:0: prefill of
@@ -125,29 +126,51 @@ def program_for(dev, graph, weight_bytes):
     return plan, ex, frag, prog
 
 
-def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int = 1) -> dict:
+def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int = 1,
+                     variants: tuple[str, ...] = ("",)) -> list[dict]:
+    """Weight bytes read per second by one MUL_MAT of a (n, 4096) weight and m rows of x, for each
+    kernel variant (a FRAMEWORK_VULKAN_MATVEC setting; "" = the plugin's own choice): wall time over
+    `reps` back-to-back runs, and the GPU time of the kernel from timestamps where the adapter has them."""
+    import gc
+
     from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
+    from framework.plugins.vulkan.program import MATVEC_ENV
     k = 4096
     per, size = GGML_QUANT_SIZES[Q[qtype]]
     row = k // per * size
     n = max(64, target_bytes // row // 64 * 64)
     raw = random_raw(rng, qtype, (n, k))
-    b = GraphBuilder()
-    wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
-    x = b.input("x", F32, (m, k))
-    y = b.mul_mat(b.use(wt), x)
-    _plan, ex, _frag, prog = program_for(dev, b.build([y]), lambda t: raw)
-    args = [ex.weights[(dev.name, id(wt))], dev.from_host(rng.standard_normal((m, k)).astype(np.float32))]
-    prog.run(args)
-    wait(dev)
-    t0 = time.perf_counter()
-    for _ in range(reps):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out = []
+    for var in variants:
+        os.environ[MATVEC_ENV] = var
+        b = GraphBuilder()
+        wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
+        y = b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))
+        _plan, ex, _frag, prog = program_for(dev, b.build([y]), lambda t: raw)
+        args = [ex.weights[(dev.name, id(wt))], dev.from_host(x)]
         prog.run(args)
-    wait(dev)
-    dt = (time.perf_counter() - t0) / reps
-    return {"type": qtype, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes), "seconds": dt,
-            "read_GBps": raw.nbytes / dt / 1e9, "TFLOPs": 2 * n * k * m / dt / 1e12,
-            "kernel": next(s.name.split(" ")[0] for s in prog.steps)}
+        wait(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            prog.run(args)
+        wait(dev)
+        dt = (time.perf_counter() - t0) / reps
+        gpu_s = None
+        if dev.timestamps:
+            dev.profile = {}
+            for _ in range(5):
+                prog.run(args)
+            prof, dev.profile = dev.profile, None
+            gpu_s = sum(v[0] for v in prof.values()) / 5
+        out.append({"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes),
+                    "seconds": dt, "read_GBps": raw.nbytes / dt / 1e9, "TFLOPs": 2 * n * k * m / dt / 1e12,
+                    "gpu_seconds": gpu_s, "gpu_read_GBps": raw.nbytes / gpu_s / 1e9 if gpu_s else None,
+                    "kernel": " + ".join(s.name.split(" ")[0] for s in prog.steps)})
+        del ex, prog, args
+        gc.collect()
+    os.environ.pop(MATVEC_ENV, None)
+    return out
 
 
 def model_speed(dev, model, n_prompt: int, n_decode: int, rng) -> dict:
@@ -405,6 +428,9 @@ def main() -> None:
     ap.add_argument("--allow-cpu-adapter", action="store_true")
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--skip-matvec", action="store_true")
+    ap.add_argument("--matvec-only", action="store_true", help="only the copy and the matrix kernels")
+    ap.add_argument("--variants", default="", help="';'-separated FRAMEWORK_VULKAN_MATVEC settings to compare")
+    ap.add_argument("--expect-adapter", default="NVIDIA", help="refuse an adapter whose name lacks this")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     work = Path(args.work)
@@ -416,11 +442,16 @@ def main() -> None:
     dev = vulkan_device()
     result["adapter"] = dev.data
     log(f"adapter: {dev.data['adapter']} ({dev.data['adapter_type']}, backend {dev.data['backend']}, driver "
-        f"{dev.data['driver']}), storage bindings up to {dev.max_binding / 2**30:.2f} GiB, f16 {dev.f16}")
+        f"{dev.data['driver']}), storage bindings up to {dev.max_binding / 2**30:.2f} GiB, "
+        f"subgroups {dev.subgroups} (sizes {dev.data['subgroup_size']})")
+    if dev.data["backend"] != "Vulkan":
+        raise SystemExit(f"the adapter's backend is {dev.data['backend']}, not Vulkan")
     if dev.cpu_adapter and not args.allow_cpu_adapter:
         raise SystemExit("the adapter is a CPU (software) one: its timings are not GPU figures")
+    if not dev.cpu_adapter and args.expect_adapter.lower() not in str(dev.data["adapter"]).lower():
+        raise SystemExit(f"the adapter is {dev.data['adapter']!r}, not the expected {args.expect_adapter!r} GPU")
 
-    if not args.skip_check:
+    if not args.skip_check and not args.matvec_only:
         t0 = time.perf_counter()
         result["conformance"] = conformance(dev)
         log(f"conformance on {dev.name}: {result['conformance']} ({time.perf_counter() - t0:.0f} s)")
@@ -432,19 +463,25 @@ def main() -> None:
     result["copy_GBps"] = copy
 
     result["matvec"] = []
+    variants = tuple(args.variants.split(";")) if args.variants else ("",)
     for qt in () if args.skip_matvec else ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
-        r = matvec_bandwidth(dev, qt, args.matvec_bytes, rng, args.reps)
-        share = f", {r['read_GBps'] / copy:.0%} of the copy" if copy else ""
-        log(f"matvec {qt}: {r['rows']}x{r['cols']} ({r['weight_bytes'] / 2**20:.0f} MiB) {r['seconds'] * 1e6:.0f} us, "
-            f"read {r['read_GBps']:.0f} GB/s{share}  [{r['kernel']}]")
-        r["share_of_copy"] = r["read_GBps"] / copy if copy else None
-        result["matvec"].append(r)
+        for r in matvec_bandwidth(dev, qt, args.matvec_bytes, rng, args.reps, variants=variants):
+            share = f", {r['read_GBps'] / copy:.0%} of the copy" if copy else ""
+            gpu = (f"; GPU time {r['gpu_seconds'] * 1e6:.0f} us, {r['gpu_read_GBps']:.0f} GB/s"
+                   + (f", {r['gpu_read_GBps'] / copy:.0%}" if copy else "")) if r["gpu_seconds"] else ""
+            log(f"matvec {qt}{' [' + r['variant'] + ']' if r['variant'] else ''}: {r['rows']}x{r['cols']} "
+                f"({r['weight_bytes'] / 2**20:.0f} MiB) {r['seconds'] * 1e6:.0f} us, read {r['read_GBps']:.0f} GB/s"
+                f"{share}{gpu}  [{r['kernel']}]")
+            r["share_of_copy"] = r["read_GBps"] / copy if copy else None
+            result["matvec"].append(r)
     result["matmul"] = []
     for qt in () if args.skip_matvec else ("Q8_0", "Q4_K"):
-        r = matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256)
+        (r,) = matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256)
         log(f"tiled matmul {qt}: {r['rows']}x{r['cols']} by 256 rows: {r['seconds'] * 1e3:.2f} ms, "
             f"{r['TFLOPs']:.1f} TFLOP/s  [{r['kernel']}]")
         result["matmul"].append(r)
+    if args.matvec_only:
+        args.models = ""
 
     from framework.model.model import Model
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())

@@ -202,6 +202,22 @@ def test_cooperative_matvec_and_f32_kernels(variant):
         assert all(_check_case(variant, c) == "ok" for c in long_attention)
 
 
+@pytest.mark.parametrize("shape", ["x8=1", "x8=1,r=8", "x8=1,tpr=4,sg=1,r=2", "x8=0,r=4", "x8=0,tpr=4,sg=1"])
+def test_matvec_shapes(variant, monkeypatch, shape):
+    """Every shape of the matrix-vector kernel (FRAMEWORK_VULKAN_MATVEC): x in 8 bits (integer dot
+    products) or f32, several weight rows per thread, sums through subgroup shuffles (a team of 4
+    threads fits in lavapipe's subgroups) or workgroup memory; 1 to 8 rows of x."""
+    from functools import partial
+
+    from framework.conformance.cases import Case, Q, mul_mat_weight
+    monkeypatch.setenv("FRAMEWORK_VULKAN_MATVEC", shape)
+    variant.cpu_adapter = False
+    for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K):
+        for m in (1, 2, 5):
+            assert _check_case(variant, Case(f"matvec-{shape}-{q.name}-{m}", "MUL_MAT",
+                                             partial(mul_mat_weight, qtype=q, n=70, k=512, m=m))) == "ok"
+
+
 def test_weights_split_across_bindings(variant):
     """A weight larger than one storage binding is split into chunks of rows, not refused."""
     from functools import partial

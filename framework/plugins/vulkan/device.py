@@ -19,7 +19,8 @@ OPS = frozenset({"GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "
 VIEWS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
-F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": no f16 arithmetic even where the adapter has it
+F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": do not request shader-f16 (no kernel uses f16 now)
+SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # "0": no subgroup operations even where the adapter has them
 MAX_ATTN_HEAD = 256
 UNIFORM_STRIDE = 256      # bytes between two steps' parameter blocks (wgpu's uniform offset alignment)
 
@@ -119,6 +120,11 @@ class VulkanDevice(Device):
         # a software (CPU) adapter runs barrier-free register-tiled kernels far better than cooperative ones
         self.cpu_adapter = self.type == DeviceType.CPU
         self.f16 = "shader-f16" in feats and os.environ.get(F16_ENV, "1") != "0"
+        # subgroup shuffles reduce the matrix-vector kernel's sums where a team fits in the smallest subgroup
+        self.subgroups = "subgroup" in feats and os.environ.get(SUBGROUPS_ENV, "1") != "0"
+        # wgpu 0.32 reports the API's bounds (4..128), not the GPU's; NVIDIA's subgroups are always 32 wide
+        self.subgroup_min = 32 if info.get("vendor_id") == 0x10DE else int(
+            info.get("subgroup_min_size", info.get("stackgroup_min_size")) or 0)
         self.max_binding = int(min(alim.get("max-storage-buffer-binding-size", 1 << 27),
                                    alim.get("max-buffer-size", 1 << 28)))
         self.max_buffer = int(alim.get("max-buffer-size", 1 << 28))
@@ -137,7 +143,7 @@ class VulkanDevice(Device):
             "max_compute_workgroup_storage_size": alim.get("max-compute-workgroup-storage-size"),
             "max_compute_workgroups_per_dimension": alim.get("max-compute-workgroups-per-dimension"),
             "shader_f16": "shader-f16" in feats, "f16_in_use": self.f16,
-            "subgroups": "subgroup" in feats,
+            "subgroups": "subgroup" in feats, "subgroups_in_use": self.subgroups,
             "subgroup_size": (info.get("subgroup_min_size", info.get("stackgroup_min_size")),
                               info.get("subgroup_max_size", info.get("stackgroup_max_size"))),
         }
@@ -171,6 +177,8 @@ class VulkanDevice(Device):
                     feats = ["shader-f16"] if self.f16 else []
                     if self.timestamps:
                         feats.append("timestamp-query")
+                    if "subgroup" in self.adapter.features:
+                        feats.append("subgroup")
                     alim = dict(self.adapter.limits)
                     want = {k: alim[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                                  "max-storage-buffers-per-shader-stage",

@@ -15,6 +15,7 @@ Fusions: RMS_NORM followed by its only reader, a MUL by a gain vector, is one di
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,9 +37,30 @@ MATVEC_MAX_ROWS = 8
 GPU_THREADS = 32768       # threads a GPU's tiled product should have at least (else smaller tiles)
 SPLIT_ATTN_BELOW = 64     # query rows x heads under which attention splits its keys across workgroups
 MATVEC_ROWS = {1: 4, 2: 2, 4: 1, 8: 1}   # weight rows per thread, by rows of x: each x group used that often
+MATVEC_MIN_WORKGROUPS = 256               # ... fewer where a matrix would make fewer workgroups (2 an SM on an H200)
+MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits: below it the extra dispatch costs more than it saves
+MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"   # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
 UNARY_CODE = {"gelu": 1, "silu": 2, "tanh": 3}
 GLU_CODE = {"geglu": 1, "swiglu": 2}
 BG_CACHE = 64             # bind groups kept per step (a program shared by fragments with other weights)
+
+
+def matvec_shape(dev, gpr: int, mm: int, rows: int = 1 << 30, nbytes: int = 1 << 40) -> dict:
+    """The cooperative matrix-vector kernel's shape: threads per row (a power of two, at most 32 and at
+    most the row's groups), weight rows per thread (each x group is used that often), workgroup size,
+    and whether a team's sums meet by subgroup shuffles: where the adapter has subgroups and a team
+    fits in its smallest subgroup (NVIDIA: 32), else in workgroup memory; x8: x in 8 bits (QUANT_X),
+    integer dot products (the kernel is otherwise bound by decoding and multiplying in f32)."""
+    tpr = min(32, 1 << max(0, gpr.bit_length() - 1))
+    r = MATVEC_ROWS[mm]
+    while r > 1 and rows < r * (256 // tpr) * MATVEC_MIN_WORKGROUPS:   # a small matrix: more workgroups
+        r //= 2
+    shape = {"tpr": tpr, "r": r, "wg": 256, "sg": int(dev.subgroups and tpr <= dev.subgroup_min),
+             "x8": int(nbytes >= MATVEC_X8_BYTES)}
+    for item in filter(None, os.environ.get(MATVEC_ENV, "").split(",")):
+        k, v = item.split("=")
+        shape[k.strip()] = int(v)
+    return shape
 
 
 def tile_for(m: int, n: int = 1 << 30, gpu: bool = False) -> tuple[int, int]:
@@ -181,6 +203,7 @@ class VkProgram:
         self.ropes: list[tuple] = []      # (pos arg, n_dims, base, scale, T)
         self.written_args: set[int] = set()
         self.align4: set[int] = set()     # arguments read as vec4
+        self.xq: dict[tuple, Ref] = {}    # computed x -> its 8-bit form (QUANT_X), made once
         self._chunks: dict[int, list] = {}
         nodes = fragment.nodes
         readers: dict[int, list[Tensor]] = {}
@@ -403,8 +426,7 @@ class VkProgram:
                           (False, False, True), [("chunk", arg, ci), ("ref", rr), ("ref", o)],
                           {8: w, 9: t, 10: row0, 11: nrows}, -(-(w * t) // 256))
             else:
-                # f32 arithmetic: a lookup must give the file's values exactly (GET_ROWS has no slack)
-                self.emit(f"GET_ROWS {n.name}", ("get_rows_q", qt), lambda qt=qt: wgsl.get_rows_q(qt, False),
+                self.emit(f"GET_ROWS {n.name}", ("get_rows_q", qt), lambda qt=qt: wgsl.get_rows_q(qt),
                           (False, False, True), [("chunk", arg, ci), ("ref", rr), ("ref", o)],
                           {8: w, 9: t, 10: row0, 11: nrows, 12: w // 32, 13: ("moff", arg, ci)},
                           -(-(w // 8 * t) // 256))
@@ -454,24 +476,41 @@ class VkProgram:
         m = b_rows = n.nelements // nrows
         gpr = k // 32
         arg = self.arg_of(a)
-        f16 = self.dev.f16
         for ci, (row0, rows) in enumerate(self.chunks(a)):
             params = {8: rows, 9: k, 10: b_rows, 11: gpr, 12: ("moff", arg, ci), 13: nrows, 14: row0}
             binds = [("chunk", arg, ci), ("ref", br), ("ref", o)]
             if m <= MATVEC_MAX_ROWS and not self.dev.cpu_adapter:
-                tpr = min(32, 1 << max(0, gpr.bit_length() - 1))
                 mm = next(x for x in (1, 2, 4, 8) if x >= m)
-                r = MATVEC_ROWS[mm]
-                self.emit(f"MUL_MAT[matvec] {n.name}", ("matvec", qt, tpr, mm, f16, r),
-                          lambda qt=qt, tpr=tpr, mm=mm, f16=f16, r=r: wgsl.matvec(qt, tpr, mm, f16, r),
-                          (False, False, True), binds, params, -(-rows // (256 // tpr * r)))
+                sh = matvec_shape(self.dev, gpr, mm, rows, rows * quant.row_bytes(qt, k))
+                if sh["x8"]:
+                    binds[1] = ("ref", self._quant_x(br, b_rows, k))
+                key = ("matvec", qt, mm, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
+                self.emit(f"MUL_MAT[matvec] {n.name}", key,
+                          lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
+                                                                  bool(sh["x8"])),
+                          (False, False, True), binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
             else:
                 bm, bn = tile_for(m, rows, not self.dev.cpu_adapter)
                 nbn = -(-rows // bn)
                 params[15] = nbn
-                self.emit(f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, f16, bm, bn),
-                          lambda qt=qt, f16=f16, bm=bm, bn=bn: wgsl.matmul_reg(qt, f16, bm, bn),
+                self.emit(f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
+                          lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn),
                           (False, False, True), binds, params, -(-(nbn * -(-m // bm)) // 64))
+
+    def _quant_x(self, br: Ref, m: int, k: int) -> Ref:
+        """x (m rows of k) in 8 bits for the matrix-vector kernel, 12 words a 32-element group; made once
+        per computed value (Q, K and V of a layer share it); an argument, which a step may write, each time."""
+        key = (br.idx, br.off, m, k)
+        if br.kind == "val" and key in self.xq:
+            return self.xq[key]
+        groups = m * k // 32
+        self.val_sizes.append(groups * 12)
+        xq = Ref("val", len(self.val_sizes) - 1, 0, (groups, 12))
+        self.emit("QUANT_X", ("quant_x",), lambda: wgsl.simple("quant_x"), (False, True),
+                  [("ref", br), ("ref", xq)], {8: groups}, -(-groups // 256))
+        if br.kind == "val":
+            self.xq[key] = xq
+        return xq
 
     # -- storage ----------------------------------------------------------------------------
     def _allocate(self, outputs):
