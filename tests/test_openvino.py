@@ -243,6 +243,7 @@ def test_models_match_llama_cpp(ov_session):
     ref, arrays = reference(name)
     _last_logits(session, name)
     assert_teacher_forced(session, ref)
+    assert_teacher_forced(session, ref, by_decode=True)        # the decode models, step by step
     assert_text_metrics(session, ref, arrays, session.model.tokenizer, reference_text(ref))
     plan = next(iter(session.plans.values()))[0]
     assert len(plan.fragments) == 1 and plan.fragments[0].device == "openvino:CPU"   # the whole graph, one model

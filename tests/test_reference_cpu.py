@@ -31,6 +31,12 @@ def test_teacher_forced_greedy(case):
     assert_teacher_forced(session, reference(name)[0])
 
 
+def test_teacher_forced_greedy_through_decode_steps(case):
+    """The same bounds with llama.cpp's tokens fed one decode step at a time."""
+    name, _, session = case
+    assert_teacher_forced(session, reference(name)[0], by_decode=True)
+
+
 def test_text_perplexity_and_top1(case):
     name, model, session = case
     ref, arrays = reference(name)
