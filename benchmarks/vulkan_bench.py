@@ -9,8 +9,10 @@ runs it on the nvidia-h200 machine). Prints, in one run:
 * the tiled matrix-matrix kernel's rate on a prefill-sized product;
 * both model architectures at their real sizes and tensor types, random weights (GGUF files written
   here from benchmarks/vulkan_models.json), through the framework's Session on vulkan:0: prefill of
-  256 tokens and decode tok/s; and PyTorch bf16 eager on the same architectures and sizes (random
-  weights, manual decode loop with a KV cache);
+  256 tokens and decode tok/s, medians of --runs timed runs after warm-up (with the slowest and
+  fastest); and PyTorch bf16 eager on the same architectures and sizes, measured the same way (random
+  weights, manual decode loop with a KV cache); --matmul-variants compares prefill kernel settings
+  (FRAMEWORK_VULKAN_MATMUL);
 * a correctness check on that GPU: the op conformance cases, and the random-weight models' logits
   against the CPU plugin.
 
@@ -173,7 +175,32 @@ def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int 
     return out
 
 
-def model_speed(dev, model, n_prompt: int, n_decode: int, rng) -> dict:
+def spread(times: list[float], n_tokens: int) -> dict:
+    """tok/s of timed runs: the median (the figure reported) and the slowest and fastest run."""
+    rates = sorted(n_tokens / t for t in times)
+    return {"median": float(np.median(rates)), "min": rates[0], "max": rates[-1], "runs": len(rates)}
+
+
+def timed(fn, runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def vulkan_prefill(s, prompt, runs: int) -> dict:
+    """Prefill tok/s over `runs` timed runs after a warm-up (weights loaded and programs compiled by
+    then): each run resets the session and evaluates the whole prompt (logits of the last token)."""
+    def once():
+        s.reset()
+        s.eval(prompt)
+    once()
+    return spread(timed(once, runs), len(prompt))
+
+
+def model_speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int = 5) -> dict:
     from framework.runtime.session import Session
     n_vocab = model.hp.n_vocab
     prompt = [int(t) for t in rng.integers(0, n_vocab, size=n_prompt)]
@@ -181,20 +208,24 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng) -> dict:
     t0 = time.perf_counter()
     s.eval(prompt)                                    # loads weights, compiles (not timed)
     first = time.perf_counter() - t0
-    s.reset()
-    t0 = time.perf_counter()
-    logits = s.eval(prompt)
-    prefill = time.perf_counter() - t0
-    tok = int(np.argmax(logits))
+    prefill = vulkan_prefill(s, prompt, runs)
+    tok = int(np.argmax(s.eval([1])))
     for _ in range(8):                                # the decode plan is compiled here (not timed)
         tok = int(np.argmax(s.eval([tok])))
-    t0 = time.perf_counter()
-    for _ in range(n_decode):
-        tok = int(np.argmax(s.eval([tok])))
-    decode = time.perf_counter() - t0
-    out = {"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_decode / decode,
-           "decode_ms_per_token": decode / n_decode * 1e3, "first_prefill_s": first,
-           "dispatches_per_decode_step": sum(len(dev_prog.steps) for dev_prog in _programs(s, 1))}
+
+    def decode_run():                                 # n_decode tokens after the prompt, each run
+        s.reset()
+        s.eval(prompt)
+        t0 = time.perf_counter()
+        t = tok
+        for _ in range(n_decode):
+            t = int(np.argmax(s.eval([t])))
+        return time.perf_counter() - t0
+    decode = spread([decode_run() for _ in range(max(1, runs // 2 + 1))], n_decode)
+    out = {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
+           "decode_runs": decode, "decode_ms_per_token": 1e3 / decode["median"], "first_prefill_s": first,
+           "dispatches_per_decode_step": sum(len(dev_prog.steps) for dev_prog in _programs(s, 1)),
+           "prefill_kernels": sorted({st.name.split(" ")[0] for p in _programs(s, n_prompt) for st in p.steps})}
     if dev.timestamps:      # GPU time per kernel (one pass per dispatch while profiling)
         for phase, run in (("prefill", lambda: (s.reset(), s.eval(prompt))),
                            ("decode", lambda: [s.eval([tok]) for _ in range(8)])):
@@ -209,6 +240,32 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng) -> dict:
             if phase == "prefill":
                 s.reset()
                 s.eval(prompt)
+    return out
+
+
+def prefill_variants(dev, model, n_prompt: int, rng, variants: list[str], runs: int) -> list[dict]:
+    """Prefill tok/s (median of `runs`) and the prefill's GPU profile for each FRAMEWORK_VULKAN_MATMUL
+    setting ("" = the plugin's own choice), a new session each (programs are made per session)."""
+    from framework.plugins.vulkan.program import MATMUL_ENV
+    from framework.runtime.session import Session
+    prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
+    out = []
+    for var in variants:
+        os.environ[MATMUL_ENV] = var
+        s = Session(model, [dev], n_ctx=1024, n_batch=n_prompt)
+        s.eval(prompt)
+        r = {"variant": var, **vulkan_prefill(s, prompt, runs)}
+        if dev.timestamps:
+            dev.profile = {}
+            s.reset()
+            s.eval(prompt)
+            prof, dev.profile = dev.profile, None
+            r["gpu_us_per_token"] = {k: round(v[0] / n_prompt * 1e6, 1) for k, v in
+                                     sorted(prof.items(), key=lambda kv: -kv[1][0]) if k.startswith("MUL_MAT")}
+            r["gpu_us_per_token_all"] = round(sum(v[0] for v in prof.values()) / n_prompt * 1e6, 1)
+        out.append(r)
+        del s
+    os.environ.pop(MATMUL_ENV, None)
     return out
 
 
@@ -384,33 +441,34 @@ class TorchLM:
         return x @ self.emb.T
 
 
-def torch_model_speed(hp, arch: str, n_prompt: int, n_decode: int) -> dict:
+def torch_model_speed(hp, arch: str, n_prompt: int, n_decode: int, runs: int = 5) -> dict:
+    """The same measures as model_speed: prefill (logits of the last token) and decode, medians of
+    timed runs after warm-up, CUDA synchronized around each."""
     import torch
     m = TorchLM(hp, arch, 1024)
     prompt = torch.randint(0, hp.n_vocab, (n_prompt,), device="cuda")
-    with torch.inference_mode():
-        for _ in range(2):
-            m.forward(prompt, 0)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def prefill():
         logits = m.forward(prompt, 0)
         torch.cuda.synchronize()
-        prefill = time.perf_counter() - t0
-        tok = logits.argmax(-1)
-        pos = n_prompt
-        for _ in range(8):
-            tok = m.forward(tok, pos).argmax(-1)
-            pos += 1
-        torch.cuda.synchronize()
+        return logits
+
+    def decode_run():
+        tok = prefill().argmax(-1)
         t0 = time.perf_counter()
-        for _ in range(n_decode):
+        for pos in range(n_prompt, n_prompt + n_decode):
             tok = m.forward(tok, pos).argmax(-1)     # stays on the GPU: no host round trip per token
-            pos += 1
         torch.cuda.synchronize()
-        decode = time.perf_counter() - t0
-    del m
+        return time.perf_counter() - t0
+    with torch.inference_mode():
+        for _ in range(2):
+            prefill()
+        pre = spread(timed(prefill, runs), n_prompt)
+        decode_run()                                 # warm-up of the one-token shapes
+        dec = spread([decode_run() for _ in range(max(1, runs // 2 + 1))], n_decode)
+    m = None                                         # the weights go before the next model's
     torch.cuda.empty_cache()
-    return {"prefill_tok_s": n_prompt / prefill, "decode_tok_s": n_decode / decode}
+    return {"prefill_tok_s": pre["median"], "prefill_runs": pre, "decode_tok_s": dec["median"], "decode_runs": dec}
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -427,9 +485,14 @@ def main() -> None:
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--allow-cpu-adapter", action="store_true")
     ap.add_argument("--models", default="smollm2,gemma3")
-    ap.add_argument("--skip-matvec", action="store_true")
+    ap.add_argument("--skip-matvec", action="store_true", help="no matrix-vector kernel figures")
+    ap.add_argument("--skip-matmul", action="store_true", help="no figure of the tiled product on (N, 4096) x 256")
+    ap.add_argument("--prefill-only", action="store_true", help="models: only --matmul-variants' prefill figures")
     ap.add_argument("--matvec-only", action="store_true", help="only the copy and the matrix kernels")
     ap.add_argument("--variants", default="", help="';'-separated FRAMEWORK_VULKAN_MATVEC settings to compare")
+    ap.add_argument("--runs", type=int, default=5, help="timed prefill runs per model (decode: runs // 2 + 1)")
+    ap.add_argument("--matmul-variants", default="",
+                    help="';'-separated FRAMEWORK_VULKAN_MATMUL settings: model prefill of each, before the rest")
     ap.add_argument("--expect-adapter", default="NVIDIA", help="refuse an adapter whose name lacks this")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -475,7 +538,7 @@ def main() -> None:
             r["share_of_copy"] = r["read_GBps"] / copy if copy else None
             result["matvec"].append(r)
     result["matmul"] = []
-    for qt in () if args.skip_matvec else ("Q8_0", "Q4_K"):
+    for qt in () if args.skip_matmul else ("Q8_0", "Q4_K"):
         (r,) = matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256)
         log(f"tiled matmul {qt}: {r['rows']}x{r['cols']} by 256 rows: {r['seconds'] * 1e3:.2f} ms, "
             f"{r['TFLOPs']:.1f} TFLOP/s  [{r['kernel']}]")
@@ -492,27 +555,40 @@ def main() -> None:
         path = write_model(name, spec, work / f"{name}-random.gguf", rng)
         model = Model(path)
         entry = {"arch": model.hp.arch, "file_bytes": path.stat().st_size}
+        if args.matmul_variants:
+            entry["prefill_variants"] = prefill_variants(dev, model, args.prompt, rng,
+                                                         args.matmul_variants.split(";"), args.runs)
+            for r in entry["prefill_variants"]:
+                log(f"{name}: prefill [{r['variant'] or 'default'}] {r['median']:.0f} tok/s (runs {r['min']:.0f}.."
+                    f"{r['max']:.0f}); GPU us/token {r.get('gpu_us_per_token_all')}: {r.get('gpu_us_per_token')}")
         if not args.skip_check:
             entry["check"] = check_models_against_cpu(dev, model)
             log(f"{name}: vulkan vs cpu plugin on random weights: {entry['check']}")
-        entry["vulkan"] = model_speed(dev, model, args.prompt, args.decode, rng)
-        log(f"{name}: vulkan:0 prefill {entry['vulkan']['prefill_tok_s']:.0f} tok/s, decode "
-            f"{entry['vulkan']['decode_tok_s']:.1f} tok/s ({entry['vulkan']['decode_ms_per_token']:.2f} ms/token, "
-            f"{entry['vulkan']['dispatches_per_decode_step']} dispatches a step)")
+        if args.prefill_only:
+            result["models"][name] = entry
+            continue
+        entry["vulkan"] = tv = model_speed(dev, model, args.prompt, args.decode, rng, args.runs)
+        log(f"{name}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s (median of {args.runs}; "
+            f"{tv['prefill_runs']['min']:.0f}..{tv['prefill_runs']['max']:.0f}), decode "
+            f"{tv['decode_tok_s']:.1f} tok/s ({tv['decode_runs']['min']:.1f}..{tv['decode_runs']['max']:.1f}; "
+            f"{tv['decode_ms_per_token']:.2f} ms/token, {tv['dispatches_per_decode_step']} dispatches a step); "
+            f"prefill kernels {tv['prefill_kernels']}")
         for phase in ("prefill", "decode"):
             if f"gpu_profile_{phase}" in entry["vulkan"]:
                 log(f"  {phase}: GPU {entry['vulkan'][f'gpu_ms_per_{phase}_token']:.3f} ms/token; per kernel (us/token): "
                     f"{entry['vulkan'][f'gpu_profile_{phase}']}")
         if not args.skip_torch:
             try:
-                entry["torch_eager_bf16"] = torch_model_speed(model.hp, model.hp.arch, args.prompt, args.decode)
+                entry["torch_eager_bf16"] = torch_model_speed(model.hp, model.hp.arch, args.prompt, args.decode,
+                                                              args.runs)
             except Exception as e:       # report, and keep the Vulkan figures  # noqa: BLE001
                 log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
                 result["models"][name] = entry
                 continue
             tv, tt = entry["vulkan"], entry["torch_eager_bf16"]
-            log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s, decode {tt['decode_tok_s']:.1f} "
-                f"tok/s -> vulkan/torch: prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, decode "
+            log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s ({tt['prefill_runs']['min']:.0f}.."
+                f"{tt['prefill_runs']['max']:.0f}), decode {tt['decode_tok_s']:.1f} tok/s ({tt['decode_runs']['min']:.1f}.."
+                f"{tt['decode_runs']['max']:.1f}) -> vulkan/torch (medians): prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, decode "
                 f"{tv['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
         result["models"][name] = entry
         path.unlink()

@@ -221,6 +221,21 @@ def test_matvec_shapes(variant, monkeypatch, shape):
                                              partial(mul_mat_weight, qtype=q, n=70, k=512, m=m))) == "ok"
 
 
+@pytest.mark.parametrize("shape", ["reg=0", "reg=0,bm=64,bn=64,split=1", "reg=0,bm=32,bn=32,kg=2,split=3"])
+def test_tiled_matmul_shapes(variant, monkeypatch, shape):
+    """The workgroup-memory tiled product a GPU takes for prefill (FRAMEWORK_VULKAN_MATMUL forces it on
+    lavapipe): tiles of 64 x 64, 64 x 32, 32 x 32, one or two groups a step, K split into parts (the last
+    one shorter) or not, for every weight type; partial tiles along both axes."""
+    from functools import partial
+
+    from framework.conformance.cases import Case, Q, mul_mat_weight
+    monkeypatch.setenv("FRAMEWORK_VULKAN_MATMUL", shape)
+    for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K):
+        for n, k, m in ((70, 512, 33), (130, 768, 9)):
+            assert _check_case(variant, Case(f"tile-{shape}-{q.name}-{n}x{k}-{m}", "MUL_MAT",
+                                             partial(mul_mat_weight, qtype=q, n=n, k=k, m=m))) == "ok"
+
+
 def test_weights_split_across_bindings(variant):
     """A weight larger than one storage binding is split into chunks of rows, not refused."""
     from functools import partial

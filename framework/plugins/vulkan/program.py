@@ -40,6 +40,12 @@ MATVEC_ROWS = {1: 4, 2: 2, 4: 1, 8: 1}   # weight rows per thread, by rows of x:
 MATVEC_MIN_WORKGROUPS = 256               # ... fewer where a matrix would make fewer workgroups (2 an SM on an H200)
 MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits: below it the extra dispatch costs more than it saves
 MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"   # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
+# (BM, BN, KG) of the workgroup-memory tiled product, largest first. On the H200 (2026-11-30 sweep) 64 x 32
+# with split K beat 32 x 64, 32 x 32 (KG 1 or 2) and 64 x 64 without splits on both models' prefill
+MATMUL_TILES = ((64, 64, 1), (64, 32, 1))
+MATMUL_MIN_WORKGROUPS = 264   # a product with fewer tiles takes smaller ones, then splits K (2 an SM on an H200)
+MATMUL_MIN_SPLIT_GROUPS = 4   # ... into parts of at least this many 32-element groups
+MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"   # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "wgs=512"
 UNARY_CODE = {"gelu": 1, "silu": 2, "tanh": 3}
 GLU_CODE = {"geglu": 1, "swiglu": 2}
 BG_CACHE = 64             # bind groups kept per step (a program shared by fragments with other weights)
@@ -61,6 +67,29 @@ def matvec_shape(dev, gpr: int, mm: int, rows: int = 1 << 30, nbytes: int = 1 <<
         k, v = item.split("=")
         shape[k.strip()] = int(v)
     return shape
+
+
+def matmul_shape(dev, m: int, n: int, gpr: int) -> dict:
+    """The prefill product's kernel on a GPU: the workgroup-memory tiled one with the largest tile that
+    still makes MATMUL_MIN_WORKGROUPS workgroups (the models' projections are narrow: 192 to 2048 rows
+    by a few hundred tokens), and where even the smallest tile makes too few, K split into parts (each
+    writes a partial tile; a second pass adds them). A CPU adapter (lavapipe) takes the register-tiled
+    kernel (reg=1): it runs barrier-free kernels several times faster."""
+    env = dict(item.split("=") for item in filter(None, os.environ.get(MATMUL_ENV, "").replace(" ", "").split(",")))
+    env = {k: int(v) for k, v in env.items()}
+    target = env.get("wgs", MATMUL_MIN_WORKGROUPS)
+    bm, bn, kg = next(((bm, bn, kg) for bm, bn, kg in MATMUL_TILES if -(-m // bm) * -(-n // bn) >= target),
+                      MATMUL_TILES[-1])
+    bm, bn, kg = env.get("bm", bm), env.get("bn", bn), env.get("kg", kg)
+    shared = dev.data.get("max_compute_workgroup_storage_size") or 16384
+    while kg > 1 and 16 * (8 * kg + 1) * (bm + bn) > shared:    # the two padded tiles must fit
+        kg //= 2
+    tiles = -(-m // bm) * -(-n // bn)
+    split = max(1, min(-(-target // tiles), gpr // max(MATMUL_MIN_SPLIT_GROUPS, kg)))
+    split = env.get("split", split)
+    gps = -(-gpr // split)                     # groups per part (the last may be shorter), then no empty part
+    split = -(-gpr // gps)
+    return {"reg": env.get("reg", int(dev.cpu_adapter)), "bm": bm, "bn": bn, "kg": kg, "split": split, "gps": gps}
 
 
 def tile_for(m: int, n: int = 1 << 30, gpu: bool = False) -> tuple[int, int]:
@@ -489,6 +518,8 @@ class VkProgram:
                           lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
                                                                   bool(sh["x8"])),
                           (False, False, True), binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
+            elif m > MATVEC_MAX_ROWS and not (sh := matmul_shape(self.dev, m, rows, gpr))["reg"]:
+                self._tiled_mul_mat(n, qt, sh, m, rows, binds, params)
             else:
                 bm, bn = tile_for(m, rows, not self.dev.cpu_adapter)
                 nbn = -(-rows // bn)
@@ -496,6 +527,26 @@ class VkProgram:
                 self.emit(f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
                           lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn),
                           (False, False, True), binds, params, -(-(nbn * -(-m // bm)) // 64))
+
+    def _tiled_mul_mat(self, n, qt, sh, m, rows, binds, params):
+        """The workgroup-memory tiled product of one chunk; split over K, its parts go to a scratch value
+        of `split` planes of (m, rows), summed into the output by a second dispatch."""
+        bm, bn, kg, split = sh["bm"], sh["bn"], sh["kg"], sh["split"]
+        nbn = -(-rows // bn)
+        params.update({15: nbn, 16: sh["gps"], 17: split, 18: 0})
+        out, ld, col0 = binds[2], params[13], params[14]
+        if split > 1:
+            self.val_sizes.append(split * m * rows)
+            part = Ref("val", len(self.val_sizes) - 1, 0, (split, m, rows))
+            binds = [binds[0], binds[1], ("ref", part)]
+            params.update({13: rows, 14: 0, 18: m * rows})
+        self.emit(f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}] {n.name}",
+                  ("matmul_tile", qt, bm, bn, kg), lambda: wgsl.matmul_tile(qt, bm, bn, kg),
+                  (False, False, True), binds, params, split * nbn * -(-m // bm))
+        if split > 1:
+            self.emit(f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"),
+                      (False, True), [("ref", part), out], {8: rows, 9: m, 10: split, 11: m * rows, 12: ld, 13: col0},
+                      -(-(m * rows) // 256))
 
     def _quant_x(self, br: Ref, m: int, k: int) -> Ref:
         """x (m rows of k) in 8 bits for the matrix-vector kernel, 12 words a 32-element group; made once

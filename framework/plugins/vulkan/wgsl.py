@@ -835,6 +835,93 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 }}
 """
 
+# Workgroup-memory tiled matrix product (prefill on a GPU): a workgroup computes a BM x BN tile of
+# outputs (BM rows of x, BN weight rows), each thread 4 x 4 of them (rows tm + i BM/4, columns
+# tn + j BN/4: neighbours write neighbouring outputs). Per step of KG 32-element groups, the workgroup
+# copies x's tile and the weight's tile, dequantized once, into workgroup memory (row-major, a row
+# padded by one vec4 so that the rows a warp reads fall in different banks), and fetches the next
+# step's tiles into registers while this one is multiplied, hiding the global latency. Generated
+# unrolled: wgpu bounds every loop with a counter, which keeps the driver from unrolling, and a
+# dynamically indexed private vector would live in local memory. Split-K: workgroup s of S sums
+# groups [s GS, (s + 1) GS) and writes its partial tile to its own plane of O (stride word 18);
+# MATMUL_SPLIT_SUM adds the planes in a fixed order.
+MATMUL_TILE = """
+@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+{deq}
+const BM: u32 = {bm}u;
+const BN: u32 = {bn}u;
+const KG: u32 = {kg}u;
+const RS: u32 = 8u * KG + 1u;    // vec4 per padded row of a tile
+const TN: u32 = BN / 4u;
+const NT: u32 = BM * BN / 16u;
+var<workgroup> xs: array<vec4<f32>, {xs}>;
+var<workgroup> ws: array<vec4<f32>, {ws}>;
+// 8: N, 9: K, 10: M, 11: groups per row, 12: scale-plane offset, 13: output row stride,
+// 14: first output column of this chunk, 15: tiles along N, 16: groups per split, 17: splits,
+// 18: stride of a split's plane in O (0 without split)
+@compute @workgroup_size({nt})
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+  gpr = pu(11u); moff = pu(12u);
+  let N = pu(8u); let K4 = pu(9u) / 4u; let M = pu(10u);
+  let nbn = pu(15u);
+  let tiles = nbn * ((M + BM - 1u) / BM);
+  let id = lin(w, nw);
+  let s = id / tiles;
+  if (s >= pu(17u)) {{ return; }}
+  let n0 = (id % tiles % nbn) * BN; let m0 = (id % tiles / nbn) * BM;
+  let g0 = s * pu(16u); let g1 = min(gpr, g0 + pu(16u));
+  let x4 = pu(1u) / 4u;
+  let tn = li % TN; let tm = li / TN;
+{regs}
+{fetch0}
+  for (var g = g0; g < g1; g += KG) {{
+    workgroupBarrier();
+{put}
+    workgroupBarrier();
+    if (g + KG < g1) {{
+      let gn = g + KG;
+{fetch}
+    }}
+{mul}
+  }}
+  let ob = pu(2u) + pu(14u) + s * pu(18u);
+  let ld = pu(13u);
+{store}
+}}
+"""
+
+# x's item e of a step (e < BM * 8 KG vec4): row e % BM, vec4 q = e / BM of the step's 8 KG; out of
+# the split's groups it reads a valid address and is zeroed. Weight item e (< BN * 4 KG): row e % BN,
+# group r / 4 of the step, quarter j = r % 4: 4 values of each half of the group.
+TILE_FETCH_X = """{{ let e = li + {l}u * NT; let q = e / BM; let gg = G + q / 8u;
+  let v = X[x4 + min(m0 + e % BM, M - 1u) * K4 + min(gg, gpr - 1u) * 8u + q % 8u];
+  rx{l} = select(vec4<f32>(0.0), v, gg < g1); }}"""
+TILE_FETCH_W = """{{ let e = li + {l}u * NT; let r = e / BN; let gg = G + r / 4u;
+  let qg = grp(min(n0 + e % BN, N - 1u), min(gg, gpr - 1u));
+  rl{l} = select(vec4<f32>(0.0), deq_lo(qg, r % 4u), gg < g1);
+  rh{l} = select(vec4<f32>(0.0), deq_hi(qg, r % 4u), gg < g1); }}"""
+TILE_PUT_X = "{{ let e = li + {l}u * NT; xs[(e % BM) * RS + e / BM] = rx{l}; }}"
+TILE_PUT_W = """{{ let e = li + {l}u * NT; let r = e / BN; let o = (e % BN) * RS + 8u * (r / 4u) + r % 4u;
+  ws[o] = rl{l}; ws[o + 4u] = rh{l}; }}"""
+
+MATMUL_SPLIT_SUM = """
+@group(0) @binding(1) var<storage, read> P: array<f32>;
+@group(0) @binding(2) var<storage, read_write> O: array<f32>;
+// 8: N, 9: M, 10: splits, 11: plane stride (M * N), 12: output row stride, 13: first output column
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let i = lin(w, nw) * 256u + li;
+  let N = pu(8u);
+  if (i >= N * pu(9u)) { return; }
+  var s = 0.0;
+  for (var p = 0u; p < pu(10u); p++) { s += P[pu(0u) + p * pu(11u) + i]; }
+  O[pu(1u) + pu(13u) + (i / N) * pu(12u) + i % N] = s;
+}
+"""
+
 # Rows of a quantized weight (the token embedding): one thread per 8 values (4 of each half of a group)
 GET_ROWS_Q = """
 @group(0) @binding(2) var<storage, read> R: array<i32>;
@@ -882,6 +969,41 @@ def matmul_reg(qtype: str, bm: int = 4, bn: int = 4) -> str:
                                       body="\n".join(body), store="\n".join(store))
 
 
+def _indent(text: str, n: int) -> str:
+    return "\n".join(" " * n + line for line in text.splitlines())
+
+
+def matmul_tile(qtype: str, bm: int, bn: int, kg: int) -> str:
+    """The workgroup-memory tiled product: a BM x BN tile per workgroup of BM * BN / 16 threads, KG
+    groups of K per step."""
+    nt = bm * bn // 16
+    lx, lw = bm * 8 * kg, bn * 4 * kg          # items of x and of the weight per step
+    assert lx % nt == 0 and lw % nt == 0, (bm, bn, kg)
+    lx, lw = lx // nt, lw // nt
+
+    def fetch(g: str, ind: int) -> str:
+        items = [TILE_FETCH_X.format(l=l) for l in range(lx)] + [TILE_FETCH_W.format(l=l) for l in range(lw)]
+        return _indent("\n".join(items).replace("G +", g + " +"), ind)
+    regs = [f"  var rx{l}: vec4<f32>;" for l in range(lx)]
+    regs += [f"  var rl{l}: vec4<f32>; var rh{l}: vec4<f32>;" for l in range(lw)]
+    regs += [f"  var a{i}{j} = 0.0;" for i in range(4) for j in range(4)]
+    regs += [f"  let xr{i} = (tm + {i}u * (BM / 4u)) * RS; let wr{i} = (tn + {i}u * TN) * RS;" for i in range(4)]
+    put = [TILE_PUT_X.format(l=l) for l in range(lx)] + [TILE_PUT_W.format(l=l) for l in range(lw)]
+    mul = []
+    for k in range(8 * kg):                   # 4 vec4 of x, 4 of the weight, 16 dot products
+        mul.append(" ".join(f"let x{i} = xs[xr{i} + {k}u];" for i in range(4)))
+        mul.append(" ".join(f"let w{j} = ws[wr{j} + {k}u];" for j in range(4)))
+        mul.append(" ".join(f"a{i}{j} += dot(x{i}, w{j});" for i in range(4) for j in range(4)))
+    mul = "\n".join("    { " + " ".join(mul[3 * k:3 * k + 3]) + " }" for k in range(8 * kg))
+    store = "\n".join(
+        f"  {{ let m = m0 + tm + {i}u * (BM / 4u); let n = n0 + tn + {j}u * TN;"
+        f" if (m < M && n < N) {{ O[ob + m * ld + n] = a{i}{j}; }} }}" for i in range(4) for j in range(4))
+    return HEADER + MATMUL_TILE.format(deq=q_source(qtype), bm=bm, bn=bn, kg=kg, nt=nt, xs=(8 * kg + 1) * bm,
+                                       ws=(8 * kg + 1) * bn, regs="\n".join(regs), fetch0=fetch("g0", 2),
+                                       put=_indent("\n".join(put), 4), fetch=fetch("gn", 6), mul=mul,
+                                       store=store)
+
+
 def get_rows_q(qtype: str) -> str:
     return HEADER + GET_ROWS_Q.format(deq=q_source(qtype))
 
@@ -899,7 +1021,7 @@ def mul_mat_f(elem: str) -> str:
 SIMPLE = {"binary": BINARY, "unary": UNARY, "glu": GLU, "rms_norm": RMS_NORM, "soft_max": SOFT_MAX,
           "flash_attn": FLASH_ATTN, "flash_attn4": FLASH_ATTN4,
           "flash_attn_split": FLASH_ATTN_SPLIT, "flash_combine": FLASH_COMBINE, "rope": ROPE, "set_rows": SET_ROWS, "cont": CONT,
-          "quant_x": QUANT_X}
+          "quant_x": QUANT_X, "matmul_split_sum": MATMUL_SPLIT_SUM}
 
 
 def simple(name: str) -> str:
