@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+DECODE_MAX_T = 8        # attention of up to this many queries reads K and V in place
 
 
 def get_rows(a, rows):
@@ -95,10 +96,18 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     t, h, d = q.shape
     hkv = k.shape[1]
     g = h // hkv
+    if mask is not None:        # keys past the last one any query may see weigh exactly 0: skip them
+        seen = np.flatnonzero(np.isfinite(mask).any(axis=0))
+        n = int(seen[-1]) + 1 if seen.size else 1
+        if n < k.shape[0]:
+            k, v, mask = k[:n], v[:n], mask[:, :n]
     qh = q.reshape(t, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * t, d)   # query heads by kv head
-    # contiguous per-head K and V let BLAS take the batched products (strided views fall off it)
-    kh = np.ascontiguousarray(k.transpose(1, 0, 2))
-    vh = np.ascontiguousarray(v.transpose(1, 0, 2))
+    if t > DECODE_MAX_T:
+        # contiguous per-head K and V let BLAS take large batched products at full speed
+        kh, vh = np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 0, 2))
+    else:
+        # a few queries: BLAS reads the cache rows in place (a copy of K and V would cost more)
+        kh, vh = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
     scores = np.matmul(qh, kh.transpose(0, 2, 1)).reshape(hkv, g, t, -1)
     probs = soft_max(scores, mask, scale=scale)
     out = np.matmul(probs.reshape(hkv, g * t, -1), vh)                          # (hkv, g*t, d)
