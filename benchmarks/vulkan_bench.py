@@ -129,14 +129,13 @@ def program_for(dev, graph, weight_bytes):
 
 
 def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int = 1,
-                     variants: tuple[str, ...] = ("",)) -> list[dict]:
+                     variants: tuple[str, ...] = ("",), env: str = "FRAMEWORK_VULKAN_MATVEC") -> list[dict]:
     """Weight bytes read per second by one MUL_MAT of a (n, 4096) weight and m rows of x, for each
-    kernel variant (a FRAMEWORK_VULKAN_MATVEC setting; "" = the plugin's own choice): wall time over
+    kernel variant (a setting of `env`, FRAMEWORK_VULKAN_MATVEC or _MATMUL; "" = the plugin's own choice): wall time over
     `reps` back-to-back runs, and the GPU time of the kernel from timestamps where the adapter has them."""
     import gc
 
     from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
-    from framework.plugins.vulkan.program import MATVEC_ENV
     k = 4096
     per, size = GGML_QUANT_SIZES[Q[qtype]]
     row = k // per * size
@@ -145,7 +144,7 @@ def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int 
     x = rng.standard_normal((m, k)).astype(np.float32)
     out = []
     for var in variants:
-        os.environ[MATVEC_ENV] = var
+        os.environ[env] = var
         b = GraphBuilder()
         wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
         y = b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))
@@ -171,7 +170,7 @@ def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int 
                     "kernel": " + ".join(s.name.split(" ")[0] for s in prog.steps)})
         del ex, prog, args
         gc.collect()
-    os.environ.pop(MATVEC_ENV, None)
+    os.environ.pop(env, None)
     return out
 
 
@@ -293,6 +292,23 @@ def check_models_against_cpu(dev, model) -> dict:
     nmse_decode = float(np.sum((steps - b[4:]) ** 2) / np.sum(b[4:] ** 2))
     return {"min_corr_vs_cpu": corr, "nmse_vs_cpu": nmse, "nmse_decode_vs_cpu": nmse_decode,
             "argmax_agree": float(np.mean(a.argmax(1) == b.argmax(1)))}
+
+
+def check_prefill_against_cpu(dev, model, variants) -> dict:
+    """Logits of one 64-token prefill (more than 8 rows: the tiled products) against the CPU plugin, for
+    each FRAMEWORK_VULKAN_MATMUL setting: NMSE over all logits, and the share of equal argmaxes."""
+    from framework.plugins.cpu.device import CpuDevice
+    from framework.runtime.session import Session
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, model.hp.n_vocab, size=64)]
+    b = Session(model, [CpuDevice()], n_ctx=256, n_batch=64).eval(ids, all_logits=True)
+    out = {}
+    for var in variants:
+        os.environ["FRAMEWORK_VULKAN_MATMUL"] = var
+        a = Session(model, [dev], n_ctx=256, n_batch=64).eval(ids, all_logits=True)
+        out[var or "default"] = {"nmse": float(np.sum((a - b) ** 2) / np.sum(b ** 2)),
+                                 "argmax_agree": float(np.mean(a.argmax(1) == b.argmax(1)))}
+    os.environ.pop("FRAMEWORK_VULKAN_MATMUL", None)
+    return out
 
 
 def conformance(dev) -> dict:
@@ -538,11 +554,14 @@ def main() -> None:
             r["share_of_copy"] = r["read_GBps"] / copy if copy else None
             result["matvec"].append(r)
     result["matmul"] = []
-    for qt in () if args.skip_matmul else ("Q8_0", "Q4_K"):
-        (r,) = matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256)
-        log(f"tiled matmul {qt}: {r['rows']}x{r['cols']} by 256 rows: {r['seconds'] * 1e3:.2f} ms, "
-            f"{r['TFLOPs']:.1f} TFLOP/s  [{r['kernel']}]")
-        result["matmul"].append(r)
+    mm_variants = tuple(args.matmul_variants.split(";")) if args.matmul_variants else ("",)
+    for qt in () if args.skip_matmul else ("Q8_0", "Q4_K", "Q6_K"):
+        for r in matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256, variants=mm_variants,
+                                  env="FRAMEWORK_VULKAN_MATMUL"):
+            gpu = f", GPU time {2 * r['rows'] * r['cols'] * 256 / r['gpu_seconds'] / 1e12:.1f} TFLOP/s" if r["gpu_seconds"] else ""
+            log(f"tiled matmul {qt} [{r['variant'] or 'default'}]: {r['rows']}x{r['cols']} by 256 rows: "
+                f"{r['seconds'] * 1e3:.2f} ms, {r['TFLOPs']:.1f} TFLOP/s{gpu}  [{r['kernel']}]")
+            result["matmul"].append(r)
     if args.matvec_only:
         args.models = ""
 
@@ -564,6 +583,9 @@ def main() -> None:
         if not args.skip_check:
             entry["check"] = check_models_against_cpu(dev, model)
             log(f"{name}: vulkan vs cpu plugin on random weights: {entry['check']}")
+            entry["prefill_check"] = check_prefill_against_cpu(dev, model, mm_variants)
+            log(f"{name}: prefill of 64 tokens (tiled products) vs cpu plugin, per --matmul-variants setting: "
+                f"{entry['prefill_check']}")
         if args.prefill_only:
             result["models"][name] = entry
             continue

@@ -221,14 +221,21 @@ def test_matvec_shapes(variant, monkeypatch, shape):
                                              partial(mul_mat_weight, qtype=q, n=70, k=512, m=m))) == "ok"
 
 
-@pytest.mark.parametrize("shape", ["reg=0", "reg=0,bm=64,bn=64,split=1", "reg=0,bm=32,bn=32,kg=2,split=3"])
+@pytest.mark.parametrize("shape", ["reg=0,f16=0", "reg=0,bm=64,bn=64,split=1,f16=0", "reg=0,bm=32,bn=32,kg=2,split=3,f16=0",
+                                   "reg=0,f16=1", "reg=0,bm=64,bn=64,split=1,f16=1", "reg=0,bm=32,bn=32,kg=2,split=3,f16=1"])
 def test_tiled_matmul_shapes(variant, monkeypatch, shape):
     """The workgroup-memory tiled product a GPU takes for prefill (FRAMEWORK_VULKAN_MATMUL forces it on
     lavapipe): tiles of 64 x 64, 64 x 32, 32 x 32, one or two groups a step, K split into parts (the last
-    one shorter) or not, for every weight type; partial tiles along both axes."""
+    one shorter) or not, in f32 and in f16 (x scaled per group, codes in f16, partial sums of a group
+    in f16), for every weight type; partial tiles along both axes."""
     from functools import partial
 
     from framework.conformance.cases import Case, Q, mul_mat_weight
+    if "f16=1" in shape:
+        if "shader-f16" not in variant.gpu.features:
+            pytest.skip(f"the device {variant.data['adapter']!r} has no shader-f16 (not offered, or "
+                        "FRAMEWORK_VULKAN_F16=0): the f16 tiles cannot run")
+        variant.f16 = True
     monkeypatch.setenv("FRAMEWORK_VULKAN_MATMUL", shape)
     for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K):
         for n, k, m in ((70, 512, 33), (130, 768, 9)):

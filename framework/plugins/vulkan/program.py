@@ -45,7 +45,8 @@ MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"   # tuning: e.g. "r=2,tpr=16,wg=128,sg=0"
 MATMUL_TILES = ((64, 64, 1), (64, 32, 1))
 MATMUL_MIN_WORKGROUPS = 264   # a product with fewer tiles takes smaller ones, then splits K (2 an SM on an H200)
 MATMUL_MIN_SPLIT_GROUPS = 4   # ... into parts of at least this many 32-element groups
-MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"   # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "wgs=512"
+MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"   # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "wgs=512", "f16=0"
+MATMUL_F16 = 0   # 1: the tiled product in f16 (wgsl.MATMUL_TILE16_NOTE) where the adapter has shader-f16; off: docs/vulkan.md
 UNARY_CODE = {"gelu": 1, "silu": 2, "tanh": 3}
 GLU_CODE = {"geglu": 1, "swiglu": 2}
 BG_CACHE = 64             # bind groups kept per step (a program shared by fragments with other weights)
@@ -89,7 +90,8 @@ def matmul_shape(dev, m: int, n: int, gpr: int) -> dict:
     split = env.get("split", split)
     gps = -(-gpr // split)                     # groups per part (the last may be shorter), then no empty part
     split = -(-gpr // gps)
-    return {"reg": env.get("reg", int(dev.cpu_adapter)), "bm": bm, "bn": bn, "kg": kg, "split": split, "gps": gps}
+    return {"reg": env.get("reg", int(dev.cpu_adapter)), "bm": bm, "bn": bn, "kg": kg, "split": split, "gps": gps,
+            "f16": int(dev.f16 and env.get("f16", MATMUL_F16))}
 
 
 def tile_for(m: int, n: int = 1 << 30, gpu: bool = False) -> tuple[int, int]:
@@ -232,7 +234,7 @@ class VkProgram:
         self.ropes: list[tuple] = []      # (pos arg, n_dims, base, scale, T)
         self.written_args: set[int] = set()
         self.align4: set[int] = set()     # arguments read as vec4
-        self.xq: dict[tuple, Ref] = {}    # computed x -> its 8-bit form (QUANT_X), made once
+        self.xq: dict[tuple, Ref] = {}    # computed x -> its 8-bit (QUANT_X) or f16 (HALF_X) form, made once
         self._chunks: dict[int, list] = {}
         nodes = fragment.nodes
         readers: dict[int, list[Tensor]] = {}
@@ -531,33 +533,42 @@ class VkProgram:
     def _tiled_mul_mat(self, n, qt, sh, m, rows, binds, params):
         """The workgroup-memory tiled product of one chunk; split over K, its parts go to a scratch value
         of `split` planes of (m, rows), summed into the output by a second dispatch."""
-        bm, bn, kg, split = sh["bm"], sh["bn"], sh["kg"], sh["split"]
+        bm, bn, kg, split, f16 = sh["bm"], sh["bn"], sh["kg"], sh["split"], sh["f16"]
         nbn = -(-rows // bn)
+        rw = (False, False, True)
+        if f16:       # x scaled per group, in f16 (HALF_X); bound again for its f32 scales
+            xh = ("ref", self._x_form(binds[1][1], m, params[9], "half_x", 20))
+            binds, rw = [binds[0], xh, binds[2], xh], rw + (False,)
         params.update({15: nbn, 16: sh["gps"], 17: split, 18: 0})
         out, ld, col0 = binds[2], params[13], params[14]
         if split > 1:
             self.val_sizes.append(split * m * rows)
             part = Ref("val", len(self.val_sizes) - 1, 0, (split, m, rows))
-            binds = [binds[0], binds[1], ("ref", part)]
+            binds = [binds[0], binds[1], ("ref", part)] + binds[3:]
             params.update({13: rows, 14: 0, 18: m * rows})
-        self.emit(f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}] {n.name}",
-                  ("matmul_tile", qt, bm, bn, kg), lambda: wgsl.matmul_tile(qt, bm, bn, kg),
-                  (False, False, True), binds, params, split * nbn * -(-m // bm))
+        self.emit(f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}{'/f16' if f16 else ''}] {n.name}",
+                  ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
+                  rw, binds, params, split * nbn * -(-m // bm))
         if split > 1:
             self.emit(f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"),
                       (False, True), [("ref", part), out], {8: rows, 9: m, 10: split, 11: m * rows, 12: ld, 13: col0},
                       -(-(m * rows) // 256))
 
     def _quant_x(self, br: Ref, m: int, k: int) -> Ref:
-        """x (m rows of k) in 8 bits for the matrix-vector kernel, 12 words a 32-element group; made once
-        per computed value (Q, K and V of a layer share it); an argument, which a step may write, each time."""
-        key = (br.idx, br.off, m, k)
+        """x (m rows of k) in 8 bits for the matrix-vector kernel, 12 words a 32-element group."""
+        return self._x_form(br, m, k, "quant_x", 12)
+
+    def _x_form(self, br: Ref, m: int, k: int, kernel: str, words: int) -> Ref:
+        """x (m rows of k) in another form, `words` words a 32-element group (QUANT_X: 8 bits, HALF_X:
+        f16 scaled per group); made once per computed value (Q, K and V of a layer share it); an
+        argument, which a step may write, each time."""
+        key = (br.idx, br.off, m, k, kernel)
         if br.kind == "val" and key in self.xq:
             return self.xq[key]
         groups = m * k // 32
-        self.val_sizes.append(groups * 12)
-        xq = Ref("val", len(self.val_sizes) - 1, 0, (groups, 12))
-        self.emit("QUANT_X", ("quant_x",), lambda: wgsl.simple("quant_x"), (False, True),
+        self.val_sizes.append(groups * words)
+        xq = Ref("val", len(self.val_sizes) - 1, 0, (groups, words))
+        self.emit(kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), (False, True),
                   [("ref", br), ("ref", xq)], {8: groups}, -(-groups // 256))
         if br.kind == "val":
             self.xq[key] = xq

@@ -11,8 +11,9 @@ Conventions shared by all kernels:
 
 Quantized weights are read through ``grp(row, group)``: a 32-element group's byte codes and scales
 (each weight type, laid out in device memory as quant.py says, brings its own ``grp``); the kernels
-decode codes to floats without int-to-float conversions and sum in f32 everywhere (Gemma's
-activations exceed f16's range).
+decode codes to floats without int-to-float conversions and sum in f32 (Gemma's activations exceed
+f16's range); only the tiled product's f16 variant (MATMUL_TILE16_NOTE, off by default) sums 32-element
+groups in f16.
 """
 
 from __future__ import annotations
@@ -846,17 +847,16 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 # groups [s GS, (s + 1) GS) and writes its partial tile to its own plane of O (stride word 18);
 # MATMUL_SPLIT_SUM adds the planes in a fixed order.
 MATMUL_TILE = """
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> X: array<{xt}>;{xs_bind}
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 {deq}
 const BM: u32 = {bm}u;
 const BN: u32 = {bn}u;
 const KG: u32 = {kg}u;
-const RS: u32 = 8u * KG + 1u;    // vec4 per padded row of a tile
+const RS: u32 = {rs}u;    // vec4 per padded row of a tile (one more than a row holds)
 const TN: u32 = BN / 4u;
 const NT: u32 = BM * BN / 16u;
-var<workgroup> xs: array<vec4<f32>, {xs}>;
-var<workgroup> ws: array<vec4<f32>, {ws}>;
+{shared}
 // 8: N, 9: K, 10: M, 11: groups per row, 12: scale-plane offset, 13: output row stride,
 // 14: first output column of this chunk, 15: tiles along N, 16: groups per split, 17: splits,
 // 18: stride of a split's plane in O (0 without split)
@@ -905,6 +905,78 @@ TILE_FETCH_W = """{{ let e = li + {l}u * NT; let r = e / BN; let gg = G + r / 4u
 TILE_PUT_X = "{{ let e = li + {l}u * NT; xs[(e % BM) * RS + e / BM] = rx{l}; }}"
 TILE_PUT_W = """{{ let e = li + {l}u * NT; let r = e / BN; let o = (e % BN) * RS + 8u * (r / 4u) + r % 4u;
   ws[o] = rl{l}; ws[o + 4u] = rh{l}; }}"""
+
+# MATMUL_TILE16_NOTE -- the f16 variant of the tiled product (adapters with shader-f16). Gemma's
+# activations reach ~1e5, beyond f16's range, and dot products over K = 2048 would lose too much in f16,
+# so f16 holds only what fits it exactly or nearly: the weight's codes less the zero point (small
+# integers, exact in f16) with the scales kept apart in f32, and x divided by its 32-element group's
+# largest magnitude (HALF_X: |x| <= 1 in f16, the scale and the group's sum in f32). A group's 32
+# products are summed in f16 (packed vec4<f16> FMAs: two elements an instruction), each sum at most
+# 32 * 128 in magnitude; that partial goes to f32, times x's and the weight's scales, into the f32
+# accumulators (Q6_K: one partial per 16-element half, each half has its own scale; Q4_1 / Q4_K add
+# m times x's group sum; their codes 0..15 are stored less 8 and m takes 8 a: uncentred codes made the
+# f16 sum large and the min term cancel most of it, NMSE 1.8e-2 on Gemma 3's prefill logits on the
+# H200). Codes become f16 by conversion of f4's exact f32 values. The tiles hold 8
+# halves an element (H8, 16 bytes: one shared-memory load for two packed FMAs per output); naga cannot
+# bitcast u32 words to f16 vectors (it keeps the width), so nothing passes through u32 but HALF_X's output,
+# which the tiled kernel reads as H8 (binding 2) and, for the scales, as vec4<f32> (binding 4).
+TILE16_FNS = """
+const HZ: f32 = {hz}.0;   // Q4_1 / Q4_K: codes 0..15 centred on 8 (the min term takes 8 a), against cancellation
+fn h8(u: u32, v: u32) -> H8 {{ return H8(vec4<f16>(f4(u) - HZ), vec4<f16>(f4(v) - HZ)); }}
+fn hs(p: vec4<f16>) -> f32 {{ let r = p.xy + p.zw; return f32(r.x + r.y); }}
+"""
+XS_BIND = """
+struct H8 { a: vec4<f16>, b: vec4<f16> }   // 8 consecutive halves
+@group(0) @binding(4) var<storage, read> XS: array<vec4<f32>>;   // the same buffer: (scale, sum) of x's groups"""
+# x item e (< BM * 4 KG H8): row e % BM, H8 q = e / BM of the step (group q / 4, eighth q % 4);
+# scale item e (< BM KG): row e % BM, group e / BM; weight item e (< BN KG): a whole group, row e % BN.
+TILE16_FETCH_X = """{{ let e = li + {l}u * NT; let q = e / BM; let gg = G + q / 4u;
+  let v = X[x4 + (min(m0 + e % BM, M - 1u) * gpr + min(gg, gpr - 1u)) * 5u + q % 4u];
+  rx{l} = v; if (gg >= g1) {{ rx{l} = H8(vec4<f16>(0.0h), vec4<f16>(0.0h)); }} }}"""
+TILE16_FETCH_S = """{{ let e = li + {l}u * NT; let gg = G + e / BM;
+  let v = XS[pu(3u) / 4u + (min(m0 + e % BM, M - 1u) * gpr + min(gg, gpr - 1u)) * 5u + 4u];
+  rs{l} = select(vec4<f32>(0.0), v, gg < g1); }}"""
+TILE16_FETCH_W = """if (li + {l}u * NT < BN * KG) {{ let e = li + {l}u * NT; let gg = G + e / BN;
+  rq{l} = grp(min(n0 + e % BN, N - 1u), min(gg, gpr - 1u));
+  if (gg >= g1) {{ rq{l}.a = 0.0; rq{l}.b = 0.0; rq{l}.m = 0.0; }} }}"""
+TILE16_PUT_S = "{{ let e = li + {l}u * NT; if (e < BM * KG) {{ xd[(e % BM) * KG + e / BM] = rs{l}.xy; }} }}"
+TILE16_PUT_W = """{{ let e = li + {l}u * NT; if (e < BN * KG) {{ let o = (e % BN) * RS + 4u * (e / BN); let q = rq{l};
+  ws[o] = h8(q.lo[0], q.lo[1]); ws[o + 1u] = h8(q.lo[2], q.lo[3]);
+  ws[o + 2u] = h8(q.hi[0], q.hi[1]); ws[o + 3u] = h8(q.hi[2], q.hi[3]);
+  wd[(e % BN) * KG + e / BN] = vec4<f32>(q.a, q.b, q.m + HZ * q.a, 0.0); }} }}"""
+TWO_SCALES = ("Q6_K",)    # types whose halves of a group have scales of their own
+
+# x for the f16 tiled product, per 32-element group (one thread each): 4 vec4<u32> of the 32 values
+# divided by the group's largest magnitude d, as f16 (two a word), then (d, sum of x, 0, 0). Made once
+# per value, as QUANT_X.
+HALF_X = """
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> XH: array<vec4<u32>>;
+// 8: groups (M * K / 32)
+fn h8(u: vec4<f32>, v: vec4<f32>, id: f32) -> vec4<u32> {
+  let a = u * id; let b = v * id;
+  return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
+}
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let i = lin(w, nw) * 256u + li;
+  if (i >= pu(8u)) { return; }
+  let b = pu(0u) / 4u + i * 8u;
+  let x0 = X[b]; let x1 = X[b + 1u]; let x2 = X[b + 2u]; let x3 = X[b + 3u];
+  let x4 = X[b + 4u]; let x5 = X[b + 5u]; let x6 = X[b + 6u]; let x7 = X[b + 7u];
+  let m4 = max(max(max(abs(x0), abs(x1)), max(abs(x2), abs(x3))), max(max(abs(x4), abs(x5)), max(abs(x6), abs(x7))));
+  let d = max(max(m4.x, m4.y), max(m4.z, m4.w));
+  let id = select(0.0, 1.0 / d, d > 0.0);
+  let o = pu(1u) / 4u + i * 5u;
+  XH[o] = h8(x0, x1, id);
+  XH[o + 1u] = h8(x2, x3, id);
+  XH[o + 2u] = h8(x4, x5, id);
+  XH[o + 3u] = h8(x6, x7, id);
+  let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, vec4<f32>(1.0));
+  XH[o + 4u] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(sx), 0u, 0u);
+}
+"""
 
 MATMUL_SPLIT_SUM = """
 @group(0) @binding(1) var<storage, read> P: array<f32>;
@@ -973,21 +1045,32 @@ def _indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line for line in text.splitlines())
 
 
-def matmul_tile(qtype: str, bm: int, bn: int, kg: int) -> str:
+def matmul_tile(qtype: str, bm: int, bn: int, kg: int, f16: bool = False) -> str:
     """The workgroup-memory tiled product: a BM x BN tile per workgroup of BM * BN / 16 threads, KG
-    groups of K per step."""
+    groups of K per step; f16: the half-precision variant (MATMUL_TILE16_NOTE)."""
     nt = bm * bn // 16
+    parts = (_tile16_parts if f16 else _tile32_parts)(qtype, bm, bn, kg, nt)
+    regs, fetch, put, mul = parts.pop("regs"), parts.pop("fetch"), parts.pop("put"), parts.pop("mul")
+    regs += [f"  var a{i}{j} = 0.0;" for i in range(4) for j in range(4)]
+    regs += [f"  let xr{i} = (tm + {i}u * (BM / 4u)) * RS; let wr{i} = (tn + {i}u * TN) * RS;" for i in range(4)]
+    store = "\n".join(
+        f"  {{ let m = m0 + tm + {i}u * (BM / 4u); let n = n0 + tn + {j}u * TN;"
+        f" if (m < M && n < N) {{ O[ob + m * ld + n] = a{i}{j}; }} }}" for i in range(4) for j in range(4))
+    enable = "enable f16;\n" if f16 else ""
+    return enable + HEADER + MATMUL_TILE.format(
+        deq=q_source(qtype), bm=bm, bn=bn, kg=kg, nt=nt, regs="\n".join(regs),
+        fetch0=_indent(fetch.replace("G +", "g0 +"), 2), put=_indent(put, 4),
+        fetch=_indent(fetch.replace("G +", "gn +"), 6), mul=mul, store=store, **parts)
+
+
+def _tile32_parts(qtype: str, bm: int, bn: int, kg: int, nt: int) -> dict:
+    """f32 tiles: x as it is, the weight dequantized; 16 dot products per vec4 step."""
     lx, lw = bm * 8 * kg, bn * 4 * kg          # items of x and of the weight per step
     assert lx % nt == 0 and lw % nt == 0, (bm, bn, kg)
     lx, lw = lx // nt, lw // nt
-
-    def fetch(g: str, ind: int) -> str:
-        items = [TILE_FETCH_X.format(l=l) for l in range(lx)] + [TILE_FETCH_W.format(l=l) for l in range(lw)]
-        return _indent("\n".join(items).replace("G +", g + " +"), ind)
     regs = [f"  var rx{l}: vec4<f32>;" for l in range(lx)]
     regs += [f"  var rl{l}: vec4<f32>; var rh{l}: vec4<f32>;" for l in range(lw)]
-    regs += [f"  var a{i}{j} = 0.0;" for i in range(4) for j in range(4)]
-    regs += [f"  let xr{i} = (tm + {i}u * (BM / 4u)) * RS; let wr{i} = (tn + {i}u * TN) * RS;" for i in range(4)]
+    fetch = [TILE_FETCH_X.format(l=l) for l in range(lx)] + [TILE_FETCH_W.format(l=l) for l in range(lw)]
     put = [TILE_PUT_X.format(l=l) for l in range(lx)] + [TILE_PUT_W.format(l=l) for l in range(lw)]
     mul = []
     for k in range(8 * kg):                   # 4 vec4 of x, 4 of the weight, 16 dot products
@@ -995,13 +1078,56 @@ def matmul_tile(qtype: str, bm: int, bn: int, kg: int) -> str:
         mul.append(" ".join(f"let w{j} = ws[wr{j} + {k}u];" for j in range(4)))
         mul.append(" ".join(f"a{i}{j} += dot(x{i}, w{j});" for i in range(4) for j in range(4)))
     mul = "\n".join("    { " + " ".join(mul[3 * k:3 * k + 3]) + " }" for k in range(8 * kg))
-    store = "\n".join(
-        f"  {{ let m = m0 + tm + {i}u * (BM / 4u); let n = n0 + tn + {j}u * TN;"
-        f" if (m < M && n < N) {{ O[ob + m * ld + n] = a{i}{j}; }} }}" for i in range(4) for j in range(4))
-    return HEADER + MATMUL_TILE.format(deq=q_source(qtype), bm=bm, bn=bn, kg=kg, nt=nt, xs=(8 * kg + 1) * bm,
-                                       ws=(8 * kg + 1) * bn, regs="\n".join(regs), fetch0=fetch("g0", 2),
-                                       put=_indent("\n".join(put), 4), fetch=fetch("gn", 6), mul=mul,
-                                       store=store)
+    shared = (f"var<workgroup> xs: array<vec4<f32>, {(8 * kg + 1) * bm}>;\n"
+              f"var<workgroup> ws: array<vec4<f32>, {(8 * kg + 1) * bn}>;")
+    return {"regs": regs, "fetch": "\n".join(fetch), "put": "\n".join(put), "mul": mul,
+            "xt": "vec4<f32>", "xs_bind": "", "rs": 8 * kg + 1, "shared": shared}
+
+
+def _tile16_parts(qtype: str, bm: int, bn: int, kg: int, nt: int) -> dict:
+    """f16 tiles (MATMUL_TILE16_NOTE): x from HALF_X, weight codes as f16 and scales apart."""
+    lx = bm * 4 * kg                          # vec4<u32> of x (8 halves each) per step
+    assert lx % nt == 0, (bm, bn, kg)
+    lx, ls, lw = lx // nt, -(-bm * kg // nt), -(-bn * kg // nt)
+    regs = [f"  var rx{l}: H8;" for l in range(lx)]
+    regs += [f"  var rs{l}: vec4<f32>;" for l in range(ls)]
+    regs += [f"  var rq{l}: G;" for l in range(lw)]
+    regs += [f"  let xq{i} = (tm + {i}u * (BM / 4u)) * KG; let wq{i} = (tn + {i}u * TN) * KG;" for i in range(4)]
+    fetch = ([TILE16_FETCH_X.format(l=l) for l in range(lx)] + [TILE16_FETCH_S.format(l=l) for l in range(ls)]
+             + [TILE16_FETCH_W.format(l=l) for l in range(lw)])
+    put = ([TILE_PUT_X.format(l=l) for l in range(lx)] + [TILE16_PUT_S.format(l=l) for l in range(ls)]
+           + [TILE16_PUT_W.format(l=l) for l in range(lw)])
+    two = qtype in TWO_SCALES
+    has_min = QTYPES[qtype][1]
+    ij = [(i, j) for i in range(4) for j in range(4)]
+    mul = []
+    for gi in range(kg):
+        lines = [" ".join(f"let xd{i} = xd[xq{i} + {gi}u];" for i in range(4)),
+                 " ".join(f"let wd{j} = wd[wq{j} + {gi}u];" for j in range(4)),
+                 " ".join(f"var p{i}{j}: vec4<f16>;" for i, j in ij)]
+        for k in range(4):                    # 8 halves of x and of the weight a step, 2 vec4<f16> FMAs
+            o = 4 * gi + k
+            first = k == 0 or (two and k == 2)
+            lines.append("{ " + " ".join(f"let x{i} = xs[xr{i} + {o}u]; let xa{i} = x{i}.a; let xb{i} = x{i}.b;"
+                                         for i in range(4)))
+            lines.append("  " + " ".join(f"let w{j} = ws[wr{j} + {o}u]; let wa{j} = w{j}.a; let wb{j} = w{j}.b;"
+                                         for j in range(4)))
+            lines.append("  " + " ".join(
+                (f"p{i}{j} = fma(xb{i}, wb{j}, xa{i} * wa{j});" if first else
+                 f"p{i}{j} = fma(xb{i}, wb{j}, fma(xa{i}, wa{j}, p{i}{j}));") for i, j in ij) + " }")
+            if (two and k == 1) or k == 3:    # a half's (or the group's) partial sums into f32
+                sc = "y" if two and k == 3 else "x"
+                lines.append(" ".join(f"a{i}{j} = fma(hs(p{i}{j}), xd{i}.x * wd{j}.{sc}, a{i}{j});" for i, j in ij))
+        if has_min:                           # m times the group's sum of x (f32)
+            lines.append(" ".join(f"a{i}{j} = fma(wd{j}.z, xd{i}.y, a{i}{j});" for i, j in ij))
+        mul.append("    {\n" + "\n".join("      " + line for line in lines) + "\n    }")
+    shared = (f"var<workgroup> xs: array<H8, {(4 * kg + 1) * bm}>;\n"
+              f"var<workgroup> ws: array<H8, {(4 * kg + 1) * bn}>;\n"
+              f"var<workgroup> xd: array<vec2<f32>, {bm * kg}>;   // x's (scale, sum) per row and group\n"
+              f"var<workgroup> wd: array<vec4<f32>, {bn * kg}>;   // the weight's (a, b, m) per row and group\n"
+              + TILE16_FNS.format(hz=8 if has_min else 0))
+    return {"regs": regs, "fetch": "\n".join(fetch), "put": "\n".join(put), "mul": "\n".join(mul),
+            "xt": "H8", "xs_bind": XS_BIND, "rs": 4 * kg + 1, "shared": shared}
 
 
 def get_rows_q(qtype: str) -> str:
@@ -1021,7 +1147,7 @@ def mul_mat_f(elem: str) -> str:
 SIMPLE = {"binary": BINARY, "unary": UNARY, "glu": GLU, "rms_norm": RMS_NORM, "soft_max": SOFT_MAX,
           "flash_attn": FLASH_ATTN, "flash_attn4": FLASH_ATTN4,
           "flash_attn_split": FLASH_ATTN_SPLIT, "flash_combine": FLASH_COMBINE, "rope": ROPE, "set_rows": SET_ROWS, "cont": CONT,
-          "quant_x": QUANT_X, "matmul_split_sum": MATMUL_SPLIT_SUM}
+          "quant_x": QUANT_X, "half_x": HALF_X, "matmul_split_sum": MATMUL_SPLIT_SUM}
 
 
 def simple(name: str) -> str:
