@@ -18,49 +18,44 @@ MAX_PPL_RATIO_ERROR = 0.01
 MIN_TOP1_AGREEMENT = 0.94
 
 
-def teacher_forced(session, ref: dict) -> tuple[int, int, float, list]:
+def _forced_rows(session, p: dict):
+    """(position, llama.cpp's token, our logits there): the prompt and llama.cpp's tokens in one prefill."""
+    session.reset()
+    logits = session.eval(p["ids"] + p["greedy_ids"], all_logits=True)
+    start = len(p["ids"]) - 1
+    for i, want in enumerate(p["greedy_ids"]):
+        yield i, want, logits[start + i]
+
+
+def _decoded_rows(session, p: dict):
+    """The same through the decode path: the prompt in one prefill, then llama.cpp's tokens one decode
+    step at a time (the matrix-vector kernels, the cache read back every step)."""
+    session.reset()
+    row = session.eval(p["ids"])
+    for i, want in enumerate(p["greedy_ids"]):
+        yield i, want, row
+        if i + 1 < len(p["greedy_ids"]):
+            row = session.eval([want])
+
+
+def teacher_forced(session, ref: dict, by_decode: bool = False) -> tuple[int, int, float, list]:
     """Feed each prompt plus llama.cpp's greedy tokens; compare every prediction."""
     agree = total = 0
     worst = 0.0
     misses = []
     for p in ref["prompts"]:
-        session.reset()
-        logits = session.eval(p["ids"] + p["greedy_ids"], all_logits=True)
-        start = len(p["ids"]) - 1
-        for i, want in enumerate(p["greedy_ids"]):
-            row = logits[start + i]
+        for i, want, row in (_decoded_rows if by_decode else _forced_rows)(session, p):
             gap = float(row.max() - row[want])
             total += 1
             agree += int(row.argmax() == want)
             worst = max(worst, gap)
             if gap > MAX_GAP:
                 misses.append((p["prompt"], i, want, int(row.argmax()), gap))
-    return agree, total, worst, misses
-
-
-def teacher_forced_by_decode(session, ref: dict) -> tuple[int, int, float, list]:
-    """As teacher_forced, through the decode path: each prompt in one prefill, then llama.cpp's greedy
-    tokens one decode step at a time (the matrix-vector kernels, the cache read back every step)."""
-    agree = total = 0
-    worst = 0.0
-    misses = []
-    for p in ref["prompts"]:
-        session.reset()
-        row = session.eval(p["ids"])
-        for i, want in enumerate(p["greedy_ids"]):
-            gap = float(row.max() - row[want])
-            total += 1
-            agree += int(row.argmax() == want)
-            worst = max(worst, gap)
-            if gap > MAX_GAP:
-                misses.append((p["prompt"], i, want, int(row.argmax()), gap))
-            if i + 1 < len(p["greedy_ids"]):
-                row = session.eval([want])
     return agree, total, worst, misses
 
 
 def assert_teacher_forced(session, ref: dict, by_decode: bool = False) -> None:
-    agree, total, worst, misses = (teacher_forced_by_decode if by_decode else teacher_forced)(session, ref)
+    agree, total, worst, misses = teacher_forced(session, ref, by_decode)
     assert not misses, f"llama.cpp's token sat more than {MAX_GAP} below the top logit: {misses}"
     assert agree >= MIN_GREEDY_AGREEMENT * total, f"greedy top-1 agreement {agree}/{total} is under 90%"
 

@@ -191,11 +191,13 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
             programs.append(program)
             return program
 
+    from ...bench import prompt_ids
+
     out = {}
     for name in names:
         model = Model({"smollm2": smollm2_path, "gemma3": default_model_path}[name]())
         s = Session(model, [Profiled("CPU")], n_ctx=512)
-        logits = s.eval(_ids(name) * 2)                     # 256 tokens, as framework bench
+        logits = s.eval(prompt_ids(model.tokenizer, 256))   # as framework bench
         for _ in range(3):
             logits = s.eval([int(np.argmax(logits))])
         decode = programs[-1]
