@@ -179,6 +179,32 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 """
 
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.
+# one key block's step of the online softmax, shared by both attention kernels: the block's largest
+# score, its weights, their sum, and the running sum and output rescaled to the new maximum
+_ONLINE_SOFTMAX = """
+    red[li] = sc;
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {
+      if (li < k) { red[li] = max(red[li], red[li + k]); }
+      workgroupBarrier();
+    }
+    let mn = max(m, red[0]);
+    workgroupBarrier();
+    var p = 0.0;
+    if (s < S) { p = exp(sc - mn); }
+    ps[li] = p;
+    red[li] = p;
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {
+      if (li < k) { red[li] += red[li + k]; }
+      workgroupBarrier();
+    }
+    let alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    acc = acc * alpha;
+    let nv = min(64u, S - s0);
+""".removeprefix("\n")
+
 FLASH_ATTN = """
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
 @group(0) @binding(2) var<storage, read> K: array<f32>;
@@ -219,28 +245,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
       sc = dot * scale;
       if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
     }
-    red[li] = sc;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] = max(red[li], red[li + k]); }
-      workgroupBarrier();
-    }
-    let mn = max(m, red[0]);
-    workgroupBarrier();
-    var p = 0.0;
-    if (s < S) { p = exp(sc - mn); }
-    ps[li] = p;
-    red[li] = p;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] += red[li + k]; }
-      workgroupBarrier();
-    }
-    let alpha = exp(m - mn);
-    l = l * alpha + red[0];
-    acc = acc * alpha;
-    let nv = min(64u, S - s0);
-    for (var j = 0u; j < nv; j++) {
+""" + _ONLINE_SOFTMAX + """    for (var j = 0u; j < nv; j++) {
       let pj = ps[j];
       let vr = vb + (s0 + j) * kstride;
       for (var i = 0u; i < 4u; i++) {
@@ -303,28 +308,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
       sc = dot(d0 + d1, vec4<f32>(1.0)) * scale;
       if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
     }
-    red[li] = sc;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] = max(red[li], red[li + k]); }
-      workgroupBarrier();
-    }
-    let mn = max(m, red[0]);
-    workgroupBarrier();
-    var p = 0.0;
-    if (s < S) { p = exp(sc - mn); }
-    ps[li] = p;
-    red[li] = p;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] += red[li + k]; }
-      workgroupBarrier();
-    }
-    let alpha = exp(m - mn);
-    l = l * alpha + red[0];
-    acc = acc * alpha;
-    let nv = min(64u, S - s0);
-    if (li < D4) {
+""" + _ONLINE_SOFTMAX + """    if (li < D4) {
       var j = 0u;
       for (; j + 1u < nv; j += 2u) {
         acc += ps[j] * V[vb + (s0 + j) * kstride + li] + ps[j + 1u] * V[vb + (s0 + j + 1u) * kstride + li];
