@@ -703,6 +703,20 @@ fn xg(b: u32) -> array<vec4<f32>, 8> {
 """
 X_Q8 = "@group(0) @binding(2) var<storage, read> X: array<vec4<u32>>;   // QUANT_X's groups\n"
 
+# a thread per 32-element group of x: the group's eight vec4s and their largest magnitude, m4 (the
+# prologue of QUANT_X and HALF_X, which scale x per group to 8 bits and to f16)
+_GROUP_OF_X = """
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let i = lin(w, nw) * 256u + li;
+  if (i >= pu(8u)) { return; }
+  let b = pu(0u) / 4u + i * 8u;
+  let x0 = X[b]; let x1 = X[b + 1u]; let x2 = X[b + 2u]; let x3 = X[b + 3u];
+  let x4 = X[b + 4u]; let x5 = X[b + 5u]; let x6 = X[b + 6u]; let x7 = X[b + 7u];
+  let m4 = max(max(max(abs(x0), abs(x1)), max(abs(x2), abs(x3))), max(max(abs(x4), abs(x5)), max(abs(x6), abs(x7))));
+""".removeprefix("\n")
+
 # Activations to 8 bits for the matrix-vector kernel (as ggml's q8_1 does): per 32-element group,
 # codes q = round(x / d) with d = max|x| / 127, as 3 vec4: the 32 codes (int8, 4 a word), then
 # (d, sum of codes 0..15, sum of codes 16..31, sum of x). One thread a group.
@@ -715,16 +729,7 @@ fn s4(w: vec4<u32>) -> i32 {
   let one = 0x01010101u;
   return dot4I8Packed(w.x, one) + dot4I8Packed(w.y, one) + dot4I8Packed(w.z, one) + dot4I8Packed(w.w, one);
 }
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
-  let b = pu(0u) / 4u + i * 8u;
-  let x0 = X[b]; let x1 = X[b + 1u]; let x2 = X[b + 2u]; let x3 = X[b + 3u];
-  let x4 = X[b + 4u]; let x5 = X[b + 5u]; let x6 = X[b + 6u]; let x7 = X[b + 7u];
-  let m4 = max(max(max(abs(x0), abs(x1)), max(abs(x2), abs(x3))), max(max(abs(x4), abs(x5)), max(abs(x6), abs(x7))));
-  let d = max(max(m4.x, m4.y), max(m4.z, m4.w)) / 127.0;
+""" + _GROUP_OF_X + """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w)) / 127.0;
   let id = select(0.0, 1.0 / d, d > 0.0);
   let lo = vec4<u32>(q4(x0, id), q4(x1, id), q4(x2, id), q4(x3, id));
   let hi = vec4<u32>(q4(x4, id), q4(x5, id), q4(x6, id), q4(x7, id));
@@ -941,16 +946,7 @@ fn h8(u: vec4<f32>, v: vec4<f32>, id: f32) -> vec4<u32> {
   let a = u * id; let b = v * id;
   return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
 }
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
-  let b = pu(0u) / 4u + i * 8u;
-  let x0 = X[b]; let x1 = X[b + 1u]; let x2 = X[b + 2u]; let x3 = X[b + 3u];
-  let x4 = X[b + 4u]; let x5 = X[b + 5u]; let x6 = X[b + 6u]; let x7 = X[b + 7u];
-  let m4 = max(max(max(abs(x0), abs(x1)), max(abs(x2), abs(x3))), max(max(abs(x4), abs(x5)), max(abs(x6), abs(x7))));
-  let d = max(max(m4.x, m4.y), max(m4.z, m4.w));
+""" + _GROUP_OF_X + """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w));
   let id = select(0.0, 1.0 / d, d > 0.0);
   let o = pu(1u) / 4u + i * 5u;
   XH[o] = h8(x0, x1, id);
