@@ -5,6 +5,8 @@
                                                                  # openvino:CPU and llama.cpp, 1 thread each
     python -m framework.plugins.openvino_npu.measure precision   # INFERENCE_PRECISION_HINT f32 / bf16 / f16
     python -m framework.plugins.openvino_npu.measure rope        # the pair swap of rope: Gather against Roll
+    python -m framework.plugins.openvino_npu.measure fused       # Q, K, V and gate, up as separate products
+                                                                 # or fused into two (SmolLM2's shapes)
     python -m framework.plugins.openvino_npu.measure floor       # a decode step's time per kernel kind, from
                                                                  # OpenVINO's profiler, and the ceiling that
                                                                  # the FullyConnected kernels alone leave
@@ -167,6 +169,42 @@ def rope(t: int = 1, h: int = 9, d: int = 64, layers: int = 60) -> None:
         print(f"{kind}: {ts[len(ts) // 2] / layers * 1e6:.1f} us per rope of ({t}, {h}, {d}) (median of 40)")
 
 
+def fused(layers: int = 30, k: int = 576, repeats: int = 2) -> None:
+    """M = 1, 2 threads: a layer's five input products (q 576, k 192, v 192, gate 1536, up 1536 rows, as
+    SmolLM2's) as five FullyConnected nodes, or fused into two (960 and 3072 rows), over 30 layers."""
+    import openvino as ov
+    from openvino import opset13 as ops
+    rng = np.random.default_rng(0)
+    g = 32
+
+    def product(x, n):
+        codes = ops.constant(rng.integers(-8, 8, (n, k // g, g)).astype(np.int8), ov.Type.i4)
+        w = ops.subtract(ops.convert(codes, ov.Type.f32), ops.constant(rng.random((n, k // g, 1), dtype=np.float32)))
+        scale = ops.convert(ops.constant(rng.uniform(0.001, 0.01, (n, k // g, 1)).astype(np.float16)), ov.Type.f32)
+        w = ops.reshape(ops.multiply(w, scale), ops.constant(np.array([n, k], dtype=np.int64)), False)
+        return ops.reduce_sum(ops.matmul(x, w, False, True), ops.constant(np.array([1])), True)
+
+    core = ov.Core()
+    for _ in range(repeats):
+        for shapes in ((576, 192, 192, 1536, 1536), (960, 3072)):
+            p = ops.parameter([1, k], ov.Type.f32, name="x")
+            h = p.output(0)
+            for _ in range(layers):       # each layer's input depends on the last, as in a model
+                total = None
+                for n in shapes:
+                    y = product(h, n)
+                    total = y if total is None else ops.add(total, y)
+                h = ops.add(h, ops.multiply(total, ops.constant(np.float32(1e-6)))).output(0)
+            req = core.compile_model(ov.Model([h], [p]), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+                                     ).create_infer_request()
+            x = np.ones((1, k), dtype=np.float32)
+            for _ in range(5):
+                req.infer([x])
+            ts = sorted(_timed(req.infer, [x]) for _ in range(30))
+            what = "separate (5 products)" if len(shapes) == 5 else "fused (2 products)"
+            print(f"{what}: {ts[len(ts) // 2] * 1e3:.2f} ms for {layers} layers (median of 30)")
+
+
 def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     """Decode on openvino:CPU (2 threads, as `framework bench`) with OpenVINO's per-node profiler on:
     milliseconds per token by kernel kind, and the tokens per second the FullyConnected kernels alone
@@ -221,4 +259,4 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
-    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "floor": floor}[what]()
+    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor}[what]()
