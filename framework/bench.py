@@ -133,8 +133,7 @@ def bench_reservation(model_path, devices, n_prompt: int, repeats: int = 5) -> l
 
 
 def run_bench(args) -> int:
-    from .model.default import default_model_path, smollm2_path
-    paths = {"smollm2": smollm2_path, "gemma3": default_model_path}
+    from .model.default import MODELS as paths
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [n for n in names if n not in paths]
     if unknown:

@@ -9,14 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from framework.model.default import default_model_path, smollm2_path
+from framework.model.default import model_path  # noqa: F401 (the tests import it from here)
 
 REF_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
 MODELS = ("smollm2", "gemma3")
-
-
-def model_path(name: str) -> Path:
-    return {"smollm2": smollm2_path, "gemma3": default_model_path}[name]()
 
 
 @lru_cache(maxsize=None)

