@@ -383,19 +383,27 @@ class Config:
     problems: list[str] = field(default_factory=list)
 
 
+def _positive_int(env, key: str, unit: str, problems: list[str]) -> int | None:
+    """A positive whole number from the environment; None when unset; a problem when malformed."""
+    raw = env.get(key)
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        problems.append(f"{key}={raw!r} is not a positive whole number{unit}")
+        return None
+    return value
+
+
 def read_config(env: dict | None = None) -> Config:
     """The plugin's settings from the environment; a malformed value is a problem (the device is then
     unavailable and says which)."""
     env = os.environ if env is None else env
     c = Config(kernels=env.get(KERNELS_ENV) or None)
-    raw = env.get(MAX_CHAIN_ENV)
-    if raw:
-        try:
-            c.max_chain = int(raw)
-            if c.max_chain < 1:
-                raise ValueError
-        except ValueError:
-            c.problems.append(f"{MAX_CHAIN_ENV}={raw!r} is not a positive whole number")
+    c.max_chain = _positive_int(env, MAX_CHAIN_ENV, "", c.problems)
     host = env.get(HOST_ARM_ENV, "").strip()
     if host and host not in ("0", "off", "no"):
         c.host_arm = "xdna2" if host in ("1", "yes", "on") else host
@@ -411,14 +419,9 @@ def read_config(env: dict | None = None) -> Config:
     if req not in ("", "allow", "refuse"):
         c.problems.append(f"{REQUANTIZE_ENV}={req!r}: use 'allow' or 'refuse'")
     c.requantize = req == "allow"
-    t = env.get(TIMEOUT_ENV)
-    if t:
-        try:
-            c.timeout_ms = int(t)
-            if c.timeout_ms < 1:
-                raise ValueError
-        except ValueError:
-            c.problems.append(f"{TIMEOUT_ENV}={t!r} is not a positive whole number of milliseconds")
+    timeout = _positive_int(env, TIMEOUT_ENV, " of milliseconds", c.problems)
+    if timeout is not None:
+        c.timeout_ms = timeout
     if c.max_chain is not None:
         limit = get_profile(c.profile or c.host_arm or "xdna").max_chain if not c.problems else None
         if limit is not None and c.max_chain > limit:
