@@ -68,6 +68,12 @@ def q_weight(name: str, shape: tuple[int, int], dtype=Q4_1, seed: int = 0):
     return leaf(name, dtype, shape, LeafKind.WEIGHT), np.ascontiguousarray(quants.quantize(values, dtype))
 
 
+def q_weights(names: list[str], shape: tuple[int, int]) -> tuple[list, dict]:
+    """q_weight for each name (seeds 0, 1, ...): the leaves, and their raw bytes by name."""
+    pairs = [q_weight(name, shape, seed=i) for i, name in enumerate(names)]
+    return [w for w, _ in pairs], {w.name: raw for w, raw in pairs}
+
+
 def matmul_graph(weights: list, n_tokens: int, k: int):
     """One input x (n_tokens, k) multiplied by every weight: independent products, one fragment."""
     b = GraphBuilder()
@@ -379,11 +385,7 @@ def test_a_42_run_fragment_is_cut_to_the_profile_limit(tmp_path):
     """Failure 5: 42 products in one fragment. The plan cuts it into submissions of at most 24 and the
     NPU arm (through the pyxrt double, whose driver times out chains longer than 24) runs two
     runlists; a limit of 42 is not even accepted by the device."""
-    weights, raws = [], {}
-    for i in range(42):
-        w, raw = q_weight(f"blk.{i}.attn_q.weight", (32, 256), seed=i)
-        weights.append(w)
-        raws[w.name] = raw
+    weights, raws = q_weights([f"blk.{i}.attn_q.weight" for i in range(42)], (32, 256))
     graph, xl = matmul_graph(weights, 1, 256)
     x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
     ks = make_kernel_set(tmp_path / "ks", [(1, 256, 32)])
@@ -498,11 +500,7 @@ def test_npu_arm_runs_a_model_like_the_host_arm(tmp_path, cpu):
 
 
 def test_timeouts_become_errors_that_name_the_chain_the_limit_and_the_option(tmp_path):
-    weights, raws = [], {}
-    for i in range(3):
-        w, raw = q_weight(f"blk.0.w{i}.weight", (32, 256), seed=i)
-        weights.append(w)
-        raws[w.name] = raw
+    weights, raws = q_weights([f"blk.0.w{i}.weight" for i in range(3)], (32, 256))
     graph, xl = matmul_graph(weights, 1, 256)
     x = np.ones((1, 256), dtype=np.float32)
     ks = make_kernel_set(tmp_path / "ks", [(1, 256, 32)])
