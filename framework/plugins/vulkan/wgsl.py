@@ -25,6 +25,20 @@ fn pf(i: u32) -> f32 { return bitcast<f32>(U[i >> 2u][i & 3u]); }
 fn lin(w: vec3<u32>, n: vec3<u32>) -> u32 { return w.x + w.y * n.x; }
 """
 
+# the entry point of the one-thread-per-element kernels: thread i of the n = pu(8) elements
+_EACH_ELEMENT = """
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let i = lin(w, nw) * 256u + li;
+  if (i >= pu(8u)) { return; }
+""".removeprefix("\n")
+# element i's 4-D index (i0, i1, i2, i3) in the shape whose last three sizes are pu(10..12)
+_INDEX4 = """
+  let a1 = pu(10u); let a2 = pu(11u); let a3 = pu(12u);
+  let i3 = i % a3; let r3 = i / a3; let i2 = r3 % a2; let r2 = r3 / a2; let i1 = r2 % a1; let i0 = r2 / a1;
+""".removeprefix("\n")
+
 NEG_BIG = "-3.0e38"   # a masked score: finite, so no inf - inf arithmetic ever happens
 
 
@@ -37,14 +51,7 @@ BINARY = """
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 // 8: n, 9..12: a's shape (4-D), 13..16: b's shape, 17: op (0 add, 1 mul)
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
-  let a1 = pu(10u); let a2 = pu(11u); let a3 = pu(12u);
-  let i3 = i % a3; let r3 = i / a3; let i2 = r3 % a2; let r2 = r3 / a2; let i1 = r2 % a1; let i0 = r2 / a1;
-  let b0 = pu(13u); let b1 = pu(14u); let b2 = pu(15u); let b3 = pu(16u);
+""" + _EACH_ELEMENT + _INDEX4 + """  let b0 = pu(13u); let b1 = pu(14u); let b2 = pu(15u); let b3 = pu(16u);
   let bi = (((i0 % b0) * b1 + (i1 % b1)) * b2 + (i2 % b2)) * b3 + (i3 % b3);
   let x = A[pu(0u) + i];
   let y = B[pu(1u) + bi];
@@ -71,12 +78,7 @@ UNARY = ACT + """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
 // 8: n, 9: op (0 scale, 1 gelu, 2 silu, 3 tanh), 10: scale (f32)
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
-  let x = A[pu(0u) + i];
+""" + _EACH_ELEMENT + """  let x = A[pu(0u) + i];
   let op = pu(9u);
   var r: f32;
   if (op == 0u) { r = x * pf(10u); } else { r = act(op, x); }
@@ -89,12 +91,7 @@ GLU = ACT + """
 @group(0) @binding(2) var<storage, read> V: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 // 8: n, 9: op (1 geglu, 2 swiglu)
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
-  O[pu(2u) + i] = act(pu(9u), G[pu(0u) + i]) * V[pu(1u) + i];
+""" + _EACH_ELEMENT + """  O[pu(2u) + i] = act(pu(9u), G[pu(0u) + i]) * V[pu(1u) + i];
 }
 """
 
@@ -429,14 +426,7 @@ CONT = """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
 // 8: n, 9..12: output shape (4-D), 13..16: source strides in elements
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
-  let a1 = pu(10u); let a2 = pu(11u); let a3 = pu(12u);
-  let i3 = i % a3; let r3 = i / a3; let i2 = r3 % a2; let r2 = r3 / a2; let i1 = r2 % a1; let i0 = r2 / a1;
-  let src = i0 * pu(13u) + i1 * pu(14u) + i2 * pu(15u) + i3 * pu(16u);
+""" + _EACH_ELEMENT + _INDEX4 + """  let src = i0 * pu(13u) + i1 * pu(14u) + i2 * pu(15u) + i3 * pu(16u);
   O[pu(1u) + i] = A[pu(0u) + src];
 }
 """
@@ -705,12 +695,7 @@ X_Q8 = "@group(0) @binding(2) var<storage, read> X: array<vec4<u32>>;   // QUANT
 
 # a thread per 32-element group of x: the group's eight vec4s and their largest magnitude, m4 (the
 # prologue of QUANT_X and HALF_X, which scale x per group to 8 bits and to f16)
-_GROUP_OF_X = """
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
+_GROUP_OF_X = _EACH_ELEMENT + """
   let b = pu(0u) / 4u + i * 8u;
   let x0 = X[b]; let x1 = X[b + 1u]; let x2 = X[b + 2u]; let x3 = X[b + 3u];
   let x4 = X[b + 4u]; let x5 = X[b + 5u]; let x6 = X[b + 6u]; let x7 = X[b + 7u];
