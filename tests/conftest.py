@@ -11,7 +11,8 @@ import pytest
 
 from framework.model.default import model_path  # noqa: F401 (the tests import it from here)
 
-REF_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+# llama.cpp's outputs for both models, kept in the repository (tests/reference/README.md says how they were made)
+REF_DIR = Path(__file__).resolve().parent / "reference"
 MODELS = ("smollm2", "gemma3")
 
 
@@ -25,7 +26,7 @@ def load_model(name: str):
 @lru_cache(maxsize=None)
 def reference(name: str) -> tuple[dict, dict]:
     if not REF_DIR.is_dir():
-        pytest.fail(f"llama.cpp's reference outputs are missing: expected {REF_DIR} (shared/ beside the checkout)")
+        pytest.fail(f"llama.cpp's reference outputs are missing: expected {REF_DIR}")
     ref = json.loads((REF_DIR / f"{name}.json").read_text(encoding="utf-8"))
     arrays = dict(np.load(REF_DIR / f"{name}.npz"))
     return ref, arrays

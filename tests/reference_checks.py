@@ -1,4 +1,4 @@
-"""The bounds of shared/reference/README.md, as functions any device's tests can call.
+"""The bounds of tests/reference/README.md, as functions any device's tests can call.
 
 - teacher-forced greedy: at every position llama.cpp's token is the top-1 or within 1.0 of the
   top logit, and it is the top-1 at 90% or more of the positions;

@@ -1,4 +1,4 @@
-"""Both models on the CPU plugin against llama.cpp's outputs (shared/reference)."""
+"""Both models on the CPU plugin against llama.cpp's outputs (tests/reference)."""
 
 import numpy as np
 import pytest

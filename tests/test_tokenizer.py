@@ -1,6 +1,6 @@
 """Tokenizers built from GGUF metadata must give llama.cpp's token ids exactly.
 
-Reference ids come from llama.cpp (see shared/reference/README.md): `tokenize` entries were
+Reference ids come from llama.cpp (see tests/reference/README.md): `tokenize` entries were
 tokenized with add_bos=False and special=False; `prompts` and `text` with BOS when `add_bos`.
 """
 
@@ -14,7 +14,8 @@ import pytest
 from framework.model.gguf_file import open_model_file
 from framework.model.tokenizer import tokenizer_from_metadata
 
-REF_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+from conftest import REF_DIR
+
 MODELS = ("smollm2", "gemma3")
 
 

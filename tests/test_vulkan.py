@@ -11,7 +11,7 @@ What runs here, and how it is reduced for lavapipe's speed (about 0.5 GMAC/s on 
   MUL_MAT cases again with the cooperative matrix-vector kernel a GPU adapter uses (lavapipe, a CPU
   adapter, normally takes the register-tiled kernel), with f16 arithmetic off, and with weights split
   into several chunks (a binding limit made small);
-* both models against llama.cpp's reference outputs (shared/reference), in full, with the README's
+* both models against llama.cpp's reference outputs (tests/reference), in full, with the README's
   bounds as test_reference_cpu.py applies them: teacher-forced greedy on every prompt, perplexity and
   top-1 agreement over the whole text (about 10 minutes of the test run on lavapipe).
   FRAMEWORK_VULKAN_QUICK=1 reduces them for a quick local check: teacher-forced greedy on the first
