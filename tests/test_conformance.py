@@ -49,7 +49,7 @@ def _device_names() -> list[str]:
 
 def only_plugin(plugin: str | None) -> dict[str, str]:
     """Environment that loads no installed plugin but `plugin` (FRAMEWORK_BLOCK_PLUGINS): a run for one
-    device need not start every other plugin's runtime. The CPU reference is imported directly."""
+    device need not start every other plugin's runtime. The reference kernels come from the core."""
     blocked = [b for b in os.environ.get("FRAMEWORK_BLOCK_PLUGINS", "").split(",") if b.strip()]
     blocked += [name for name in registry().plugins if name != plugin]
     return {"FRAMEWORK_BLOCK_PLUGINS": ",".join(blocked)}
@@ -60,24 +60,25 @@ def _plugin_of(device: str) -> str:
 
 
 PROBE_PLUGIN = '''
-from framework.contract import DeviceType, hookimpl
-from framework.plugins.cpu import kernels
-from framework.plugins.cpu.device import CpuDevice, CpuProgram
+from framework.contract import Device, DeviceType, Verdict, hookimpl
+from framework.core.graph import OPS
+from framework.core.graph.interpreter import ReferenceProgram
+from framework.core.graph.reference import rope
 
 
-def rope_one_position_late(x, pos, **params):
-    return kernels.rope(x, pos + 1, **params)
-
-
-class ProbeDevice(CpuDevice):
-    """The CPU device with one bug: ROPE rotates every token one position too far."""
+class ProbeDevice(Device):
+    """The reference kernels with one bug: ROPE rotates every token one position too far."""
     name = "probe:0"
     type = DeviceType.ACCEL
+    physical_id = "host-cpu"
+
+    def supports_op(self, node):
+        return Verdict.yes() if node.op in OPS else Verdict.no("unsupported_op", f"no kernel for {node.op}")
 
     def compile(self, fragment):
-        program = CpuProgram(fragment)
-        program.steps = [((lambda x, pos, p=n.params: rope_one_position_late(x, pos, **p)) if n.op == "ROPE" else fn,
-                          out, ins) for (fn, out, ins), n in zip(program.steps, fragment.nodes)]
+        program = ReferenceProgram(fragment.nodes, fragment.inputs, fragment.outputs)
+        program.steps = [((lambda x, pos, p=n.params: rope(x, pos + 1, **p)) if n.op == "ROPE" else fn, out, ins)
+                         for (fn, out, ins), n in zip(program.steps, fragment.nodes)]
         return program
 
 

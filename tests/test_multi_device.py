@@ -2,7 +2,7 @@
 third-party distribution framework-plugin-example (examples/plugin-example, installed into the
 venv and discovered through its entry point).
 
-example:0 runs the CPU's numpy kernels behind a private buffer type its handles cannot leave
+example:0 runs the core's reference kernels behind a private buffer type its handles cannot leave
 without a copy, so every mixed plan below must give the CPU-only session's logits: any tensor
 that crossed devices without to_host/from_host would have failed loudly.
 """
@@ -24,10 +24,9 @@ from framework_plugin_example import (  # pip install -e examples/plugin-example
 
 from framework.cli import main as cli_main
 from framework.contract import HOST_BUFFER, BufferType, DeviceType
-from framework.core.graph import VIEW_OPS
+from framework.core.graph import OPS, VIEW_OPS
 from framework.core.registry import ALIASES, contract_problems, default_registry
 from framework.core.scheduler import CapabilityError
-from framework.plugins.cpu.kernels import KERNELS
 from framework.runtime.session import Session
 
 N_CTX = 256
@@ -169,7 +168,7 @@ def test_private_buffer_cannot_reach_the_cpu_without_a_copy(cpu):
                      ("RMS_NORM", (handle,)), ("GET_ROWS", (handle, np.array([0], dtype=np.int32)))):
         kw = {"eps": 1e-6} if op == "RMS_NORM" else {}
         with pytest.raises((TypeError, AttributeError)):
-            KERNELS[op](*args, **kw)
+            OPS[op].kernel(*args, **kw)
     with pytest.raises(TypeError):
         ex.to_host(host)                  # not its memory
 
@@ -219,7 +218,7 @@ def test_mixed_plan_matches_cpu_with_fallbacks_copies_and_shared_programs(smollm
 # -- c. smoothing ------------------------------------------------------------------------------
 
 def test_lone_accepted_adds_are_smoothed_onto_the_cpu(smollm2, cpu, prompt, cpu_logits):
-    refused = sorted(set(KERNELS) - VIEW_OPS - {"ADD"})
+    refused = sorted(set(OPS) - VIEW_OPS - {"ADD"})
     ex = ExampleDevice(refuse=refused)
     session = Session(smollm2, [ex, cpu], n_ctx=N_CTX)
     session.reserve(len(prompt[0]), 2)

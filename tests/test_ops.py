@@ -1,4 +1,5 @@
-"""CPU plugin kernels against independent float64 numpy references, and through the real device path.
+"""The reference kernels (framework.core.graph.reference) against independent float64 numpy references,
+and through the real device path (the CPU plugin runs them).
 
 Error metric: ggml's test-backend-ops NMSE, sum((out - ref)^2) / sum(ref^2). Shapes are numpy order
 (ggml's ne reversed).
@@ -6,17 +7,20 @@ Error metric: ggml's test-backend-ops NMSE, sum((out - ref)^2) / sum(ref^2). Sha
 
 from __future__ import annotations
 
+import inspect
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from framework.core.graph import F32, I32, Graph, GraphBuilder, LeafKind, Tensor, leaf
+from framework.core.graph import F32, I32, VIEW_OPS, Graph, GraphBuilder, LeafKind, Tensor, leaf
+from framework.core.graph import ops as op_table
+from framework.core.graph import reference as K
 from framework.core.graph.quants import dequantize
 from framework.core.scheduler import CapabilityError, Executor, make_plan
-from framework.plugins.cpu import kernels as K
 from framework.plugins.cpu.device import CpuDevice
 
 NMSE_DEFAULT = 1e-7
@@ -610,3 +614,96 @@ def test_dequantize_f32_is_a_view_of_the_bytes(rng):
     out = dequantize(x.view(np.uint8).reshape(-1), Q.F32, (2, 8))
     np.testing.assert_array_equal(out, x)
     assert out.dtype == np.float32 and out.flags["C_CONTIGUOUS"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the op table (framework.core.graph.ops) and the page generated from it
+# ---------------------------------------------------------------------------------------------
+
+def test_docs_ops_page_is_generated_from_the_table():
+    """docs/ops.md is the table's own markdown: edit ops.py, then regenerate the page."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "ops.md"
+    assert page.read_text() == op_table.markdown(), (
+        "docs/ops.md is out of step with framework/core/graph/ops.py: run "
+        "`python -m framework.core.graph --markdown > docs/ops.md`")
+    for name in op_table.OPS:
+        assert f"## {name}\n" in page.read_text()
+
+
+def test_every_op_has_a_kernel_that_takes_its_parameters():
+    """A table entry's sources and parameters are what its reference kernel takes, by name and count."""
+    for name, s in op_table.OPS.items():
+        sig = inspect.signature(s.kernel)
+        keywords = [p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY]
+        positional = [p for p in sig.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+        assert keywords == list(s.param_names), name
+        assert len(positional) == len(s.sources), name
+        assert [p.default is not p.empty for p in positional] == [o.optional for o in s.sources], name
+        assert s.semantics and s.nmse in (op_table.NMSE_DEFAULT, 1e-6, op_table.NMSE_MATMUL), name
+
+
+def test_sub_ops_and_rope_modes_are_the_kernels_own():
+    assert set(op_table.UNARY_OPS) == set(K.UNARY) and set(op_table.GLU_OPS) == set(K.GLU)
+    assert op_table.ROPE_MODES == ("normal", "neox")
+    a, b = K.rope_pairs("normal", 8)
+    assert list(a) == [0, 2, 4, 6] and list(b) == [1, 3, 5, 7]
+    a, b = K.rope_pairs("neox", 8)
+    assert list(a) == [0, 1, 2, 3] and list(b) == [4, 5, 6, 7]
+
+
+def test_kinds_name_views_and_in_place_writes():
+    assert VIEW_OPS == {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
+    assert [op for op in op_table.OPS if op_table.writes_source(op)] == ["SET_ROWS"]
+    assert not op_table.makes_memory("SET_ROWS") and not op_table.makes_memory("VIEW")
+    assert op_table.makes_memory("CONT") and op_table.makes_memory("MUL_MAT")
+    assert op_table.kind("NO_SUCH_OP") is None and not op_table.is_view("NO_SUCH_OP")
+
+
+def test_unknown_op_names_are_refused_with_the_table():
+    with pytest.raises(op_table.UnknownOpError, match="unknown op 'MULMAT'.*MUL_MAT"):
+        op_table.names("MUL_MAT", "MULMAT")
+    with pytest.raises(op_table.UnknownOpError, match="unknown op 'NOPE'"):
+        op_table.spec("NOPE")
+    assert op_table.names("ADD", "MUL") == {"ADD", "MUL"}
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_models_use_only_table_ops_with_the_table_parameters(name):
+    """Every node a model's graph holds is an op of the table carrying exactly its parameters, with
+    values among the table's choices."""
+    from framework.model.arch.base import KVCache
+    from conftest import load_model
+    model = load_model(name)
+    graph, _ = model.build_step(4, 256, 1, KVCache(model.hp, 256), n_layers=1)
+    for n in graph.nodes:
+        s = op_table.spec(n.op)
+        assert set(n.params) == set(s.param_names), n.describe()
+        for p in s.params:
+            assert not p.choices or n.params[p.name] in p.values, n.describe()
+
+
+def test_bind_gives_the_kernel_with_the_node_parameters(rng):
+    b = GraphBuilder()
+    x, pos = b.input("x", F32, (3, 2, 8)), b.input("pos", I32, (3,))
+    node = b.rope_ext(x, pos, 8, "neox", 500.0, 0.5)
+    xv, pv = f32(rng, 3, 2, 8), np.array([1, 2, 9], dtype=np.int32)
+    np.testing.assert_array_equal(op_table.bind(node)(xv, pv),
+                                  K.rope(xv, pv, n_dims=8, mode="neox", freq_base=500.0, freq_scale=0.5))
+    assert op_table.bind(b.cont(x)) is K.cont
+
+
+def test_one_rope_table_serves_every_plugin(rng):
+    """The CPU kernel, the Vulkan table and the OpenVINO table all read reference.rope_cos_sin."""
+    from framework.plugins.openvino_npu.translate import rope_table as ov_rope_table
+    from framework.plugins.vulkan.program import rope_table as vk_rope_table
+
+    pos = np.array([0, 5, 4000], dtype=np.int32)
+    cos, sin = K.rope_cos_sin(pos, 16, 10000.0, 0.5)
+    theta = pos.astype(np.float64)[:, None] * 0.5 * 10000.0 ** (-np.arange(8) * 2.0 / 16)
+    np.testing.assert_array_equal(cos, np.cos(theta).astype(np.float32))
+    np.testing.assert_array_equal(sin, np.sin(theta).astype(np.float32))
+    np.testing.assert_array_equal(vk_rope_table(pos, 16, 10000.0, 0.5), np.stack([cos, sin], axis=-1))
+    c, s = ov_rope_table(pos, (16, 10000.0, 0.5, "neox", 20))
+    np.testing.assert_array_equal(c[:, 0, :8], cos)
+    np.testing.assert_array_equal(s[:, 0, 8:16], sin)
+    assert np.all(c[:, 0, 16:] == 1) and np.all(s[:, 0, 16:] == 0)

@@ -22,10 +22,11 @@ models, plus a sweep of random shapes drawn from a seeded generator) on every se
 
 * the device runs the graph through the framework's own path (``make_plan(graph, [device])`` and
   ``Executor``: ``load_weight`` on the raw GGUF bytes, ``alloc`` of the cache, ``compile``,
-  ``program.run``, ``to_host``), and the CPU device runs the same graph on the same values the same
-  way; the outputs must have the right shape, be float32 and finite, and their normalised mean
-  squared error ``sum((out - ref)^2) / sum(ref^2)`` must be at most ggml's threshold for the op:
-  1e-7, 5e-4 for MUL_MAT and FLASH_ATTN_EXT, 1e-6 for SOFT_MAX (``cases.NMSE_MAX`` says why);
+  ``program.run``, ``to_host``), and the core's reference kernels (``framework.core.graph.reference``)
+  compute the same graph on the same values; the outputs must have the right shape, be float32 and
+  finite, and their normalised mean squared error ``sum((out - ref)^2) / sum(ref^2)`` must be at most
+  ggml's threshold for the op, from the op table: 1e-7, 5e-4 for MUL_MAT and FLASH_ATTN_EXT, 1e-6 for
+  SOFT_MAX (``docs/ops.md`` says why);
 * a case with a node the device refuses (``supports_op`` answers ``Verdict.no``) is reported as
   SKIPPED, with the device's verdict code and reason in the skip message: that is the honest "not
   supported" outcome, not a failure. A device that accepts every node of a case must pass it
@@ -35,7 +36,7 @@ models, plus a sweep of random shapes drawn from a seeded generator) on every se
   device's ``Limits.dtypes`` is refused; an op that does not exist is refused;
 * the same program run twice gives bit-identical results (determinism).
 
-The CPU device (``framework.plugins.cpu``, numpy in float32) is the reference: tested against
-itself, it passes trivially; its own kernels are tested against float64 references in the project's
-test suite.
+The reference is the op table's kernels (numpy in float32), which the CPU device also runs: tested
+against them, it passes trivially; the kernels themselves are tested against float64 references in
+the project's test suite.
 """

@@ -1,10 +1,11 @@
-"""The conformance tests: every case on every selected device, against the CPU reference.
+"""The conformance tests: every case on every selected device, against the core's reference kernels.
 
 For each case and device:
   * ``test_matches_cpu_reference``: the device runs the case through make_plan + Executor; when it
     accepts every node, every output must have the node's shape, be float32 and finite, and be within
-    the case's NMSE threshold of the CPU device's output for the same graph and values. When it
-    refuses a node, the test is skipped with the device's verdict (code and reason).
+    the case's NMSE threshold of the reference kernels' output (framework.core.graph.reference, the
+    kernels the CPU device runs) for the same graph and values. When it refuses a node, the test is
+    skipped with the device's verdict (code and reason).
   * ``test_deterministic``: the same compiled program run twice gives bit-identical outputs.
   * ``test_verdicts_are_well_formed``: every supports_op answer is a Verdict, a refusal has a code and
     a reason, the answer does not change when asked again, and a weight type outside the device's
@@ -28,10 +29,12 @@ from framework.conformance.cases import (
     ops_of,
 )
 from framework.contract import Verdict
-from framework.core.graph import F32, GLU_OPS, ROPE_MODES, UNARY_OPS, Graph, LeafKind, Tensor, leaf
-from framework.core.scheduler import CapabilityError, Executor, make_plan
-from framework.plugins.cpu.device import CpuDevice
-from framework.plugins.cpu.kernels import KERNELS
+from framework.core.graph import F32, GLU_OPS, OPS, ROPE_MODES, UNARY_OPS, Graph, LeafKind, Tensor, leaf
+from framework.core.graph import ops as op_table
+from framework.core.graph.interpreter import evaluate
+from framework.core.graph.ops import UnknownOpError
+from framework.core.graph.quants import dequantize
+from framework.core.scheduler import Executor, make_plan
 
 CASES = all_cases()
 
@@ -70,9 +73,12 @@ def runs_on(device, case: Case) -> list[list[np.ndarray]]:
 
 
 def reference(case: Case) -> list[np.ndarray]:
-    """The case's outputs on the CPU device, through the same planner and executor path."""
+    """The case's outputs on the reference kernels, from the same weight bytes and input values."""
     if case.id not in _reference:
-        _reference[case.id] = run(CpuDevice(), built(case), times=1)[0]
+        b = built(case)
+        values = {**b.fresh_inputs(), **{id(t): dequantize(b.weights[t.name], t.dtype, t.shape)
+                                         for t in b.graph.leaves if t.kind == LeafKind.WEIGHT}}
+        _reference[case.id] = evaluate(b.graph, values)
     return _reference[case.id]
 
 
@@ -184,15 +190,13 @@ def test_answers_gated_delta_net_with_a_verdict(device):
 # the reference and the suite itself
 # ------------------------------------------------------------------------------------------------------
 
-def test_cpu_reference_refuses_gated_delta_net():
-    """The CPU device has no kernel for GATED_DELTA_NET: a proper Verdict, and a plan that says so."""
-    node = _node("GATED_DELTA_NET")
-    v = CpuDevice().supports_op(node)
-    assert isinstance(v, Verdict) and v.ok is False and not v
-    assert v.code == "unsupported_op" and "GATED_DELTA_NET" in v.reason
-    with pytest.raises(CapabilityError) as err:
-        make_plan(Graph(nodes=[node], leaves=list(node.src), outputs=[node]), [CpuDevice()])
-    assert err.value.code == "no_device_for_node" and "GATED_DELTA_NET" in str(err.value)
+def test_reference_knows_no_op_outside_the_table():
+    """An op the table does not hold has no reference kernel: asking for one names the table's ops."""
+    node = _node("CONFORMANCE_NO_SUCH_OP")
+    with pytest.raises(UnknownOpError, match="CONFORMANCE_NO_SUCH_OP.*op table.*MUL_MAT"):
+        op_table.bind(node)
+    with pytest.raises(UnknownOpError):
+        evaluate(Graph(nodes=[node], leaves=list(node.src), outputs=[node]), {id(node.src[0]): np.zeros((4, 8))})
 
 
 def test_metric_detects_errors():
@@ -206,11 +210,11 @@ def test_metric_detects_errors():
 
 
 def test_cases_cover_every_op():
-    """Every op the graph builder can emit (the CPU kernels' list), every unary, GLU and rope mode, and
-    every weight type for GET_ROWS and for MUL_MAT in decode and prefill, has a case."""
+    """Every op of the table, every unary, GLU and rope mode, and every weight type for GET_ROWS and for
+    MUL_MAT in decode and prefill, has a case."""
     covered = ops_of(CASES)
-    # the builder's transpose() emits PERMUTE; TRANSPOSE is only a kernel alias
-    assert set(KERNELS) - {"TRANSPOSE"} <= covered, sorted(set(KERNELS) - {"TRANSPOSE"} - covered)
+    # the builder's transpose() emits PERMUTE; TRANSPOSE is only a name for graphs made elsewhere
+    assert set(OPS) - {"TRANSPOSE"} <= covered, sorted(set(OPS) - {"TRANSPOSE"} - covered)
     params = {(n.op, n.params.get("op") or n.params.get("mode")) for c in CASES for n in c.build().graph.nodes}
     for op, kinds in (("UNARY", UNARY_OPS), ("GLU", GLU_OPS), ("ROPE", ROPE_MODES)):
         assert {(op, k) for k in kinds} <= params, f"{op}: {sorted(set(kinds) - {k for o, k in params if o == op})}"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract import Device
-from ..core.graph import Graph
+from ..core.graph import Graph, LeafKind, ops
 from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve
 from ..model.arch.base import KVCache
 from ..model.model import Model
@@ -74,7 +74,7 @@ class Session:
             raise ValueError(f"--kv-device {kv_device} is not among the selected devices "
                              f"({', '.join(by_name)})")
         graph, _ = self.model.build_step(1, min(KV_PAD, self.cache.n_ctx), 1, self.cache, n_layers=1)
-        write = next(n for n in graph.nodes if n.op == "SET_ROWS")
+        write = next(n for n in graph.nodes if ops.writes_source(n.op) and n.storage.kind == LeafKind.CACHE)
         owner = by_name.get(kv_device) or next((d for d in self.devices if d.supports_op(write).ok), self.devices[0])
         return {id(t): Residence(owner.name, owner.buffer_type, owner.physical_id) for t in self.cache.tensors()}
 

@@ -1,8 +1,8 @@
 """The example device: real numpy computation behind a private buffer type.
 
 What it shows a plugin author:
-  - reusing the CPU plugin's numpy kernels (framework.plugins.cpu.kernels.KERNELS) as a reference
-    implementation, inside a device and a program class of one's own;
+  - reading the op table (framework.core.graph.ops, documented in docs/ops.md) and running its
+    reference kernels (ops.bind), inside a device and a program class of one's own;
   - a private buffer type: handles are ExampleBuffer objects, not numpy arrays, so any code path
     that hands one to another device without from_host/to_host fails loudly instead of working
     by accident;
@@ -20,7 +20,6 @@ A malformed setting makes the device unavailable, with the reason (``framework b
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -28,9 +27,8 @@ from typing import Any
 import numpy as np
 
 from framework.contract import BufferType, Device, DeviceType, Limits, Verdict
-from framework.core.graph import VIEW_OPS
+from framework.core.graph import OPS, ops
 from framework.core.graph.quants import dequantize
-from framework.plugins.cpu.kernels import KERNELS
 
 EXAMPLE_BUFFER = BufferType("example_private", host=False)
 
@@ -71,16 +69,6 @@ class ExampleBuffer:
         return f"ExampleBuffer({self.array.dtype}, shape {list(self.array.shape)})"
 
 
-def _bind(node) -> Any:
-    """The reference kernel for a node, its parameters bound (only those the kernel takes)."""
-    kernel = KERNELS[node.op]
-    names = [p.name for p in inspect.signature(kernel).parameters.values() if p.kind == p.KEYWORD_ONLY]
-    bound = {k: node.params[k] for k in names}
-    if not bound:
-        return kernel
-    return lambda *args: kernel(*args, **bound)
-
-
 class ExampleProgram:
     """A compiled fragment: its steps grouped by submission, as the plan cut them to max_chain.
 
@@ -95,12 +83,12 @@ class ExampleProgram:
         steps = []
         for n in fragment.nodes:
             slots[id(n)] = len(slots)
-            steps.append((_bind(n), slots[id(n)], tuple(slots[id(s)] for s in n.src)))
+            steps.append((ops.bind(n), slots[id(n)], tuple(slots[id(s)] for s in n.src)))
         self.n_slots = len(slots)
         self.out_slots = [slots[id(t)] for t in fragment.outputs]
         self.submissions = []
         for start, end in fragment.submissions or [(0, len(fragment.nodes))]:
-            commands = sum(1 for n in fragment.nodes[start:end] if n.op not in VIEW_OPS)
+            commands = sum(1 for n in fragment.nodes[start:end] if not ops.is_view(n.op))
             if device.limits.max_chain and commands > device.limits.max_chain:
                 raise ValueError(f"a submission of {commands} commands exceeds max_chain="
                                  f"{device.limits.max_chain}")
@@ -142,7 +130,7 @@ class ExampleDevice(Device):
                  max_chain: int | None = None, memory: int | None = None):
         self.name = f"example:{index}"
         self.physical_id = "host-cpu"       # the same CPU the built-in cpu device runs on
-        self.description = ("example plugin (framework-plugin-example): the CPU plugin's numpy kernels "
+        self.description = ("example plugin (framework-plugin-example): the core's reference kernels "
                             "behind a private buffer type, on the host CPU")
         problems: list[str] = []
 
@@ -153,10 +141,10 @@ class ExampleDevice(Device):
         if isinstance(refuse, str):
             refuse = refuse.split(",")
         self.refuse = frozenset(op.strip().upper() for op in refuse if op.strip())
-        unknown = sorted(self.refuse - KERNELS.keys())
+        unknown = sorted(self.refuse - OPS.keys())
         if unknown:
             problems.append(f"{self.refuse_source} names unknown ops {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(KERNELS))})")
+                            f"(known: {', '.join(sorted(OPS))})")
 
         def setting(arg, env):
             if arg is not None:
@@ -181,7 +169,7 @@ class ExampleDevice(Device):
         if node.op in self.refuse:
             return Verdict.no("refused_by_config", f"{self.name} is configured to refuse {node.op} "
                                                    f"(set by {self.refuse_source})")
-        if node.op not in KERNELS:
+        if node.op not in OPS:
             return Verdict.no("unsupported_op", f"{self.name} has no kernel for {node.op}")
         return Verdict.yes()
 

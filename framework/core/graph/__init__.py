@@ -1,10 +1,13 @@
-"""Graphs of ggml-style tensors: build them, hash their structure."""
+"""Graphs of ggml-style tensors: the op table, build them, hash their structure."""
 
-from .builder import GLU_OPS, ROPE_MODES, UNARY_OPS, GraphBuilder
+from . import ops
+from .builder import GraphBuilder
 from .dtypes import F16, F32, I32, DType, nbytes, row_bytes
 from .errors import GraphBuildError
 from .graph import Graph, structure_hash
-from .tensor import VIEW_OPS, LeafKind, Tensor, leaf
+from .ops import GLU_OPS, OPS, ROPE_MODES, UNARY_OPS, VIEW_OPS, Kind, OpSpec
+from .tensor import LeafKind, Tensor, leaf
 
-__all__ = ["GLU_OPS", "ROPE_MODES", "UNARY_OPS", "GraphBuilder", "F16", "F32", "I32", "DType", "nbytes",
-           "row_bytes", "GraphBuildError", "Graph", "structure_hash", "VIEW_OPS", "LeafKind", "Tensor", "leaf"]
+__all__ = ["ops", "GLU_OPS", "OPS", "ROPE_MODES", "UNARY_OPS", "VIEW_OPS", "Kind", "OpSpec", "GraphBuilder", "F16",
+           "F32", "I32", "DType", "nbytes", "row_bytes", "GraphBuildError", "Graph", "structure_hash", "LeafKind",
+           "Tensor", "leaf"]

@@ -1,22 +1,20 @@
 """The graph builder: ggml's op constructors, checking shapes as the graph is built.
 
 Every method appends one node and returns it, so the node list is always in a valid
-execution order. Shapes are numpy order (see tensor.py); where ggml's semantics are
-stated in its own axis order, the docstring says the numpy equivalent.
+execution order. Shapes are numpy order (see tensor.py). What each op means, its parameters and
+their names are the op table's (ops.py); this module checks that the operands fit.
 """
 
 from __future__ import annotations
 
 import math
 
+from . import ops
 from .dtypes import F32, I32, DType
 from .errors import GraphBuildError
 from .graph import Graph
+from .ops import GLU_OPS, ROPE_MODES, UNARY_OPS
 from .tensor import LeafKind, Tensor, leaf
-
-GLU_OPS = ("swiglu", "geglu")
-UNARY_OPS = ("gelu", "silu", "tanh")
-ROPE_MODES = ("normal", "neox")
 
 
 def _shape_str(t: Tensor) -> str:
@@ -53,11 +51,14 @@ class GraphBuilder:
         return t
 
     def _node(self, op, name, dtype, shape, src, params=None, contiguous=True, view_src=None) -> Tensor:
+        params = dict(params or {})
+        if set(params) != set(ops.spec(op).param_names):     # the builder disagrees with the table: a bug here
+            raise GraphBuildError(f"{op}: parameters {sorted(params)}, the op table has {ops.spec(op).param_names}")
         for s in src:
             if s.is_leaf:
                 self._use_leaf(s)
         t = Tensor(name=name, dtype=dtype, shape=tuple(int(d) for d in shape), op=op, src=tuple(src),
-                   params=dict(params or {}), contiguous=contiguous, view_src=view_src)
+                   params=params, contiguous=contiguous, view_src=view_src)
         self.nodes.append(t)
         return t
 

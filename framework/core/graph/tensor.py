@@ -20,10 +20,6 @@ class LeafKind(str, Enum):
     CACHE = "cache"      # pre-allocated and written by the graph itself (KV cache)
 
 
-# Ops that only reinterpret their source's memory: they cost nothing and run where the source is.
-VIEW_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
-
-
 @dataclass(eq=False)
 class Tensor:
     """A leaf (op == "NONE") or a node computed by `op` from `src`.

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...contract import Device
-from ..graph import LeafKind, Tensor
+from ..graph import LeafKind, Tensor, ops
 from .errors import DeviceRunError
 from .plan import Plan
 
@@ -86,7 +86,7 @@ class Executor:
                 st["runs"] += 1
             for t, h in zip(f.outputs, results):
                 values[id(t)] = (f.device, h)
-                if t.op == "SET_ROWS":
+                if ops.writes_source(t.op):     # the written tensor's latest value is this handle
                     self.caches[id(t.storage)] = (f.device, h)
         return [self._to_host(values[id(t)]) for t in plan.graph.outputs]
 

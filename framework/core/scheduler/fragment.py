@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ..graph import VIEW_OPS, Graph, Tensor, structure_hash
+from ..graph import VIEW_OPS, Graph, Tensor, ops, structure_hash
 
 
 @dataclass(eq=False)
@@ -75,8 +75,8 @@ def split_fragments(graph: Graph, device_of: dict[int, str]) -> list[Fragment]:
                     f.inputs.append(s)
         for n in f.nodes:
             used_elsewhere = any(frag_of[id(c)] != f.index for c in graph.consumers.get(id(n), ()))
-            # a cache write is a side effect on a persistent tensor: always hand its result back
-            if used_elsewhere or id(n) in wanted or n.op == "SET_ROWS":
+            # a write into a source (a cache) is a side effect on a persistent tensor: always hand it back
+            if used_elsewhere or id(n) in wanted or ops.writes_source(n.op):
                 f.outputs.append(n)
         f.structure = structure_hash(f.nodes, f.outputs)
     return fragments

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...contract import Device
-from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
+from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
 from .plan import Plan, Residence, make_plan
 
@@ -154,7 +154,7 @@ def check_memory(plans: dict[str, Plan], by_name: dict[str, Device],
             for t in f.inputs:
                 if t.is_leaf and t.kind == LeafKind.WEIGHT:
                     weights.setdefault(f.device, {})[id(t)] = dev.weight_nbytes(t)
-            live = sum(n.nbytes for n in f.nodes if n.op not in VIEW_OPS and n.op != "SET_ROWS")
+            live = sum(n.nbytes for n in f.nodes if ops.makes_memory(n.op))
             activations[f.device] = max(activations.get(f.device, 0), live)
     caches: dict[str, int] = {}
     seen: set[int] = set()

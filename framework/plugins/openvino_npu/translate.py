@@ -1,6 +1,6 @@
 """A fragment as an ``ov.Model`` built from OpenVINO opset operations.
 
-Every op's semantics are those of the CPU plugin's numpy kernels (framework/plugins/cpu/kernels.py);
+Every op's semantics are the op table's (framework/core/graph/ops.py, docs/ops.md; reference.py's kernels);
 shapes are numpy order on both sides, so a tensor's shape is its OpenVINO shape.
 
 Inputs of the model, in order (the program feeds them from ``run`` arguments):
@@ -9,7 +9,7 @@ Inputs of the model, in order (the program feeds them from ``run`` arguments):
     reads (the ``n_kv`` window the attention views), bound to the first rows of the cache array
     without a copy;
   * cos/sin tables for every ROPE whose positions are a fragment input, computed on the host in
-    float64 like the CPU kernel (position x frequency in float32 would lose digits at long contexts).
+    float64 by the reference's rope table (position x frequency in float32 would lose digits at long contexts).
 Weights become constants (weights.py: compressed constants with their decompression pattern).
 
 A SET_ROWS does not copy the cache inside the model. The model outputs the step's new rows (the
@@ -30,14 +30,16 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from ...core.graph import LeafKind, Tensor
+from ...core.graph import ops as op_table
+from ...core.graph.reference import rope_cos_sin, rope_inv_freq, rope_pairs
 from ...core.scheduler.fragment import Fragment
 from .weights import OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
 ELEMENTS = {"i4": ov.Type.i4, "i8": ov.Type.i8}
-SUPPORTED_OPS = frozenset({"GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
-                           "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE",
-                           "CONT"})
+SUPPORTED_OPS = op_table.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM",
+                               "SOFT_MAX", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE",
+                               "TRANSPOSE", "CONT")
 SQRT_2_OVER_PI = 0.7978845608028654
 # Block offsets (Q4_1, Q5_1, Q4_K, Q5_K) in a matrix product: "zero_point" (-offset / scale, subtracted in
 # the decompression the FullyConnected kernel fuses) or "product" (x @ W^T + offsets @ block_sums(x), as
@@ -370,7 +372,7 @@ class Translator:
             sin = self._param((t, 1, d), ov.Type.f32, f"rope_sin_{n_dims}_{base:g}", Feed("rope_sin", idx, rope=rope))
         else:       # positions computed here: the table in float32 inside the model
             half = n_dims // 2
-            inv = scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
+            inv = rope_inv_freq(n_dims, base, scale)
             theta = ops.multiply(_reshape(ops.convert(self.out(pos), ov.Type.f32), (t, 1)),
                                  _const(inv.astype(np.float32).reshape(1, half))).output(0)
             spread = _const(_rope_spread(mode, n_dims, d))
@@ -378,7 +380,7 @@ class Translator:
             tail[..., n_dims:] = 1
             cos = ops.add(_reshape(ops.matmul(ops.cos(theta), spread, False, False), (t, 1, d)), _const(tail)).output(0)
             sign = np.zeros((1, 1, d), dtype=np.float32)
-            a, b = _rope_pairs(mode, n_dims)
+            a, b = rope_pairs(mode, n_dims)
             sign[..., a], sign[..., b] = -1.0, 1.0
             sin = ops.multiply(_reshape(ops.matmul(ops.sin(theta), spread, False, False), (t, 1, d)),
                                _const(sign)).output(0)
@@ -560,17 +562,9 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in name)[:48]
 
 
-def _rope_pairs(mode: str, n_dims: int) -> tuple[np.ndarray, np.ndarray]:
-    """The two members of every rotated pair: interleaved (mode "normal") or halves ("neox")."""
-    half = n_dims // 2
-    if mode == "neox":
-        return np.arange(half), np.arange(half) + half
-    return np.arange(half) * 2, np.arange(half) * 2 + 1
-
-
 def rope_partner(mode: str, n_dims: int, d: int) -> np.ndarray:
     """(d,) int32: the index of each dimension's pair partner (itself past n_dims, where sin is 0)."""
-    a, b = _rope_pairs(mode, n_dims)
+    a, b = rope_pairs(mode, n_dims)
     idx = np.arange(d, dtype=np.int32)
     idx[a], idx[b] = b, a
     return idx
@@ -578,7 +572,7 @@ def rope_partner(mode: str, n_dims: int, d: int) -> np.ndarray:
 
 def _rope_spread(mode: str, n_dims: int, d: int) -> np.ndarray:
     """(n_dims/2, d): frequency i to both members of pair i."""
-    a, b = _rope_pairs(mode, n_dims)
+    a, b = rope_pairs(mode, n_dims)
     m = np.zeros((n_dims // 2, d), dtype=np.float32)
     m[np.arange(n_dims // 2), a] = 1.0
     m[np.arange(n_dims // 2), b] = 1.0
@@ -586,16 +580,13 @@ def _rope_spread(mode: str, n_dims: int, d: int) -> np.ndarray:
 
 
 def rope_table(pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """C and S (T, 1, d): the cos and sin of every dimension's pair, from a float64 table rounded to
-    float32 like the CPU kernel's (1 and 0 past n_dims)."""
+    """C and S (T, 1, d): the cos and sin of every dimension's pair, spread from the reference's rope
+    table (1 and 0 past n_dims)."""
     n_dims, base, scale, mode, d = rope
-    half = n_dims // 2
-    inv = scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
-    theta = pos.astype(np.float64)[:, None] * inv[None, :]
-    a, b = _rope_pairs(mode, n_dims)
+    a, b = rope_pairs(mode, n_dims)
     cos = np.ones((len(pos), 1, d), dtype=np.float32)
     sin = np.zeros((len(pos), 1, d), dtype=np.float32)
-    c, s_ = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    c, s_ = rope_cos_sin(pos, n_dims, base, scale)
     cos[:, 0, a], cos[:, 0, b] = c, c
     sin[:, 0, a], sin[:, 0, b] = -s_, s_         # out[a] = x[a] c - x[b] s, out[b] = x[b] c + x[a] s
     return cos, sin

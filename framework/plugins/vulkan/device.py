@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...contract import BufferType, Device, DeviceType, Limits, Verdict
-from ...core.graph import Tensor
+from ...core.graph import VIEW_OPS, Tensor, ops
 from . import quant, wgsl
 
-OPS = frozenset({"GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
-                 "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT"})
-VIEWS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
+# the ops this plugin has kernels for (names checked against the op table)
+OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT")
+VIEWS = VIEW_OPS
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
 F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": do not request shader-f16 (only the tiled product's f16 variant needs it)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...contract import Verdict
 from ...core.graph import LeafKind, Tensor
+from ...core.graph.reference import rope_cos_sin
 from . import quant, wgsl
 from .device import (
     MAX_ATTN_HEAD,
@@ -808,11 +809,5 @@ class VkProgram:
 
 
 def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
-    """(T, n_dims/2) pairs of (cos, sin), in float64 then float32: the CPU plugin's values exactly."""
-    half = n_dims // 2
-    inv_freq = scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
-    theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
-    out = np.empty((len(pos), half, 2), np.float32)
-    out[..., 0] = np.cos(theta).astype(np.float32)
-    out[..., 1] = np.sin(theta).astype(np.float32)
-    return out
+    """(T, n_dims/2) pairs of (cos, sin): the reference's rope table, interleaved."""
+    return np.stack(rope_cos_sin(pos, n_dims, base, scale), axis=-1)

@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 
 from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Verdict
-from ...core.graph import VIEW_OPS, LeafKind, Tensor
+from ...core.graph import VIEW_OPS, LeafKind, Tensor, ops
 from ...core.scheduler.fragment import Fragment
-from ...plugins.cpu.kernels import KERNELS as HOST_KERNELS
 from . import tiles
 from .cache import PackedStore
 from .geometry import tile_grid
@@ -40,7 +39,6 @@ XDNA_TILES = BufferType("xdna_q4_1_tiles")
 REQUANTIZE_ENV = "FRAMEWORK_XDNA_REQUANTIZE"     # "allow": requantize weight types without an exact tile form
 HOST_ARM_ENV = "FRAMEWORK_XDNA_HOST_ARM"         # "1" (profile xdna2) or a profile name: the host arm
 PROFILE_ENV = "FRAMEWORK_XDNA_PROFILE"           # force a profile (an NPU whose PCI id the table lacks)
-VIEW_PARAMS = {"VIEW": ("shape", "offset"), "RESHAPE": ("shape",), "PERMUTE": ("axes",), "TRANSPOSE": ("axes",)}
 
 
 @dataclass
@@ -249,10 +247,7 @@ class XdnaProgram:
             if n.op == "MUL_MAT":
                 self.steps.append(Gemm(n, slots[id(n.src[0])], slots[id(n.src[1])], slots[id(n)]))
             else:
-                kernel = HOST_KERNELS[n.op]
-                params = {k: n.params[k] for k in VIEW_PARAMS[n.op]}
-                self.steps.append(View(n, (lambda a, f=kernel, p=params: f(a, **p)), slots[id(n.src[0])],
-                                       slots[id(n)]))
+                self.steps.append(View(n, ops.bind(n), slots[id(n.src[0])], slots[id(n)]))
         self.n_slots = len(slots)
         self.out_slots = [slots[id(t)] for t in fragment.outputs]
         self.arm = NpuArm(device) if device.arm == "npu" else HostArm(device)

@@ -1,5 +1,10 @@
-"""numpy kernels for every op, in float32. Each takes arrays and returns an array; no loop in
-Python runs over elements or rows. Also the reference the conformance suite compares against."""
+"""The reference kernels: numpy, in float32, one per op of the table (ops.py says what each means).
+
+Each takes its sources as arrays (positional, in ``node.src`` order) and its parameters as keywords,
+and returns an array; no loop in Python runs over elements or rows. The CPU plugin runs on them, the
+conformance suite compares every device against them, and a plugin may reuse them for ops it does
+not compute itself. Their own accuracy is tested against float64 references (tests/test_ops.py).
+"""
 
 from __future__ import annotations
 
@@ -117,27 +122,45 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
 _ROPE_TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _rope_table(pos, n_dims, freq_base, freq_scale):
-    """cos and sin of every (position, frequency); every layer of a step asks for the same ones."""
+def rope_inv_freq(n_dims: int, freq_base: float, freq_scale: float) -> np.ndarray:
+    """float64 (n_dims/2,): the angle per position of pair i, freq_scale * freq_base^(-2i / n_dims)."""
+    return freq_scale * freq_base ** (-np.arange(n_dims // 2, dtype=np.float64) * 2.0 / n_dims)
+
+
+def rope_cos_sin(pos, n_dims: int, freq_base: float, freq_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """float32 (T, n_dims/2) cos and sin of every (position, pair): the one rope table of the project.
+
+    The angles are computed in float64 and rounded once (position x frequency in float32 would lose
+    digits at long contexts). Every layer of a step asks for the same table, so the last few are kept.
+    """
+    pos = np.asarray(pos)
     key = (pos.dtype.str, pos.shape, pos.tobytes(), n_dims, freq_base, freq_scale)
     table = _ROPE_TABLES.get(key)
     if table is None:
-        half = n_dims // 2
-        inv_freq = freq_scale * freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_dims)
-        theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]
-        table = (np.cos(theta).astype(np.float32)[:, None, :], np.sin(theta).astype(np.float32)[:, None, :])
+        theta = pos.astype(np.float64).reshape(-1)[:, None] * rope_inv_freq(n_dims, freq_base, freq_scale)[None, :]
+        table = (np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32))
         if len(_ROPE_TABLES) > 64:
             _ROPE_TABLES.clear()
         _ROPE_TABLES[key] = table
     return table
 
 
+def rope_pairs(mode: str, n_dims: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two members (x0, x1) of every rotated pair i: (2i, 2i+1) in mode "normal", (i, i + n_dims/2)
+    in mode "neox". Pair i turns by angle i of rope_cos_sin."""
+    half = n_dims // 2
+    if mode == "neox":
+        return np.arange(half), np.arange(half) + half
+    return np.arange(half) * 2, np.arange(half) * 2 + 1
+
+
 def rope(x, pos, *, n_dims, mode, freq_base, freq_scale):
     half = n_dims // 2
-    cos, sin = _rope_table(pos, n_dims, freq_base, freq_scale)
+    cos, sin = rope_cos_sin(pos, n_dims, freq_base, freq_scale)
+    cos, sin = cos[:, None, :], sin[:, None, :]
     out = np.empty_like(x)
     out[..., n_dims:] = x[..., n_dims:]
-    if mode == "neox":
+    if mode == "neox":      # slices, not the index arrays of rope_pairs: the same pairs, without a gather
         x0, x1 = x[..., :half], x[..., half:n_dims]
         out[..., :half] = x0 * cos - x1 * sin
         out[..., half:n_dims] = x0 * sin + x1 * cos
@@ -169,10 +192,3 @@ def permute(a, *, axes):
 def cont(a):
     return np.ascontiguousarray(a)
 
-
-KERNELS = {
-    "GET_ROWS": get_rows, "MUL_MAT": mul_mat, "ADD": add, "MUL": mul, "SCALE": scale, "UNARY": unary,
-    "GLU": glu, "RMS_NORM": rms_norm, "SOFT_MAX": soft_max, "FLASH_ATTN_EXT": flash_attn_ext, "ROPE": rope,
-    "SET_ROWS": set_rows, "VIEW": view, "RESHAPE": reshape, "PERMUTE": permute, "TRANSPOSE": permute,
-    "CONT": cont,
-}
