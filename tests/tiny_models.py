@@ -1,0 +1,232 @@
+"""Tiny GGUF models of the architectures this project runs, written with gguf's writer.
+
+A few layers, small widths, random weights in every weight type the project decodes (spread over the
+tensors, as Q4_K_M and Q5_K_M files mix types), and a real tokenizer: the first ``N_BASE`` ranks of
+Qwen's or Llama 3's byte-level BPE (tests/real_vocab.py) and their special tokens. llama.cpp's outputs on
+these files are kept in tests/reference/tiny/ (made by tests/make_tiny_reference.py), so tests rebuild the
+files (about a second each) instead of keeping them in the repository.
+
+The bytes are the same on every machine: weights come from PCG64's raw 64-bit output (an algorithm, not
+a sampling routine a numpy release may change), turned into values with integer and exact float
+arithmetic only. Each reference records the sha256 of the file it was computed on; a test fails if the
+file rebuilt here differs.
+
+Run ``python tests/tiny_models.py DIR`` to write them all to DIR.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+from real_vocab import vocab_metadata
+
+T = GGMLQuantizationType
+N_BASE = 1024           # ranks of the real vocabulary kept
+TEMPLATES = Path(__file__).resolve().parent / "reference" / "tiny" / "templates"
+
+# Offsets of the float16 scale fields in one block, and the value each is set to before scaling
+# (a minimum of about the block's mean code, so values centre near 0); UNIT_STD: the standard deviation
+# of the values of random blocks with those fields (measured once with gguf.quants.dequantize).
+SCALE_FIELDS = {
+    "Q4_0": ((0, 1.0),), "Q4_1": ((0, 1.0), (2, -7.5)), "Q5_0": ((0, 1.0),), "Q5_1": ((0, 1.0), (2, -15.5)),
+    "Q8_0": ((0, 1.0),), "Q2_K": ((80, 1.0), (82, 1.5)), "Q3_K": ((108, 1.0),), "Q4_K": ((0, 1.0), (2, 7.5)),
+    "Q5_K": ((0, 1.0), (2, 15.5)), "Q6_K": ((208, 1.0),), "IQ4_NL": ((0, 1.0),), "IQ4_XS": ((0, 1.0),),
+}
+UNIT_STD = {"Q4_0": 4.61, "Q4_1": 4.60, "Q5_0": 9.24, "Q5_1": 9.23, "Q8_0": 74.0, "Q2_K": 13.9, "Q3_K": 43.3,
+            "Q4_K": 259.2, "Q5_K": 526.9, "Q6_K": 1363.9, "IQ4_NL": 67.3, "IQ4_XS": 1249.0}
+
+
+class Random:
+    """Deterministic numbers from PCG64's raw output."""
+
+    def __init__(self, seed: int):
+        self.bits = np.random.PCG64(seed)
+
+    def bytes(self, n: int) -> np.ndarray:
+        words = self.bits.random_raw((n + 7) // 8).astype(np.uint64)
+        return words.view(np.uint8)[:n].copy()
+
+    def uniform(self, n: int) -> np.ndarray:
+        """n float64 values in [0, 1): the top 53 bits of each word (exact)."""
+        return (self.bits.random_raw(n).astype(np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+    def normal(self, shape, std: float) -> np.ndarray:
+        """Irwin-Hall: the sum of 4 uniforms, centred and scaled to unit variance (exact arithmetic)."""
+        n = int(np.prod(shape))
+        u = self.uniform(4 * n).reshape(4, n)
+        z = (u[0] + u[1] + u[2] + u[3] - 2.0) * np.sqrt(3.0)
+        return (z * std).reshape(shape).astype(np.float32)
+
+
+def _to_bf16_bytes(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 by round-to-nearest-even on the bits (as ggml_fp32_to_bf16)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return rounded.view(np.uint8).reshape(*x.shape[:-1], x.shape[-1] * 2)
+
+
+def random_weight(rnd: Random, dtype: str, shape: tuple[int, int], std: float):
+    """(data, raw dtype) of a weight of numpy shape (rows, cols): values of about std."""
+    if dtype == "F32":
+        return rnd.normal(shape, std), None
+    if dtype == "F16":
+        return rnd.normal(shape, std).astype(np.float16), None
+    if dtype == "BF16":
+        return _to_bf16_bytes(rnd.normal(shape, std)), T.BF16
+    qt = T[dtype]
+    per_block, block_bytes = GGML_QUANT_SIZES[qt]
+    rows, cols = shape
+    blocks = rows * cols // per_block
+    raw = rnd.bytes(blocks * block_bytes).reshape(blocks, block_bytes)
+    unit = std / UNIT_STD[dtype]
+    for offset, value in SCALE_FIELDS[dtype]:
+        raw[:, offset:offset + 2] = np.frombuffer(np.float16(value * unit).tobytes(), np.uint8)
+    return raw.reshape(rows, cols // per_block * block_bytes), qt
+
+
+@dataclass
+class Spec:
+    """One tiny model: its architecture, widths and the weight type of every matrix."""
+
+    arch: str
+    vocab: str                      # family in real_vocab.FAMILIES
+    n_layer: int = 2
+    n_embd: int = 256
+    n_ff: int = 512
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    rope_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    n_special: int = 16
+    tied: bool = True
+    embd_type: str = "Q8_0"
+    output_type: str = "Q6_K"
+    types: tuple[tuple[str, ...], ...] = ()     # per layer, in the order of layer_matrices
+    template: str = ""
+    extra: dict = field(default_factory=dict)   # architecture keys beyond the common ones
+    seed: int = 0
+
+
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+SPECS = {
+    "qwen2": Spec("qwen2", "qwen2", n_special=22, tied=True, embd_type="Q8_0", seed=2,
+                  types=(("Q5_K", "Q3_K", "Q2_K", "Q5_1", "IQ4_NL", "IQ4_XS", "F16"),
+                         ("BF16", "Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q4_1")),
+                  template="Qwen-Qwen2.5-7B-Instruct.jinja"),
+    "qwen3": Spec("qwen3", "qwen2", n_special=26, tied=False, embd_type="Q4_K", output_type="Q6_K", seed=3,
+                  types=(("IQ4_XS", "F16", "BF16", "Q5_K", "Q3_K", "Q2_K", "Q5_1"),
+                         ("IQ4_NL", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_K", "Q6_K")),
+                  template="Qwen-Qwen3-0.6B.jinja"),
+    "llama": Spec("llama", "llama3", n_special=16, tied=False, embd_type="Q6_K", output_type="Q8_0",
+                  rope_base=500_000.0, rms_eps=1e-5, seed=4,
+                  types=(("Q2_K", "Q5_1", "IQ4_NL", "IQ4_XS", "F16", "BF16", "Q5_K"),
+                         ("Q3_K", "Q4_K", "Q6_K", "Q4_1", "Q8_0", "Q5_K", "Q6_K")),
+                  template="meta-llama-Llama-3.2-3B-Instruct.jinja"),
+}
+
+
+def llama3_rope_freqs(n_rot: int, base: float, factor=8.0, low=1.0, high=4.0, orig_ctx=8192) -> np.ndarray:
+    """Llama 3.1's rope frequency factors, as llama.cpp's converter computes rope_freqs.weight."""
+    freqs = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    low_wl, high_wl = orig_ctx / low, orig_ctx / high
+    out = []
+    for f in freqs:
+        wl = 2 * np.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wl - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
+    rnd = Random(spec.seed)
+    e, h, hk, d, ff = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim, spec.n_ff
+    out = [("token_embd.weight", *random_weight(rnd, spec.embd_type, (n_vocab, e), 1.0))]
+    norm = lambda n: (1.0 + rnd.normal((n,), 0.1), None)     # noqa: E731
+    shapes = {"attn_q": (h * d, e), "attn_k": (hk * d, e), "attn_v": (hk * d, e), "attn_output": (e, h * d),
+              "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff)}
+    if spec.arch == "llama":
+        out.append(("rope_freqs.weight", llama3_rope_freqs(d, spec.rope_base), None))
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        out.append((p + "attn_norm.weight", *norm(e)))
+        for name, dtype in zip(MATRICES, spec.types[il]):
+            rows, cols = shapes[name]
+            out.append((p + name + ".weight", *random_weight(rnd, dtype, (rows, cols), 1.0 / np.sqrt(cols))))
+            if spec.arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                out.append((p + name + ".bias", rnd.normal((rows,), 0.5), None))
+        if spec.arch == "qwen3":
+            out.append((p + "attn_q_norm.weight", *norm(d)))
+            out.append((p + "attn_k_norm.weight", *norm(d)))
+        out.append((p + "ffn_norm.weight", *norm(e)))
+    out.append(("output_norm.weight", *norm(e)))
+    if not spec.tied:
+        out.append(("output.weight", *random_weight(rnd, spec.output_type, (n_vocab, e), 3.0 / np.sqrt(e))))
+    return out
+
+
+def write(arch: str, path: Path) -> Path:
+    """Write the tiny model of `arch` to path; return path."""
+    spec = SPECS[arch]
+    vocab = vocab_metadata(spec.vocab, N_BASE, spec.n_special)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    w = GGUFWriter(str(path), spec.arch)
+    a = spec.arch
+    w.add_name(f"tiny-{arch}")
+    w.add_uint32(f"{a}.context_length", 4096)
+    w.add_uint32(f"{a}.embedding_length", spec.n_embd)
+    w.add_uint32(f"{a}.block_count", spec.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", spec.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+    w.add_float32(f"{a}.rope.freq_base", spec.rope_base)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.rms_eps)
+    if a == "llama":
+        w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
+        w.add_uint32(f"{a}.vocab_size", n_vocab)
+    for key, value in spec.extra.items():
+        w.add_key_value(f"{a}.{key}", *value)
+    w.add_string("tokenizer.ggml.model", vocab["tokenizer.ggml.model"])
+    w.add_string("tokenizer.ggml.pre", vocab["tokenizer.ggml.pre"])
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
+    w.add_token_types(vocab["tokenizer.ggml.token_type"])
+    w.add_token_merges(vocab["tokenizer.ggml.merges"])
+    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
+    if "tokenizer.ggml.padding_token_id" in vocab:
+        w.add_pad_token_id(vocab["tokenizer.ggml.padding_token_id"])
+    if spec.template:
+        w.add_chat_template((TEMPLATES / spec.template).read_text(encoding="utf-8"))
+    for name, data, raw_dtype in _tensors(spec, n_vocab):
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in SPECS:
+        p = write(name, out / f"tiny-{name}.gguf")
+        print(p, p.stat().st_size, digest(p)[:16])
