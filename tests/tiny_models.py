@@ -107,6 +107,7 @@ class Spec:
     n_special: int = 16
     tied: bool = True
     embd_type: str = "Q8_0"
+    embd_std: float = 1.0           # a tied embedding is also the output matrix: smaller, so no token dominates
     output_type: str = "Q6_K"
     types: tuple[tuple[str, ...], ...] = ()     # per layer, in the order of layer_matrices
     template: str = ""
@@ -117,7 +118,7 @@ class Spec:
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 SPECS = {
-    "qwen2": Spec("qwen2", "qwen2", n_special=22, tied=True, embd_type="Q8_0", seed=2,
+    "qwen2": Spec("qwen2", "qwen2", n_special=22, tied=True, embd_type="Q8_0", embd_std=0.15, seed=2,
                   types=(("Q5_K", "Q3_K", "Q2_K", "Q5_1", "IQ4_NL", "IQ4_XS", "F16"),
                          ("BF16", "Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q4_1")),
                   template="Qwen-Qwen2.5-7B-Instruct.jinja"),
@@ -153,7 +154,7 @@ def llama3_rope_freqs(n_rot: int, base: float, factor=8.0, low=1.0, high=4.0, or
 def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
     rnd = Random(spec.seed)
     e, h, hk, d, ff = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim, spec.n_ff
-    out = [("token_embd.weight", *random_weight(rnd, spec.embd_type, (n_vocab, e), 1.0))]
+    out = [("token_embd.weight", *random_weight(rnd, spec.embd_type, (n_vocab, e), spec.embd_std))]
     norm = lambda n: (1.0 + rnd.normal((n,), 0.1), None)     # noqa: E731
     shapes = {"attn_q": (h * d, e), "attn_k": (hk * d, e), "attn_v": (hk * d, e), "attn_output": (e, h * d),
               "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff)}

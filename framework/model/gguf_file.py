@@ -23,7 +23,8 @@ INDEX_VERSION = 1
 
 # Tensor types this project can decode (gguf.quants has a reference for each).
 SUPPORTED_TYPES = (DType.F32, DType.F16, DType.BF16, DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q5_1,
-                   DType.Q8_0, DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K)
+                   DType.Q8_0, DType.Q2_K, DType.Q3_K, DType.Q4_K, DType.Q5_K, DType.Q6_K,
+                   DType.IQ4_NL, DType.IQ4_XS)
 
 
 class _DirectoryReader(GGUFReader):

@@ -17,6 +17,7 @@ control and unknown tokens only when it is True.  Reference: llama.cpp src/llama
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from collections.abc import Iterable, Mapping, Sequence
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
@@ -45,10 +46,34 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
               "<end_of_utterance>")
 
-# llama.cpp pre-tokenizer regex lists for gpt2 vocabularies, by tokenizer.ggml.pre.  Only
-# families whose llama.cpp detokenizer does no "clean_spaces" post-processing are listed, so
-# that decode() stays exact.  Value: whether digits are split off one by one first ("\p{N}").
-_BPE_PRE_SPLIT_DIGITS = {"smollm": True, "command-r": True}
+# llama.cpp's pre-tokenizers of gpt2 vocabularies, by tokenizer.ggml.pre (llm_tokenizer_bpe's
+# regex_exprs, applied in order, and the flags llama_vocab::load sets for each).
+_GPT2_REGEX = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+_CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3_REGEX = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                 "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_QWEN2_REGEX = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+                "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_QWEN35_REGEX = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+                 "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    regexes: tuple[str, ...]        # each splits the pieces the one before left ("isolated")
+    ignore_merges: bool = False     # a piece that is a token is that token, without merging
+    add_bos: bool = False           # default of tokenizer.ggml.add_bos_token
+    clean_spaces: bool = False      # decoding removes spaces before punctuation (llama_detokenize)
+
+
+_SMOLLM = PreTokenizer(("\\p{N}", _GPT2_REGEX))
+_LLAMA3 = PreTokenizer((_LLAMA3_REGEX,), ignore_merges=True, add_bos=True, clean_spaces=True)
+PRE_TOKENIZERS = {
+    "smollm": _SMOLLM, "command-r": _SMOLLM,
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3,
+    "qwen2": PreTokenizer((_QWEN2_REGEX,)), "deepseek-r1-qwen": PreTokenizer((_QWEN2_REGEX,)),
+    "qwen35": PreTokenizer((_QWEN35_REGEX,)),
+}
 
 _SPACE_MARK = "\u2581"  # SentencePiece's visible space
 
@@ -271,16 +296,16 @@ class BPETokenizer(Tokenizer):
         from tokenizers import Regex, models, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
-        if pre not in _BPE_PRE_SPLIT_DIGITS:
+        spec = PRE_TOKENIZERS.get(pre)
+        if spec is None:
             raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 tokenizer; "
-                             f"supported: {sorted(_BPE_PRE_SPLIT_DIGITS)}")
-        model = models.BPE(vocab=self._vocab, merges=self._merge_pairs(merges))
+                             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
+        model = models.BPE(vocab=self._vocab, merges=self._merge_pairs(merges), ignore_merges=spec.ignore_merges)
         hf = HFTokenizer(model)
-        # ByteLevel(use_regex) is GPT-2's regex, which llama.cpp runs through its own
-        # equivalent (unicode_regex_split_custom_gpt2), then maps bytes to GPT-2 characters.
-        steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-        if _BPE_PRE_SPLIT_DIGITS[pre]:
-            steps.insert(0, pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"))
+        # llama.cpp runs each regex over the pieces the previous one left (unicode_regex_split), then maps
+        # bytes to GPT-2's characters: HF's Split(isolated) in sequence, then ByteLevel without its regex
+        steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.regexes]
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
         hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
         return hf
 
@@ -307,6 +332,12 @@ class BPETokenizer(Tokenizer):
                 ids.extend(self._hf.encode(frag, add_special_tokens=False).ids)
         return ids
 
+    def decode(self, ids: Iterable[int]) -> str:
+        data = b"".join(self.token_bytes(int(i)) for i in ids)
+        if PRE_TOKENIZERS[self.pre].clean_spaces:
+            data = clean_spaces(data)
+        return data.decode("utf-8", errors="replace")
+
     def _normal_piece(self, id: int) -> bytes:
         if self.token_types[id] != NORMAL:
             return b""  # llama.cpp prints nothing for unused/byte/undefined BPE tokens
@@ -315,6 +346,38 @@ class BPETokenizer(Tokenizer):
             return bytes(self._byte_of[c] for c in text)
         except KeyError:  # not a byte-level piece; keep its text
             return text.encode("utf-8")
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama_detokenize's clean-up (clean_up_tokenization_spaces) in its three passes: no space before
+    ? ! . , ; " ' " becomes "'"; no space before 's 'm 're 've."""
+    out = bytearray(text[:1])
+    for i in range(1, len(text)):
+        if text[i - 1] == 0x20 and text[i] in b"?!.," and out:
+            out.pop()
+        out.append(text[i])
+    text = bytes(out)
+    out, i = bytearray(text[:1]), 1
+    while i < len(text):
+        x = text[i]
+        if x == 0x27 and i + 1 < len(text) and text[i - 1] == 0x20 and text[i + 1] == 0x20:
+            if out:
+                out.pop()
+            out.append(x)
+            i += 2
+            continue
+        out.append(x)
+        i += 1
+    text = bytes(out)
+    out = bytearray(text[:1])
+    for i in range(1, len(text)):
+        if text[i - 1] == 0x20 and text[i] == 0x27 and i + 1 < len(text) and out:
+            x1 = text[i + 1:i + 2]
+            x12 = text[i + 1:i + 3]
+            if x1 in (b"s", b"m") or (i + 2 < len(text) and x12 in (b"re", b"ve")):
+                out.pop()
+        out.append(text[i])
+    return bytes(out)
 
 
 def _token_id(fields: Mapping[str, object], key: str, default: int | None,
@@ -361,6 +424,9 @@ def tokenizer_from_metadata(fields: Mapping[str, object]) -> Tokenizer:
     types = [int(t) for t in raw_types] if raw_types is not None else [NORMAL] * n
     # Defaults per model type, as llama_vocab::load before reading the GGUF keys.
     bos_default, eos_default, add_bos_default = (1, 2, True) if model == "llama" else (11, 11, False)
+    pre = fields.get("tokenizer.ggml.pre") or "default"
+    if model == "gpt2" and pre in PRE_TOKENIZERS:
+        add_bos_default = PRE_TOKENIZERS[pre].add_bos
     bos_id = _token_id(fields, "tokenizer.ggml.bos_token_id", bos_default, n)
     eos_id = _token_id(fields, "tokenizer.ggml.eos_token_id", eos_default, n)
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -379,5 +445,4 @@ def tokenizer_from_metadata(fields: Mapping[str, object]) -> Tokenizer:
     merges = fields.get("tokenizer.ggml.merges")
     if merges is None:
         raise ValueError("gpt2 tokenizer without tokenizer.ggml.merges")
-    pre = fields.get("tokenizer.ggml.pre") or "default"
     return BPETokenizer(tokens, types, merges, pre=pre, **common)

@@ -149,8 +149,10 @@ class GraphBuilder:
         return self._node("FLASH_ATTN_EXT", name or f"attn({q.name})", F32, q.shape, src, {"scale": float(scale)})
 
     def rope_ext(self, a: Tensor, pos: Tensor, n_dims: int, mode: str, freq_base: float,
-                 freq_scale: float = 1.0, name: str | None = None) -> Tensor:
-        """Rotary position embedding of a (T, H, D) by positions pos (T,), on the first n_dims of D."""
+                 freq_scale: float = 1.0, freq_factors: Tensor | None = None, name: str | None = None) -> Tensor:
+        """Rotary position embedding of a (T, H, D) by positions pos (T,), on the first n_dims of D.
+        freq_factors (n_dims/2,) float32, optional: pair i turns at its frequency divided by factor i
+        (ggml_rope_ext's third operand; Llama 3's rope_freqs.weight)."""
         if mode not in ROPE_MODES:
             raise GraphBuildError(f"rope_ext: unknown mode '{mode}'; known: {', '.join(ROPE_MODES)}")
         if len(a.shape) != 3 or pos.shape != (a.shape[0],) or pos.dtype != I32:
@@ -158,8 +160,12 @@ class GraphBuilder:
                                   f"{_shape_str(a)} and {_shape_str(pos)}")
         if n_dims > a.shape[2] or n_dims % 2:
             raise GraphBuildError(f"rope_ext: n_dims {n_dims} must be even and at most D of {_shape_str(a)}")
+        if freq_factors is not None and (freq_factors.shape != (n_dims // 2,) or freq_factors.dtype != F32):
+            raise GraphBuildError(f"rope_ext: frequency factors {_shape_str(freq_factors)} "
+                                  f"({freq_factors.dtype.name}) are not F32 of shape [{n_dims // 2}] (n_dims / 2)")
         params = {"n_dims": int(n_dims), "mode": mode, "freq_base": float(freq_base), "freq_scale": float(freq_scale)}
-        return self._node("ROPE", name or f"rope({a.name})", F32, a.shape, (a, pos), params)
+        src = (a, pos) if freq_factors is None else (a, pos, freq_factors)
+        return self._node("ROPE", name or f"rope({a.name})", F32, a.shape, src, params)
 
     # -- views and layout -----------------------------------------------------------------
     def reshape(self, a: Tensor, shape, name: str | None = None) -> Tensor:

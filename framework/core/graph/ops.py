@@ -134,7 +134,9 @@ _TABLE = (
            "Keys the mask hides for every query (-inf in every row) weigh exactly 0.",
            NMSE_MATMUL, "ggml's test_flash_attn_ext: two matrix products and a softmax, K and V often in f16"),
     OpSpec("ROPE", Kind.COMPUTE,
-           (Operand("a", "(T, H, D)"), Operand("pos", "int32 (T,): the position of each row")),
+           (Operand("a", "(T, H, D)"), Operand("pos", "int32 (T,): the position of each row"),
+            Operand("freq_factors", "float32 (n_dims/2,): divides pair i's frequency (ggml_rope_ext's third "
+                                    "operand; Llama 3's rope_freqs.weight)", optional=True)),
            (Param("n_dims", "int", "leading dimensions of D that are rotated (even); the rest pass through"),
             Param("mode", "str", "which dimensions form the rotated pairs",
                   (("normal", "pairs (2i, 2i+1), interleaved (GGML_ROPE_TYPE_NORMAL, llama)"),
@@ -143,7 +145,7 @@ _TABLE = (
             Param("freq_scale", "float", "multiplies every angle (1 / rope scaling factor)")),
            R.rope,
            "Pair i (of n_dims/2; see mode) of row t turns by theta = pos[t] * freq_scale * freq_base^(-2i / "
-           "n_dims): x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos. The angles are computed in float64 and "
+           "n_dims) / freq_factors[i] (1 without them): x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos. The angles are computed in float64 and "
            "rounded to float32 once (reference.rope_cos_sin, the one rope table). Dimensions past n_dims are "
            "copied."),
     OpSpec("SET_ROWS", Kind.WRITES_SOURCE,

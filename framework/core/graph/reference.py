@@ -122,22 +122,26 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
 _ROPE_TABLES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def rope_inv_freq(n_dims: int, freq_base: float, freq_scale: float) -> np.ndarray:
-    """float64 (n_dims/2,): the angle per position of pair i, freq_scale * freq_base^(-2i / n_dims)."""
-    return freq_scale * freq_base ** (-np.arange(n_dims // 2, dtype=np.float64) * 2.0 / n_dims)
+def rope_inv_freq(n_dims: int, freq_base: float, freq_scale: float, factors=None) -> np.ndarray:
+    """float64 (n_dims/2,): the angle per position of pair i, freq_scale * freq_base^(-2i / n_dims), divided
+    by factor i when there are frequency factors (ROPE's third source: Llama 3's rope_freqs.weight)."""
+    inv = freq_scale * freq_base ** (-np.arange(n_dims // 2, dtype=np.float64) * 2.0 / n_dims)
+    return inv if factors is None else inv / np.asarray(factors, dtype=np.float64)
 
 
-def rope_cos_sin(pos, n_dims: int, freq_base: float, freq_scale: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_cos_sin(pos, n_dims: int, freq_base: float, freq_scale: float, factors=None) -> tuple[np.ndarray, np.ndarray]:
     """float32 (T, n_dims/2) cos and sin of every (position, pair): the one rope table of the project.
 
     The angles are computed in float64 and rounded once (position x frequency in float32 would lose
     digits at long contexts). Every layer of a step asks for the same table, so the last few are kept.
     """
     pos = np.asarray(pos)
-    key = (pos.dtype.str, pos.shape, pos.tobytes(), n_dims, freq_base, freq_scale)
+    fkey = None if factors is None else np.asarray(factors).tobytes()
+    key = (pos.dtype.str, pos.shape, pos.tobytes(), n_dims, freq_base, freq_scale, fkey)
     table = _ROPE_TABLES.get(key)
     if table is None:
-        theta = pos.astype(np.float64).reshape(-1)[:, None] * rope_inv_freq(n_dims, freq_base, freq_scale)[None, :]
+        inv = rope_inv_freq(n_dims, freq_base, freq_scale, factors)
+        theta = pos.astype(np.float64).reshape(-1)[:, None] * inv[None, :]
         table = (np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32))
         if len(_ROPE_TABLES) > 64:
             _ROPE_TABLES.clear()
@@ -154,9 +158,9 @@ def rope_pairs(mode: str, n_dims: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(half) * 2, np.arange(half) * 2 + 1
 
 
-def rope(x, pos, *, n_dims, mode, freq_base, freq_scale):
+def rope(x, pos, factors=None, *, n_dims, mode, freq_base, freq_scale):
     half = n_dims // 2
-    cos, sin = rope_cos_sin(pos, n_dims, freq_base, freq_scale)
+    cos, sin = rope_cos_sin(pos, n_dims, freq_base, freq_scale, factors)
     cos, sin = cos[:, None, :], sin[:, None, :]
     out = np.empty_like(x)
     out[..., n_dims:] = x[..., n_dims:]

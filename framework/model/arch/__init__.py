@@ -5,7 +5,9 @@ from __future__ import annotations
 from .base import Architecture, StepInputs
 from .gemma3 import Gemma3
 from .llama import Llama
+from .qwen2 import Qwen2
+from .qwen3 import Qwen3
 
-ARCHITECTURES: dict[str, type[Architecture]] = {"llama": Llama, "gemma3": Gemma3}
+ARCHITECTURES: dict[str, type[Architecture]] = {"llama": Llama, "gemma3": Gemma3, "qwen2": Qwen2, "qwen3": Qwen3}
 
 __all__ = ["ARCHITECTURES", "Architecture", "StepInputs"]

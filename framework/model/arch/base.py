@@ -76,10 +76,12 @@ class Architecture:
             self.weight(name)
 
     layer_weights: tuple[str, ...] = ()     # each layer's weights: blk.{il}.{name}.weight
+    layer_biases: tuple[str, ...] = ()      # each layer's biases: blk.{il}.{name}.bias
 
     def weight_names(self) -> list[str]:
         names = ["token_embd.weight", "output_norm.weight"]
-        return names + [f"blk.{il}.{w}.weight" for il in range(self.hp.n_layer) for w in self.layer_weights]
+        names += [f"blk.{il}.{w}.weight" for il in range(self.hp.n_layer) for w in self.layer_weights]
+        return names + [f"blk.{il}.{w}.bias" for il in range(self.hp.n_layer) for w in self.layer_biases]
 
     def make_inputs(self, b: GraphBuilder, n_tokens: int, n_kv: int, n_out: int | None) -> StepInputs:
         swa = b.input("kq_mask_swa", F32, (n_tokens, n_kv)) if any(self.hp.swa_layers) else None
@@ -96,6 +98,36 @@ class Architecture:
     # -- pieces shared by the architectures --------------------------------------------------
     def norm(self, b: GraphBuilder, x: Tensor, weight: str, name: str) -> Tensor:
         return b.mul(b.rms_norm(x, self.hp.rms_eps, name=f"{name}_rms"), self.weight(weight), name=name)
+
+    def linear(self, b: GraphBuilder, x: Tensor, weight: str, name: str) -> Tensor:
+        """x @ weight^T, plus weight's bias when the file has one (llama.cpp's build_qkv and build_ffn add
+        every bias that is present)."""
+        out = b.mul_mat(self.weight(weight + ".weight"), x, name=name)
+        if self.has_weight(weight + ".bias"):
+            out = b.add(out, self.weight(weight + ".bias"), name=f"{name}_biased")
+        return out
+
+    def qkv(self, b: GraphBuilder, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """This layer's Q (T, H, D), K and V (T, Hkv, D)."""
+        hp = self.hp
+        n_tokens = cur.shape[0]
+        w = f"blk.{il}."
+        q = self.linear(b, cur, w + "attn_q", f"Qcur-{il}")
+        k = self.linear(b, cur, w + "attn_k", f"Kcur-{il}")
+        v = self.linear(b, cur, w + "attn_v", f"Vcur-{il}")
+        q = b.reshape(q, (n_tokens, hp.n_head, hp.head_dim), name=f"Qcur_3d-{il}")
+        k = b.reshape(k, (n_tokens, hp.n_head_kv, hp.head_dim), name=f"Kcur_3d-{il}")
+        v = b.reshape(v, (n_tokens, hp.n_head_kv, hp.head_dim), name=f"Vcur_3d-{il}")
+        return q, k, v
+
+    def ffn(self, b: GraphBuilder, il: int, x: Tensor) -> Tensor:
+        """RMS norm, then SwiGLU feed-forward (llama.cpp's LLM_FFN_SILU, LLM_FFN_PAR)."""
+        w = f"blk.{il}."
+        cur = self.norm(b, x, w + "ffn_norm.weight", f"ffn_norm-{il}")
+        gate = self.linear(b, cur, w + "ffn_gate", f"ffn_gate-{il}")
+        up = self.linear(b, cur, w + "ffn_up", f"ffn_up-{il}")
+        cur = b.glu(gate, up, "swiglu", name=f"ffn_swiglu-{il}")
+        return self.linear(b, cur, w + "ffn_down", f"ffn_out-{il}")
 
     def attention(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, il: int, q: Tensor, k: Tensor,
                   v: Tensor, scale: float) -> Tensor:
@@ -116,5 +148,6 @@ class Architecture:
         if inp.out_ids is not None:
             x = b.get_rows(x, inp.out_ids, name="out_rows")
         x = self.norm(b, x, "output_norm.weight", "result_norm")
-        out_name = "output.weight" if self.has_weight("output.weight") else "token_embd.weight"
-        return b.mul_mat(self.weight(out_name), x, name="result_output")
+        if not self.has_weight("output.weight"):        # tied to the token embedding
+            return b.mul_mat(self.weight("token_embd.weight"), x, name="result_output")
+        return self.linear(b, x, "output", "result_output")
