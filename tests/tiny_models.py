@@ -126,6 +126,18 @@ SPECS = {
                   types=(("IQ4_XS", "F16", "BF16", "Q5_K", "Q3_K", "Q2_K", "Q5_1"),
                          ("IQ4_NL", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_K", "Q6_K")),
                   template="Qwen-Qwen3-0.6B.jinja"),
+    # three GatedDeltaNet layers then one full-attention layer; d_inner 128 = 4 value heads of 32, 2 key heads
+    "qwen35": Spec("qwen35", "qwen35", n_layer=4, n_special=26, tied=True, embd_type="Q8_0", embd_std=0.15, seed=5,
+                   rope_base=10_000_000.0,
+                   types=(("Q5_K", "IQ4_XS", "Q3_K", "Q2_K", "Q5_1", "F16", "BF16", "Q4_K", "Q6_K", "IQ4_NL"),
+                          ("Q4_K", "Q8_0", "Q5_K", "Q6_K", "IQ4_NL", "Q5_1", "Q4_K", "Q6_K", "Q5_K", "Q8_0"),
+                          ("Q6_K", "Q5_K", "IQ4_XS", "Q4_K", "Q8_0", "BF16", "Q2_K", "Q3_K", "Q5_K", "F16"),
+                          ("Q5_K", "Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q4_K", "Q6_K")),
+                   template="Qwen3.5-4B.jinja",
+                   extra={"ssm.conv_kernel": (4, "u32"), "ssm.inner_size": (128, "u32"), "ssm.state_size": (32, "u32"),
+                          "ssm.time_step_rank": (4, "u32"), "ssm.group_count": (2, "u32"),
+                          "full_attention_interval": (4, "u32"), "rope.dimension_count": (16, "u32"),
+                          "rope.dimension_sections": ([3, 3, 2, 0], "i32[]")}),
     "llama": Spec("llama", "llama3", n_special=16, tied=False, embd_type="Q6_K", output_type="Q8_0",
                   rope_base=500_000.0, rms_eps=1e-5, seed=4,
                   types=(("Q2_K", "Q5_1", "IQ4_NL", "IQ4_XS", "F16", "BF16", "Q5_K"),
@@ -151,6 +163,9 @@ def llama3_rope_freqs(n_rot: int, base: float, factor=8.0, low=1.0, high=4.0, or
     return np.array(out, dtype=np.float32)
 
 
+QWEN35_LINEAR = ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out", "ffn_gate", "ffn_up", "ffn_down")
+
+
 def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
     rnd = Random(spec.seed)
     e, h, hk, d, ff = spec.n_embd, spec.n_head, spec.n_head_kv, spec.head_dim, spec.n_ff
@@ -158,20 +173,34 @@ def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
     norm = lambda n: (1.0 + rnd.normal((n,), 0.1), None)     # noqa: E731
     shapes = {"attn_q": (h * d, e), "attn_k": (hk * d, e), "attn_v": (hk * d, e), "attn_output": (e, h * d),
               "ffn_gate": (ff, e), "ffn_up": (ff, e), "ffn_down": (e, ff)}
+    if spec.arch == "qwen35":
+        shapes["attn_q"] = (2 * h * d, e)       # each head's Q, then its output gate
+        x = {k: v for k, (v, _) in spec.extra.items()}
+        n_v, n_k, s_ = x["ssm.time_step_rank"], x["ssm.group_count"], x["ssm.state_size"]
+        d_inner, channels = x["ssm.inner_size"], 2 * n_k * s_ + x["ssm.inner_size"]
+        shapes.update({"attn_qkv": (channels, e), "attn_gate": (d_inner, e), "ssm_beta": (n_v, e),
+                       "ssm_alpha": (n_v, e), "ssm_out": (e, d_inner)})
     if spec.arch == "llama":
         out.append(("rope_freqs.weight", llama3_rope_freqs(d, spec.rope_base), None))
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         out.append((p + "attn_norm.weight", *norm(e)))
-        for name, dtype in zip(MATRICES, spec.types[il]):
+        linear = spec.arch == "qwen35" and (il + 1) % 4 != 0
+        matrices = QWEN35_LINEAR if linear else MATRICES
+        for name, dtype in zip(matrices, spec.types[il]):
             rows, cols = shapes[name]
             out.append((p + name + ".weight", *random_weight(rnd, dtype, (rows, cols), 1.0 / np.sqrt(cols))))
             if spec.arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
                 out.append((p + name + ".bias", rnd.normal((rows,), 0.5), None))
-        if spec.arch == "qwen3":
+        if linear:
+            out.append((p + "ssm_conv1d.weight", rnd.normal((channels, x["ssm.conv_kernel"]), 0.5), None))
+            out.append((p + "ssm_dt.bias", rnd.normal((n_v,), 1.0), None))
+            out.append((p + "ssm_a", -np.exp(rnd.normal((n_v,), 1.0)), None))      # -exp(A_log)
+            out.append((p + "ssm_norm.weight", *norm(s_)))
+        if spec.arch in ("qwen3", "qwen35") and not linear:
             out.append((p + "attn_q_norm.weight", *norm(d)))
             out.append((p + "attn_k_norm.weight", *norm(d)))
-        out.append((p + "ffn_norm.weight", *norm(e)))
+        out.append((p + ("post_attention_norm" if spec.arch == "qwen35" else "ffn_norm") + ".weight", *norm(e)))
     out.append(("output_norm.weight", *norm(e)))
     if not spec.tied:
         out.append(("output.weight", *random_weight(rnd, spec.output_type, (n_vocab, e), 3.0 / np.sqrt(e))))
@@ -199,8 +228,11 @@ def write(arch: str, path: Path) -> Path:
     if a == "llama":
         w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
         w.add_uint32(f"{a}.vocab_size", n_vocab)
-    for key, value in spec.extra.items():
-        w.add_key_value(f"{a}.{key}", *value)
+    for key, (value, kind) in spec.extra.items():
+        if kind == "u32":
+            w.add_uint32(f"{a}.{key}", value)
+        else:
+            w.add_array(f"{a}.{key}", value)
     w.add_string("tokenizer.ggml.model", vocab["tokenizer.ggml.model"])
     w.add_string("tokenizer.ggml.pre", vocab["tokenizer.ggml.pre"])
     w.add_token_list(vocab["tokenizer.ggml.tokens"])

@@ -64,3 +64,45 @@ def read_hparams(meta: dict, swa_pattern: int = 0, rope_base_swa: float | None =
         rms_eps=_get(meta, p + "attention.layer_norm_rms_epsilon"), rope_base=rope_base,
         rope_base_swa=rope_base if rope_base_swa is None else rope_base_swa,
         n_rot=_get(meta, p + "rope.dimension_count", head_dim, cast=int), sliding_window=window, swa_layers=swa)
+
+
+@dataclass(frozen=True)
+class SSMParams:
+    """Linear-attention (GatedDeltaNet) hyper-parameters: llama.cpp's ssm_* keys, as qwen35 reads them."""
+
+    d_conv: int                   # {arch}.ssm.conv_kernel: taps of the short causal convolution
+    d_inner: int                  # {arch}.ssm.inner_size: value width, n_v_heads * head size
+    d_state: int                  # {arch}.ssm.state_size: head size of keys (and of values)
+    n_v_heads: int                # {arch}.ssm.time_step_rank
+    n_k_heads: int                # {arch}.ssm.group_count
+    recurrent: tuple[bool, ...]   # per layer: linear attention (True) or full attention
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the convolution: Q and K (n_k_heads * d_state each), then V (d_inner)."""
+        return 2 * self.n_k_heads * self.d_state + self.d_inner
+
+
+def read_ssm_hparams(meta: dict, n_layer: int) -> SSMParams:
+    """The ssm keys; recurrent layers from {arch}.attention.recurrent_layers, else every layer but each
+    {arch}.full_attention_interval-th (default 4), as llama.cpp's qwen35 loader."""
+    p = f"{meta['general.architecture']}."
+    layers = meta.get(p + "attention.recurrent_layers")
+    if layers is not None:
+        recurrent = tuple(bool(x) for x in layers)[:n_layer]
+        if len(recurrent) != n_layer:
+            raise MetadataError(f"metadata key '{p}attention.recurrent_layers' has {len(recurrent)} entries, "
+                                f"the model has {n_layer} layers")
+    else:
+        interval = _get(meta, p + "full_attention_interval", 4, cast=int)
+        if interval < 1:
+            raise MetadataError(f"metadata key '{p}full_attention_interval' = {interval} is not positive")
+        recurrent = tuple((il + 1) % interval != 0 for il in range(n_layer))
+    ssm = SSMParams(d_conv=_get(meta, p + "ssm.conv_kernel", cast=int), d_inner=_get(meta, p + "ssm.inner_size", cast=int),
+                    d_state=_get(meta, p + "ssm.state_size", cast=int), n_v_heads=_get(meta, p + "ssm.time_step_rank", cast=int),
+                    n_k_heads=_get(meta, p + "ssm.group_count", cast=int), recurrent=recurrent)
+    if ssm.d_inner != ssm.n_v_heads * ssm.d_state or ssm.n_v_heads % ssm.n_k_heads or ssm.d_conv < 1:
+        raise MetadataError(f"ssm keys do not fit together: inner_size {ssm.d_inner} must be time_step_rank "
+                            f"{ssm.n_v_heads} x state_size {ssm.d_state}, time_step_rank a multiple of group_count "
+                            f"{ssm.n_k_heads}, conv_kernel {ssm.d_conv} positive")
+    return ssm

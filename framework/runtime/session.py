@@ -23,7 +23,6 @@ import numpy as np
 from ..contract import Device
 from ..core.graph import Graph, LeafKind, ops
 from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve
-from ..model.arch.base import KVCache
 from ..model.model import Model
 
 KV_PAD = 256
@@ -52,12 +51,15 @@ class Session:
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
         self.progress, self.strict, self.n_layers = progress, strict, n_layers
         self.static = any(d.limits.static_shapes for d in self.devices)
+        if share_kv_with is not None and model.arch.recurrent:
+            raise ValueError(f"{model.name} ({model.arch.name}) keeps recurrent state per sequence, which a draft "
+                             f"cannot share with its target: run the draft with its own cache")
         if share_kv_with is not None:
             # a draft that reads and writes the target's cache tensors where the target keeps them
             self.n_ctx, self.cache, self.residence = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.residence
             caches = share_kv_with.executor.caches
         else:
-            self.n_ctx, self.cache = n_ctx, KVCache(model.hp, n_ctx, n_batch if self.static else 0)
+            self.n_ctx, self.cache = n_ctx, model.arch.make_cache(n_ctx, n_batch if self.static else 0)
             self.residence = self._place_cache(kv_device)
             caches = None
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches)
@@ -68,15 +70,26 @@ class Session:
         self.decode = StepStats()
 
     def _place_cache(self, kv_device: str | None) -> dict[int, Residence]:
-        """The KV cache lives on kv_device, or on the first device in the list that can write it."""
+        """The KV cache lives on kv_device, or on the first device in the list that can write it; each
+        recurrent state on kv_device, or on the first device that accepts the op that reads it."""
         by_name = {d.name: d for d in self.devices}
         if kv_device is not None and kv_device not in by_name:
             raise ValueError(f"--kv-device {kv_device} is not among the selected devices "
                              f"({', '.join(by_name)})")
         graph, _ = self.model.build_step(1, min(KV_PAD, self.cache.n_ctx), 1, self.cache, n_layers=1)
-        write = next(n for n in graph.nodes if ops.writes_source(n.op) and n.storage.kind == LeafKind.CACHE)
-        owner = by_name.get(kv_device) or next((d for d in self.devices if d.supports_op(write).ok), self.devices[0])
-        return {id(t): Residence(owner.name, owner.buffer_type, owner.physical_id) for t in self.cache.tensors()}
+
+        def first_accepting(op: str) -> Device:
+            node = next((n for n in graph.nodes if n.op == op and (not ops.writes_source(op) or
+                                                                  n.storage.kind == LeafKind.CACHE)), None)
+            if node is None:
+                return self.devices[0]
+            return next((d for d in self.devices if d.supports_op(node).ok), self.devices[0])
+
+        owner = by_name.get(kv_device) or first_accepting("SET_ROWS")
+        home = {id(t): owner for t in self.cache.tensors()}
+        for t, op in self.cache.states():
+            home[id(t)] = by_name.get(kv_device) or first_accepting(op)
+        return {k: Residence(d.name, d.buffer_type, d.physical_id) for k, d in home.items()}
 
     def reset(self) -> None:
         self.n_past = 0
@@ -168,6 +181,7 @@ class Session:
             values[id(inp.mask_swa)] = causal_mask(pos, n_kv, self.model.hp.sliding_window)
         if inp.out_ids is not None:
             values[id(inp.out_ids)] = np.array([n - 1], dtype=np.int32)
+        values.update(self.model.arch.step_values(inp, n, self.n_past))
         (logits,) = self.executor.run(plan, values)
         logits = logits[:n] if inp.out_ids is None else logits
         self.n_past += n

@@ -167,6 +167,46 @@ class GraphBuilder:
         src = (a, pos) if freq_factors is None else (a, pos, freq_factors)
         return self._node("ROPE", name or f"rope({a.name})", F32, a.shape, src, params)
 
+    # -- recurrent layers (linear attention) ------------------------------------------------
+    def concat(self, a: Tensor, b: Tensor, axis: int, name: str | None = None) -> Tensor:
+        """a and b joined along `axis` (numpy order; ggml_concat's dim is ndim - 1 - axis)."""
+        axis = axis % len(a.shape) if a.shape else 0
+        same = len(a.shape) == len(b.shape) and all(x == y for i, (x, y) in enumerate(zip(a.shape, b.shape))
+                                                    if i != axis)
+        if not same:
+            raise GraphBuildError(f"concat: {_shape_str(a)} and {_shape_str(b)} differ outside axis {axis}")
+        shape = tuple(a.shape[:axis]) + (a.shape[axis] + b.shape[axis],) + tuple(a.shape[axis + 1:])
+        return self._node("CONCAT", name or f"concat({a.name},{b.name})", F32, shape, (a, b), {"axis": axis})
+
+    def ssm_conv(self, sx: Tensor, c: Tensor, name: str | None = None) -> Tensor:
+        """ggml_ssm_conv: a causal depthwise convolution. sx (S, C, K - 1 + T) holds each channel's last
+        K - 1 inputs then its T new ones, c (C, K) each channel's kernel; result (S, T, C) with
+        result[s, t, ch] = sum_k sx[s, ch, t + k] * c[ch, k]."""
+        if len(sx.shape) != 3 or len(c.shape) != 2 or sx.shape[1] != c.shape[0] or sx.shape[2] < c.shape[1] - 1:
+            raise GraphBuildError(f"ssm_conv: needs sx (S, C, K - 1 + T) and c (C, K), got {_shape_str(sx)} "
+                                  f"and {_shape_str(c)}")
+        n_t = sx.shape[2] - c.shape[1] + 1
+        return self._node("SSM_CONV", name or f"ssm_conv({sx.name})", F32, (sx.shape[0], n_t, sx.shape[1]), (sx, c))
+
+    def gated_delta_net(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                        name: str | None = None) -> Tensor:
+        """ggml_gated_delta_net (one sequence, one state snapshot). q, k (T, Hk, S), v (T, H, S) with H a
+        multiple of Hk (value head h reads key head h % Hk), g (T, H, 1) or (T, H, S) log-decay, beta
+        (T, H, 1), state (H, S, S) with state[h, j, i] the weight of key element i in value element j.
+        Per token: state *= exp(g); d = (v - state k) * beta; state += d k^T; out = state q / sqrt(S).
+        Result (T + S, H * S): rows 0..T-1 the outputs (T, H, S), then the final state (H, S, S)."""
+        t, hk, sk = q.shape if len(q.shape) == 3 else (0, 0, 0)
+        ok = (len(q.shape) == 3 and k.shape == q.shape and len(v.shape) == 3 and v.shape[0] == t
+              and v.shape[2] == sk and v.shape[1] % max(hk, 1) == 0)
+        h, s = (v.shape[1], v.shape[2]) if ok else (0, 0)
+        ok = ok and g.shape in ((t, h, 1), (t, h, s)) and beta.shape == (t, h, 1) and state.shape == (h, s, s)
+        if not ok:
+            raise GraphBuildError(f"gated_delta_net: needs q, k (T, Hk, S), v (T, H, S), g (T, H, 1 or S), "
+                                  f"beta (T, H, 1), state (H, S, S); got {_shape_str(q)}, {_shape_str(k)}, "
+                                  f"{_shape_str(v)}, {_shape_str(g)}, {_shape_str(beta)}, {_shape_str(state)}")
+        return self._node("GATED_DELTA_NET", name or f"gated_delta_net({v.name})", F32, (t + s, h * s),
+                          (q, k, v, g, beta, state))
+
     # -- views and layout -----------------------------------------------------------------
     def reshape(self, a: Tensor, shape, name: str | None = None) -> Tensor:
         shape = tuple(int(d) for d in shape)

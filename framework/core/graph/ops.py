@@ -105,7 +105,9 @@ _TABLE = (
            (Param("op", "str", "the function, element by element",
                   (("gelu", "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): the tanh approximation, as ggml_gelu"),
                    ("silu", "x / (1 + exp(-x))"),
-                   ("tanh", "tanh(x)"))),),
+                   ("tanh", "tanh(x)"),
+                   ("sigmoid", "1 / (1 + exp(-x))"),
+                   ("softplus", "log(1 + exp(x)), and x above 20 (ggml_vec_softplus_f32)"))),),
            R.unary, "out = op(a), element by element, float32."),
     OpSpec("GLU", Kind.COMPUTE,
            (Operand("gate", "any shape"), Operand("up", "the shape of gate")),
@@ -169,6 +171,29 @@ _TABLE = (
            "exists for graphs made elsewhere."),
     OpSpec("CONT", Kind.COMPUTE, (_A,), (), R.cont,
            "A contiguous copy of a (a permuted view made dense), same shape and dtype."),
+    OpSpec("CONCAT", Kind.COMPUTE, (Operand("a", "any shape"), Operand("b", "a's shape but on axis")),
+           (Param("axis", "int", "the numpy axis a and b are joined on (ggml_concat's dim is ndim - 1 - axis)"),),
+           R.concat, "out = a then b along axis (numpy's concatenate)."),
+    OpSpec("SSM_CONV", Kind.COMPUTE,
+           (Operand("sx", "(S, C, K - 1 + T): each channel's last K - 1 inputs, then its T new ones"),
+            Operand("c", "(C, K): each channel's kernel, float32")),
+           (), R.ssm_conv,
+           "A causal depthwise convolution (ggml_ssm_conv): out[s, t, ch] = sum_k sx[s, ch, t + k] * c[ch, k], "
+           "result (S, T, C). The short convolution of Mamba and GatedDeltaNet layers."),
+    OpSpec("GATED_DELTA_NET", Kind.COMPUTE,
+           (Operand("q", "(T, Hk, S)"), Operand("k", "(T, Hk, S)"),
+            Operand("v", "(T, H, S), H a multiple of Hk: value head h reads key head h % Hk"),
+            Operand("g", "(T, H, 1) log-decay per head, or (T, H, S) per key element"),
+            Operand("beta", "(T, H, 1): the write strength"),
+            Operand("state", "(H, S, S): state[h, j, i] weighs key element i in value element j")),
+           (), R.gated_delta_net,
+           "Linear attention with the gated delta rule (ggml_gated_delta_net, one sequence, one state "
+           "snapshot). Per token t and head h: state *= exp(g); d = (v - state k) * beta; state += d k^T; "
+           "out = state q / sqrt(S). Result (T + S, H * S), float32: rows 0..T-1 are the outputs (T, H, S), "
+           "the rest the final state (H, S, S), as ggml lays them out. The recurrence runs in float32; a "
+           "backend may run it in chunks (ggml's chunked form), which reorders the sums.",
+           1e-6, "a recurrence over T tokens accumulates rounding (ggml's test_gated_delta_net uses 1e-7 over "
+                 "few tokens; the conformance cases run longer ones)"),
 )
 
 OPS: dict[str, OpSpec] = {s.name: s for s in _TABLE}

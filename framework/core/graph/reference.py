@@ -66,7 +66,16 @@ def silu(x):
     return x / (np.float32(1.0) + np.exp(-x))
 
 
-UNARY = {"gelu": gelu, "silu": silu, "tanh": np.tanh}
+def sigmoid(x):
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
+def softplus(x):
+    """ggml_vec_softplus_f32: log(1 + e^x), and x itself above 20 (where they agree in float32)."""
+    return np.where(x > np.float32(20.0), x, np.log1p(np.exp(np.minimum(x, np.float32(20.0))))).astype(np.float32)
+
+
+UNARY = {"gelu": gelu, "silu": silu, "tanh": np.tanh, "sigmoid": sigmoid, "softplus": softplus}
 GLU = {"geglu": gelu, "swiglu": silu}
 
 
@@ -173,6 +182,34 @@ def rope(x, pos, factors=None, *, n_dims, mode, freq_base, freq_scale):
         out[..., 0:n_dims:2] = x0 * cos - x1 * sin
         out[..., 1:n_dims:2] = x0 * sin + x1 * cos
     return out
+
+
+def concat(a, b, *, axis):
+    return np.concatenate([a, b], axis=axis)
+
+
+def ssm_conv(sx, c):
+    """result[s, t, ch] = sum_k sx[s, ch, t + k] * c[ch, k] (ggml_compute_forward_ssm_conv_f32)."""
+    windows = np.lib.stride_tricks.sliding_window_view(sx, c.shape[1], axis=-1)      # (S, C, T, K)
+    return np.einsum("sctk,ck->stc", windows, c, optimize=True).astype(np.float32)
+
+
+def gated_delta_net(q, k, v, g, beta, state):
+    """The recurrence of ggml_compute_forward_gated_delta_net_f32, all heads at once, token by token."""
+    t, hk, s = q.shape
+    h = v.shape[1]
+    heads = np.arange(h) % hk                       # value head h reads key head h % Hk
+    m = np.array(state, dtype=np.float32)           # (H, S, S): m[h, j, i]
+    decay = np.exp(g)                               # (T, H, 1) or (T, H, S)
+    out = np.empty((t, h, s), dtype=np.float32)
+    scale = np.float32(1.0 / math.sqrt(s))
+    for i in range(t):
+        kt, qt = k[i, heads], q[i, heads]           # (H, S)
+        m *= decay[i][:, None, :]                   # scalar gate: (H, 1, 1); per-element (KDA): (H, 1, S)
+        d = (v[i] - np.matmul(m, kt[:, :, None])[..., 0]) * beta[i]
+        m += d[:, :, None] * kt[:, None, :]
+        out[i] = np.matmul(m, qt[:, :, None])[..., 0] * scale
+    return np.concatenate([out.reshape(t, h * s), m.reshape(s, h * s)], axis=0)
 
 
 def set_rows(dst, src, rows):

@@ -7,7 +7,9 @@ from .gemma3 import Gemma3
 from .llama import Llama
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
+from .qwen35 import Qwen35
 
-ARCHITECTURES: dict[str, type[Architecture]] = {"llama": Llama, "gemma3": Gemma3, "qwen2": Qwen2, "qwen3": Qwen3}
+ARCHITECTURES: dict[str, type[Architecture]] = {"llama": Llama, "gemma3": Gemma3, "qwen2": Qwen2, "qwen3": Qwen3,
+                                                 "qwen35": Qwen35}
 
 __all__ = ["ARCHITECTURES", "Architecture", "StepInputs"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from ...core.graph import F32, I32, GraphBuilder, LeafKind, Tensor, leaf
 from ..gguf_file import ModelFile
@@ -24,23 +26,31 @@ class StepInputs:
     mask: Tensor        # (T, n_kv) float32, 0 or -inf: causal
     mask_swa: Tensor | None   # (T, n_kv) causal and within the sliding window
     out_ids: Tensor | None    # (n_out,) int32 rows whose logits are wanted; None: all
+    extra: dict[str, Tensor] = field(default_factory=dict)   # an architecture's own inputs (recurrent state)
 
     def all(self) -> list[Tensor]:
-        return [t for t in (self.tokens, self.pos, self.kv_rows, self.mask, self.mask_swa, self.out_ids) if t]
+        fixed = [t for t in (self.tokens, self.pos, self.kv_rows, self.mask, self.mask_swa, self.out_ids) if t]
+        return fixed + list(self.extra.values())
 
 
 class KVCache:
-    """Pre-allocated K and V tensors, one pair per layer, of n_ctx rows each, plus `scratch_rows`
-    beyond them that padding tokens of fixed-shape steps write to and no query ever reads."""
+    """Pre-allocated K and V tensors, one pair per attention layer (every layer unless `layers` says
+    which), of n_ctx rows each, plus `scratch_rows` beyond them that padding tokens of fixed-shape steps
+    write to and no query ever reads."""
 
-    def __init__(self, hp: HParams, n_ctx: int, scratch_rows: int = 0):
+    def __init__(self, hp: HParams, n_ctx: int, scratch_rows: int = 0, layers: list[int] | None = None):
         self.n_ctx, self.scratch_rows = n_ctx, scratch_rows
         rows = n_ctx + scratch_rows
-        self.k = [leaf(f"cache_k_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
-        self.v = [leaf(f"cache_v_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in range(hp.n_layer)]
+        layers = list(range(hp.n_layer)) if layers is None else layers
+        self.k = {il: leaf(f"cache_k_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in layers}
+        self.v = {il: leaf(f"cache_v_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in layers}
 
     def tensors(self) -> list[Tensor]:
-        return self.k + self.v
+        return list(self.k.values()) + list(self.v.values())
+
+    def states(self) -> list[tuple[Tensor, str]]:
+        """Recurrent-state tensors and the op that reads each: none for a plain KV cache."""
+        return []
 
 
 class Architecture:
@@ -48,6 +58,7 @@ class Architecture:
 
     name = ""
     rope_mode = "normal"
+    recurrent = False           # keeps per-sequence state besides the KV cache (linear-attention layers)
     swa_pattern = 0
     rope_base_swa: float | None = None
 
@@ -89,6 +100,15 @@ class Architecture:
             tokens=b.input("inp_tokens", I32, (n_tokens,)), pos=b.input("inp_pos", I32, (n_tokens,)),
             kv_rows=b.input("kv_rows", I32, (n_tokens,)), mask=b.input("kq_mask", F32, (n_tokens, n_kv)),
             mask_swa=swa, out_ids=None if n_out is None else b.input("inp_out_ids", I32, (n_out,)))
+
+    def make_cache(self, n_ctx: int, scratch_rows: int = 0) -> KVCache:
+        """The pre-allocated tensors a session keeps between steps."""
+        return KVCache(self.hp, n_ctx, scratch_rows)
+
+    def step_values(self, inp: StepInputs, n_real: int, n_past: int) -> dict[int, np.ndarray]:
+        """Values of the architecture's own inputs (inp.extra) for a step of n_real tokens (the rest of
+        the step's tokens are padding) after n_past tokens of the sequence."""
+        return {}
 
     def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
         """Append one step's nodes; return the logits tensor (n_out, n_vocab). n_layers: only the first

@@ -1,0 +1,210 @@
+"""llama.cpp's outputs on the tiny models (tests/tiny_models.py) and on the real vocabularies
+(tests/real_vocab.py), written to tests/reference/tiny/. Tests read them; llama.cpp is never a test-time
+dependency.
+
+Run with a Python that has llama-cpp-python 0.3.36 (built as benchmarks/install_llama_cpp.sh does),
+gguf, numpy and quicktok-v1, from the repository root:
+
+    PYTHON tests/make_tiny_reference.py --llama-src DIR
+
+DIR: llama.cpp's source (vendor/llama.cpp of llama-cpp-python's source distribution); its
+models/ggml-vocab-*.gguf are compared with the vocabularies real_vocab.py builds, and its tokenizer test
+strings (models/ggml-vocab-*.gguf.inp) are tokenized with the rest.
+
+Per model, <arch>.json holds the file's sha256, the token ids of a list of strings, and per prompt its ids,
+llama.cpp's greedy tokens (argmax) over a prefill and DECODE_STEPS decode steps, and the keys in
+<arch>.npz of the logits (float16) of the prefill's last position, of every decode step, and of every
+prefill position of the first prompt. vocab-<family>.json holds the token ids of the strings under the
+full real vocabulary, with and without special-token parsing, and the chat templates' renderings by
+llama.cpp's llama_chat_apply_template.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import real_vocab  # noqa: E402
+import tiny_models  # noqa: E402
+
+OUT = HERE / "reference" / "tiny"
+DECODE_STEPS = 8
+N_THREADS = 2
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Once upon a time, in 1987, there were 42 cats!",
+]
+
+OWN_STRINGS = [
+    "Hello world", " Hello world", "Hello  world", "hello\n\nworld\n", "\t tabs\tand  spaces  ",
+    "I'm sure they'll say it's fine, we've done it; you'd agree, THEY'RE right, DON'T you?",
+    "Numbers: 1 12 123 1234 12345 3.14159 1,000,000 0x7f", "2024-12-01T08:54:00Z",
+    "naïve café résumé Ωmega Добрый день Γειά σου", "日本語のテキスト、中文文本。한국어 텍스트",
+    "emoji 😀👍🏽 🇫🇷 ❤️", "  leading and trailing   ", "\n\n\n", "   ", "a\r\nb\rc",
+    "mixed  \n  whitespace \t\n\t lines", "snake_case camelCase kebab-case PascalCase",
+    "<|im_start|>user\nhi<|im_end|>", "<think>reasoning</think> answer", "<|begin_of_text|>x<|eot_id|>",
+    "if (x != y && z >= 0) { return a->b; } // comment", "e\u0301 (combining acute) vs \u00e9",
+    "ＦＵＬＬＷＩＤＴＨ ａｎｄ ½ ⅔ ²³", "Zero\u200bwidth and\u00a0nbsp", "'quoted' \"double\" `back`",
+]
+
+CHATS = [
+    [{"role": "user", "content": "Hello, who are you?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
+     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3+3?"}],
+]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def llama_inp_strings(src: Path, vocab_file: str) -> list[str]:
+    """llama.cpp's own tokenizer test strings (models/ggml-vocab-*.gguf.inp)."""
+    path = src / "models" / f"{vocab_file}.inp"
+    return path.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1] if path.is_file() else []
+
+
+def reference_strings(src: Path, vocab_file: str) -> list[str]:
+    """The strings of tests/reference/*.json, llama.cpp's tokenizer test strings and OWN_STRINGS."""
+    out = []
+    for ref in sorted((HERE / "reference").glob("*.json")):
+        out += [e["text"] for e in json.loads(ref.read_text(encoding="utf-8")).get("tokenize", [])]
+    return list(dict.fromkeys(out + llama_inp_strings(src, vocab_file) + OWN_STRINGS))
+
+
+def tokenize(llm, strings: list[str], special: bool) -> list[dict]:
+    return [{"text": s, "ids": llm.tokenize(s.encode("utf-8"), add_bos=False, special=special)} for s in strings]
+
+
+def chat_renderings(model_path: Path, template: str) -> list[dict]:
+    """llama_chat_apply_template (llama.cpp's C++ rendering of a recognised template) of CHATS."""
+    import llama_cpp
+    out = []
+    for chat in CHATS:
+        msgs = (llama_cpp.llama_chat_message * len(chat))()
+        keep = []
+        for i, m in enumerate(chat):
+            role, content = m["role"].encode(), m["content"].encode()
+            keep += [role, content]
+            msgs[i].role, msgs[i].content = role, content
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_chat_apply_template(template.encode(), msgs, len(chat), True, buf, len(buf))
+        out.append({"messages": chat, "text": buf.raw[:n].decode("utf-8") if n > 0 else None})
+    return out
+
+
+def model_reference(arch: str, work: Path) -> tuple[dict, dict]:
+    from llama_cpp import Llama
+    path = tiny_models.write(arch, work / f"tiny-{arch}.gguf")
+    llm = Llama(str(path), n_ctx=512, n_batch=512, n_threads=N_THREADS, logits_all=True, verbose=False, seed=0)
+    add_bos = llm.tokenize(b"a", add_bos=True) != llm.tokenize(b"a", add_bos=False)     # BOS prepended by llama.cpp
+    ref = {"arch": arch, "file_sha256": sha256(path), "add_bos": add_bos, "n_vocab": llm.n_vocab(),
+           "decode_steps": DECODE_STEPS, "tokenize": tokenize(llm, PROMPTS + OWN_STRINGS[:12], False), "prompts": []}
+    arrays = {}
+    for i, prompt in enumerate(PROMPTS):
+        llm.reset()
+        ids = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
+        llm.eval(ids)
+        scores = np.array(llm.scores[:len(ids)], dtype=np.float32)
+        if i == 0:
+            arrays[f"p{i}_prefill"] = scores.astype(np.float16)
+        rows, greedy = [scores[-1]], []
+        for _ in range(DECODE_STEPS):
+            tok = int(np.argmax(rows[-1]))
+            greedy.append(tok)
+            llm.eval([tok])
+            rows.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32))
+        arrays[f"p{i}_steps"] = np.stack(rows).astype(np.float16)     # row 0: prefill's last; row k: after k tokens
+        ref["prompts"].append({"prompt": prompt, "ids": ids, "greedy_ids": greedy,
+                               "greedy_text": llm.detokenize(greedy).decode("utf-8", errors="replace"),
+                               "steps_key": f"p{i}_steps", "prefill_key": f"p{i}_prefill" if i == 0 else None})
+    template = (tiny_models.TEMPLATES / tiny_models.SPECS[arch].template).read_text(encoding="utf-8")
+    ref["chat"] = chat_renderings(path, template)
+    del llm
+    return ref, arrays
+
+
+def vocab_reference(family: str, vocab_file: str, src: Path, work: Path) -> dict:
+    """Token ids under the full real vocabulary, from a vocabulary-only GGUF llama.cpp loads."""
+    from gguf import GGUFReader, GGUFWriter
+    from llama_cpp import Llama
+    meta = real_vocab.vocab_metadata(family)
+    path = work / f"vocab-{family}.gguf"
+    arch = "llama" if family == "llama3" else "qwen2"
+    w = GGUFWriter(str(path), arch)
+    for key, value in ((f"{arch}.block_count", 1), (f"{arch}.context_length", 4096), (f"{arch}.embedding_length", 64),
+                       (f"{arch}.feed_forward_length", 128), (f"{arch}.attention.head_count", 1)):
+        w.add_uint32(key, value)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_string("tokenizer.ggml.model", meta["tokenizer.ggml.model"])
+    w.add_string("tokenizer.ggml.pre", meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    llm = Llama(str(path), vocab_only=True, verbose=False)
+    strings = reference_strings(src, vocab_file)
+    ref = {"family": family, "pre": meta["tokenizer.ggml.pre"], "n_vocab": len(meta["tokenizer.ggml.tokens"]),
+           "tokenize": tokenize(llm, strings, False), "tokenize_special": tokenize(llm, strings, True)}
+    theirs = src / "models" / vocab_file
+    if theirs.is_file():
+        r = GGUFReader(str(theirs))
+        tokens = r.fields["tokenizer.ggml.tokens"].contents()
+        merges = r.fields["tokenizer.ggml.merges"].contents()
+        n_normal = sum(1 for t in meta["tokenizer.ggml.token_type"] if t == real_vocab.NORMAL)
+        ref["llama_cpp_vocab_file"] = {
+            "file": f"models/{vocab_file}", "normal_tokens_equal": tokens[:n_normal] == meta["tokenizer.ggml.tokens"][:n_normal],
+            "merges_equal": merges == meta["tokenizer.ggml.merges"], "n_merges": len(merges)}
+    del llm
+    return ref
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--llama-src", type=Path, required=True, help="llama.cpp's source directory")
+    p.add_argument("--only", nargs="*", help="architectures or vocabularies to redo (default: all)")
+    args = p.parse_args()
+    import llama_cpp
+    print(f"llama-cpp-python {llama_cpp.__version__}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for arch in tiny_models.SPECS:
+            if args.only and arch not in args.only:
+                continue
+            ref, arrays = model_reference(arch, work)
+            ref["llama_cpp_python"] = llama_cpp.__version__
+            (OUT / f"{arch}.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            np.savez_compressed(OUT / f"{arch}.npz", **arrays)
+            print(arch, "greedy", [q["greedy_ids"] for q in ref["prompts"]])
+        for family, vocab_file in (("qwen2", "ggml-vocab-qwen2.gguf"), ("qwen35", "ggml-vocab-qwen35.gguf"),
+                                   ("llama3", "ggml-vocab-llama-bpe.gguf")):
+            if args.only and family not in args.only:
+                continue
+            ref = vocab_reference(family, vocab_file, args.llama_src, work)
+            ref["llama_cpp_python"] = llama_cpp.__version__
+            (OUT / f"vocab-{family}.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n",
+                                                      encoding="utf-8")
+            print("vocab", family, len(ref["tokenize"]), "strings", ref.get("llama_cpp_vocab_file"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
