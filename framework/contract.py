@@ -182,6 +182,13 @@ def lookup_profile(profiles: dict[str, Any], name: str, what: str = "device prof
         raise UnknownProfileError(f"unknown {what} '{name}'; known: {', '.join(profiles)}") from None
 
 
+# Ops documented to fail on NPUs (the design brief's failure 2): an NPU plugin or profile refuses them with
+# this reason, so the plan sends them to the next device in --backends, or --strict fails naming them.
+_LINEAR_ATTENTION = ("linear attention (Qwen3.5's GatedDeltaNet layers) hangs the NPU at the first inference on "
+                     "NPU 37xx with one driver and fails to compile with another; never sent to an NPU")
+NPU_REFUSED_OPS: dict[str, str] = {"GATED_DELTA_NET": _LINEAR_ATTENTION, "SSM_CONV": _LINEAR_ATTENTION}
+
+
 class BackendSpec:
     """Hook specifications. A plugin implements some of them with ``@hookimpl``."""
 
@@ -197,4 +204,4 @@ class BackendSpec:
 
 
 __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "hookspec", "hookimpl", "DeviceType", "Verdict", "BufferType",
-           "HOST_BUFFER", "Limits", "Program", "Device", "BackendSpec"]
+           "HOST_BUFFER", "Limits", "Program", "Device", "BackendSpec", "NPU_REFUSED_OPS"]

@@ -102,7 +102,10 @@ def check_strict(plan: Plan, phase: str) -> None:
     if not fallbacks:
         return
     first = plan.devices[0].name
-    lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name}) -> {p.device}; "
+    def operands(n: Tensor) -> str:
+        return ", ".join(f"{list(s.shape)} {s.dtype.name}" for s in n.src)
+
+    lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name} of {operands(n)}) -> {p.device}; "
              + "; ".join(f"{d}: {r}" for d, r in p.refusals.items()) for n, p in fallbacks]
     raise CapabilityError(
         "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}:\n    "

@@ -148,6 +148,9 @@ class OpenVinoDevice(Device):
             return Verdict.no("refused_by_profile", f"{who} refuses {node.op}: {self.refused[node.op]}")
         if node.op not in SUPPORTED_OPS:
             return Verdict.no("unsupported_op", f"the OpenVINO plugin has no translation for {node.op}")
+        if node.op == "ROPE" and len(node.src) > 2:
+            return Verdict.no("unsupported_op", f"{self.name} computes rope tables from positions alone; ROPE with "
+                                                f"frequency factors ({node.src[2].name}) is not translated")
         if node.op == "SET_ROWS":
             dst = node.src[0]
             if not (dst.is_leaf and dst.kind == LeafKind.CACHE):

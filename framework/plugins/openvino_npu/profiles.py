@@ -6,8 +6,10 @@ Sources: the project's design brief (failures 1 and 2) and OpenVINO's NPU plugin
     (the 256th compile fails with a misleading "driver is not initialized");
   * static shapes only: every compiled model has fixed input shapes, so prefill runs in fixed
     chunks (padded and masked) and decode attends over a fixed KV length;
-  * GATED_DELTA_NET (linear attention) hung one NPU generation and failed to compile on another:
-    refused on both, with the reason, so the plan routes it to the next device (or --strict fails).
+  * GATED_DELTA_NET and SSM_CONV (linear attention, Qwen3.5's GatedDeltaNet layers) hung the NPU at
+    the first inference on NPU 37xx with one driver and failed to compile with another: refused on
+    both, with the reason (framework.contract.NPU_REFUSED_OPS), so the plan routes them to the next
+    device (or --strict fails).
 
 On a real NPU the profile is chosen from OpenVINO's DEVICE_ARCHITECTURE property ("3720" for
 Meteor Lake, "4000" for Lunar Lake); an architecture this table does not know gets npu37xx, the
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...contract import Limits, UnknownProfileError, lookup_profile  # noqa: F401 (UnknownProfileError: re-exported)
+from ...contract import NPU_REFUSED_OPS, Limits, UnknownProfileError, lookup_profile  # noqa: F401 (re-exported)
 
 NPU_PROGRAM_BUDGET = 255
 
@@ -32,19 +34,16 @@ class Profile:
     architectures: tuple[str, ...] = ()                             # DEVICE_ARCHITECTURE prefixes
 
 
-_GDN = ("GatedDeltaNet (linear attention) is documented as failing on Intel NPUs: it hung one NPU "
-        "generation and failed to compile on another")
-
 PROFILES: dict[str, Profile] = {
     "npu37xx": Profile(
         "npu37xx", "Intel NPU 3720 (Meteor Lake)",
         Limits(max_live_programs=NPU_PROGRAM_BUDGET, static_shapes=True),
-        {"GATED_DELTA_NET": _GDN}, ("37",)),
+        dict(NPU_REFUSED_OPS), ("37",)),
     "npu40xx": Profile(
         "npu40xx", "Intel NPU 4000 (Lunar Lake)",
         # the same driver stack: one command queue per compiled model, 255 per process
         Limits(max_live_programs=NPU_PROGRAM_BUDGET, static_shapes=True),
-        {"GATED_DELTA_NET": _GDN}, ("40",)),
+        dict(NPU_REFUSED_OPS), ("40",)),
 }
 
 

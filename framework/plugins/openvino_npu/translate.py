@@ -39,7 +39,7 @@ OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
 ELEMENTS = {"i4": ov.Type.i4, "i8": ov.Type.i8}
 SUPPORTED_OPS = op_table.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM",
                                "SOFT_MAX", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE",
-                               "TRANSPOSE", "CONT")
+                               "TRANSPOSE", "CONT", "CONCAT")
 SQRT_2_OVER_PI = 0.7978845608028654
 # Block offsets (Q4_1, Q5_1, Q4_K, Q5_K) in a matrix product: "zero_point" (-offset / scale, subtracted in
 # the decompression the FullyConnected kernel fuses) or "product" (x @ W^T + offsets @ block_sums(x), as
@@ -324,6 +324,10 @@ class Translator:
             return ops.swish(x).output(0)
         if op == "tanh":
             return ops.tanh(x).output(0)
+        if op == "sigmoid":
+            return ops.sigmoid(x).output(0)
+        if op == "softplus":
+            return ops.softplus(x).output(0)
         raise TranslationError(f"unknown activation {op}")
 
     def op_unary(self, n):
@@ -440,6 +444,9 @@ class Translator:
 
     def op_cont(self, n):
         return self.out(n.src[0])
+
+    def op_concat(self, n):
+        return ops.concat([self.out(n.src[0]), self.out(n.src[1])], n.params["axis"]).output(0)
 
     def _split_mask(self, rows_t: Tensor, rows, mask_t: Tensor, mv, s: int, tn: int):
         """For attention over the cache window as it was plus this step's new rows: which new rows are

@@ -165,7 +165,13 @@ def verdict(dev, n: Tensor) -> Verdict:
     if op == "FLASH_ATTN_EXT" and n.src[0].shape[2] > MAX_ATTN_HEAD:
         return Verdict.no("unsupported_shape", f"head size {n.src[0].shape[2]} is over the {MAX_ATTN_HEAD} the "
                           f"attention kernel of {dev.name} holds")
+    if op == "UNARY" and n.params["op"] not in UNARY_CODE:
+        return Verdict.no("unsupported_op", f"{dev.name} has no {n.params['op']} kernel "
+                          f"(it has {', '.join(UNARY_CODE)})")
     if op == "ROPE":
+        if len(n.src) > 2:
+            return Verdict.no("unsupported_op", f"{dev.name} computes rope tables from positions alone; ROPE with "
+                              f"frequency factors ({n.src[2].name}) is not implemented")
         if n.shape[2] % 2:
             return Verdict.no("unsupported_shape", f"ROPE of an odd head size ({n.describe()})")
         if not n.src[1].is_leaf:

@@ -143,6 +143,9 @@ class XdnaDevice(Device):
     def supports_op(self, node: Tensor) -> Verdict:
         if node.op in VIEW_OPS:
             return Verdict.yes()
+        if node.op in self.profile.refused_ops:
+            return Verdict.no("refused_by_profile", f"profile {self.profile.name} refuses {node.op}: "
+                              f"{self.profile.refused_ops[node.op]}")
         if node.op not in self.profile.ops:
             return Verdict.no("unsupported_op", f"the xdna kernels ({self.profile.name}) cover "
                               f"{', '.join(sorted(self.profile.ops))} with packed weights only; {node.op} runs on "

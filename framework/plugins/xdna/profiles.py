@@ -19,9 +19,9 @@ every layer); everything else runs on the host, per the plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ...contract import lookup_profile
+from ...contract import NPU_REFUSED_OPS, lookup_profile
 
 XRT_RUNLIST_CHAIN = 24
 
@@ -36,6 +36,7 @@ class Profile:
     columns: int                             # AIE columns of the array
     aie: str                                 # AIE generation (mlir-aie device target)
     pci_ids: tuple[tuple[int, int | None], ...]   # (PCI device id, revision or None for any)
+    refused_ops: dict[str, str] = field(default_factory=lambda: dict(NPU_REFUSED_OPS))   # op -> reason
 
 
 PROFILES: dict[str, Profile] = {
