@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import err, fail, load_model, out, positive_int, select_devices, weight_progress
+from .common import err, fail, load_model, model_path, out, positive_int, select_devices, weight_progress
 
 SAMPLE_PROMPT = "The capital of France is"
 
@@ -230,29 +230,57 @@ def cmd_backends(args) -> int:
 
 
 def cmd_info(args) -> int:
+    """Describe a file from its own metadata, whether or not this project can run its architecture."""
     from collections import Counter
 
-    model = load_model(args.model)
-    hp, tok = model.hp, model.tokenizer
-    types = Counter(t.dtype.name for t in model.file.tensors.values())
-    size = sum(t.nbytes for t in model.file.tensors.values())
-    lines = [
-        f"file          {model.file.path}",
-        f"name          {model.name}",
-        f"architecture  {hp.arch}",
-        f"layers        {hp.n_layer}, embedding {hp.n_embd}, feed-forward {hp.n_ff}",
-        f"attention     {hp.n_head} heads, {hp.n_head_kv} kv heads, head size {hp.head_dim}"
-        + (f", sliding window {hp.sliding_window} on {sum(hp.swa_layers)} layers" if hp.sliding_window else ""),
-        f"rope          base {hp.rope_base:g}" + (f" (sliding layers {hp.rope_base_swa:g})" if hp.sliding_window
-                                                   else "") + f", {model.arch.rope_mode} mode",
-        f"context       {hp.n_ctx_train} tokens (trained)",
-        f"tensors       {len(model.file.tensors)}, {size / 2**20:.1f} MiB: "
-        + ", ".join(f"{n} {k}" for k, n in types.most_common()),
-        f"tokenizer     {model.file.metadata.get('tokenizer.ggml.model')} "
-        f"(pre: {model.file.metadata.get('tokenizer.ggml.pre', '-')}), {tok.n_vocab} tokens, bos {tok.bos_id}, "
-        f"eos {tok.eos_id}, end-of-generation {sorted(tok.eog_ids)}, add bos {tok.add_bos}",
-        f"chat template {'yes' if tok.chat_template else 'no (a built-in one is used with --chat)'}",
-    ]
+    from ..model.arch import ARCHITECTURES
+    from ..model.gguf_file import open_model_file
+    from ..model.hparams import MetadataError, read_hparams
+    from ..model.tokenizer import tokenizer_from_metadata
+
+    path = model_path(args.model)
+    with err.status(f"reading {path.name}"):
+        file = open_model_file(path)
+    meta, arch = file.metadata, file.architecture
+    cls = ARCHITECTURES.get(arch)
+    types = Counter(t.dtype.name for t in file.tensors.values())
+    size = sum(t.nbytes for t in file.tensors.values())
+    support = ("supported" if cls else f"NOT SUPPORTED by this project (it runs {', '.join(sorted(ARCHITECTURES))}): "
+               f"described from the file's metadata, it cannot be run")
+    lines = [f"file          {file.path}", f"name          {meta.get('general.name', file.path.name)}",
+             f"architecture  {arch or '(none)'}, {support}"]
+    try:
+        hp = read_hparams(meta, cls.swa_pattern if cls else 0, cls.rope_base_swa if cls else None)
+        lines += [
+            f"layers        {hp.n_layer}, embedding {hp.n_embd}, feed-forward {hp.n_ff}",
+            f"attention     {hp.n_head} heads, {hp.n_head_kv} kv heads, head size {hp.head_dim}"
+            + (f", sliding window {hp.sliding_window} on {sum(hp.swa_layers)} layers" if hp.sliding_window else ""),
+            f"rope          base {hp.rope_base:g}" + (f" (sliding layers {hp.rope_base_swa:g})" if hp.sliding_window
+                                                       else "") + (f", {cls.rope_mode} mode" if cls else "")
+            + f", {hp.n_rot} dimensions",
+            f"context       {hp.n_ctx_train} tokens (trained)"]
+        if cls is not None and cls.recurrent:
+            from ..model.hparams import read_ssm_hparams
+            ssm = read_ssm_hparams(meta, hp.n_layer)
+            lines.append(f"linear attn   {sum(ssm.recurrent)} of {hp.n_layer} layers (GatedDeltaNet), {ssm.n_v_heads} "
+                         f"value heads, {ssm.n_k_heads} key heads, state {ssm.d_state}, conv kernel {ssm.d_conv}")
+    except (MetadataError, KeyError) as e:
+        keys = {k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.") and not isinstance(v, list)}
+        lines.append(f"hyper-params  {', '.join(f'{k} {v}' for k, v in keys.items()) or '(none)'} "
+                     f"(not all this project would need: {e})")
+    lines.append(f"tensors       {len(file.tensors)}, {size / 2**20:.1f} MiB: "
+                 + ", ".join(f"{n} {k}" for k, n in types.most_common()))
+    try:
+        tok = tokenizer_from_metadata(meta)
+        lines.append(f"tokenizer     {meta.get('tokenizer.ggml.model')} (pre: {meta.get('tokenizer.ggml.pre', '-')}), "
+                     f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, end-of-generation "
+                     f"{sorted(tok.eog_ids)}, add bos {tok.add_bos}")
+    except (ValueError, KeyError) as e:
+        lines.append(f"tokenizer     {meta.get('tokenizer.ggml.model', '(none)')} "
+                     f"(pre: {meta.get('tokenizer.ggml.pre', '-')}), {len(meta.get('tokenizer.ggml.tokens', ()))} "
+                     f"tokens; not usable here: {e}")
+    has_template = bool(meta.get("tokenizer.chat_template"))
+    lines.append(f"chat template {'yes' if has_template else 'no (a built-in one is used with --chat)'}")
     out("\n".join(lines) + "\n")
     return 0
 
