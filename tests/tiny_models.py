@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -129,10 +129,12 @@ SPECS = {
     # three GatedDeltaNet layers then one full-attention layer; d_inner 128 = 4 value heads of 32, 2 key heads
     "qwen35": Spec("qwen35", "qwen35", n_layer=4, n_special=26, tied=True, embd_type="Q8_0", embd_std=0.15, seed=5,
                    rope_base=10_000_000.0,
-                   types=(("Q5_K", "IQ4_XS", "Q3_K", "Q2_K", "Q5_1", "F16", "BF16", "Q4_K", "Q6_K", "IQ4_NL"),
-                          ("Q4_K", "Q8_0", "Q5_K", "Q6_K", "IQ4_NL", "Q5_1", "Q4_K", "Q6_K", "Q5_K", "Q8_0"),
-                          ("Q6_K", "Q5_K", "IQ4_XS", "Q4_K", "Q8_0", "BF16", "Q2_K", "Q3_K", "Q5_K", "F16"),
-                          ("Q5_K", "Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q4_K", "Q6_K")),
+                   # the recurrence amplifies the noise of llama.cpp's 8-bit activations in Q, K, beta and g:
+                   # as Q4_K_M files do, the projections feeding it keep more bits, the low-bit types go elsewhere
+                   types=(("Q8_0", "Q5_K", "F16", "BF16", "Q5_1", "Q2_K", "Q3_K", "IQ4_XS"),
+                          ("F16", "Q6_K", "Q8_0", "F16", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K"),
+                          ("BF16", "Q4_K", "F16", "Q8_0", "Q8_0", "IQ4_XS", "Q2_K", "Q3_K"),
+                          ("Q5_K", "Q4_K", "Q6_K", "Q8_0", "IQ4_NL", "Q5_1", "Q6_K")),
                    template="Qwen3.5-4B.jinja",
                    extra={"ssm.conv_kernel": (4, "u32"), "ssm.inner_size": (128, "u32"), "ssm.state_size": (32, "u32"),
                           "ssm.time_step_rank": (4, "u32"), "ssm.group_count": (2, "u32"),
@@ -144,6 +146,12 @@ SPECS = {
                          ("Q3_K", "Q4_K", "Q6_K", "Q4_1", "Q8_0", "Q5_K", "Q6_K")),
                   template="meta-llama-Llama-3.2-3B-Instruct.jinja"),
 }
+
+
+# the same qwen35 model with every matrix in F32: llama.cpp multiplies F32 weights without rounding the
+# activations, so this one checks the graph and the ops exactly, apart from the weight types
+SPECS["qwen35-f32"] = replace(SPECS["qwen35"], embd_type="F32",
+                              types=tuple(tuple("F32" for _ in row) for row in SPECS["qwen35"].types))
 
 
 def llama3_rope_freqs(n_rot: int, base: float, factor=8.0, low=1.0, high=4.0, orig_ctx=8192) -> np.ndarray:
@@ -185,7 +193,8 @@ def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         out.append((p + "attn_norm.weight", *norm(e)))
-        linear = spec.arch == "qwen35" and (il + 1) % 4 != 0
+        interval = spec.extra.get("full_attention_interval", (4, ""))[0]
+        linear = spec.arch == "qwen35" and (il + 1) % interval != 0
         matrices = QWEN35_LINEAR if linear else MATRICES
         for name, dtype in zip(matrices, spec.types[il]):
             rows, cols = shapes[name]
@@ -193,7 +202,15 @@ def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
             if spec.arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
                 out.append((p + name + ".bias", rnd.normal((rows,), 0.5), None))
         if linear:
-            out.append((p + "ssm_conv1d.weight", rnd.normal((channels, x["ssm.conv_kernel"]), 0.5), None))
+            # keys as queries (their rows of attn_qkv and their kernels copied): q.k then stays far from 0, where
+            # the normalised output of the recurrence would amplify llama.cpp's rounding of activations
+            key_dim = n_k * s_
+            qkv = next(i for i, t in enumerate(out) if t[0] == p + "attn_qkv.weight")
+            data = out[qkv][1]
+            data[key_dim:2 * key_dim] = data[:key_dim]
+            conv = rnd.normal((channels, x["ssm.conv_kernel"]), 0.5)
+            conv[key_dim:2 * key_dim] = conv[:key_dim]
+            out.append((p + "ssm_conv1d.weight", conv, None))
             out.append((p + "ssm_dt.bias", rnd.normal((n_v,), 1.0), None))
             out.append((p + "ssm_a", -np.exp(rnd.normal((n_v,), 1.0)), None))      # -exp(A_log)
             out.append((p + "ssm_norm.weight", *norm(s_)))
