@@ -110,11 +110,8 @@ def _special_type(text: str) -> int:
 
 
 @lru_cache(maxsize=None)
-def vocab_metadata(family: str, n_base: int | None = None, n_special: int | None = None) -> dict:
-    """GGUF tokenizer keys of a real vocabulary. n_base: keep only the first n_base ranks (a real
-    vocabulary, truncated: merges only ever produce tokens of higher rank than their parts, so the
-    first n_base ranks are closed under merging), followed by the first n_special special tokens."""
-    encoding, convention, n_vocab, pre, bos, eos = FAMILIES[family]
+def _vocab(encoding: str, convention: str, n_vocab: int, n_base: int | None, n_special: int | None):
+    """(tokens, types, merges, special ids by text): shared by the families of one encoding."""
     by_rank, specials = ranks(encoding)
     if n_base is not None:
         by_rank = by_rank[:n_base]
@@ -127,7 +124,15 @@ def vocab_metadata(family: str, n_base: int | None = None, n_special: int | None
     for tid, s in specials:
         tokens[tid], types[tid] = s, _special_type(s)
     merges = [f"{text(a)} {text(b)}" for a, b in _merges(by_rank, convention)]
-    ids = {s: tid for tid, s in specials}
+    return tokens, types, merges, {s: tid for tid, s in specials}
+
+
+def vocab_metadata(family: str, n_base: int | None = None, n_special: int | None = None) -> dict:
+    """GGUF tokenizer keys of a real vocabulary. n_base: keep only the first n_base ranks (a real
+    vocabulary, truncated: merges only ever produce tokens of higher rank than their parts, so the
+    first n_base ranks are closed under merging), followed by the first n_special special tokens."""
+    encoding, convention, n_vocab, pre, bos, eos = FAMILIES[family]
+    tokens, types, merges, ids = _vocab(encoding, convention, n_vocab, n_base, n_special)
     meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
             "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges,
             "tokenizer.ggml.bos_token_id": ids[bos], "tokenizer.ggml.eos_token_id": ids[eos]}

@@ -516,23 +516,23 @@ def test_device_path_reshape_of_an_input_leaf(rng):
 
 
 def test_supports_op_refuses_an_op_without_kernel():
-    node = Tensor(name="gdn-0", dtype=F32, shape=(4, 8), op="GATED_DELTA_NET")
+    node = Tensor(name="scan-0", dtype=F32, shape=(4, 8), op="SSM_SCAN")     # Mamba's scan: not in this project
     verdict = CpuDevice().supports_op(node)
     assert verdict.ok is False and not verdict
     assert verdict.code == "unsupported_op"
-    assert "GATED_DELTA_NET" in verdict.reason
+    assert "SSM_SCAN" in verdict.reason
     ok = CpuDevice().supports_op(Tensor(name="s", dtype=F32, shape=(4,), op="SCALE"))
     assert ok.ok is True
 
 
 def test_plan_with_an_unsupported_op_names_node_and_device():
     x = leaf("x", F32, (4, 8), LeafKind.INPUT)
-    node = Tensor(name="gdn-0", dtype=F32, shape=(4, 8), op="GATED_DELTA_NET", src=(x,))
+    node = Tensor(name="scan-0", dtype=F32, shape=(4, 8), op="SSM_SCAN", src=(x,))
     with pytest.raises(CapabilityError) as err:
         make_plan(Graph(nodes=[node], leaves=[x], outputs=[node]), [CpuDevice()])
     assert err.value.code == "no_device_for_node"
-    assert err.value.node == "gdn-0"
-    assert "GATED_DELTA_NET" in str(err.value) and "cpu" in str(err.value)
+    assert err.value.node == "scan-0"
+    assert "SSM_SCAN" in str(err.value) and "cpu" in str(err.value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -130,3 +130,57 @@ def test_chat_template_renders(tiny):
         ids = tok.encode(text, add_bos=False, parse_special=True)
         specials = {t for t in ids if tok.token_types[t] == 3}
         assert specials, f"{arch}: the rendered chat {text!r} holds no control token"
+
+
+# -- the NPU refusal of the design brief (failure 2), on qwen35's real graph -------------------------------
+
+@pytest.fixture(scope="module")
+def qwen35(tiny_dir):
+    return Model(tiny_models.write("qwen35", tiny_dir / "tiny-qwen35.gguf"))
+
+
+def test_npu_profile_sends_linear_attention_to_cpu(qwen35, registry):
+    """--backends npu,cpu under the npu37xx profile (an EMULATION on OpenVINO's CPU device): every
+    GATED_DELTA_NET and SSM_CONV node runs on cpu with the profile's reason, the rest on the "NPU", and
+    greedy decoding through the padded fixed-shape chunks gives the tokens of a cpu-only run."""
+    (ov_cpu,) = registry.select("openvino:CPU")
+    npu = ov_cpu.with_options(profile="npu37xx")
+    session = Session(qwen35, [npu] + registry.select("cpu"), n_ctx=64, n_batch=16)
+    ids = qwen35.tokenizer.encode("The capital of France is")
+    ours = [int(np.argmax(session.eval(ids)))]
+    plan = next(p for k, (p, _) in session.plans.items() if k[0] > 1)
+    refused = [n for n in plan.graph.nodes if n.op in ("GATED_DELTA_NET", "SSM_CONV")]
+    assert len(refused) == 6
+    for n in refused:
+        p = plan.placement[id(n)]
+        assert p.device == "cpu" and "hangs the NPU" in p.refusals["openvino:CPU"], (n.name, p)
+    assert plan.per_device()["openvino:CPU"]["nodes"] > plan.per_device()["cpu"]["nodes"]
+    for _ in range(3):
+        ours.append(int(np.argmax(session.eval([ours[-1]]))))
+    cpu = Session(qwen35, registry.select("cpu"), n_ctx=64)
+    theirs = [int(np.argmax(cpu.eval(ids)))]
+    for _ in range(3):
+        theirs.append(int(np.argmax(cpu.eval([theirs[-1]]))))
+    assert ours == theirs
+
+
+def test_strict_names_the_refused_op_its_shapes_and_the_reason(qwen35, registry):
+    from framework.core.scheduler.errors import CapabilityError
+    (ov_cpu,) = registry.select("openvino:CPU")
+    session = Session(qwen35, [ov_cpu.with_options(profile="npu37xx")] + registry.select("cpu"), n_ctx=64,
+                      n_batch=16, strict=True)
+    with pytest.raises(CapabilityError) as err:
+        session.reserve(8, 4)
+    text = str(err.value)
+    assert err.value.code == "strict_fallback"
+    assert "gated_delta_net-0 (GATED_DELTA_NET [48, 128] F32 of [16, 2, 32] F32" in text
+    assert "SSM_CONV [1, 16, 256] F32 of [1, 256, 19] F32, [256, 4] F32" in text
+    assert "hangs the NPU at the first inference on NPU 37xx" in text
+
+
+def test_xdna_profiles_refuse_linear_attention():
+    from framework.contract import NPU_REFUSED_OPS
+    from framework.plugins.xdna.profiles import PROFILES
+    for profile in PROFILES.values():
+        assert profile.refused_ops == NPU_REFUSED_OPS
+        assert set(profile.refused_ops) == {"GATED_DELTA_NET", "SSM_CONV"}
