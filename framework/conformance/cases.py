@@ -340,6 +340,51 @@ def _case(case_id: str, case_op: str, fn, /, **params) -> Case:
     return Case(case_id, case_op, partial(fn, **params))
 
 
+def concat(g: CaseGraph, *, a_shape, b_shape, axis: int) -> list[Tensor]:
+    """Two tensors joined on an axis (qwen35 joins the convolution's state and the new inputs, time-major)."""
+    return [g.b.concat(g.f32("a", a_shape), g.f32("b", b_shape), axis)]
+
+
+def ssm_conv(g: CaseGraph, *, c: int, k: int, t: int) -> list[Tensor]:
+    """The short causal convolution of a GatedDeltaNet layer: K - 1 past inputs and T new ones per channel,
+    the kernel an F32 weight, as the models keep it."""
+    return [g.b.ssm_conv(g.f32("sx", (1, c, k - 1 + t)), g.weight("conv1d", Q.F32, (c, k)))]
+
+
+def gated_delta_net(g: CaseGraph, *, t: int, hk: int, h: int, s: int, per_element: bool = False) -> list[Tensor]:
+    """The gated delta rule over T tokens from a given state: q and k about unit length (the models
+    L2-normalise them), log-decays in (-1, 0], beta in (0, 1)."""
+    rng = g.rng
+    q = g.f32("q", (t, hk, s), 1.0 / math.sqrt(s))
+    k = g.f32("k", (t, hk, s), 1.0 / math.sqrt(s))
+    v = g.f32("v", (t, h, s))
+    decay = g.value("g", -rng.uniform(0.0, 1.0, size=(t, h, s if per_element else 1)).astype(np.float32))
+    beta = g.value("beta", rng.uniform(0.0, 1.0, size=(t, h, 1)).astype(np.float32))
+    state = g.f32("state", (h, s, s), 0.5)
+    return [g.b.gated_delta_net(q, k, v, decay, beta, state)]
+
+
+def rope_factors(g: CaseGraph, *, t: int, h: int, d: int, base: float) -> list[Tensor]:
+    """ROPE with frequency factors (Llama 3's rope_freqs.weight, an F32 weight of n_dims/2 values in [1, 8])."""
+    factors = leaf("rope_freqs", F32, (d // 2,), LeafKind.WEIGHT)
+    g.weights["rope_freqs"] = np.frombuffer(g.rng.uniform(1.0, 8.0, size=d // 2).astype(np.float32).tobytes(),
+                                            dtype=np.uint8)
+    pos = g.ints("pos", np.arange(3, 3 + t))
+    return [g.b.rope_ext(g.f32("x", (t, h, d)), pos, d, "normal", base, freq_factors=g.b.use(factors))]
+
+
+def linear_attention_cases() -> list[Case]:
+    c = [_case("CONCAT-time-3x96-5x96", "CONCAT", concat, a_shape=(3, 96), b_shape=(5, 96), axis=0),
+         _case("CONCAT-last-2x3x4-2x3x6", "CONCAT", concat, a_shape=(2, 3, 4), b_shape=(2, 3, 6), axis=2)]
+    for t in (1, 9):
+        c.append(_case(f"SSM_CONV-c96-k4-t{t}", "SSM_CONV", ssm_conv, c=96, k=4, t=t))
+        c.append(_case(f"GATED_DELTA_NET-t{t}-hk2-h4-s16", "GATED_DELTA_NET", gated_delta_net, t=t, hk=2, h=4, s=16))
+    c.append(_case("GATED_DELTA_NET-t5-h2-s8-per-element-decay", "GATED_DELTA_NET", gated_delta_net, t=5, hk=2, h=2,
+                   s=8, per_element=True))
+    c.append(_case("ROPE-normal-freq-factors-5x4x64", "ROPE", rope_factors, t=5, h=4, d=64, base=500000.0))
+    return c
+
+
 def fixed_cases() -> list[Case]:
     c = []
     # GET_ROWS: the embedding lookup from every weight type, decode (1 token) and prefill
@@ -439,7 +484,7 @@ def fixed_cases() -> list[Case]:
     c.append(_case("VIEW+CONT-4x6-view2x5-at7", "VIEW", view_cont, shape=(4, 6), view_shape=(2, 5), offset=7))
     c.append(_case("RESHAPE+CONT-6x4-to-3x8", "RESHAPE", reshape_cont, shape=(6, 4), new_shape=(3, 8)))
     c.append(_case("CONT-of-a-contiguous-3x7", "CONT", permute_cont, shape=(3, 7), axes=(0, 1)))
-    return c
+    return c + linear_attention_cases()
 
 
 # -- the random-shapes sweep --------------------------------------------------------------------------
