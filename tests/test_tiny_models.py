@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 
+
 import numpy as np
 import pytest
 from conftest import REF_DIR
@@ -184,3 +185,21 @@ def test_xdna_profiles_refuse_linear_attention():
     for profile in PROFILES.values():
         assert profile.refused_ops == NPU_REFUSED_OPS
         assert set(profile.refused_ops) == {"GATED_DELTA_NET", "SSM_CONV"}
+
+
+def test_info_describes_an_unsupported_architecture(tmp_path, capsys):
+    from gguf import GGUFWriter
+
+    from framework.cli.main import main
+    path = tmp_path / "falcon.gguf"
+    w = GGUFWriter(str(path), "falcon")
+    w.add_uint32("falcon.block_count", 2)
+    w.add_uint32("falcon.embedding_length", 64)
+    w.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["info", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "architecture  falcon, NOT SUPPORTED" in text and "block_count 2" in text and "1 F32" in text
