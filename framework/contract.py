@@ -165,6 +165,20 @@ class Device:
         share it."""
         return 0
 
+    # -- device profiles (optional; default: none) ---------------------------------------------
+    profiles: tuple[str, ...] = ()          # names of the hardware whose limits with_options(profile=...) applies
+
+    def with_options(self, *, profile: str | None = None) -> "Device":
+        """This device under a profile from ``profiles``: an EMULATION of that hardware (set ``emulation``),
+        unless the device is that hardware; a plugin may return another device of its own (a host arm
+        standing in for an absent NPU). ``--device-profile NAME`` calls it. Default: no profiles."""
+        raise ValueError(f"{self.name} offers no device profiles")
+
+    def synchronize(self) -> None:
+        """Wait until the work submitted so far has finished. The executor calls it before it stops a
+        fragment's clock, so that the time reported for a device includes the time until its results are
+        ready. Default: nothing to wait for (``Program.run`` returns when its results are ready)."""
+
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
         return f"{self.name} ({self.type.value}, {state})"

@@ -40,7 +40,7 @@ def test_run_chat_says_when_it_uses_a_built_in_template(capsys):
 
 
 def test_info_names_architecture_sizes_types_and_tokenizer(capsys):
-    code, out, _ = run_cli(capsys, "info", str(model_path("smollm2")))
+    code, out, _ = run_cli(capsys, "info", "-m", "smollm2")
     assert code == 0
     for part in ("architecture  llama", "layers        30", "9 heads, 3 kv heads", "Q4_1", "gpt2 (pre: smollm)",
                  "49152 tokens"):
@@ -61,7 +61,7 @@ def test_perplexity_command_matches_llama_cpp(capsys, tmp_path):
 @pytest.mark.parametrize("argv, expect", [
     (["run", "-m", "/no/such/model.gguf", "-n", "1"], "model file not found: /no/such/model.gguf"),
     (["run", "--backends", "tpu", "-n", "1"], "unknown backend 'tpu'"),
-    (["info", "/etc/hostname"], "is not a GGUF file"),
+    (["info", "-m", "/etc/hostname"], "is not a GGUF file"),
     (["perplexity", "-f", "/no/such.txt"], "text file not found: /no/such.txt"),
     (["run", "--temp", "-1", "-n", "1"], "--temp must be 0 (greedy) or positive"),
     (["run", "--top-p", "2", "-n", "1"], "--top-p must be in (0, 1]"),
@@ -92,7 +92,7 @@ def test_bad_numbers_are_rejected_by_the_parser(capsys, value):
 
 
 def test_check_reserves_without_loading(capsys):
-    code, out, _ = run_cli(capsys, "check", str(model_path("smollm2")), "--prompt-tokens", "16", "-n", "8")
+    code, out, _ = run_cli(capsys, "check", "-m", "smollm2", "--prompt-tokens", "16", "-n", "8")
     assert code == 0 and "nothing was loaded or compiled" in out and "decode[tokens=1,kv=256]" in out
 
 

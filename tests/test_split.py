@@ -272,7 +272,7 @@ def test_a_node_no_device_accepts_gets_a_lane_of_its_own(failed):
 def test_split_command_writes_every_format(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("FRAMEWORK_EXAMPLE_REFUSE", "ROPE")
     model = str(model_path("gemma3"))
-    base = ["split", model, "--backends", "example:0,cpu", "--ctx", str(N_CTX), "--prompt-tokens", str(N_PROMPT),
+    base = ["split", "-m", model, "--backends", "example:0,cpu", "--ctx", str(N_CTX), "--prompt-tokens", str(N_PROMPT),
             "-n", str(N_PREDICT)]
     assert cli_main(base + ["--phase", "decode", "-o", str(tmp_path / "p.json")]) == 0
     record = json.loads((tmp_path / "p.json").read_text())
@@ -292,7 +292,7 @@ def test_split_command_writes_every_format(monkeypatch, tmp_path, capsys):
 def test_split_command_on_a_failed_reservation(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("FRAMEWORK_EXAMPLE_REFUSE", "ROPE")
     monkeypatch.setenv("COLUMNS", "200")
-    rc = cli_main(["split", str(model_path("gemma3")), "--backends", "example:0", "--ctx", str(N_CTX),
+    rc = cli_main(["split", "-m", str(model_path("gemma3")), "--backends", "example:0", "--ctx", str(N_CTX),
                    "-o", str(tmp_path / "f.json")])
     assert rc == 1                                              # the view is written; the plan failed
     assert "reservation failed [no_device_for_node]" in capsys.readouterr().err
@@ -301,24 +301,23 @@ def test_split_command_on_a_failed_reservation(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--device-profile", "npu37xx"], "offers device profiles"),       # cpu's plugin has none
+    (["--device-profile", "npu37xx"], "none of the selected devices (cpu) offers it"),   # cpu's plugin has none
     (["-o", "plan"], "name the file .html, .svg, .dot, .json or .txt"),
     (["-o", "plan.png"], "cannot tell the view format from 'plan.png'"),
 ])
 def test_split_command_refuses_what_it_cannot_do(args, message, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.chdir(tmp_path)
-    assert cli_main(["split", str(model_path("smollm2")), "--backends", "cpu", *args]) == 2
+    assert cli_main(["split", "-m", str(model_path("smollm2")), "--backends", "cpu", *args]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_device_profile_is_passed_to_the_plugin_that_offers_it(registry, tmp_path):
-    from framework.cli.split import offers_profiles
-    able = [d for d in registry.devices() if d.available and offers_profiles(d)]
+    able = [d for d in registry.devices() if d.available and "npu37xx" in d.profiles]
     if not able:
         pytest.skip("no available device offers device profiles (the openvino plugin's do)")
     dev = able[0]
-    rc = cli_main(["split", str(model_path("smollm2")), "--backends", f"{dev.name},cpu", "--device-profile", "npu37xx",
+    rc = cli_main(["split", "-m", str(model_path("smollm2")), "--backends", f"{dev.name},cpu", "--device-profile", "npu37xx",
                    "--ctx", str(N_CTX), "-n", "2", "-o", str(tmp_path / "p.txt")])
     assert rc == 0
     text = (tmp_path / "p.txt").read_text()

@@ -14,15 +14,31 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 err = Console(stderr=True, highlight=False)
 
 
+# exit statuses, the same on every command
+EXIT_OK = 0
+EXIT_CAPABILITY = 1      # the plan cannot be carried out: a capability error at reservation
+EXIT_INPUT = 2           # a bad argument, file or name
+EXIT_DEVICE = 3          # a device failed while loading, compiling or running
+EXIT_INTERRUPTED = 130   # Ctrl-C
+
+
 class UsageError(Exception):
     """A bad value on the command line: printed as one line, exit status 2."""
 
 
 def model_path(arg: str | None) -> Path:
-    if arg:
-        return Path(arg)
-    from ..model.default import default_model_path
-    return default_model_path()
+    """-m: a GGUF file, or a packaged model's short name (smollm2, gemma3); the default model without it."""
+    from ..model.default import MODELS, default_model_path
+    if not arg:
+        return default_model_path()
+    path = Path(arg)
+    if arg in MODELS and not path.exists():
+        return MODELS[arg]()
+    if not path.exists():
+        from ..model.gguf_file import ModelFileError
+        raise ModelFileError(f"model file not found: {arg} (packaged models go by name: {', '.join(MODELS)}; "
+                             f"`framework models` lists them with their files)")
+    return path
 
 
 def load_model(arg: str | None):
@@ -32,11 +48,12 @@ def load_model(arg: str | None):
         return Model(path)
 
 
-def select_devices(spec: str):
-    """Resolve --backends; say when two chosen devices are one physical device."""
+def select_devices(spec: str, profile: str | None = None):
+    """Resolve --backends, under --device-profile when given; say when two chosen devices are one physical
+    device."""
     from ..core.registry import default_registry
     registry = default_registry()
-    devices = registry.select(spec)
+    devices = registry.select(spec, profile)
     for group in registry.same_silicon():
         chosen = [d.name for d in group if d in devices]
         if len(chosen) > 1:
@@ -68,11 +85,32 @@ def positive_int(text: str) -> int:
     return value
 
 
-def fail(message: str, code: int = 2) -> int:
+def fail(message: str, code: int = EXIT_INPUT) -> int:
+    end_line()
     err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return code
 
 
+def show_traceback(e: BaseException) -> None:
+    """--debug: the traceback of the error and of what caused it (a plugin's own frames, file and line)."""
+    import traceback
+    end_line()
+    err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True)
+
+
+_line_open = False      # the text streamed to stdout does not end with a newline yet
+
+
 def out(text: str) -> None:
+    global _line_open
+    if not text:
+        return
     sys.stdout.write(text)
     sys.stdout.flush()
+    _line_open = not text.endswith("\n")
+
+
+def end_line() -> None:
+    """End the streamed text's line, so that what stderr prints next starts on a line of its own."""
+    if _line_open:
+        out("\n")

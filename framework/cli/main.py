@@ -1,4 +1,5 @@
-"""Argument parsing and the commands: run, backends, info, perplexity, bench."""
+"""Argument parsing and the commands: run, check, split, backends, models, info, perplexity, bench,
+conformance."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import err, fail, load_model, model_path, out, positive_int, select_devices, weight_progress
+from .common import (EXIT_CAPABILITY, EXIT_DEVICE, EXIT_INPUT, EXIT_INTERRUPTED, err, fail, load_model, model_path,
+                     out, positive_int, select_devices, show_traceback, weight_progress)
 
 SAMPLE_PROMPT = "The capital of France is"
 
@@ -34,15 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
                      "fragment took (.html, .svg, .dot, .json or .txt)")
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
-    check.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
-    _device_args(check)
+    _model_args(check)
     check.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
     check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
 
     split = sub.add_parser("split", help="show where every node of the plan runs, why, and what it costs")
-    split.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
-    _device_args(split)
+    _model_args(split)
     split.add_argument("--phase", choices=("prefill", "decode"), help="only this phase's plans (default: all)")
     split.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
     split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
@@ -50,16 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "summary on the terminal)")
 
     sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
+    sub.add_parser("models", help="the packaged models -m accepts by name, with their files and sizes")
 
     info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
-    info.add_argument("model", nargs="?", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+    _model_option(info)
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     _model_args(ppl)
     ppl.add_argument("-f", "--file", required=True, help="text file")
 
     bench = sub.add_parser("bench", help="load, prefill and decode speed, bandwidth, llama.cpp alongside")
-    bench.add_argument("--models", default="smollm2,gemma3", help="comma-separated: smollm2, gemma3")
+    bench.add_argument("-m", "--model", "--models", dest="model", default="smollm2,gemma3", metavar="MODEL",
+                       help="comma-separated packaged model names or GGUF files (default: smollm2,gemma3)")
     bench.add_argument("--backends", default="cpu")
     bench.add_argument("--prompt-tokens", type=positive_int, default=256)
     bench.add_argument("--decode-tokens", type=positive_int, default=32)
@@ -67,18 +69,34 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=positive_int, default=2)
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     bench.add_argument("--reservation-only", action="store_true", help="only time graph building and reservation")
+
+    conf = sub.add_parser("conformance", help="the op conformance suite (pytest, with this interpreter) for a device",
+                          description="Runs `python -m pytest --pyargs framework.conformance --device NAME` with "
+                          "the interpreter framework is installed in; arguments after the device go to pytest.")
+    conf.add_argument("--device", required=True, action="append", metavar="NAME",
+                      help="device to test, as `framework backends` lists it (repeat for several)")
+    conf.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS",
+                      help="passed to pytest (e.g. -x -q -k MUL_MAT)")
+    for sp in sub.choices.values():
+        sp.add_argument("--debug", action="store_true", help="on an error, show the traceback (file and line) too")
     return p
 
 
+def _model_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", metavar="MODEL", help="GGUF file or packaged model name (smollm2, gemma3; "
+                   "`framework models` lists them); default: gemma3")
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", help="GGUF file (default: Gemma 3 270M Q4_K_M)")
+    _model_option(p)
     _device_args(p)
 
 
 def _device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", default="cpu", help="priority list of devices or aliases (cpu, gpu, npu)")
-    p.add_argument("--device-profile", metavar="NAME", help="apply a device profile (npu37xx, npu40xx) to the "
-                   "selected devices that offer profiles: planning and execution under its limits, an EMULATION")
+    p.add_argument("--device-profile", metavar="NAME", help="emulate the hardware NAME (npu37xx, npu40xx on openvino "
+                   "devices; xdna, xdna2 on xdna:0's host arm): planning and execution under its limits, labelled "
+                   "EMULATION in every report")
     p.add_argument("--strict", action="store_true", help="fail instead of falling back to a later device")
     p.add_argument("--kv-device", help="device that holds the KV cache (default: the first that can write it)")
     p.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
@@ -91,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     from ..model.chat import ChatTemplateError
     from ..model.gguf_file import ModelFileError
     from ..runtime.session import ContextFullError
+    codes = ((CapabilityError, EXIT_CAPABILITY), (DeviceRunError, EXIT_DEVICE),
+             ((ModelFileError, DeviceSelectionError, ContextFullError, ChatTemplateError, FileNotFoundError,
+               ValueError), EXIT_INPUT))
     try:
         return COMMANDS[args.command](args)
-    except (ModelFileError, DeviceSelectionError, CapabilityError, ContextFullError, ChatTemplateError,
-            DeviceRunError, FileNotFoundError, ValueError) as e:
-        return fail(str(e))
+    except tuple(kind for kind, _ in codes) as e:
+        code = next(c for kind, c in codes if isinstance(e, kind))
+        if args.debug:
+            show_traceback(e)
+        hint = "" if args.debug or code != EXIT_DEVICE else "\n  (--debug shows the traceback, with file and line)"
+        return fail(str(e) + hint, code)
 
 
 def cmd_run(args) -> int:
@@ -109,6 +133,9 @@ def cmd_run(args) -> int:
     model = load_model(args.model)
     tok = model.tokenizer
     ids = _prompt_ids(model, args.prompt, args.chat)
+    if not ids:
+        return fail(f"the prompt is empty and {model.file.path.name} adds no beginning-of-sequence token, so there "
+                    f"is nothing to continue: give a prompt")
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
                       kv_device=args.kv_device)
     session.reserve(len(ids), args.n_predict)           # every check before anything is loaded
@@ -119,14 +146,15 @@ def cmd_run(args) -> int:
             session.plan(1, len(ids))                  # the decode step's program too
     session.progress = None
     out(args.prompt if not args.chat else "")
-    interrupted = False
+    interrupted, generated = False, 0
     try:
         for piece in generate(session, ids, args.n_predict, sampler, tok.eog_ids):
             out(piece.text)
+            generated += 1
     except KeyboardInterrupt:
         interrupted = True
     out("\n")
-    _summary(model, session, interrupted)
+    _summary(model, session, generated, interrupted)
     for line in fallback_lines(session):
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     err.print(placement_table(session))
@@ -135,7 +163,7 @@ def cmd_run(args) -> int:
     if args.plan_view:
         from .split import write_run_view
         write_run_view(session, Path(args.plan_view))
-    return 130 if interrupted else 0
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
@@ -145,7 +173,12 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
     from ..model.chat import chat_template_for, render_chat
     template, source = chat_template_for(model.file.metadata, model.arch.name)
     if "built-in" in source:
-        err.print(f"[yellow]chat template: {source}[/yellow]")
+        from ..model.default import CATALOG
+        chat_models = ", ".join(f"-m {m.name}" for m in CATALOG if m.chat)
+        err.print(f"[yellow]note: {escape(model.file.path.name)} has no chat template: it is a base model, trained to "
+                  f"continue text rather than to answer. --chat wraps the prompt in {escape(source)} anyway; expect "
+                  f"a continuation or repetition, not an answer. A model with its own template: {chat_models}"
+                  f"[/yellow]", soft_wrap=True)
     bos = tok.token_bytes(tok.bos_id, special=True).decode() if tok.bos_id is not None else ""
     eos = tok.token_bytes(tok.eos_id, special=True).decode() if tok.eos_id is not None else ""
     text = render_chat(template, [{"role": "user", "content": prompt}], bos, eos)
@@ -153,13 +186,19 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
     return tok.encode(text, add_bos=add_bos, parse_special=True)
 
 
-def _summary(model, session, interrupted: bool) -> None:
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("" if n == 1 else "s")
+
+
+def _summary(model, session, generated: int, interrupted: bool) -> None:
     names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in session.devices)
     pre, dec = session.prefill, session.decode
     err.print(f"model {model.name} ({model.arch.name}, {model.file.path.name}) on {names}"
-              + (" - interrupted" if interrupted else ""))
-    err.print(f"prefill {pre.tokens} tokens at {pre.tokens_per_second:.1f} tok/s, "
-              f"decode {dec.tokens} tokens at {dec.tokens_per_second:.1f} tok/s")
+              + (" - interrupted" if interrupted else ""), soft_wrap=True)
+    speed = lambda s: f" at {s.tokens_per_second:.1f} tok/s" if s.tokens else ""
+    err.print(f"prefill {_tokens(pre.tokens)}{speed(pre)}, decode {_tokens(dec.tokens)}{speed(dec)}; "
+              f"{_tokens(generated)} generated (the first from the prefill's logits, as llama.cpp counts)",
+              soft_wrap=True)
     for d in session.devices:                 # compiled-model count, compile time, on-disk cache hits
         line = getattr(d, "compile_summary", None)
         if callable(line) and session.executor.stats.get(d.name, {}).get("compiles"):
@@ -167,12 +206,8 @@ def _summary(model, session, interrupted: bool) -> None:
 
 
 def _devices(args):
-    """--backends, then --device-profile applied to the devices that offer profiles."""
-    devices = select_devices(args.backends)
-    if getattr(args, "device_profile", None):
-        from .split import apply_device_profile
-        devices = apply_device_profile(devices, args.device_profile)
-    return devices
+    """--backends, under --device-profile (an emulation) when given."""
+    return select_devices(args.backends, getattr(args, "device_profile", None))
 
 
 def _write_plans(session, path: Path) -> None:
@@ -227,6 +262,39 @@ def cmd_backends(args) -> int:
     for group in reg.same_silicon():
         out(f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}\n")
     return 0
+
+
+def cmd_models(args) -> int:
+    """The packaged models: name, size, file (gemma3's is assembled from its package on first use)."""
+    from ..model.default import CATALOG
+    for m in CATALOG:
+        try:
+            path = m.location()
+        except FileNotFoundError as e:
+            out(f"{m.name}  not installed: {e}\n")
+            continue
+        size = f"{path.stat().st_size / 2**20:.1f} MiB" if path.exists() else f"assembled from {m.package} on first use"
+        out(f"{m.name:<8} {size}  {m.description}\n{'':<8} {path}\n")
+    out("use one with -m NAME on run, check, split, info, perplexity and bench\n")
+    return 0
+
+
+def cmd_conformance(args) -> int:
+    """The conformance suite through this interpreter's pytest (a system pytest cannot import framework)."""
+    import subprocess
+    from importlib.metadata import entry_points
+    from importlib.util import find_spec
+    if find_spec("pytest") is None:
+        return fail(f"the conformance suite runs on pytest, which {sys.executable} lacks: "
+                    f"{sys.executable} -m pip install pytest")
+    plugin = "framework.conformance.pytest_plugin"
+    # pytest must know --device before it imports the suite: from the pytest11 entry point, or named with -p
+    registered = any(ep.value.split(":")[0].strip() == plugin for ep in entry_points(group="pytest11"))
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    command = [sys.executable, "-m", "pytest", *([] if registered else ["-p", plugin]),
+               "--pyargs", "framework.conformance", *(f"--device={d}" for d in args.device), *extra]
+    err.print(" ".join(command), soft_wrap=True, highlight=False)
+    return subprocess.call(command)
 
 
 def cmd_info(args) -> int:
@@ -308,8 +376,8 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "backends": cmd_backends, "info": cmd_info, "perplexity": cmd_perplexity,
-            "bench": cmd_bench}
+COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "backends": cmd_backends, "models": cmd_models,
+            "info": cmd_info, "perplexity": cmd_perplexity, "bench": cmd_bench, "conformance": cmd_conformance}
 
 if __name__ == "__main__":
     sys.exit(main())

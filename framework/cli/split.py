@@ -1,6 +1,6 @@
 """`framework split`: where every node of the plan runs, why, and what it costs.
 
-    framework split [MODEL] --backends example:0,cpu -o plan.html     # interactive page
+    framework split -m MODEL --backends example:0,cpu -o plan.html     # interactive page
     framework split --backends example:0,cpu --phase decode           # terminal summary
     framework split ... -o plan.svg | plan.dot | plan.json | plan.txt
 
@@ -17,41 +17,11 @@ from rich.markup import escape
 
 from .common import err, fail, load_model, out, select_devices
 
-NO_PROFILES = "--device-profile: no plugin offers device profiles yet"
-
-
-def offers_profiles(device) -> bool:
-    """A device whose plugin applies device profiles: it has with_options(profile=...) (the openvino plugin's)."""
-    import inspect
-    fn = getattr(device, "with_options", None)
-    try:
-        return callable(fn) and "profile" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def apply_device_profile(devices: list, name: str) -> list:
-    """The selected devices, the profile applied to each one whose plugin offers profiles (an emulation
-    of that hardware, which every view says). Fails, saying which devices would, when none of them does."""
-    able = [d for d in devices if offers_profiles(d)]
-    if not able:
-        from ..core.registry import default_registry
-        others = [d.name for d in default_registry().devices() if offers_profiles(d) and d.available]
-        if not others:
-            raise ValueError(f"{NO_PROFILES} (asked for '{name}')")
-        chosen = ", ".join(d.name for d in devices)
-        raise ValueError(f"--device-profile {name}: none of the selected devices ({chosen}) offers device profiles; "
-                         f"these do: {', '.join(others)}")
-    return [d.with_options(profile=name) if d in able else d for d in devices]
-
-
 def run_split(args) -> int:
     from ..runtime.session import Session
     from ..viz import GraphvizMissing, PlanView, render_text, write_view
 
-    devices = select_devices(args.backends)
-    if args.device_profile:
-        devices = apply_device_profile(devices, args.device_profile)
+    devices = select_devices(args.backends, args.device_profile)
     target = Path(args.output) if args.output and args.output != "-" else None
     if target is not None and not target.suffix:
         return fail(f"-o {target}: name the file .html, .svg, .dot, .json or .txt (the extension picks the format)")

@@ -91,35 +91,85 @@ class Registry:
         lines += [f"  plugin '{r.name}' ({r.distribution}): {r.error}" for r in self.plugins.values() if r.error]
         return "\n".join(lines) or "  (no plugins found in entry-point group framework.backends)"
 
-    def select(self, spec: str) -> list[Device]:
-        """Resolve a --backends list: device names or the aliases cpu, gpu, npu, accel."""
+    def select(self, spec: str, profile: str | None = None) -> list[Device]:
+        """Resolve a --backends list: device names or the aliases cpu, gpu, npu, accel.
+
+        ``profile`` (--device-profile NAME): every device that offers that profile is taken under it first
+        (an emulation, as its reports say), so a name or an alias can reach it: ``--backends npu
+        --device-profile xdna2`` brings up xdna:0's host arm. One selected device at least must take it."""
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
             raise DeviceSelectionError(f"--backends is empty; devices:\n{self.describe_devices()}")
-        by_name = {d.name: d for d in self.devices()}
+        pool = self.devices() if profile is None else self.under_profile(profile)
+        by_name = {d.name: d for d in pool}
         chosen: list[Device] = []
         for name in names:
-            dev = by_name.get(name) or self._alias(name)
+            dev = by_name.get(name) or self._alias(name, pool)
             if dev is None:
                 raise DeviceSelectionError(f"unknown backend '{name}'; devices:\n{self.describe_devices()}")
             if not dev.available:
-                raise DeviceSelectionError(f"device '{dev.name}' is unavailable: {dev.unavailable_reason}; "
+                usable = [p for p in dev.profiles if _derived_available(dev, p)] if profile is None else []
+                hint = (f"; --device-profile {' or '.join(usable)} brings up an EMULATION in its place "
+                        f"({dev.with_options(profile=usable[0]).emulation})" if usable else "")
+                raise DeviceSelectionError(f"device '{dev.name}' is unavailable: {dev.unavailable_reason}{hint}; "
                                            f"devices:\n{self.describe_devices()}")
             if dev not in chosen:
                 chosen.append(dev)
+        if profile is not None and not any(profile in d.profiles for d in chosen):
+            able = [d.name for d in pool if d.available and profile in d.profiles]
+            raise DeviceSelectionError(f"--device-profile {profile}: none of the selected devices "
+                                       f"({', '.join(d.name for d in chosen)}) offers it; these do: "
+                                       f"{', '.join(able) or '(none available)'}")
         return chosen
 
-    def _alias(self, name: str) -> Device | None:
+    def under_profile(self, profile: str) -> list[Device]:
+        """Every device, those that offer ``profile`` under it."""
+        devices = self.devices()
+        if not any(profile in d.profiles for d in devices):
+            groups: dict[tuple[str, ...], list[str]] = {}
+            for d in devices:
+                if d.profiles:
+                    groups.setdefault(d.profiles, []).append(d.name)
+            offers = [f"{', '.join(names)} ({', '.join(devs)})" for names, devs in groups.items()]
+            raise DeviceSelectionError(f"--device-profile {profile}: no plugin offers a profile of that name; "
+                                       f"known: {'; '.join(offers) or 'none (no plugin offers device profiles)'}")
+        return [d.with_options(profile=profile) if profile in d.profiles else d for d in devices]
+
+    def _alias(self, name: str, pool: list[Device]) -> Device | None:
         kind = ALIASES.get(name.lower())
         if kind is None:
             return None
-        of_kind = [d for d in self.devices() if d.type == kind]
+        of_kind = [d for d in pool if d.type == kind]
         available = [d for d in of_kind if d.available]
         if available:
             return available[0]
         why = "; ".join(f"{d.name}: {d.unavailable_reason}" for d in of_kind) or "no plugin provides one"
-        raise DeviceSelectionError(f"alias '{name}' matches no available {kind.value} device ({why}); "
-                                   f"devices:\n{self.describe_devices()}")
+        raise DeviceSelectionError(f"alias '{name}' matches no available {kind.value} device ({why})"
+                                   f"{self._emulation_hint(name, kind)}; devices:\n{self.describe_devices()}")
+
+    def _emulation_hint(self, alias: str, kind: DeviceType) -> str:
+        """How to ask for an emulation of the missing kind of device with --device-profile, where one exists."""
+        ways, others = [], []
+        for d in self.devices():
+            usable = [p for p in d.profiles if _derived_available(d, p)]
+            if not usable:
+                continue
+            under = d.with_options(profile=usable[0])
+            profiles = " or ".join(usable)
+            if under.type == kind:
+                ways.append(f"--backends {alias} --device-profile {profiles} ({under.name} as {under.emulation})")
+            elif kind == DeviceType.NPU:
+                others.append(f"--backends {d.name} --device-profile {profiles} (the NPU's limits on {d.name})")
+        if not ways + others:
+            return ""
+        return ". To emulate one (labelled EMULATION in every report): " + "; or ".join(ways + others)
+
+
+def _derived_available(device: Device, profile: str) -> bool:
+    try:
+        return device.with_options(profile=profile).available
+    except ValueError:
+        return False
 
 
 REQUIRED_METHODS = ("supports_op", "compile")

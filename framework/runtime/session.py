@@ -148,8 +148,10 @@ class Session:
         return plan, inp
 
     # -- running --------------------------------------------------------------------------
-    def eval(self, tokens: list[int], all_logits: bool = False) -> np.ndarray:
-        """Append tokens to the context; return logits of the last token, or of every token."""
+    def eval(self, tokens: list[int], all_logits: bool = False, prompt: bool | None = None) -> np.ndarray:
+        """Append tokens to the context; return logits of the last token, or of every token.
+        ``prompt``: count the tokens as prefill (default: when there is more than one), so that a
+        one-token prompt is reported as the prefill it is."""
         tokens = [int(t) for t in tokens]
         if not tokens:
             raise ValueError("eval() needs at least one token")
@@ -162,10 +164,11 @@ class Session:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary (0..{self.model.hp.n_vocab - 1})")
         out = []
         for start in range(0, len(tokens), self.n_batch):
-            out.append(self._step(tokens[start:start + self.n_batch], all_logits))
+            out.append(self._step(tokens[start:start + self.n_batch], all_logits,
+                                  len(tokens) > 1 if prompt is None else prompt))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
-    def _step(self, chunk: list[int], all_logits: bool) -> np.ndarray:
+    def _step(self, chunk: list[int], all_logits: bool, prompt: bool) -> np.ndarray:
         t0 = time.perf_counter()
         n = len(chunk)
         plan, inp = self.plan(n, self.n_past, None if all_logits else 1)
@@ -185,7 +188,7 @@ class Session:
         (logits,) = self.executor.run(plan, values)
         logits = logits[:n] if inp.out_ids is None else logits
         self.n_past += n
-        stats = self.decode if n == 1 else self.prefill
+        stats = self.prefill if prompt else self.decode
         stats.tokens += n
         stats.seconds += time.perf_counter() - t0
         return logits

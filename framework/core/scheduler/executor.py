@@ -80,6 +80,7 @@ class Executor:
             t0 = time.perf_counter()
             results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.program)].run,
                                         args)
+            self._device_call(f.device, "finishing", f.describe(), self.devices[f.device].synchronize)
             seconds = time.perf_counter() - t0
             for st in (self.stats[f.device], self.fragment_stats[(id(plan), f.index)]):
                 st["seconds"] += seconds
@@ -100,10 +101,18 @@ class Executor:
             return held[1]
         host = self._to_host(held)
         self.stats[dev_name]["bytes_copied"] += host.nbytes
-        return self.devices[dev_name].from_host(host)
+        t0 = time.perf_counter()
+        handle = self.devices[dev_name].from_host(host)
+        self.stats[dev_name]["seconds"] += time.perf_counter() - t0
+        return handle
 
     def _to_host(self, held: tuple[str, Any]) -> np.ndarray:
-        return self.devices[held[0]].to_host(held[1])
+        """A value read back from its device; the time counts as that device's (a device's time is its
+        runs, its waits and its transfers)."""
+        t0 = time.perf_counter()
+        host = self.devices[held[0]].to_host(held[1])
+        self.stats[held[0]]["seconds"] += time.perf_counter() - t0
+        return host
 
     def _device_call(self, dev_name: str, doing: str, what: str, fn, *args):
         """Never swallow a device's failure: re-raise it in words, keeping its own message."""

@@ -36,7 +36,7 @@ from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Ver
 from ...core.graph import LeafKind, Tensor
 from ...core.scheduler.fragment import Fragment
 from . import weights as W
-from .profiles import Profile, get_profile, profile_for_architecture
+from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .translate import SUPPORTED_OPS, Translation, rope_table, translate
 
 OV_WEIGHT_BUFFER = BufferType("openvino_compressed_weights", host=True)
@@ -87,6 +87,7 @@ class OpenVinoDevice(Device):
 
     weights_in_programs = True
     weight_buffer_type = OV_WEIGHT_BUFFER
+    profiles = tuple(PROFILES)
 
     def __init__(self, ov_name: str, *, available: bool = True, unavailable_reason: str = "",
                  full_name: str = "", physical_id: str = "", architecture: str = "",

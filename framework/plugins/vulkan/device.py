@@ -313,6 +313,14 @@ class VulkanDevice(Device):
         out = np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides))
         return np.array(out, copy=True)
 
+    def synchronize(self) -> None:
+        """Wait for the queue: a run returns once its commands are submitted, and the executor stops its
+        clock here, so the time reported for this device includes the GPU's own."""
+        # reading 16 bytes back waits for every command submitted before it (queue order); wgpu-py 0.32's
+        # queue.on_submitted_work_done_sync() fails in its own bindings (a cffi callback type mismatch)
+        if self._gpu is not None:
+            self._gpu.queue.read_buffer(self.dummy(), 0, 16)
+
     def compile(self, fragment):
         from .program import VkProgram
         return VkProgram(self, fragment)

@@ -32,13 +32,14 @@ from . import tiles
 from .cache import PackedStore
 from .geometry import tile_grid
 from .kernels import KERNELS_ENV, GemmKernel, KernelSet
-from .profiles import Profile, get_profile
+from .profiles import PROFILES, Profile, get_profile
 from .xrt import MAX_CHAIN_ENV, TIMEOUT_ENV, XrtSession
 
 XDNA_TILES = BufferType("xdna_q4_1_tiles")
 REQUANTIZE_ENV = "FRAMEWORK_XDNA_REQUANTIZE"     # "allow": requantize weight types without an exact tile form
 HOST_ARM_ENV = "FRAMEWORK_XDNA_HOST_ARM"         # "1" (profile xdna2) or a profile name: the host arm
 PROFILE_ENV = "FRAMEWORK_XDNA_PROFILE"           # force a profile (an NPU whose PCI id the table lacks)
+BAD_SETTINGS = "bad xdna settings"
 
 
 @dataclass
@@ -79,6 +80,7 @@ class XdnaDevice(Device):
     buffer_type = HOST_BUFFER               # activations are host arrays (NPU buffers are host memory too)
     weight_buffer_type = XDNA_TILES
     weights_in_programs = False
+    profiles = tuple(PROFILES)
 
     def __init__(self, index: int = 0, *, profile: Profile | str = "xdna2", arm: str = "host",
                  available: bool = True, unavailable_reason: str = "", physical_id: str = "",
@@ -127,8 +129,15 @@ class XdnaDevice(Device):
     def with_options(self, *, profile: str | Profile | None = None, max_chain: int | None = None,
                      requantize: bool | None = None, cache_root: Path | str | None = "keep") -> XdnaDevice:
         """The same device with another profile's limits (an emulation on the NPU arm unless it is the
-        hardware's own), another chain limit, requantization or cache folder."""
+        hardware's own), another chain limit, requantization or cache folder. Without a usable NPU, a
+        profile brings up the host arm in its place (``--device-profile xdna2``), an emulation."""
         prof = get_profile(profile) if isinstance(profile, str) else (profile or self.profile)
+        if (profile is not None and self.arm == "npu" and not self.available
+                and not self.unavailable_reason.startswith(BAD_SETTINGS)):
+            root = self.cache_root if cache_root == "keep" else cache_root
+            return host_arm_device(self.index, prof.name, why=f"NPU arm unavailable: {self.unavailable_reason}",
+                                   max_chain=max_chain, cache_root=root,
+                                   requantize=self.requantize if requantize is None else requantize)
         if max_chain is None and prof is self.profile:
             max_chain = self.max_chain if self.max_chain != self.profile.max_chain else None
         return XdnaDevice(self.index, profile=prof, arm=self.arm, available=self.available,

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .device import HOST_ARM_ENV, Config, XdnaDevice, host_arm_device, read_config
+from .device import BAD_SETTINGS, HOST_ARM_ENV, Config, XdnaDevice, host_arm_device, read_config
 from .kernels import KERNELS_ENV, KernelSetError, load_kernel_set
 from .profiles import get_profile, profile_for_pci
 from .xrt import DEFAULT_TIMEOUT_MS, XrtSession, import_pyxrt
@@ -64,7 +64,7 @@ def discover(env: dict | None = None, sysfs: Path = SYS_ACCEL, devroot: Path = D
     config = read_config(env)
     if config.problems:
         reason = "; ".join(config.problems)
-        return [XdnaDevice(0, available=False, unavailable_reason=f"bad xdna settings: {reason}", arm="npu")]
+        return [XdnaDevice(0, available=False, unavailable_reason=f"{BAD_SETTINGS}: {reason}", arm="npu")]
     pyxrt, pyxrt_reason = pyxrt_loader()
     accels = [a for a in scan_accel(sysfs) if a.driver == "amdxdna"]
     if not accels:
