@@ -335,6 +335,30 @@ def test_memory_limit_fails_at_reservation(monkeypatch, smollm2, cpu, prompt):
     assert session.executor.weights == {} and devices[0].compiled == 0
 
 
+
+@pytest.mark.parametrize("short_of", ["caches", "weights"])
+def test_out_of_memory_names_what_drives_the_need_and_a_fix_that_works(smollm2, cpu, prompt, short_of):
+    """The error names the largest weights and the caches; its fix, applied, makes the plans fit: a
+    --ctx that fits when the caches are what overflows, another device when the weights alone do."""
+    n_ctx = 2048
+    need = Session(smollm2, [ExampleDevice(), cpu], n_ctx=n_ctx).reserve(len(prompt[0]), 2).memory["example:0"]
+    assert need["caches"] > 0                                    # example:0 holds the KV cache
+    limit = (need["total"] - need["caches"] // 2 if short_of == "caches" else need["weights"] // 2)
+    session = Session(smollm2, [ExampleDevice(memory=limit), cpu], n_ctx=n_ctx)
+    with pytest.raises(CapabilityError) as info:
+        session.reserve(len(prompt[0]), 2)
+    e, text = error_of(info)
+    assert e.code == "out_of_memory" and "token_embd.weight" in text          # the largest weight, named
+    assert "cache_k_l0" in text and f"of {n_ctx} rows" in text
+    if short_of == "caches":
+        m = re.search(r"--ctx (\d+)\)", e.fix)
+        assert m, e.fix
+        fitted = Session(smollm2, [ExampleDevice(memory=limit), cpu], n_ctx=int(m.group(1)))
+        assert fitted.reserve(len(prompt[0]), 2).memory["example:0"]["total"] <= limit
+    else:
+        assert "the weights alone need" in e.fix and "list another device before example:0" in e.fix
+
+
 # -- g. --strict -------------------------------------------------------------------------------
 
 def test_strict_refuses_fallbacks_and_lists_them(smollm2, cpu, prompt):

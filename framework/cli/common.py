@@ -58,7 +58,7 @@ def select_devices(spec: str, profile: str | None = None):
         chosen = [d.name for d in group if d in devices]
         if len(chosen) > 1:
             err.print(f"[yellow]note: {' and '.join(chosen)} are one physical device ({group[0].physical_id}) "
-                      f"reached through two plugins[/yellow]")
+                      f"reached through two plugins[/yellow]", soft_wrap=True)
     return devices
 
 

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                ValueError), EXIT_INPUT))
     try:
         return COMMANDS[args.command](args)
-    except tuple(kind for kind, _ in codes) as e:
+    except (CapabilityError, DeviceRunError, ValueError, FileNotFoundError) as e:
         code = next(c for kind, c in codes if isinstance(e, kind))
         if args.debug:
             show_traceback(e)
@@ -126,7 +126,8 @@ def cmd_run(args) -> int:
     from ..runtime.generate import generate
     from ..runtime.sampling import Sampler, SamplingParams
     from ..runtime.session import Session
-    from .report import fallback_lines, placement_table
+    from .report import fallback_lines, placement_rows
+    from .table import print_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
     devices = _devices(args)
@@ -157,7 +158,7 @@ def cmd_run(args) -> int:
     _summary(model, session, generated, interrupted)
     for line in fallback_lines(session):
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
-    err.print(placement_table(session))
+    print_table(err, *placement_rows(session), right=(1, 2, 3, 4, 5), title="placement")
     if args.plan:
         _write_plans(session, Path(args.plan))
     if args.plan_view:
@@ -242,23 +243,33 @@ def cmd_split(args) -> int:
 
 
 def cmd_backends(args) -> int:
-    from rich.table import Table
+    from rich.console import Console
 
     from ..core.registry import default_registry
+    from .table import Row, print_table
     reg = default_registry()
-    table = Table(show_edge=False, pad_edge=False)
-    for col in ("plugin", "distribution", "device", "type", "physical id", "state"):
-        table.add_column(col)
-    for rec in reg.plugins.values():
-        if rec.error:
-            table.add_row(rec.name, rec.distribution, "-", "-", "-", f"[red]plugin failed: {rec.error}[/red]")
-        for d in rec.devices:
-            state = "available" if d.available else f"[yellow]unavailable: {d.unavailable_reason}[/yellow]"
-            table.add_row(rec.name, rec.distribution, d.name, d.type.value, d.physical_id, state)
     if not reg.plugins:
         return fail("no backend plugins found in entry-point group framework.backends (is the package installed?)")
-    from rich.console import Console
-    Console(soft_wrap=True, width=None if err.is_terminal else 200).print(table)
+    rows = []
+    for rec in reg.plugins.values():
+        if rec.error:
+            rows.append(Row([rec.name, "-", rec.name, "-", "plugin failed"], rec.error, "red"))
+        for d in rec.devices:
+            state = "available" if d.available else "unavailable"
+            rows.append(Row([d.name, d.type.value, rec.name, d.physical_id or "-", state],
+                            "" if d.available else d.unavailable_reason, "" if d.available else "yellow"))
+    console = Console(highlight=False)
+    print_table(console, ["device", "type", "plugin", "physical id", "state"], rows)
+    dists: dict[str, list[str]] = {}
+    for rec in reg.plugins.values():
+        dists.setdefault(rec.distribution, []).append(rec.name)
+    out("plugins: " + "; ".join(f"{', '.join(names)} ({dist})" for dist, names in dists.items()) + "\n")
+    profiles: dict[tuple[str, ...], list[str]] = {}
+    for d in reg.devices():
+        if d.profiles:
+            profiles.setdefault(d.profiles, []).append(d.name)
+    for names, devs in profiles.items():
+        out(f"device profiles (--device-profile NAME, an EMULATION): {', '.join(names)} on {', '.join(devs)}\n")
     for group in reg.same_silicon():
         out(f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}\n")
     return 0

@@ -2,42 +2,31 @@
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from ..viz.record import human_bytes
+from .table import Row
 
 
-def placement_table(session) -> Table:
-    """Per device: nodes and fragments in the prefill and decode plans, programs compiled, time, bytes copied."""
+def placement_rows(session) -> tuple[list[str], list[Row]]:
+    """Per device: nodes and fragments in the prefill and decode plans, programs compiled, time (its runs,
+    the wait for their results and its transfers), bytes copied in. An emulation says so under its row."""
     by_phase = {}
     for plan, _ in session.plans.values():
         by_phase.setdefault(plan.graph.meta.get("phase"), plan)
     stats = session.executor.stats
-    table = Table(title="placement", title_justify="left", show_edge=False, pad_edge=False)
-    for col in ("device", "nodes pre/dec", "fragments pre/dec", "programs",
-                "time", "copied in"):
-        table.add_column(col, justify="left" if col == "device" else "right")
+    rows = []
     for dev in session.devices:
         use = {ph: plan.per_device().get(dev.name, {"nodes": 0, "fragments": 0}) for ph, plan in by_phase.items()}
         if not any(u["nodes"] for u in use.values()):
             continue
-        label = dev.name + (f" [yellow](EMULATION of {dev.emulation})[/yellow]" if dev.emulation else "")
         pair = lambda key: " / ".join(str(use[ph][key]) if ph in use else "-" for ph in ("prefill", "decode"))
         st = stats.get(dev.name, {})
-        table.add_row(label, pair("nodes"), pair("fragments"), str(st.get("compiles", 0)),
-                      f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0)))
-    return table
+        rows.append(Row([dev.name, pair("nodes"), pair("fragments"), str(st.get("compiles", 0)),
+                         f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0))],
+                        f"EMULATION of {dev.emulation}" if dev.emulation else "", "yellow" if dev.emulation else ""))
+    return ["device", "nodes pre/dec", "fragments pre/dec", "programs", "time", "copied in"], rows
 
 
 def fallback_lines(session) -> list[str]:
-    seen, lines = set(), []
-    for plan, _ in session.plans.values():
-        for node, placement in plan.fallbacks:
-            key = (node.op, placement.device, tuple(placement.refusals.items()))
-            if key in seen:
-                continue
-            seen.add(key)
-            why = "; ".join(f"{d}: {r}" for d, r in placement.refusals.items())
-            lines.append(f"fallback: {node.op} nodes (first: {node.name}) ran on {placement.device} ({why})")
-    return lines
-
+    """One line per op, device and reason codes over every plan that ran (--strict lists every node)."""
+    from ..core.scheduler.fallbacks import group_fallbacks
+    return [g.line() for g in group_fallbacks(plan for plan, _ in session.plans.values())]

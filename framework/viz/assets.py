@@ -37,7 +37,9 @@ table { border-collapse: collapse; }
 .bar i { position: absolute; left: 0; top: 0; bottom: 0; background: #6b9bd1; }
 td.over { color: var(--err); font-weight: 700; } td.over .bar i { background: var(--err); }
 .emu { color: #9a6700; font-weight: 600; }
-#fallbacks { margin: 4px 0 0; color: #333; }
+#totals { margin: 4px 0 0; color: #333; }
+#fallbacks { margin: 0; padding: 4px 14px; color: #333; }
+#fallbacks:empty { display: none; }
 #fallbacks li { margin: 1px 0; }
 #fallbacks ul { margin: 2px 0; padding-left: 18px; }
 #toolbar { position: sticky; top: 0; z-index: 5; display: flex; gap: 12px; align-items: center; flex-wrap: wrap;
@@ -100,7 +102,7 @@ svg { display: block; }
   <div id="error" hidden></div>
   <nav id="phases"></nav>
   <table id="devices"></table>
-  <div id="fallbacks"></div>
+  <div id="totals"></div>
 </header>
 <div id="toolbar">
   <input id="search" type="search" placeholder="search a node or tensor name (Enter: next)" autocomplete="off">
@@ -115,6 +117,7 @@ svg { display: block; }
 </div>
 <div id="timeline"><div id="labels"></div><div id="scroll"><svg id="svg" xmlns="http://www.w3.org/2000/svg"></svg></div></div>
 <div id="results" hidden></div>
+<div id="fallbacks"></div>
 <section id="detail"><p class="hint">Click a fragment (a block) to list its nodes: op, shape, dtype, why it runs
 on its device, and every refusal.</p></section>
 <script type="application/json" id="plan-data">__DATA__</script>
@@ -214,20 +217,19 @@ function renderDevices() {
   $("devices").innerHTML = h;
 }
 function renderFallbacks() {
-  const groups = new Map();
-  for (const f of P.fallbacks) {
-    const k = f.op + "|" + f.device + "|" + JSON.stringify(f.refusals);
-    if (!groups.has(k)) groups.set(k, {f, n: 0}); groups.get(k).n++;
-  }
+  // grouped by op, device and reason codes in Python (core/scheduler/fallbacks.py): one line per group
   const copies = P.copies.reduce((a, c) => a + c.nbytes, 0);
-  let h = `<div>${P.nodes.length} nodes in ${P.fragments.length} fragments; ${P.copies.length} copies between devices (${bytes(copies)}); ` +
-          `${P.fallbacks.length} fallbacks</div>`;
-  if (groups.size) {
+  const count = (n, w, pl) => `${n} ${n === 1 ? w : (pl || w + "s")}`;
+  $("totals").innerHTML = `<div>${count(P.nodes.length, "node")} in ${count(P.fragments.length, "fragment")}; ` +
+    `${count(P.copies.length, "copy", "copies")} between devices (${bytes(copies)}); ` +
+    `${count(P.fallbacks.length, "fallback")}` + (P.fallback_groups.length ? " (listed below the timeline)" : "") + `</div>`;
+  let h = "";
+  if (P.fallback_groups.length) {
     h += "<ul>";
-    for (const {f, n} of groups.values()) {
-      const why = Object.entries(f.refusals).map(([d, r]) => `${esc(d)}: ${esc(r)}`).join("; ");
-      h += `<li><span class="pill fb">${n} &times; ${esc(f.op)} &rarr; ${esc(f.device)}</span>${why} ` +
-           `<button class="link" data-goto="${esc(f.node)}">first: ${esc(f.node)}</button></li>`;
+    for (const g of P.fallback_groups) {
+      const why = Object.entries(g.reasons).map(([d, r]) => `${esc(d)}: ${esc(r)}`).join("; ");
+      h += `<li><span class="pill fb">${g.count} &times; ${esc(g.op)} &rarr; ${esc(g.device)}</span>${why} ` +
+           `<button class="link" data-goto="${esc(g.first)}">first: ${esc(g.first)}</button></li>`;
     }
     h += "</ul>";
   }

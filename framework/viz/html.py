@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 
+from ..core.scheduler.fallbacks import group_fallbacks
 from .assets import PAGE
 from .dot import colours
 from .record import UNPLACED, PlanView, estimated_cost, layer_of, leaf_records
@@ -33,6 +34,8 @@ def view_data(view: PlanView) -> dict:
             "name": phase, "meta": rec["graph"], "nodes": rec["nodes"], "fragments": rec["fragments"],
             "copies": rec["copies"], "per_device": rec["per_device"], "programs": rec["programs"],
             "fallbacks": rec["fallbacks"], "marks": view.error_marks(plan), "leaves": leaf_records(plan),
+            "fallback_groups": [{"op": g.op, "device": g.device, "count": g.count, "first": g.first,
+                                 "reasons": g.reasons} for g in group_fallbacks([plan])],
             "cost": [estimated_cost(n) for n in nodes],
             "layer": [-1 if (layer := layer_of(n.name)) is None else layer for n in nodes],
             "bytes": [n.nbytes for n in nodes],

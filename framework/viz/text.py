@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ..core.scheduler.fallbacks import count, group_fallbacks
 from .record import UNPLACED, PlanView, human_bytes
 
 ARROW = "<-- ERROR"
@@ -55,8 +56,9 @@ def _phase_lines(view: PlanView, phase: str) -> list[str]:
     marks = view.error_marks(plan)
     marked = set(marks.get("fragments", ()))
     total = sum(c.nbytes for c in plan.copies)
-    lines = [(f"{phase}: {len(plan.graph.nodes)} nodes, {len(plan.fragments)} fragments, {len(plan.copies)} copies "
-              f"({human_bytes(total)}), {len(plan.fallbacks)} fallbacks")]
+    lines = [(f"{phase}: {count(len(plan.graph.nodes), 'node')}, {count(len(plan.fragments), 'fragment')}, "
+              f"{count(len(plan.copies), 'copy', 'copies')} ({human_bytes(total)}), "
+              f"{count(len(plan.fallbacks), 'fallback')}")]
     width = max(len(d) for d in [*view.lanes, "device"])
     for f, x in zip(plan.fragments, extras):
         end = x["start"] + len(f.nodes) - 1
@@ -82,13 +84,8 @@ def _phase_lines(view: PlanView, phase: str) -> list[str]:
         if detail:
             lines.append(f"  {'':<4} {'':<{width}} " + " | ".join(detail))
     lines.append("  per device: " + "; ".join(
-        f"{dev} {u['nodes']} nodes, {u['fragments']} fragments, {u['submissions']} submissions, "
-        f"{u['programs']} programs" for dev, u in plan.per_device().items()))
-    seen = {}
-    for n, p in plan.fallbacks:
-        key = (n.op, p.device, tuple(p.refusals.items()))
-        seen.setdefault(key, []).append(n.name)
-    for (op, dev, refusals), nodes in seen.items():
-        why = "; ".join(f"{d}: {r}" for d, r in refusals)
-        lines.append(f"  fallback: {len(nodes)} {op} -> {dev} (first {nodes[0]}): {why}")
+        f"{dev} {count(u['nodes'], 'node')}, {count(u['fragments'], 'fragment')}, "
+        f"{count(u['submissions'], 'submission')}, {count(u['programs'], 'program')}"
+        for dev, u in plan.per_device().items()))
+    lines += [f"  {g.line()}" for g in group_fallbacks([plan])]
     return lines

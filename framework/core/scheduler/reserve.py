@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ...contract import Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
+from .fallbacks import count, group_fallbacks
 from .plan import Plan, Residence, make_plan
 
 
@@ -30,17 +31,16 @@ class Reservation:
         lines = []
         for phase, plan in self.plans.items():
             for dev, use in plan.per_device().items():
-                lines.append(f"{phase:>16}  {dev}: {use['nodes']} nodes, {use['fragments']} fragments, "
-                             f"{use['submissions']} submissions, {use['programs']} programs")
+                lines.append(f"{phase:>16}  {dev}: {count(use['nodes'], 'node')}, "
+                             f"{count(use['fragments'], 'fragment')}, {count(use['submissions'], 'submission')}, "
+                             f"{count(use['programs'], 'program')}")
             if plan.copies:
-                lines.append(f"{'':>16}  {len(plan.copies)} copies, {sum(c.nbytes for c in plan.copies)} bytes")
-            for node, p in plan.fallbacks[:3]:
-                lines.append(f"{'':>16}  fallback {node.name} ({node.op}) -> {p.device}")
-            if len(plan.fallbacks) > 3:
-                lines.append(f"{'':>16}  ... {len(plan.fallbacks)} fallbacks in all")
+                lines.append(f"{'':>16}  {count(len(plan.copies), 'copy', 'copies')}, "
+                             f"{sum(c.nbytes for c in plan.copies) / 2**20:.1f} MiB")
+            lines += [f"{'':>16}  {g.line()}" for g in group_fallbacks([plan])]
         for dev, n in self.programs.items():
             mem = self.memory.get(dev, {})
-            lines.append(f"{dev}: {n} programs over all phases, memory {mem.get('total', 0) / 2**20:.1f} MiB "
+            lines.append(f"{dev}: {count(n, 'program')} over all phases, memory {mem.get('total', 0) / 2**20:.1f} MiB "
                          f"(weights {mem.get('weights', 0) / 2**20:.1f}, caches {mem.get('caches', 0) / 2**20:.1f}, "
                          f"activations {mem.get('activations', 0) / 2**20:.1f})")
         return lines
@@ -149,37 +149,67 @@ def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
 def check_memory(plans: dict[str, Plan], by_name: dict[str, Device],
                  residence: dict[int, Residence]) -> dict[str, dict[str, int]]:
     """5. Weights each device loads, caches it holds, its largest fragment's activations."""
-    weights: dict[str, dict[int, int]] = {}
-    activations: dict[str, int] = {}
-    for plan in plans.values():
+    weights: dict[str, dict[int, tuple[Tensor, int]]] = {}
+    activations: dict[str, tuple[int, str]] = {}        # device -> (bytes, the fragment that needs them)
+    for phase, plan in plans.items():
         for f in plan.fragments:
             dev = by_name[f.device]
             for t in f.inputs:
                 if t.is_leaf and t.kind == LeafKind.WEIGHT:
-                    weights.setdefault(f.device, {})[id(t)] = dev.weight_nbytes(t)
+                    weights.setdefault(f.device, {})[id(t)] = (t, dev.weight_nbytes(t))
             live = sum(n.nbytes for n in f.nodes if ops.makes_memory(n.op))
-            activations[f.device] = max(activations.get(f.device, 0), live)
-    caches: dict[str, int] = {}
+            if live > activations.get(f.device, (0, ""))[0]:
+                activations[f.device] = (live, f"{phase} fragment {f.index}")
+    caches: dict[str, list[Tensor]] = {}
     seen: set[int] = set()
     for plan in plans.values():
         for t in plan.graph.leaves:
             home = residence.get(id(t))
             if home and id(t) not in seen:
                 seen.add(id(t))
-                caches[home.device] = caches.get(home.device, 0) + t.nbytes
+                caches.setdefault(home.device, []).append(t)
     out = {}
     for name in set(weights) | set(caches) | set(activations):
-        use = {"weights": sum(weights.get(name, {}).values()), "caches": caches.get(name, 0),
-               "activations": activations.get(name, 0)}
+        use = {"weights": sum(b for _, b in weights.get(name, {}).values()),
+               "caches": sum(t.nbytes for t in caches.get(name, ())), "activations": activations.get(name, (0, ""))[0]}
         use["total"] = sum(use.values())
         out[name] = use
         limit = by_name[name].limits.memory_bytes
         if limit is not None and use["total"] > limit:
-            raise CapabilityError(
-                "out_of_memory", f"device {name} has {limit / 2**20:.1f} MiB, the plans need "
-                f"{use['total'] / 2**20:.1f} MiB (weights {use['weights'] / 2**20:.1f}, caches "
-                f"{use['caches'] / 2**20:.1f}, activations {use['activations'] / 2**20:.1f})",
-                devices=(name,), limit=f"memory_bytes={limit}",
-                fix="lower --ctx (smaller caches) or --batch (smaller activations), or put part of the model on "
-                    "another device")
+            raise _out_of_memory(name, limit, use, list(weights.get(name, {}).values()), caches.get(name, []),
+                                 activations.get(name, (0, ""))[1])
     return out
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _out_of_memory(device: str, limit: int, use: dict[str, int], weights: list[tuple[Tensor, int]],
+                   caches: list[Tensor], biggest_fragment: str) -> CapabilityError:
+    """The error names what drives the need (the largest weights, the caches and their rows, the
+    fragment with the most activations) and a fix that would make the plans fit."""
+    largest = sorted(weights, key=lambda tb: -tb[1])[:3]
+    parts = [f"weights {_mib(use['weights'])}" + (f" (largest: {', '.join(f'{t.name} {_mib(b)}' for t, b in largest)})"
+                                                   if largest else "")]
+    rows = max((t.shape[0] for t in caches), default=0)
+    if caches:
+        parts.append(f"caches {_mib(use['caches'])} ({len(caches)} tensors of {rows} rows, e.g. {caches[0].name})")
+    parts.append(f"activations {_mib(use['activations'])}" + (f" ({biggest_fragment})" if biggest_fragment else ""))
+    over = use["total"] - limit
+    room = limit - use["weights"] - use["activations"]       # what the caches may take
+    if caches and use["caches"] >= over and room > 0:
+        fit = int(rows * room / use["caches"])
+        ctx = fit - fit % 256 if fit >= 256 else fit          # a multiple of the KV padding where it can be
+        fix = (f"lower --ctx: the caches take {use['caches'] / rows / 1024:.1f} KiB per row of context, and at most "
+               f"{fit} rows fit beside the weights and activations (--ctx {ctx})")
+    elif use["activations"] >= over and use["activations"] > 0:
+        fix = (f"lower --batch: the largest fragment's activations ({_mib(use['activations'])}) must shrink by "
+               f"{_mib(over)}, and they grow with the prefill chunk")
+    else:
+        fix = (f"the weights alone need {_mib(use['weights'])} of {device}'s {_mib(limit)}: use a device with at least "
+               f"{_mib(use['total'])}, or list another device before {device} in --backends for part of the model "
+               f"(a device takes every node it accepts)")
+    return CapabilityError(
+        "out_of_memory", f"device {device} has {_mib(limit)}, the plans need {_mib(use['total'])}: "
+        + "; ".join(parts), devices=(device,), limit=f"memory_bytes={limit}", fix=fix)
