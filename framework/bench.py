@@ -1,22 +1,76 @@
 """`framework bench`: load time, prefill and decode speed, bytes per token and the bandwidth they
 imply, the machine's own bandwidth measured in the same run, and llama.cpp on the same file,
-prompt and threads when llama-cpp-python is installed. Medians of --repeats runs."""
+prompt and threads when llama-cpp-python is installed.
+
+The engines' runs are interleaved (this framework, llama.cpp, this framework, ...), so that a slow
+period of a shared host hits both; every figure is printed as min, median and max over --repeats
+runs (after one warm-up run each), and a ratio whose two spreads overlap is marked not significant.
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
-from .cli.common import err, select_devices
+from .cli.common import err, model_path, out, select_devices
+from .cli.table import Row, print_table
 
 PARAGRAPH = ("The history of computing is a story of machines that learned to do arithmetic faster and "
              "faster, and of people who found new things to ask of them. Early mechanical calculators "
              "gave way to electronic circuits, and those circuits shrank until millions fit on a chip. ")
+
+
+@dataclass
+class Spread:
+    """Repeated measurements of one figure."""
+
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def min(self) -> float:
+        return min(self.values)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def max(self) -> float:
+        return max(self.values)
+
+    def cells(self, fmt: str = "{:.1f}") -> list[str]:
+        return [fmt.format(v) for v in (self.min, self.median, self.max)]
+
+    def overlaps(self, other: Spread) -> bool:
+        return self.min <= other.max and other.min <= self.max
+
+
+def ratio_cells(a: Spread, b: Spread) -> tuple[list[str], str]:
+    """a / b: the lowest, median and highest ratio the runs allow, and whether it is significant (the
+    two spreads do not overlap)."""
+    cells = [f"{a.min / b.max:.2f}x", f"{a.median / b.median:.2f}x", f"{a.max / b.min:.2f}x"]
+    return cells, ("not significant (spreads overlap)" if a.overlaps(b) else "significant")
+
+
+def interleave(engines: dict[str, Callable[[], dict[str, float]]], repeats: int) -> dict[str, dict[str, Spread]]:
+    """Run every engine once to warm up, then ``repeats`` rounds of one run each, in turn; returns
+    engine -> figure -> Spread of the counted rounds."""
+    results: dict[str, dict[str, Spread]] = {name: {} for name in engines}
+    for round_no in range(repeats + 1):
+        for name, run in engines.items():
+            figures = run()
+            if round_no == 0:
+                continue                 # the warm-up round: caches, page faults, lazy compiles
+            for key, value in figures.items():
+                results[name].setdefault(key, Spread()).values.append(value)
+    return results
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:
@@ -24,25 +78,26 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
-def measure_bandwidth(mib: int = 1024, repeats: int = 5) -> dict:
+def measure_bandwidth(mib: int = 1024, repeats: int = 5) -> dict[str, Spread]:
     """Memory bandwidth two ways: a copy (read + write) and a float32 matrix-vector product (read)."""
     a = np.ones(mib * 2**20 // 4, dtype=np.float32)
     b = np.empty_like(a)
-    copy = _median(lambda: np.copyto(b, a), repeats)
     w = a.reshape(-1, 1024)
     x = np.ones(1024, dtype=np.float32)
-    gemv = _median(lambda: w @ x, repeats)
-    return {"copy_GBps": 2 * a.nbytes / copy / 1e9, "gemv_GBps": a.nbytes / gemv / 1e9}
+    copy = _times(lambda: np.copyto(b, a), repeats)
+    gemv = _times(lambda: w @ x, repeats)
+    return {"copy_GBps": Spread([2 * a.nbytes / t / 1e9 for t in copy]),
+            "gemv_GBps": Spread([a.nbytes / t / 1e9 for t in gemv])}
 
 
-def _median(fn, repeats: int) -> float:
+def _times(fn, repeats: int) -> list[float]:
     fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 def decode_weight_bytes(session) -> int:
@@ -60,112 +115,147 @@ def decode_weight_bytes(session) -> int:
     return total
 
 
-def bench_framework(model_path, devices, n_prompt: int, n_decode: int, repeats: int) -> dict:
-    from .model.model import Model
-    from .runtime.session import Session
-    t0 = time.perf_counter()
-    model = Model(model_path)
-    session = Session(model, devices, n_ctx=max(512, n_prompt + n_decode + 8))
-    ids = prompt_ids(model.tokenizer, n_prompt)
-    session.plan(len(ids), 0)
-    session.plan(1, len(ids))
-    load = time.perf_counter() - t0
-    for d in devices:                         # compiled models: how many, how long, from the on-disk cache
-        if callable(getattr(d, "compile_summary", None)):
-            print(d.compile_summary())
-    prefill, decode = [], []
-    for _ in range(repeats + 1):          # the first round warms caches and is not counted
-        session.reset()
+class FrameworkEngine:
+    """This framework on the selected devices: loaded, planned and compiled once; run() times a
+    prefill of the prompt and n_decode greedy decode steps."""
+
+    def __init__(self, path: Path, devices, n_prompt: int, n_decode: int):
+        from .model.model import Model
+        from .runtime.session import Session
+        t0 = time.perf_counter()
+        self.model = Model(path)
+        self.session = Session(self.model, devices, n_ctx=max(512, n_prompt + n_decode + 8))
+        self.ids = prompt_ids(self.model.tokenizer, n_prompt)
+        self.session.plan(len(self.ids), 0)
+        self.session.plan(1, len(self.ids))
+        self.load_s = time.perf_counter() - t0
+        self.n_decode = n_decode
+        self.bytes_per_token = decode_weight_bytes(self.session)
+
+    def run(self) -> dict[str, float]:
+        s = self.session
+        s.reset()
         t = time.perf_counter()
-        logits = session.eval(ids)
-        prefill.append(len(ids) / (time.perf_counter() - t))
+        logits = s.eval(self.ids)
+        prefill = len(self.ids) / (time.perf_counter() - t)
         t = time.perf_counter()
-        for _ in range(n_decode):
-            logits = session.eval([int(np.argmax(logits))])
-        decode.append(n_decode / (time.perf_counter() - t))
-    return {"model": model, "load_s": load, "prefill": statistics.median(prefill[1:]),
-            "decode": statistics.median(decode[1:]), "bytes_per_token": decode_weight_bytes(session),
-            "ids": ids}
+        for _ in range(self.n_decode):
+            logits = s.eval([int(np.argmax(logits))])
+        return {"prefill": prefill, "decode": self.n_decode / (time.perf_counter() - t)}
 
 
-def bench_llama_cpp(model_path, ids: list[int], n_decode: int, repeats: int, threads: int) -> dict | None:
-    try:
+class LlamaCppEngine:
+    """llama.cpp (llama-cpp-python) on the same file, prompt tokens and threads."""
+
+    def __init__(self, path: Path, ids: list[int], n_decode: int, threads: int):
         from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(str(model_path), n_ctx=max(512, len(ids) + n_decode + 8), n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
-    prefill, decode = [], []
-    for _ in range(repeats + 1):
+        self.llm = Llama(str(path), n_ctx=max(512, len(ids) + n_decode + 8), n_batch=512, n_threads=threads,
+                         n_threads_batch=threads, verbose=False)
+        self.ids, self.n_decode = ids, n_decode
+
+    def run(self) -> dict[str, float]:
+        llm = self.llm
         llm.reset()
         t = time.perf_counter()
-        llm.eval(ids)
-        prefill.append(len(ids) / (time.perf_counter() - t))
+        llm.eval(self.ids)
+        prefill = len(self.ids) / (time.perf_counter() - t)
         t = time.perf_counter()
-        for _ in range(n_decode):
+        for _ in range(self.n_decode):
             llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-        decode.append(n_decode / (time.perf_counter() - t))
-    llm.close()
-    return {"prefill": statistics.median(prefill[1:]), "decode": statistics.median(decode[1:])}
+        return {"prefill": prefill, "decode": self.n_decode / (time.perf_counter() - t)}
+
+    def close(self) -> None:
+        self.llm.close()
 
 
-def bench_reservation(model_path, devices, n_prompt: int, repeats: int = 5) -> list[tuple]:
-    """Median milliseconds to build and to reserve (plan and check) the prefill and decode graphs."""
+def llama_cpp_installed() -> bool:
+    from importlib.util import find_spec
+    return find_spec("llama_cpp") is not None
+
+
+def bench_reservation(path, devices, n_prompt: int, repeats: int = 5) -> list[tuple]:
+    """Milliseconds to build and to reserve (plan and check) the prefill and decode graphs."""
     from .core.scheduler import reserve
     from .model.model import Model
     from .runtime.session import Session
-    model = Model(model_path)
+    model = Model(path)
     rows = []
     for phase, n_tokens, n_past in (("prefill", n_prompt, 0), ("decode", 1, n_prompt)):
         session = Session(model, devices, n_ctx=max(512, n_prompt + 8))
         key = session._key(n_tokens, n_past, 1)
-        build, plan = [], []
+        build, plan = Spread(), Spread()
         for _ in range(repeats):
             session.graphs.clear()
             t0 = time.perf_counter()
             graph, _ = session._graph(key)
             t1 = time.perf_counter()
             reserve({phase: graph}, devices, session.residence)
-            plan.append(time.perf_counter() - t1)
-            build.append(t1 - t0)
-        rows.append((phase, len(graph.nodes), statistics.median(build) * 1e3, statistics.median(plan) * 1e3))
+            plan.values.append((time.perf_counter() - t1) * 1e3)
+            build.values.append((t1 - t0) * 1e3)
+        rows.append((phase, len(graph.nodes), build, plan))
     return rows
 
 
+def _models(spec: str) -> list[tuple[str, Path]]:
+    """-m: packaged model names or GGUF files, comma-separated."""
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    if not names:
+        raise ValueError("-m is empty: name packaged models (smollm2, gemma3) or GGUF files")
+    return [(Path(n).name if Path(n).suffix == ".gguf" else n, model_path(n)) for n in names]
+
+
 def run_bench(args) -> int:
-    from .model.default import MODELS as paths
-    names = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [n for n in names if n not in paths]
-    if unknown:
-        raise ValueError(f"unknown model(s) {unknown} for bench; known: {', '.join(paths)}")
+    models = _models(args.model)
     devices = select_devices(args.backends)
-    err.print(f"threads: {args.threads} (numpy's BLAS and llama.cpp), {os.cpu_count()} CPUs; "
-              f"prompt {args.prompt_tokens} tokens, {args.decode_tokens} decoded, median of {args.repeats}")
-    res = Table(title="reservation (build the graph, then plan and check it; median of 5)", title_justify="left")
-    for col in ("model", "graph", "nodes", "build ms", "reserve ms", "total ms"):
-        res.add_column(col, justify="left" if col in ("model", "graph") else "right")
-    for name in names:
-        for phase, nodes, build, plan in bench_reservation(paths[name](), devices, args.prompt_tokens):
-            res.add_row(name, phase, str(nodes), f"{build:.1f}", f"{plan:.1f}", f"{build + plan:.1f}")
-    Console(soft_wrap=True, width=200).print(res)
+    err.print(f"threads: {args.threads} (numpy's BLAS and llama.cpp), {os.cpu_count()} CPUs; prompt "
+              f"{args.prompt_tokens} tokens, {args.decode_tokens} decoded; min, median and max of {args.repeats} "
+              f"runs after a warm-up, the engines taking turns", soft_wrap=True)
+    rows = []
+    for name, path in models:
+        for phase, nodes, build, plan in bench_reservation(path, devices, args.prompt_tokens):
+            rows.append(Row([name, phase, str(nodes), " / ".join(build.cells()), " / ".join(plan.cells())]))
+    print_table(Console(highlight=False), ["model", "graph", "nodes", "build ms (min/med/max)",
+                                                 "reserve ms (min/med/max)"], rows, right=(2, 3, 4),
+                title="reservation: build the graph, then plan and check it")
     if args.reservation_only:
         return 0
     bw = measure_bandwidth()
-    table = Table(title=f"framework bench on {', '.join(d.name for d in devices)}", title_justify="left")
-    for col in ("model", "load s", "prefill tok/s", "decode tok/s", "weights MB/token", "effective GB/s",
-                "of gemv GB/s", "llama.cpp prefill", "llama.cpp decode", "prefill ratio", "decode ratio"):
-        table.add_column(col, justify="left" if col == "model" else "right")
-    for name in names:
-        path = paths[name]()
-        r = bench_framework(path, devices, args.prompt_tokens, args.decode_tokens, args.repeats)
-        eff = r["bytes_per_token"] * r["decode"] / 1e9
-        ref = None if args.no_llama_cpp else bench_llama_cpp(path, r["ids"], args.decode_tokens, args.repeats,
-                                                             args.threads)
-        cells = [f"{ref['prefill']:.1f}", f"{ref['decode']:.1f}", f"{r['prefill'] / ref['prefill']:.2f}x",
-                 f"{r['decode'] / ref['decode']:.2f}x"] if ref else ["not installed"] + ["-"] * 3
-        table.add_row(name, f"{r['load_s']:.1f}", f"{r['prefill']:.1f}", f"{r['decode']:.1f}",
-                      f"{r['bytes_per_token'] / 1e6:.0f}", f"{eff:.1f}", f"{eff / bw['gemv_GBps']:.0%}", *cells)
-    Console(soft_wrap=True, width=200).print(table)
-    print(f"machine bandwidth (same run): copy {bw['copy_GBps']:.1f} GB/s (read + write), "
-          f"float32 gemv {bw['gemv_GBps']:.1f} GB/s (read)")
+    with_llama = not args.no_llama_cpp and llama_cpp_installed()
+    if not args.no_llama_cpp and not with_llama:
+        out("llama.cpp: not installed (make bench builds it: benchmarks/install_llama_cpp.sh)\n")
+    for name, path in models:
+        _bench_model(name, path, devices, args, bw, with_llama)
+    out(f"machine bandwidth (same run, min/median/max): copy {' / '.join(bw['copy_GBps'].cells())} GB/s "
+        f"(read + write), float32 gemv {' / '.join(bw['gemv_GBps'].cells())} GB/s (read)\n")
     return 0
+
+
+def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], with_llama: bool) -> None:
+    fw = FrameworkEngine(path, devices, args.prompt_tokens, args.decode_tokens)
+    for d in devices:                       # compiled models: how many, how long, from the on-disk cache
+        if callable(getattr(d, "compile_summary", None)):
+            out(d.compile_summary() + "\n")
+    engines: dict[str, Callable[[], dict[str, float]]] = {"framework": fw.run}
+    ref = LlamaCppEngine(path, fw.ids, args.decode_tokens, args.threads) if with_llama else None
+    if ref is not None:
+        engines["llama.cpp"] = ref.run
+    try:
+        got = interleave(engines, args.repeats)
+    finally:
+        if ref is not None:
+            ref.close()
+    ours = got["framework"]
+    eff = Spread([fw.bytes_per_token * v / 1e9 for v in ours["decode"].values])
+    rows = [Row(["prefill tok/s", *ours["prefill"].cells()]), Row(["decode tok/s", *ours["decode"].cells()]),
+            Row(["effective GB/s", *eff.cells()], f"{fw.bytes_per_token / 1e6:.0f} MB of weights per decoded token; "
+                f"{eff.median / bw['gemv_GBps'].median:.0%} of the median gemv bandwidth")]
+    if ref is not None:
+        theirs = got["llama.cpp"]
+        for phase in ("prefill", "decode"):
+            rows.append(Row([f"llama.cpp {phase} tok/s", *theirs[phase].cells()]))
+        for phase in ("prefill", "decode"):
+            cells, verdict = ratio_cells(ours[phase], theirs[phase])
+            rows.append(Row([f"{phase} ratio", *cells], verdict, "" if verdict == "significant" else "yellow"))
+    title = (f"{name} on {', '.join(d.name for d in devices)}: loaded, planned and compiled in {fw.load_s:.1f} s")
+    print_table(Console(highlight=False), ["figure", "min", "median", "max"], rows, right=(1, 2, 3),
+                title=title)

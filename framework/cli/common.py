@@ -64,13 +64,15 @@ def select_devices(spec: str, profile: str | None = None):
 
 @contextmanager
 def weight_progress(label: str = "unpacking weights"):
-    """A progress bar over the bytes of weights a device loads (shown on stderr when it is a terminal)."""
-    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+    """A progress bar over the bytes of weights a device loads, then a word for each program it compiles
+    (shown on stderr when it is a terminal)."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(label, total=None)
 
         def update(name: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=name)
+            what = name if name.startswith("compiling ") else f"{label} {name}"
+            bar.update(task, completed=done, total=total, description=escape(what))
 
         yield update
 
@@ -108,6 +110,12 @@ def out(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
     _line_open = not text.endswith("\n")
+
+
+def start_output() -> None:
+    """A command starts with nothing streamed (main() may run several times in one process)."""
+    global _line_open
+    _line_open = False
 
 
 def end_line() -> None:

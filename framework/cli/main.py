@@ -11,8 +11,22 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import (EXIT_CAPABILITY, EXIT_DEVICE, EXIT_INPUT, EXIT_INTERRUPTED, err, fail, load_model, model_path,
-                     out, positive_int, select_devices, show_traceback, weight_progress)
+from .common import (
+    EXIT_CAPABILITY,
+    EXIT_DEVICE,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    err,
+    fail,
+    load_model,
+    model_path,
+    out,
+    positive_int,
+    select_devices,
+    show_traceback,
+    start_output,
+    weight_progress,
+)
 
 SAMPLE_PROMPT = "The capital of France is"
 
@@ -105,6 +119,7 @@ def _device_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    start_output()
     from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
     from ..model.chat import ChatTemplateError
     from ..model.gguf_file import ModelFileError

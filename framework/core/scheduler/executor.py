@@ -15,7 +15,7 @@ from .errors import DeviceRunError
 from .plan import Plan
 
 WeightBytes = Callable[[Tensor], np.ndarray]
-Progress = Callable[[str, int, int], None]     # (tensor name, bytes done, bytes total)
+Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fragment>", bytes done, bytes total)
 
 
 class Executor:
@@ -65,6 +65,8 @@ class Executor:
                     self.caches[id(t)] = (dev_name, self.devices[dev_name].alloc(t))
             key = (f.device, f.program)
             if key not in self.programs:
+                if progress:                # a compile can take seconds (OpenVINO's): say what is happening
+                    progress(f"compiling {f.describe()}", done, total)
                 self.programs[key] = self._device_call(f.device, "compiling", f.describe(),
                                                        self.devices[f.device].compile, f)
                 self.stats[f.device]["compiles"] += 1

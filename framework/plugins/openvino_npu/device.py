@@ -233,10 +233,11 @@ class OpenVinoDevice(Device):
 
     def compile_summary(self) -> str:
         s = self.stats
-        where = f"on-disk cache {self.cache_dir}" if self.cache_dir else "on-disk cache off"
-        line = (f"{self.name}: {s.compiled + s.from_cache} compiled models ({s.compiled} compiled, "
-                f"{s.from_cache} loaded from the {where}) in {s.seconds:.2f} s, graphs built in "
-                f"{s.build_seconds:.2f} s")
+        where = (f"{s.compiled} compiled, {s.from_cache} loaded from the on-disk cache {self.cache_dir}"
+                 if self.cache_dir else f"all compiled: the on-disk cache is off ({CACHE_ENV}=off)")
+        n = s.compiled + s.from_cache
+        line = (f"{self.name}: {n} compiled model{'' if n == 1 else 's'} ({where}) in {s.seconds:.2f} s, graphs "
+                f"built in {s.build_seconds:.2f} s")
         if s.compiled == 0 and s.from_cache:
             line += "; this run compiled nothing"
         if W.CONVERTED:
