@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROMPT ?= The capital of France is
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean clean-cache
 
 $(STAMP): pyproject.toml Makefile examples/plugin-example/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,3 +51,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# what runs and tests leave behind (README.md, "What `make test` needs"): GGUF indexes, XDNA's packed
+# weights, OpenVINO's compiled models, the split view's screenshots. The models themselves stay.
+CACHE        := $(or $(FRAMEWORK_CACHE),$(HOME)/.cache/framework)
+OPENVINO_DIR := $(filter-out off,$(FRAMEWORK_OPENVINO_CACHE_DIR))
+
+clean-cache:
+	-@du -sh $(wildcard $(CACHE) $(OPENVINO_DIR) artifacts) 2>/dev/null
+	rm -rf "$(CACHE)" $(if $(OPENVINO_DIR),"$(OPENVINO_DIR)") artifacts

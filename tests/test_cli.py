@@ -1,9 +1,12 @@
-"""The `framework` command: run, info, perplexity, check, and its one-line errors."""
+"""The `framework` command: run, info, check, backends and the other commands, their reports, and their
+one-line errors with one exit status per kind. (tests/test_readme.py runs every command of the README.)"""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
-from conftest import model_path, reference, reference_text
+from conftest import model_path, reference
 
 from framework.cli import main
 
@@ -18,25 +21,21 @@ def test_run_streams_llama_cpps_greedy_text_and_summarises(capsys, tmp_path):
     ref = reference("smollm2")[0]
     p = ref["prompts"][0]
     plan = tmp_path / "plan.json"
-    code, out, err = run_cli(capsys, "run", p["prompt"], "-m", str(model_path("smollm2")), "-n", "6",
-                             "--ctx", "256", "--plan", str(plan))
+    code, out, err = run_cli(capsys, "run", p["prompt"], "-m", "smollm2", "-n", "6", "--ctx", "256", "--plan", str(plan))
     assert code == 0
     assert out.startswith(p["prompt"] + p["greedy_text"][:8])           # ' Paris.\n\n' and on
-    assert "prefill 5 tokens" in err and "decode" in err and "tok/s" in err
+    # 6 tokens: the first from the prefill's logits, 5 decode steps; the last token is not run (llama.cpp's count)
+    assert "prefill 5 tokens" in err and "decode 5 tokens at" in err and "6 tokens generated" in err, err
     assert "placement" in err and "cpu" in err
     record = json.loads(plan.read_text())
     assert record["devices"] == ["cpu"] and any(k.startswith("decode") for k in record["plans"])
 
 
-def test_run_chat_uses_the_models_template(capsys):
-    code, out, err = run_cli(capsys, "run", "Say hi", "-m", str(model_path("smollm2")), "-n", "4", "--chat",
-                             "--ctx", "256")
-    assert code == 0 and len(out.strip()) > 0
-
-
-def test_run_chat_says_when_it_uses_a_built_in_template(capsys):
+def test_run_chat_on_a_base_model_says_what_will_happen(capsys):
     code, out, err = run_cli(capsys, "run", "Say hi", "-n", "2", "--chat", "--ctx", "128")
-    assert code == 0 and "built-in gemma3 template" in err
+    err = " ".join(err.split())
+    assert code == 0 and "has no chat template: it is a base model" in err, err
+    assert "built-in gemma3 template" in err and "expect a continuation or repetition" in err and "-m smollm2" in err
 
 
 def test_info_names_architecture_sizes_types_and_tokenizer(capsys):
@@ -47,19 +46,10 @@ def test_info_names_architecture_sizes_types_and_tokenizer(capsys):
         assert part in out, part
 
 
-def test_perplexity_command_matches_llama_cpp(capsys, tmp_path):
-    ref = reference("smollm2")[0]
-    text = tmp_path / "text.txt"
-    text.write_bytes(reference_text(ref).encode("utf-8"))
-    code, out, _ = run_cli(capsys, "perplexity", "-m", str(model_path("smollm2")), "-f", str(text), "--ctx", "1024")
-    assert code == 0
-    value = float(out.split()[1])
-    assert abs(value / ref["text"]["perplexity"] - 1) < 0.01
-    assert f"over {len(ref['text']['ids'])} tokens" in out
-
-
 @pytest.mark.parametrize("argv, expect", [
     (["run", "-m", "/no/such/model.gguf", "-n", "1"], "model file not found: /no/such/model.gguf"),
+    (["check", "-m", "smollm3"], "packaged models go by name: smollm2, gemma3"),
+    (["run", "", "-m", "smollm2"], "the prompt is empty and SmolLM2-135M-Instruct.Q4_1.gguf adds no"),
     (["run", "--backends", "tpu", "-n", "1"], "unknown backend 'tpu'"),
     (["info", "-m", "/etc/hostname"], "is not a GGUF file"),
     (["perplexity", "-f", "/no/such.txt"], "text file not found: /no/such.txt"),
@@ -113,3 +103,145 @@ def test_ctrl_c_ends_cleanly_with_the_summary():
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert "interrupted" in err and "decode" in err and "Traceback" not in err
+
+
+def test_empty_prompt_is_a_prefill_of_the_bos_token(capsys):
+    code, out, err = run_cli(capsys, "run", "", "-n", "2", "--ctx", "128")         # gemma3 adds a BOS token
+    assert code == 0 and "prefill 1 token at" in err and "decode 1 token at" in err, err
+
+
+# -- emulated devices, by one option ---------------------------------------------------------------------
+
+def test_backends_npu_without_one_names_the_emulation_option(capsys, registry):
+    if any(d.type.value == "NPU" and d.available for d in registry.devices()):
+        pytest.skip("this machine has an NPU")
+    code, _, err = run_cli(capsys, "check", "-m", "smollm2", "--backends", "npu,cpu")
+    err = " ".join(err.split())
+    assert code == 2 and "alias 'npu' matches no available NPU device" in err
+    assert "--backends npu --device-profile xdna or xdna2 (xdna:0 as xdna on the xdna host arm (numpy))" in err
+    assert "--backends openvino:CPU --device-profile npu37xx or npu40xx" in err
+
+
+def test_device_profile_must_be_one_a_plugin_offers(capsys):
+    code, _, err = run_cli(capsys, "check", "-m", "smollm2", "--backends", "npu,cpu", "--device-profile", "tpu9")
+    err = " ".join(err.split())
+    assert code == 2 and "--device-profile tpu9: no plugin offers a profile of that name" in err
+    assert "xdna, xdna2 (xdna:0)" in err and "npu37xx, npu40xx (openvino:CPU" in err
+
+
+# -- reports ------------------------------------------------------------------------------------------------
+
+def test_fallbacks_are_grouped_by_op_device_and_reason_code_and_strict_lists_every_node(capsys):
+    """The xdna host arm refuses weight types without a tile form with a reason that names each weight:
+    one line per op, device and code all the same; --strict names every node."""
+    args = ["check", "-m", "gemma3", "--backends", "xdna:0,cpu", "--device-profile", "xdna2", "--prompt-tokens",
+            "8", "-n", "2"]
+    code, out, _ = run_cli(capsys, *args)
+    assert code == 0
+    lines = [ln.strip() for ln in out.splitlines() if "fallback:" in ln]
+    dtype = [ln for ln in lines if ln.startswith("fallback: ") and " MUL_MAT nodes ran on cpu" in ln
+             and "unsupported_dtype" in ln]
+    assert len(dtype) == 2, lines                                         # one per phase, for many weights
+    assert re.search(r"fallback: (\d+) MUL_MAT nodes ran on cpu \(first: \S+\); xdna:0: unsupported_dtype: weight "
+                     r"type \w+ \(blk\.\d+\.\S+\) has no exact tile form", dtype[0]), dtype[0]
+    assert int(re.search(r"fallback: (\d+)", dtype[0]).group(1)) > 20
+    assert len(lines) == 2 * len(set(lines)) <= 20              # the same few groups in each of the two phases
+    code, _, err = run_cli(capsys, *args, "--strict")
+    assert code == 1 and "[strict_fallback]" in err
+    listed = [ln for ln in err.splitlines() if re.match(r"\s+\S+ \((MUL_MAT|ADD|MUL|RMS_NORM|ROPE|GLU|\w+) \[", ln)]
+    assert len(listed) > len(lines)                                       # every node, not the groups
+
+
+def test_tables_fit_80_columns_and_are_not_padded_when_piped(capsys):
+    from framework.cli.table import Row, render
+    code, out, _ = run_cli(capsys, "backends")
+    assert code == 0 and not [ln for ln in out.splitlines() if ln != ln.rstrip()]
+    rows = [ln for ln in out.splitlines() if ln and not ln.startswith((" ", "plugins:", "device profiles", "one "))]
+    assert rows[0].split() == ["device", "type", "plugin", "physical", "id", "state"]
+    assert max(len(ln) for ln in rows) <= 80, rows
+    assert any(ln.startswith("    ") and len(ln) > 80 for ln in out.splitlines())   # piped: a reason is one line
+    wrapped = render(["device", "state"], [Row(["xdna:0", "unavailable"], "word " * 60)], width=80)
+    assert len(wrapped) > 3 and max(len(ln) for ln in wrapped) <= 80
+
+
+def test_run_summary_has_no_wrapped_lines_and_counts_in_words(capsys):
+    code, _, err = run_cli(capsys, "run", "Hello there", "-m", "smollm2", "-n", "1", "--ctx", "128")
+    assert code == 0 and "decode 0 tokens; 1 token generated" in err, err
+    assert re.search(r"^model .* on cpu$", err, re.M)                       # one line, not wrapped at 80
+    assert re.search(r"^cpu\s+815 / -\s+1 / -\s+1\s+\d+\.\d\d s\s+0 B$", err, re.M), err
+
+
+def test_a_compile_is_announced_to_the_progress_display(registry):
+    from framework.model.model import Model
+    from framework.runtime.session import Session
+    said = []
+    session = Session(Model(model_path("smollm2")), registry.select("cpu"), n_ctx=128, n_layers=1,
+                      progress=lambda what, done, total: said.append(what))
+    session.plan(4, 0)
+    assert said[-1].startswith("compiling fragment 0 on cpu") and "blk.0.attn_q.weight" in said
+
+
+# -- errors: the traceback on --debug, a line of their own, one exit code per kind ---------------------------
+
+def _crash(step: int) -> None:
+    raise ZeroDivisionError(f"run {step} divided by zero")
+
+
+class _CrashingProgram:
+    def __init__(self, inner):
+        self.inner, self.runs = inner, 0
+
+    def run(self, args):
+        self.runs += 1
+        if self.runs > 1:                    # the prefill works; the first decode step fails
+            _crash(self.runs)
+        return self.inner.run(args)
+
+
+@pytest.fixture
+def crashing(monkeypatch):
+    """A plugin registered through the registry whose device fails in its first decode step."""
+    from framework.contract import hookimpl
+    from framework.core import registry as registry_module
+    from framework.plugins.cpu.device import CpuDevice
+
+    class CrashingDevice(CpuDevice):
+        name = "crashing:0"
+
+        def compile(self, fragment):
+            return _CrashingProgram(super().compile(fragment))
+
+    class Plugin:
+        @hookimpl
+        def framework_devices(self):
+            return [CrashingDevice()]
+
+    def with_crashing():
+        reg = registry_module.Registry().load_entry_points()
+        reg.register(Plugin(), "crashing")
+        return reg
+
+    monkeypatch.setattr(registry_module, "default_registry", with_crashing)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_plugins_failure_starts_on_a_new_line_and_debug_shows_its_traceback(capsys, crashing, debug):
+    code, out, err = run_cli(capsys, "run", "Hi", "-m", "smollm2", "--backends", "crashing:0", "-n", "3", "--ctx",
+                             "128", *(["--debug"] if debug else []))
+    assert code == 3
+    assert out.startswith("Hi") and out.endswith("\n")                     # the streamed line was ended first
+    assert "device crashing:0 failed while running fragment 0" in err and "ZeroDivisionError: run 2" in err
+    if debug:
+        assert "Traceback" in err and re.search(rf'File "{re.escape(__file__)}", line \d+, in _crash', err), err
+    else:
+        assert "Traceback" not in err and "--debug shows the traceback" in err
+
+
+@pytest.mark.parametrize("command", [["run", "-n", "2"], ["check"], ["split"], ["perplexity", "-f", "README.md"],
+                                     ["bench", "--reservation-only"]])
+def test_a_capability_error_has_exit_status_1_on_every_command(capsys, monkeypatch, command):
+    monkeypatch.setenv("FRAMEWORK_EXAMPLE_REFUSE", "ROPE")            # a program between every two ROPEs
+    monkeypatch.setenv("FRAMEWORK_EXAMPLE_MAX_PROGRAMS", "2")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code, _, err = run_cli(capsys, *command, "-m", "smollm2", "--backends", "example:0,cpu")
+    assert code == 1 and "[program_budget]" in " ".join(err.split()), err

@@ -628,6 +628,19 @@ def test_host_arm_is_asked_for_and_says_it_is_an_emulation(tmp_path):
     assert read_config({"FRAMEWORK_XDNA_REQUANTIZE": "maybe"}).problems
 
 
+def test_device_profile_brings_up_the_host_arm_in_place_of_an_absent_npu(tmp_path):
+    """--device-profile xdna2 (Device.with_options) is the way to ask for the emulation, as for OpenVINO's
+    npu37xx; bad settings stay an unavailable device with their reason, never a silent host arm."""
+    (absent,) = discover({}, sysfs=tmp_path / "none", pyxrt_loader=no_pyxrt)
+    assert set(absent.profiles) == {"xdna", "xdna2"}
+    dev = absent.with_options(profile="xdna2")
+    assert dev.available and dev.arm == "host" and dev.emulation == "xdna2 on the xdna host arm (numpy)"
+    assert "NPU arm unavailable: pyxrt not importable" in dev.description
+    assert absent.with_options(profile="xdna").limits.max_chain == get_profile("xdna").max_chain
+    (bad,) = discover({"FRAMEWORK_XDNA_MAX_CHAIN": "0"}, sysfs=tmp_path / "none", pyxrt_loader=no_pyxrt)
+    assert not bad.with_options(profile="xdna2").available
+
+
 def test_npu_discovery_steps(tmp_path):
     sysfs, devroot = fake_sysfs(tmp_path, [("accel0", "amdxdna", "0x17f0", "0x10"),
                                            ("accel1", "amdxdna", "0x1502", "0x00")])

@@ -86,11 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     conf = sub.add_parser("conformance", help="the op conformance suite (pytest, with this interpreter) for a device",
                           description="Runs `python -m pytest --pyargs framework.conformance --device NAME` with "
-                          "the interpreter framework is installed in; arguments after the device go to pytest.")
+                          "the interpreter framework is installed in; every other argument goes to pytest (-x, -q, "
+                          "-k MUL_MAT, ...).")
     conf.add_argument("--device", required=True, action="append", metavar="NAME",
                       help="device to test, as `framework backends` lists it (repeat for several)")
-    conf.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS",
-                      help="passed to pytest (e.g. -x -q -k MUL_MAT)")
     for sp in sub.choices.values():
         sp.add_argument("--debug", action="store_true", help="on an error, show the traceback (file and line) too")
     return p
@@ -118,7 +117,11 @@ def _device_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "conformance":      # conformance hands what it does not know to pytest
+        parser.parse_args(argv)                       # the usual usage error, exit status 2
+    args.pytest_args = extra
     start_output()
     from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
     from ..model.chat import ChatTemplateError
@@ -213,7 +216,7 @@ def _summary(model, session, generated: int, interrupted: bool) -> None:
               + (" - interrupted" if interrupted else ""), soft_wrap=True)
     speed = lambda s: f" at {s.tokens_per_second:.1f} tok/s" if s.tokens else ""
     err.print(f"prefill {_tokens(pre.tokens)}{speed(pre)}, decode {_tokens(dec.tokens)}{speed(dec)}; "
-              f"{_tokens(generated)} generated (the first from the prefill's logits, as llama.cpp counts)",
+              f"{_tokens(generated)} generated (the first from the prefill)",
               soft_wrap=True)
     for d in session.devices:                 # compiled-model count, compile time, on-disk cache hits
         line = getattr(d, "compile_summary", None)
@@ -316,7 +319,7 @@ def cmd_conformance(args) -> int:
     plugin = "framework.conformance.pytest_plugin"
     # pytest must know --device before it imports the suite: from the pytest11 entry point, or named with -p
     registered = any(ep.value.split(":")[0].strip() == plugin for ep in entry_points(group="pytest11"))
-    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    extra = [a for a in args.pytest_args if a != "--"]
     command = [sys.executable, "-m", "pytest", *([] if registered else ["-p", plugin]),
                "--pyargs", "framework.conformance", *(f"--device={d}" for d in args.device), *extra]
     err.print(" ".join(command), soft_wrap=True, highlight=False)
