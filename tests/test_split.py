@@ -20,6 +20,7 @@ from framework.core.graph import VIEW_OPS
 from framework.runtime.session import Session
 from framework.viz import UNPLACED, GraphvizMissing, PlanView, render_dot, render_text, write_view
 from framework.viz import dot as dot_module
+from framework.core.scheduler.fallbacks import count, group_fallbacks
 from framework.viz.record import human_bytes
 
 N_CTX, N_PROMPT, N_PREDICT = 256, 8, 4
@@ -112,7 +113,7 @@ def check_text_against_plan(text: str, view: PlanView) -> dict[str, dict[int, st
         per_device = [line for line in lines if line.startswith("  per device: ")]
         assert len(per_device) == 1
         for dev, use in plan.per_device().items():
-            assert f"{dev} {use['nodes']} nodes, {use['fragments']} fragments" in per_device[0]
+            assert f"{dev} {count(use['nodes'], 'node')}, {count(use['fragments'], 'fragment')}" in per_device[0]
     return lines_of
 
 
@@ -143,7 +144,7 @@ def test_text_summary_of_a_two_device_plan(two_device):
         for f in p.fragments:
             if any(n.op == "ROPE" for n in f.nodes):
                 assert f.device == "cpu" and "fallback" in lines[phase][f.index]
-        assert re.search(r"fallback: 36 ROPE -> cpu \(first Qcur_rope-0\): example:0: refused_by_config: "
+        assert re.search(r"fallback: 36 ROPE nodes ran on cpu \(first: Qcur_rope-0\); example:0: refused_by_config: "
                          r"example:0 is configured to refuse ROPE", text)
     # budgets, against what reservation counted
     for dev, n in two_device.reservation.programs.items():
@@ -439,6 +440,41 @@ def test_page_in_a_browser(browser, two_device, tmp_path):
     page.screenshot(path=str(ARTIFACTS / "split.png"))
     assert requests == [path.as_uri()], requests            # nothing but the page itself
     assert problems == []
+    page.close()
+
+
+def test_page_groups_fallbacks_whose_reasons_name_each_weight_under_its_timeline(browser, gemma, cpu, tmp_path):
+    """A device that declares F32 weights only refuses every quantized MUL_MAT with a reason naming the
+    weight: the text and the page give one line per op, device and reason code (with the count and the
+    first node), and the page shows the timeline before that list."""
+    from framework.contract import Limits
+    from framework.plugins.cpu.device import CpuDevice
+
+    class F32Only(CpuDevice):
+        name = "f32only"
+        limits = Limits(dtypes=frozenset({"F32"}))
+
+    view = make_view(gemma, [F32Only(), cpu])
+    plan = next(iter(view.plans.values()))
+    refused = {n.src[0].name for n, p in plan.fallbacks if n.op == "MUL_MAT"}
+    groups = group_fallbacks([plan])
+    assert len(refused) > 100 and len(groups) == 2                   # MUL_MAT and GET_ROWS, unsupported_dtype
+    text = render_text(view)
+    phase = next(iter(view.plans))
+    section = text.split(phase + ":", 1)[1]
+    lines = [ln for ln in section.splitlines() if ln.startswith("  fallback: ")][:len(groups)]
+    assert [ln.strip() for ln in lines] == [g.line() for g in groups]
+    mm = next(g for g in groups if g.op == "MUL_MAT")
+    assert f"fallback: {count(mm.count, 'MUL_MAT node')} ran on cpu (first: {mm.first}); f32only: unsupported_dtype: " \
+           f"f32only declares weight types F32;" in mm.line()
+    page, requests, problems = open_page(browser, write_view(view, tmp_path / "grouped.html"))
+    items = page.locator("#fallbacks li").all_inner_texts()
+    assert len(items) == len(groups) and any(it.startswith(f"{mm.count} × MUL_MAT → cpu f32only: ") for it in items)
+    timeline, listed = page.locator("#timeline").bounding_box(), page.locator("#fallbacks").bounding_box()
+    assert timeline["y"] + timeline["height"] <= listed["y"] and timeline["y"] < 300, (timeline, listed)
+    page.locator("#fallbacks [data-goto]").first.click()              # the first node, in its fragment
+    assert page.locator("#nodes tr.hit").get_attribute("data-node") == groups[0].first
+    assert requests == [page.url] and problems == []
     page.close()
 
 

@@ -228,7 +228,7 @@ function renderFallbacks() {
     h += "<ul>";
     for (const g of P.fallback_groups) {
       const why = Object.entries(g.reasons).map(([d, r]) => `${esc(d)}: ${esc(r)}`).join("; ");
-      h += `<li><span class="pill fb">${g.count} &times; ${esc(g.op)} &rarr; ${esc(g.device)}</span>${why} ` +
+      h += `<li><span class="pill fb">${g.count} &times; ${esc(g.op)} &rarr; ${esc(g.device)}</span> ${why} ` +
            `<button class="link" data-goto="${esc(g.first)}">first: ${esc(g.first)}</button></li>`;
     }
     h += "</ul>";
