@@ -209,13 +209,16 @@ def _tokens(n: int) -> str:
     return f"{n} token" + ("" if n == 1 else "s")
 
 
+def _speed(stats) -> str:
+    return f" at {stats.tokens_per_second:.1f} tok/s" if stats.tokens else ""
+
+
 def _summary(model, session, generated: int, interrupted: bool) -> None:
     names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in session.devices)
     pre, dec = session.prefill, session.decode
     err.print(f"model {model.name} ({model.arch.name}, {model.file.path.name}) on {names}"
               + (" - interrupted" if interrupted else ""), soft_wrap=True)
-    speed = lambda s: f" at {s.tokens_per_second:.1f} tok/s" if s.tokens else ""
-    err.print(f"prefill {_tokens(pre.tokens)}{speed(pre)}, decode {_tokens(dec.tokens)}{speed(dec)}; "
+    err.print(f"prefill {_tokens(pre.tokens)}{_speed(pre)}, decode {_tokens(dec.tokens)}{_speed(dec)}; "
               f"{_tokens(generated)} generated (the first from the prefill)",
               soft_wrap=True)
     for d in session.devices:                 # compiled-model count, compile time, on-disk cache hits

@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from .common import err, fail, load_model, out, select_devices
 
+
 def run_split(args) -> int:
     from ..runtime.session import Session
     from ..viz import GraphvizMissing, PlanView, render_text, write_view
