@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import err, fail, load_model, out, select_devices
+from .common import EXIT_CAPABILITY, err, fail, load_model, out, select_devices
 
 
 def run_split(args) -> int:
@@ -43,7 +43,7 @@ def run_split(args) -> int:
         where = ", ".join(x for x in (e.node, e.tensor) if x) or ", ".join(e.devices)
         err.print(f"[red]reservation failed[/red] {escape(f'[{e.code}]')}: the view marks where ({escape(where)})",
                   soft_wrap=True)
-        return 1
+        return EXIT_CAPABILITY
     return 0
 
 
