@@ -1,9 +1,9 @@
 """Finding AMD NPUs: pyxrt importable, an accel device bound to amdxdna, pyxrt.device(i) opening.
 
 Every device comes back, available or not; an unavailable one says precisely which step failed.
-Without an NPU, ``xdna:0`` is listed unavailable with the reasons; ``FRAMEWORK_XDNA_HOST_ARM=1`` (or a
-profile name) turns it into the host arm, an emulation that says it is one (and why the NPU arm is
-not used) wherever devices are reported.
+Without an NPU, ``xdna:0`` is listed unavailable with the reasons; ``--device-profile xdna2`` (the
+device's ``with_options``) or ``FRAMEWORK_XDNA_HOST_ARM=1`` (or a profile name) turns it into the host
+arm, an emulation that says it is one (and why the NPU arm is not used) wherever devices are reported.
 """
 
 from __future__ import annotations
