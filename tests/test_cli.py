@@ -21,7 +21,8 @@ def test_run_streams_llama_cpps_greedy_text_and_summarises(capsys, tmp_path):
     ref = reference("smollm2")[0]
     p = ref["prompts"][0]
     plan = tmp_path / "plan.json"
-    code, out, err = run_cli(capsys, "run", p["prompt"], "-m", "smollm2", "-n", "6", "--ctx", "256", "--plan", str(plan))
+    code, out, err = run_cli(capsys, "run", p["prompt"], "-m", "smollm2", "-n", "6", "--ctx", "256",
+                             "--plan", str(plan))
     assert code == 0
     assert out.startswith(p["prompt"] + p["greedy_text"][:8])           # ' Paris.\n\n' and on
     # 6 tokens: the first from the prefill's logits, 5 decode steps; the last token is not run (llama.cpp's count)

@@ -18,12 +18,16 @@ def placement_rows(session) -> tuple[list[str], list[Row]]:
         use = {ph: plan.per_device().get(dev.name, {"nodes": 0, "fragments": 0}) for ph, plan in by_phase.items()}
         if not any(u["nodes"] for u in use.values()):
             continue
-        pair = lambda key: " / ".join(str(use[ph][key]) if ph in use else "-" for ph in ("prefill", "decode"))
         st = stats.get(dev.name, {})
-        rows.append(Row([dev.name, pair("nodes"), pair("fragments"), str(st.get("compiles", 0)),
+        rows.append(Row([dev.name, _pair(use, "nodes"), _pair(use, "fragments"), str(st.get("compiles", 0)),
                          f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0))],
                         f"EMULATION of {dev.emulation}" if dev.emulation else "", "yellow" if dev.emulation else ""))
     return ["device", "nodes pre/dec", "fragments pre/dec", "programs", "time", "copied in"], rows
+
+
+def _pair(use: dict, key: str) -> str:
+    """'815 / 815': the prefill's and the decode's count ('-' for a phase that did not run)."""
+    return " / ".join(str(use[ph][key]) if ph in use else "-" for ph in ("prefill", "decode"))
 
 
 def fallback_lines(session) -> list[str]:
