@@ -74,6 +74,12 @@ def test_prompt_longer_than_the_context_is_refused(capsys):
     assert code == 2 and "exceed the context length 64" in err and "--ctx" in err
 
 
+def test_a_model_file_without_m_is_named_in_the_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["info", "model.gguf"])
+    assert e.value.code == 2 and "(a model is named with -m: -m model.gguf)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
 def test_bad_numbers_are_rejected_by_the_parser(capsys, value):
     with pytest.raises(SystemExit) as e:

@@ -200,6 +200,6 @@ def test_info_describes_an_unsupported_architecture(tmp_path, capsys):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert main(["info", str(path)]) == 0
+    assert main(["info", "-m", str(path)]) == 0
     text = capsys.readouterr().out
     assert "architecture  falcon, NOT SUPPORTED" in text and "block_count 2" in text and "1 F32" in text

@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "conformance":      # conformance hands what it does not know to pytest
+        files = [a for a in extra if a.endswith(".gguf")]
+        if files:
+            parser.error(f"unrecognized arguments: {' '.join(extra)} (a model is named with -m: -m {files[0]})")
         parser.parse_args(argv)                       # the usual usage error, exit status 2
     args.pytest_args = extra
     start_output()
