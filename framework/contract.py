@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pluggy
 
+from .core.physical import HOST_CPU, pci_physical_id
+
 if TYPE_CHECKING:
     from .core.graph import Tensor
     from .core.scheduler.fragment import Fragment
@@ -101,7 +103,8 @@ class Device:
     # -- identity (required) ---------------------------------------------------------------
     name: str = ""                       # unique, "plugin:index" style, e.g. "cpu", "vulkan:0"
     type: DeviceType = DeviceType.CPU
-    physical_id: str = ""                # PCI address or equivalent; two plugins, one chip: same id
+    physical_id: str = ""                # two plugins, one chip: the same id. HOST_CPU for the host's CPU (a
+                                         # software driver on it too), pci_physical_id(...) for a PCI device
     description: str = ""
 
     # -- availability (optional; default: available) ----------------------------------------
@@ -218,4 +221,5 @@ class BackendSpec:
 
 
 __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "hookspec", "hookimpl", "DeviceType", "Verdict", "BufferType",
-           "HOST_BUFFER", "Limits", "Program", "Device", "BackendSpec", "NPU_REFUSED_OPS"]
+           "HOST_BUFFER", "Limits", "Program", "Device", "BackendSpec", "NPU_REFUSED_OPS", "HOST_CPU",
+           "pci_physical_id"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Limits, Verdict
+from ...contract import HOST_CPU, BufferType, Device, DeviceType, Limits, Verdict, pci_physical_id
 from ...core.graph import VIEW_OPS, Tensor, ops
 from . import quant, wgsl
 
@@ -117,7 +117,9 @@ class VulkanDevice(Device):
         alim = dict(adapter.limits)
         feats = set(adapter.features)
         self.type = ADAPTER_TYPES.get(str(info.get("adapter_type")), DeviceType.GPU)
-        self.physical_id = f"vulkan-pci {int(info.get('vendor_id', 0)):04x}:{int(info.get('device_id', 0)):04x}"
+        # a CPU adapter (lavapipe) runs on the host's CPU; a GPU is known by its PCI ids (wgpu reports no bus)
+        self.physical_id = (HOST_CPU if self.type == DeviceType.CPU else
+                            pci_physical_id(int(info.get("vendor_id", 0)), int(info.get("device_id", 0))))
         # a software (CPU) adapter runs barrier-free register-tiled kernels far better than cooperative ones
         self.cpu_adapter = self.type == DeviceType.CPU
         self.f16 = "shader-f16" in feats and os.environ.get(F16_ENV, "1") != "0"

@@ -1,0 +1,94 @@
+"""Finding OpenCL devices through pyopencl, or saying precisely why there are none.
+
+The reasons, in the order they are checked: pyopencl cannot be imported; it imports but the OpenCL
+ICD loader (libOpenCL.so.1) it links against is missing; the loader finds no platform (no ICD file
+names a driver, or none of the drivers named loads); the platforms offer no device.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+
+INSTALL_HINT = "pip install 'pyopencl>=2024.1'"
+LOADER_HINT = "Debian/Ubuntu: apt-get install ocl-icd-libopencl1"
+DRIVER_HINT = ("Debian/Ubuntu: apt-get install pocl-opencl-icd (PoCL, OpenCL on the host CPU), or the GPU vendor's "
+               "OpenCL driver (NVIDIA: an ICD file /etc/OpenCL/vendors/nvidia.icd naming libnvidia-opencl.so.1)")
+ICD_DIR = "/etc/OpenCL/vendors"
+
+
+@dataclass
+class Discovery:
+    """The result: (platform, device) pairs of pyopencl objects, or the reason there are none."""
+
+    devices: list = field(default_factory=list)
+    reason: str = ""
+
+
+_cached: Discovery | None = None
+
+
+def discover() -> Discovery:
+    global _cached
+    if _cached is None:
+        _cached = _discover()
+    return _cached
+
+
+def icd_files() -> list[str]:
+    """The ICD files the loader reads (ocl-icd's rules: OCL_ICD_VENDORS, a folder or one file, or the
+    default folder)."""
+    where = os.environ.get("OCL_ICD_VENDORS") or ICD_DIR
+    if os.path.isfile(where):
+        return [where]
+    return sorted(glob.glob(os.path.join(where, "*.icd")))
+
+
+def _icd_summary(files: list[str]) -> str:
+    named = []
+    for f in files:
+        try:
+            with open(f) as fh:
+                named.append(f"{os.path.basename(f)}: {fh.read().strip() or '(empty)'}")
+        except OSError as e:
+            named.append(f"{os.path.basename(f)}: unreadable ({e.strerror})")
+    return "; ".join(named)
+
+
+def _discover() -> Discovery:
+    try:
+        import pyopencl as cl
+    except ImportError as e:
+        if "libOpenCL" in str(e):
+            return Discovery([], f"pyopencl is installed but the OpenCL ICD loader it needs is not ({e}); {LOADER_HINT}")
+        return Discovery([], f"pyopencl is not installed or cannot be imported ({e}); {INSTALL_HINT}")
+    except OSError as e:      # the loader library failed to load
+        return Discovery([], f"the OpenCL ICD loader could not be loaded ({e}); {LOADER_HINT}")
+    files = icd_files()
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as e:
+        platforms = []
+        detail = f" ({type(e).__name__}: {e})"
+    else:
+        detail = ""
+    if not platforms:
+        if not files:
+            return Discovery([], f"no OpenCL platform: the ICD loader found no ICD file in "
+                                 f"{os.environ.get('OCL_ICD_VENDORS') or ICD_DIR}{detail}; {DRIVER_HINT}")
+        return Discovery([], f"no OpenCL platform: the ICD files name drivers that did not load "
+                             f"({_icd_summary(files)}){detail}; {DRIVER_HINT}")
+    found, empty = [], []
+    for p in platforms:
+        try:
+            devs = p.get_devices()
+        except cl.Error as e:      # a platform with no device raises DEVICE_NOT_FOUND
+            empty.append(f"{p.name} ({type(e).__name__}: {e})")
+            continue
+        found += [(p, d) for d in devs]
+        if not devs:
+            empty.append(p.name)
+    if not found:
+        return Discovery([], f"the OpenCL platforms offer no device ({', '.join(empty)}); {DRIVER_HINT}")
+    return Discovery(found)

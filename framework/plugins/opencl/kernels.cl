@@ -1,0 +1,636 @@
+// OpenCL C kernels of the OpenCL plugin (OpenCL C 1.2). kernels.py prepends a generated header: the
+// ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, coverage.py) and the build's
+// settings (work-group sizes, the weight type QT_* and its layout, layout.py). Tensors are a buffer
+// plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed
+// order: a program run twice gives bit-identical results.
+
+#ifndef ELEM
+#define ELEM float
+#endif
+#ifdef ELEM_HALF
+#define LOADE(p, i) vload_half((i), (p))
+#else
+#define LOADE(p, i) ((p)[i])
+#endif
+#ifdef HAS_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define TABLE_T double
+#else
+#define TABLE_T float
+#endif
+
+#define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
+
+// ------------------------------------------------------------------------------------------------
+// element-wise
+// ------------------------------------------------------------------------------------------------
+
+inline float gelu_tanh(float x) {   // ggml_gelu: the tanh approximation
+  return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+inline float act(uint op, float x) {
+  if (op == OP_GELU) return gelu_tanh(x);
+  if (op == OP_SILU) return x / (1.0f + exp(-x));
+  return tanh(x);
+}
+
+// a (4-D shape ashape) op b repeated to it (ggml_repeat: b's shape divides a's along every axis)
+__kernel void binary(ARGS_binary) {
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  uint i3 = i % ashape.w, r = i / ashape.w;
+  uint i2 = r % ashape.z; r /= ashape.z;
+  uint i1 = r % ashape.y, i0 = r / ashape.y;
+  uint bi = (((i0 % bshape.x) * bshape.y + i1 % bshape.y) * bshape.z + i2 % bshape.z) * bshape.w + i3 % bshape.w;
+  float x = a[a_off + i], y = b[b_off + bi];
+  o[o_off + i] = op == OP_ADD ? x + y : x * y;
+}
+
+__kernel void unary(ARGS_unary) {
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  float x = a[a_off + i];
+  o[o_off + i] = op == OP_SCALE ? x * s : act(op, x);
+}
+
+__kernel void glu(ARGS_glu) {
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  o[o_off + i] = act(op, g[g_off + i]) * v[v_off + i];
+}
+
+// ------------------------------------------------------------------------------------------------
+// rows: RMS norm (optionally times a gain, the models' norm), softmax. One work-group of RWG a row.
+// ------------------------------------------------------------------------------------------------
+
+// the sum (or max) of red[0..RWG) into red[0], in a fixed order
+#define TREE(red, li, OPR)                                            \
+  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {                         \
+    if ((li) < s_) red[li] = OPR(red[li], red[(li) + s_]);            \
+    barrier(CLK_LOCAL_MEM_FENCE);                                     \
+  }
+#define PLUS(x, y) ((x) + (y))
+
+__kernel __attribute__((reqd_work_group_size(RWG, 1, 1))) void rms_norm(ARGS_rms_norm) {
+  __local float red[RWG];
+  uint row = get_group_id(0), li = get_local_id(0);
+  uint base = a_off + row * ncols;
+  float s = 0.0f;
+  for (uint c = li; c < ncols; c += RWG) { float x = a[base + c]; s += x * x; }
+  red[li] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  TREE(red, li, PLUS)
+  float sc = 1.0f / sqrt(red[0] * (1.0f / (float)ncols) + eps);
+  uint ob = o_off + row * ncols;
+  for (uint c = li; c < ncols; c += RWG) {
+    float y = a[base + c] * sc;
+    if (has_gain) y *= gain[gain_off + c % glen];
+    o[ob + c] = y;
+  }
+}
+
+inline float sm_val(__global const float* restrict a, uint base, __global const float* restrict mk, uint mb,
+                    uint c, uint has_mask, float scale) {
+  float x = a[base + c] * scale;
+  if (has_mask) x += max(mk[mb + c], NEG_BIG);
+  return x;
+}
+
+// softmax(a * scale + mask) over rows of ncols; the mask (t rows) repeats over the leading axes
+__kernel __attribute__((reqd_work_group_size(RWG, 1, 1))) void soft_max(ARGS_soft_max) {
+  __local float red[RWG];
+  uint row = get_group_id(0), li = get_local_id(0);
+  uint base = a_off + row * ncols, mb = mk_off + (row % t) * ncols;
+  float m = NEG_BIG;
+  for (uint c = li; c < ncols; c += RWG) m = max(m, sm_val(a, base, mk, mb, c, has_mask, scale));
+  red[li] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  TREE(red, li, max)
+  float mx = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float s = 0.0f;
+  for (uint c = li; c < ncols; c += RWG) s += exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx);
+  red[li] = s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  TREE(red, li, PLUS)
+  float inv = 1.0f / red[0];
+  uint ob = o_off + row * ncols;
+  for (uint c = li; c < ncols; c += RWG) o[ob + c] = exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx) * inv;
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). One work-group of AWG threads per query
+// row and head; keys in blocks of AWG, online softmax; thread li holds output dims li + AWG * j.
+// ------------------------------------------------------------------------------------------------
+
+#define ATREE(red, li, OPR)                                           \
+  for (uint s_ = AWG / 2; s_ > 0; s_ >>= 1) {                         \
+    if ((li) < s_) red[li] = OPR(red[li], red[(li) + s_]);            \
+    barrier(CLK_LOCAL_MEM_FENCE);                                     \
+  }
+#define ADIMS (MAX_HEAD / AWG)
+
+// keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised)
+inline void attend(__global const float* restrict q, uint qb, __global const float* restrict k, uint kb,
+                   __global const float* restrict v, uint vb, __global const float* restrict mk, uint mb,
+                   uint kstride, uint D, uint s_begin, uint s_end, uint has_mask, float scale,
+                   __local float* qs, __local float* ps, __local float* red,
+                   float* m_out, float* l_out, float acc[ADIMS]) {
+  uint li = get_local_id(0);
+  for (uint d = li; d < D; d += AWG) qs[d] = q[qb + d];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float m = NEG_BIG, l = 0.0f;
+  for (uint s0 = s_begin; s0 < s_end; s0 += AWG) {
+    uint s = s0 + li;
+    float sc = NEG_BIG;
+    if (s < s_end) {
+      float dot = 0.0f;
+      uint kr = kb + s * kstride;
+      for (uint d = 0; d < D; d++) dot += qs[d] * k[kr + d];
+      sc = dot * scale;
+      if (has_mask) sc += max(mk[mb + s], NEG_BIG);
+    }
+    red[li] = sc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ATREE(red, li, max)
+    float mn = max(m, red[0]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float p = s < s_end ? exp(sc - mn) : 0.0f;
+    ps[li] = p;
+    red[li] = p;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ATREE(red, li, PLUS)
+    float alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    uint nv = min((uint)AWG, s_end - s0);
+    for (uint j = 0; j < ADIMS; j++) acc[j] *= alpha;
+    for (uint i = 0; i < nv; i++) {
+      float pi = ps[i];
+      uint vr = vb + (s0 + i) * kstride;
+      for (uint j = 0; j < ADIMS; j++) {
+        uint d = li + AWG * j;
+        if (d < D) acc[j] += pi * v[vr + d];
+      }
+    }
+    m = mn;
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  *m_out = m;
+  *l_out = l;
+}
+
+__kernel __attribute__((reqd_work_group_size(AWG, 1, 1))) void flash_attn(ARGS_flash_attn) {
+  __local float qs[MAX_HEAD], ps[AWG], red[AWG];
+  uint id = get_group_id(0), li = get_local_id(0);
+  uint t = id / H, h = id % H, hk = h / (H / Hkv);
+  float acc[ADIMS];
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  float m, l;
+  attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, 0, S,
+         has_mask, scale, qs, ps, red, &m, &l, acc);
+  uint ob = o_off + (t * H + h) * D;
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) o[ob + d] = acc[j] / l;
+  }
+}
+
+// Few query rows (decode) would leave most of a GPU idle: the keys are cut into nc parts of `per`,
+// one work-group per (row, head, part) writes its (acc[D], m, l) to p; flash_combine merges them.
+__kernel __attribute__((reqd_work_group_size(AWG, 1, 1))) void flash_attn_part(ARGS_flash_attn_part) {
+  __local float qs[MAX_HEAD], ps[AWG], red[AWG];
+  uint idc = get_group_id(0), li = get_local_id(0);
+  uint id = idc / nc, c = idc % nc;
+  uint t = id / H, h = id % H, hk = h / (H / Hkv);
+  uint s0 = c * per, s1 = min(S, s0 + per);
+  float acc[ADIMS];
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  float m, l;
+  attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, s0, s1,
+         has_mask, scale, qs, ps, red, &m, &l, acc);
+  uint pb = p_off + idc * (D + 2);
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) p[pb + d] = acc[j];
+  }
+  if (li == 0) { p[pb + D] = m; p[pb + D + 1] = l; }
+}
+
+__kernel __attribute__((reqd_work_group_size(AWG, 1, 1))) void flash_combine(ARGS_flash_combine) {
+  uint id = get_group_id(0), li = get_local_id(0);
+  uint base = p_off + id * nc * (D + 2);
+  float m = NEG_BIG;
+  for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
+  float l = 0.0f, acc[ADIMS];
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  for (uint c = 0; c < nc; c++) {
+    uint pc = base + c * (D + 2);
+    float f = exp(p[pc + D] - m);
+    l += p[pc + D + 1] * f;
+    for (uint j = 0; j < ADIMS; j++) {
+      uint d = li + AWG * j;
+      if (d < D) acc[j] += p[pc + d] * f;
+    }
+  }
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) o[o_off + id * D + d] = acc[j] / l;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// rotary embedding of a (T, H, D) on its first n_dims; inv holds the n_dims / 2 frequencies (made
+// on the host in float64, as the CPU plugin makes them); angles and their cos and sin in TABLE_T
+// (double where the device has cl_khr_fp64: the CPU plugin's values exactly). One thread a pair.
+// ------------------------------------------------------------------------------------------------
+
+__kernel void rope(ARGS_rope) {
+  uint half_d = D / 2;
+  uint i = get_global_id(0);
+  if (i >= T * H * half_d) return;
+  uint j = i % half_d, th = i / half_d, t = th / H;
+  uint ia = a_off + th * D, io = o_off + th * D;
+  uint nh = n_dims / 2;
+  if (j < nh) {
+    TABLE_T theta = (TABLE_T)pos[pos_off + t] * inv[j];
+    float c = (float)cos(theta), s = (float)sin(theta);
+    uint i0 = neox ? j : 2 * j, i1 = neox ? j + nh : 2 * j + 1;
+    float x0 = a[ia + i0], x1 = a[ia + i1];
+    o[io + i0] = x0 * c - x1 * s;
+    o[io + i1] = x0 * s + x1 * c;
+  } else {
+    uint e = n_dims + 2 * (j - nh);
+    o[io + e] = a[ia + e];
+    o[io + e + 1] = a[ia + e + 1];
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// memory: SET_ROWS into a cache, CONT of a strided view, GET_ROWS of float rows, float products
+// ------------------------------------------------------------------------------------------------
+
+__kernel void set_rows(ARGS_set_rows) {
+  uint i = get_global_id(0);
+  if (i >= W * T) return;
+  uint t = i / W, c = i % W;
+  int r = rows[rows_off + t];
+  if (r < 0 || (uint)r >= nrows) return;
+  dst[dst_off + (uint)r * W + c] = s[s_off + i];
+}
+
+__kernel void cont(ARGS_cont) {
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  uint i3 = i % shape.w, r = i / shape.w;
+  uint i2 = r % shape.z; r /= shape.z;
+  uint i1 = r % shape.y, i0 = r / shape.y;
+  o[o_off + i] = a[a_off + i0 * strides.x + i1 * strides.y + i2 * strides.z + i3 * strides.w];
+}
+
+// rows of a float weight chunk (rows row0 .. row0 + nrows) or of an activation tensor
+__kernel void get_rows_f(ARGS_get_rows_f) {
+  uint i = get_global_id(0);
+  if (i >= W * T) return;
+  uint t = i / W, c = i % W;
+  uint r = (uint)rows[rows_off + t] - row0;
+  if (r >= nrows) return;
+  o[o_off + i] = LOADE(a, a_off + r * W + c);
+}
+
+// b (B0, B1, M, K) times a^T, a (A0, A1, N, K) repeated to b's batch axes; one chunk's rows of a
+__kernel void mul_mat_f(ARGS_mul_mat_f) {
+  uint i = get_global_id(0);
+  if (i >= B0 * B1 * M * rows) return;
+  uint nl = i % rows, r = i / rows;
+  uint m = r % M, bb = r / M, i1 = bb % B1, i0 = bb / B1;
+  uint j0 = i0 / (B0 / A0), j1 = i1 / (B1 / A1);
+  uint ab = a_off + ((j0 * A1 + j1) * rows + nl) * K;
+  uint bbase = b_off + ((i0 * B1 + i1) * M + m) * K;
+  float s = 0.0f;
+  for (uint kk = 0; kk < K; kk++) s += LOADE(a, ab + kk) * b[bbase + kk];
+  o[o_off + ((i0 * B1 + i1) * M + m) * ld + row0 + nl] = s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// activations to 8 bits (as ggml's q8_1), for the integer matrix-vector kernel: per 32-element group
+// the codes round(x / d), d = max|x| / 127, four a word, then (d, sum of codes 0..15, of 16..31,
+// sum of x): 12 words a group. One thread a group.
+// ------------------------------------------------------------------------------------------------
+
+inline uint q4(float4 v, float id) {
+  int4 q = convert_int4_rte(v * id);
+  return (uint)(q.x & 0xFF) | ((uint)(q.y & 0xFF) << 8) | ((uint)(q.z & 0xFF) << 16) | ((uint)(q.w & 0xFF) << 24);
+}
+
+inline int sum4(uint w) {
+  return (int)(char)(w & 0xFF) + (int)(char)((w >> 8) & 0xFF) + (int)(char)((w >> 16) & 0xFF) + (int)(char)(w >> 24);
+}
+
+__kernel void quant_x(ARGS_quant_x) {
+  uint i = get_global_id(0);
+  if (i >= groups) return;
+  float4 v[8];
+  float mx = 0.0f, sx = 0.0f;
+  for (uint j = 0; j < 8; j++) {
+    v[j] = vload4(0, x + x_off + i * 32 + 4 * j);
+    float4 av = fabs(v[j]);
+    mx = max(mx, max(max(av.x, av.y), max(av.z, av.w)));
+    sx += v[j].x + v[j].y + v[j].z + v[j].w;
+  }
+  float d = mx / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+  __global uint* o = (__global uint*)(xq + xq_off) + i * 12;
+  int s0 = 0, s1 = 0;
+  for (uint j = 0; j < 8; j++) {
+    uint w = q4(v[j], id);
+    o[j] = w;
+    if (j < 4) s0 += sum4(w); else s1 += sum4(w);
+  }
+  o[8] = as_uint(d); o[9] = (uint)s0; o[10] = (uint)s1; o[11] = as_uint(sx);
+}
+
+// ------------------------------------------------------------------------------------------------
+// quantized weights (layout.py): every kernel reads a weight through grp(a, moff, gpr, row, g), a
+// 32-element group as 8 words of unsigned byte codes (lo: elements 0..15, hi: 16..31, four a word)
+// and its scales: element e is (code_e - QZ) * (lo ? q.a : q.b) + q.m. Codes become floats without
+// int-to-float conversions (a byte OR-ed into the mantissa of 2^23 is exactly 2^23 + byte; QZF is
+// 2^23 + the zero point): conversions run at a quarter of the FMA rate on NVIDIA GPUs.
+// ------------------------------------------------------------------------------------------------
+
+#ifdef QT_WPB
+
+typedef struct { uint4 lo, hi; float a, b, m; } grp_t;
+#define M4 ((uint4)(0x0F0F0F0Fu))
+#define W4(p) ((__global const uint4*)(p))
+
+inline uint pick(uint4 v, uint j) { return j == 0 ? v.s0 : j == 1 ? v.s1 : j == 2 ? v.s2 : v.s3; }
+
+// block b's f16 scale from the scale plane (after the chunk's blocks, at word moff)
+inline float dplane(__global const uint* restrict w, uint moff, uint b) {
+  return vload_half(b, (__global const half*)(w + moff));
+}
+
+#if defined(QT_Q4_0)
+#define QZ 8
+inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+  uint b = r * gpr + g;
+  uint4 q = W4(w)[b];
+  float d = dplane(w, moff, b);
+  grp_t o = {q & M4, (q >> 4u) & M4, d, d, 0.0f};
+  return o;
+}
+#elif defined(QT_Q4_1)
+#define QZ 0
+#define HAS_MIN 1
+inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+  uint b = (r * gpr + g) * 5u;
+  float2 dm = vload_half2(0, (__global const half*)(w + b));
+  uint4 q = vload4(0, w + b + 1u);
+  grp_t o = {q & M4, (q >> 4u) & M4, dm.x, dm.x, dm.y};
+  return o;
+}
+#elif defined(QT_Q5_0)
+#define QZ 16
+// 4 bits -> bit 4 of each of 4 bytes (the multiply puts copies of bit k at bit 8k, with no carries)
+inline uint4 spread4(uint4 h) { return ((h * 0x00204081u) & (uint4)(0x01010101u)) << 4u; }
+inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+  uint b = r * gpr + g;
+  uint qh = w[b * 5u];
+  uint4 q = vload4(0, w + b * 5u + 1u);
+  uint4 hl = spread4(((uint4)(qh) >> (uint4)(0u, 4u, 8u, 12u)) & (uint4)(0xFu));
+  uint4 hh = spread4(((uint4)(qh) >> (uint4)(16u, 20u, 24u, 28u)) & (uint4)(0xFu));
+  float d = dplane(w, moff, b);
+  grp_t o = {(q & M4) | hl, ((q >> 4u) & M4) | hh, d, d, 0.0f};
+  return o;
+}
+#elif defined(QT_Q8_0)
+#define QZ 128
+// signed bytes; XOR 0x80 makes a signed byte s the unsigned s + 128
+inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+  uint b = r * gpr + g;
+  float d = dplane(w, moff, b);
+  grp_t o = {W4(w)[2u * b] ^ (uint4)(0x80808080u), W4(w)[2u * b + 1u] ^ (uint4)(0x80808080u), d, d, 0.0f};
+  return o;
+}
+#elif defined(QT_Q4_K)
+#define QZ 0
+#define HAS_MIN 1
+// the super-block as it is (9 uint4): (d, dmin), 12 bytes of 6-bit scales and mins, then 128 bytes of
+// nibbles: groups 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31
+inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+  uint sb = r * (gpr >> 3u) + (g >> 3u), s = g & 7u;
+  uint4 h = W4(w)[sb * 9u];
+  float2 dm = vload_half2(0, (__global const half*)(w + sb * 36u));
+  uint sh8 = 8u * (s & 3u);
+  bool lo4 = s < 4u;
+  uint b0 = ((lo4 ? h.y : h.z) >> sh8) & 0xFFu;   // scale byte s
+  uint b1 = ((lo4 ? h.z : h.w) >> sh8) & 0xFFu;   // scale byte s + 4
+  uint bm = (h.y >> sh8) & 0xFFu;                 // scale byte s - 4 (s >= 4)
+  uint sc = lo4 ? (b0 & 63u) : ((b1 & 0xFu) | ((bm >> 6) << 4));
+  uint mn = lo4 ? (b1 & 63u) : ((b1 >> 4) | ((b0 >> 6) << 4));
+  uint qi = sb * 9u + 1u + 2u * (s >> 1u);
+  uint sh = (s & 1u) * 4u;
+  float d = dm.x * (float)sc;
+  grp_t o = {(W4(w)[qi] >> sh) & M4, (W4(w)[qi + 1u] >> sh) & M4, d, d, -dm.y * (float)mn};
+  return o;
+}
+#elif defined(QT_Q6_K)
+#define QZ 32
+// ql (8 uint4), qh (4 uint4), 16 signed scales (1 uint4) a super-block; d in the scale plane. Group
+// gg: half n = gg / 4, quarter qd = gg % 4: low bits from ql's nibble qd / 2, high bits from qh's
+// bit pair qd; its halves have scales 8n + 2qd and 8n + 2qd + 1
+inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+  uint sb = r * (gpr >> 3u) + (g >> 3u), gg = g & 7u;
+  uint n = gg >> 2u, qd = gg & 3u;
+  uint base = sb * 13u;
+  uint li = base + 4u * n + 2u * (qd & 1u);
+  uint lsh = (qd >> 1u) * 4u, hsh = 2u * qd;
+  uint4 h2 = (uint4)(0x03030303u);
+  uint4 lo = ((W4(w)[li] >> lsh) & M4) | (((W4(w)[base + 8u + 2u * n] >> hsh) & h2) << 4u);
+  uint4 hi = ((W4(w)[li + 1u] >> lsh) & M4) | (((W4(w)[base + 9u + 2u * n] >> hsh) & h2) << 4u);
+  uint si = 8u * n + 2u * qd;
+  uint scw = w[(base + 12u) * 4u + (si >> 2u)];
+  float d = dplane(w, moff, sb);
+  char s0 = (char)((scw >> (8u * (si & 3u))) & 0xFFu), s1 = (char)((scw >> (8u * ((si + 1u) & 3u))) & 0xFFu);
+  grp_t o = {lo, hi, d * (float)s0, d * (float)s1, 0.0f};
+  return o;
+}
+#endif
+
+#ifndef HAS_MIN
+#define HAS_MIN 0
+#endif
+#define QZF (8388608.0f + (float)QZ)
+
+inline float4 f4(uint w) {
+  return as_float4(((((uint4)(w)) >> (uint4)(0u, 8u, 16u, 24u)) & (uint4)(0xFFu)) | (uint4)(0x4B000000u)) - (float4)(QZF);
+}
+
+// values 4j .. 4j + 3 (lo) and 16 + 4j .. 16 + 4j + 3 (hi) of a group
+inline float4 deq_lo(grp_t q, uint j) { return f4(pick(q.lo, j)) * q.a + q.m; }
+inline float4 deq_hi(grp_t q, uint j) { return f4(pick(q.hi, j)) * q.b + q.m; }
+
+// a group's dot product with 32 values of x (8 float4), the scales factored out of the sums
+inline float dot32(grp_t q, __global const float* restrict x) {
+  float4 x0 = vload4(0, x), x1 = vload4(1, x), x2 = vload4(2, x), x3 = vload4(3, x);
+  float4 x4 = vload4(4, x), x5 = vload4(5, x), x6 = vload4(6, x), x7 = vload4(7, x);
+  float lo = dot(f4(q.lo.s0), x0) + dot(f4(q.lo.s1), x1) + dot(f4(q.lo.s2), x2) + dot(f4(q.lo.s3), x3);
+  float hi = dot(f4(q.hi.s0), x4) + dot(f4(q.hi.s1), x5) + dot(f4(q.hi.s2), x6) + dot(f4(q.hi.s3), x7);
+  float r = q.a * lo + q.b * hi;
+#if HAS_MIN
+  float4 sx = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
+  r += q.m * (sx.x + sx.y + sx.z + sx.w);
+#endif
+  return r;
+}
+
+// the same with x in 8 bits (quant_x's 12 words): integer dot products of 4 byte pairs, the zero point
+// taken out through the sums of x's codes. dot4 is cl_khr_integer_dot_product's where the device has
+// it, else the same sum in plain integer arithmetic.
+#ifdef HAS_DOT4
+#pragma OPENCL EXTENSION cl_khr_integer_dot_product : enable
+#define DOT4(u, s) dot_4x8packed_us_int((u), (s))
+#else
+inline int DOT4(uint u, uint s) {
+  return (int)(u & 0xFFu) * (int)(char)(s & 0xFFu) + (int)((u >> 8) & 0xFFu) * (int)(char)((s >> 8) & 0xFFu)
+       + (int)((u >> 16) & 0xFFu) * (int)(char)((s >> 16) & 0xFFu) + (int)(u >> 24) * (int)(char)(s >> 24);
+}
+#endif
+
+inline float dot32q(grp_t q, __global const uint* restrict xq) {
+  uint4 xa = vload4(0, xq), xb = vload4(1, xq), xc = vload4(2, xq);
+  int s0 = DOT4(q.lo.s0, xa.s0) + DOT4(q.lo.s1, xa.s1) + DOT4(q.lo.s2, xa.s2) + DOT4(q.lo.s3, xa.s3);
+  int s1 = DOT4(q.hi.s0, xb.s0) + DOT4(q.hi.s1, xb.s1) + DOT4(q.hi.s2, xb.s2) + DOT4(q.hi.s3, xb.s3);
+  float r = as_float(xc.s0) * (q.a * (float)(s0 - QZ * (int)xc.s1) + q.b * (float)(s1 - QZ * (int)xc.s2));
+#if HAS_MIN
+  r += q.m * as_float(xc.s3);
+#endif
+  return r;
+}
+
+// rows of a quantized weight chunk (the token embedding): one thread per 8 values
+__kernel void get_rows_q(ARGS_get_rows_q) {
+  uint pieces = W / 8u;
+  uint i = get_global_id(0);
+  if (i >= pieces * T) return;
+  uint t = i / pieces, pc = i % pieces;
+  uint r = (uint)rows[rows_off + t] - row0;
+  if (r >= nrows) return;
+  uint j = pc % 4u;
+  grp_t q = grp(a, a_moff, gpr, r, pc / 4u);
+  uint ob = o_off + t * W + (pc / 4u) * 32u + 4u * j;
+  vstore4(deq_lo(q, j), 0, o + ob);
+  vstore4(deq_hi(q, j), 0, o + ob + 16u);
+}
+
+// Matrix-vector product (decode; M <= MV_MM rows of x): teams of MV_TPR threads share the groups of
+// MV_R weight rows, each thread taking every MV_TPR-th group; a team's sums meet in local memory by a
+// fixed tree. The output is (M, ld); this chunk's rows are columns col0 .. col0 + N.
+#ifdef MV_WG
+#define MV_TEAMS (MV_WG / MV_TPR)
+#define MV_ACC (MV_R * MV_MM)
+
+inline void mv_finish(float acc[MV_ACC], __local float* red, uint li, uint lane, uint r0, uint N, uint M,
+                      __global float* restrict o, uint ob, uint ld) {
+  for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] = acc[a];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+    if (lane < s)
+      for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] += red[a * MV_WG + li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lane == 0)
+    for (uint k = 0; k < MV_R; k++)
+      for (uint m = 0; m < MV_MM; m++)
+        if (m < M && r0 + k < N) o[ob + m * ld + r0 + k] = red[(k * MV_MM + m) * MV_WG + li];
+}
+
+__kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_matvec_q) {
+  __local float red[MV_ACC * MV_WG];
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  float acc[MV_ACC];
+  for (uint a = 0; a < MV_ACC; a++) acc[a] = 0.0f;
+  if (r0 < N) {
+    for (uint g = lane; g < gpr; g += MV_TPR) {
+      for (uint k = 0; k < MV_R; k++) {
+        grp_t q = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);
+        for (uint m = 0; m < MV_MM; m++)
+          if (m < M) acc[k * MV_MM + m] += dot32(q, x + x_off + m * K + g * 32u);
+      }
+    }
+  }
+  mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
+}
+
+__kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_matvec_q8) {
+  __local float red[MV_ACC * MV_WG];
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  __global const uint* restrict xw = (__global const uint*)(xq + xq_off);
+  float acc[MV_ACC];
+  for (uint a = 0; a < MV_ACC; a++) acc[a] = 0.0f;
+  if (r0 < N) {
+    for (uint g = lane; g < gpr; g += MV_TPR) {
+      for (uint k = 0; k < MV_R; k++) {
+        grp_t q = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);
+        for (uint m = 0; m < MV_MM; m++)
+          if (m < M) acc[k * MV_MM + m] += dot32q(q, xw + (m * gpr + g) * 12u);
+      }
+    }
+  }
+  mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
+}
+#endif
+
+// Tiled matrix product (prefill): a work-group computes an MM_BM x MM_BN tile of outputs (rows of x by
+// weight rows), each of its threads MM_TM x MM_TN of them (rows tm + i MM_BM / MM_TM, columns
+// tn + j MM_BN / MM_TN). Per 32-element group of K, the work-group copies x's tile and the weight's,
+// dequantized once, into local memory (rows padded by one value against bank conflicts).
+#ifdef MM_BM
+#define MM_NT ((MM_BM / MM_TM) * (MM_BN / MM_TN))
+#define MM_RS 33
+
+__kernel __attribute__((reqd_work_group_size(MM_NT, 1, 1))) void matmul_q(ARGS_matmul_q) {
+  __local float xs[MM_BM * MM_RS], ws[MM_BN * MM_RS];
+  uint li = get_local_id(0);
+  uint nbn = (N + MM_BN - 1u) / MM_BN;
+  uint tile = get_group_id(0);
+  uint n0 = (tile % nbn) * MM_BN, m0 = (tile / nbn) * MM_BM;
+  uint tn = li % (MM_BN / MM_TN), tm = li / (MM_BN / MM_TN);
+  float acc[MM_TM * MM_TN];
+  for (uint e = 0; e < MM_TM * MM_TN; e++) acc[e] = 0.0f;
+  for (uint g = 0; g < gpr; g++) {
+    for (uint e = li; e < MM_BM * 8u; e += MM_NT) {          // x: 8 float4 a row
+      uint row = e / 8u, qq = e % 8u;
+      float4 v = vload4(0, x + x_off + min(m0 + row, M - 1u) * K + g * 32u + 4u * qq);
+      uint xo = row * MM_RS + 4u * qq;
+      xs[xo] = v.x; xs[xo + 1] = v.y; xs[xo + 2] = v.z; xs[xo + 3] = v.w;
+    }
+    for (uint e = li; e < MM_BN * 4u; e += MM_NT) {          // the weight: 4 x (4 lo + 4 hi) values a row
+      uint row = e / 4u, j = e % 4u;
+      grp_t q = grp(a, a_moff, gpr, min(n0 + row, N - 1u), g);
+      float4 l = deq_lo(q, j), h = deq_hi(q, j);
+      uint wo = row * MM_RS + 4u * j;
+      ws[wo] = l.x; ws[wo + 1] = l.y; ws[wo + 2] = l.z; ws[wo + 3] = l.w;
+      ws[wo + 16] = h.x; ws[wo + 17] = h.y; ws[wo + 18] = h.z; ws[wo + 19] = h.w;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint kk = 0; kk < 32u; kk++) {
+      float xv[MM_TM], wv[MM_TN];
+      for (uint i = 0; i < MM_TM; i++) xv[i] = xs[(tm + i * (MM_BM / MM_TM)) * MM_RS + kk];
+      for (uint j = 0; j < MM_TN; j++) wv[j] = ws[(tn + j * (MM_BN / MM_TN)) * MM_RS + kk];
+      for (uint i = 0; i < MM_TM; i++)
+        for (uint j = 0; j < MM_TN; j++) acc[i * MM_TN + j] += xv[i] * wv[j];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  for (uint i = 0; i < MM_TM; i++)
+    for (uint j = 0; j < MM_TN; j++) {
+      uint m = m0 + tm + i * (MM_BM / MM_TM), n = n0 + tn + j * (MM_BN / MM_TN);
+      if (m < M && n < N) o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j];
+    }
+}
+#endif
+
+#endif  // QT_WPB

@@ -1,0 +1,233 @@
+"""A compiled fragment: its launches (lower.py) as kernel objects of their own, enqueued in order on
+the device's in-order queue, with no host synchronisation between them (nor after: only reading a
+result back waits).
+
+Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those whose
+buffer or offset changed since the last one (none, step after step of decode). Computed values live
+in scratch buffers shared by every program of the device (none outlives its run; a value's buffer is
+reused once its last reader has run), except the fragment's outputs, which get buffers of their own
+from a pool each run. Host values handed in (tokens, positions, masks) are copied into buffers the
+program keeps, without waiting.
+
+FRAMEWORK_OPENCL_PROFILE=1 (read when the device opens its queue): every launch's device time, from
+OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run then waits for them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .device import ClTensor, ClWeight, contiguous_strides
+from .kernels import build
+from .lower import ChunkArg, Lowering, Ref
+from .signatures import TENSOR_KINDS, params
+
+
+@dataclass
+class Step:
+    name: str
+    kernel: object
+    gsize: tuple
+    lsize: tuple | None
+    dynamic: list          # (argument position, Ref | ChunkArg | None)
+    reads: tuple = ()      # computed values read
+    writes: int = -1       # the computed value written
+
+
+def _scalar(kind: str, value):
+    from pyopencl import cltypes
+    if kind == "u":
+        return np.uint32(value)
+    if kind == "f":
+        return np.float32(value)
+    return cltypes.make_uint4(*(int(v) for v in value))
+
+
+class ClProgram:
+    def __init__(self, dev, fragment):
+        self.dev = dev
+        self.name = fragment.describe()
+        self.inputs, self.outputs = list(fragment.inputs), list(fragment.outputs)
+        low = Lowering(dev, fragment)
+        self.refs, self.val_sizes, self.written_args = low.refs, low.val_sizes, low.written_args
+        self.tables: list = []             # buffers of the tables made here (kept alive with the kernels)
+        self.steps = [self._step(launch) for launch in low.launches]
+        self._allocate()
+        self.arg_bufs: dict[int, object] = {}
+        self.bound_sig, self.bound = None, None
+
+    # -- building ---------------------------------------------------------------------------
+    def _step(self, launch) -> Step:
+        import pyopencl as cl
+        kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
+        given = dict(launch.args)
+        dynamic, reads, writes, pos = [], [], -1, 0
+        for kind, name in params(launch.kernel):
+            if name not in given:
+                raise ValueError(f"{launch.name}: kernel {launch.kernel} needs parameter '{name}', not given")
+            value = given.pop(name)
+            if kind in TENSOR_KINDS or kind == "w":
+                dynamic.append((pos, value))
+                if isinstance(value, Ref) and value.kind == "val":
+                    if kind == "out":
+                        writes = value.idx
+                    else:
+                        reads.append(value.idx)
+                pos += 2
+                continue
+            if kind == "tab":
+                buf = self.dev.buffer_with(np.ascontiguousarray(value))
+                self.tables.append(buf)
+                kernel.set_arg(pos, buf)
+            else:
+                kernel.set_arg(pos, _scalar(kind, value))
+            pos += 1
+        if given:
+            raise ValueError(f"{launch.name}: kernel {launch.kernel} has no parameter {', '.join(given)}")
+        return Step(launch.name, kernel, (launch.gsize,), (launch.lsize,) if launch.lsize else None, dynamic,
+                    tuple(reads), writes)
+
+    def _allocate(self) -> None:
+        """Fragment outputs get buffers of their own each run; the other values share scratch slots, a
+        slot reused once the last reader of its value has run."""
+        nv = len(self.val_sizes)
+        self.val_out = [-1] * nv
+        self.n_out = 0
+        for t in self.outputs:
+            r = self.refs[id(t)]
+            if r.kind == "val" and self.val_out[r.idx] < 0:
+                self.val_out[r.idx] = self.n_out
+                self.n_out += 1
+        last = [-1] * nv
+        for si, st in enumerate(self.steps):
+            for v in (*st.reads, st.writes):
+                if v >= 0:
+                    last[v] = max(last[v], si)
+        dies: dict[int, list[int]] = {}
+        for u in range(nv):
+            dies.setdefault(last[u], []).append(u)
+        self.val_slot = [-1] * nv
+        sizes: list[int] = []
+        free: list[int] = []
+        for si, st in enumerate(self.steps):
+            v = st.writes
+            if v >= 0 and self.val_out[v] < 0 and self.val_slot[v] < 0:
+                need = self.val_sizes[v]
+                fits = [s for s in free if sizes[s] >= need]
+                best = min(fits, key=lambda s: sizes[s]) if fits else (max(free, key=lambda s: sizes[s]) if free
+                                                                       else None)
+                if best is None:
+                    sizes.append(need)
+                    best = len(sizes) - 1
+                else:
+                    free.remove(best)
+                    sizes[best] = max(sizes[best], need)
+                self.val_slot[v] = best
+            for u in dies.get(si, ()):
+                if self.val_slot[u] >= 0 and self.val_out[u] < 0:
+                    free.append(self.val_slot[u])
+        self.slot_bytes = [4 * s for s in sizes]
+
+    # -- running ----------------------------------------------------------------------------
+    def _arguments(self, args):
+        """(buffer, element offset) of every argument, weights apart; host values uploaded."""
+        dev = self.dev
+        bufs, offs, weights = [None] * len(args), [0] * len(args), {}
+        for i, h in enumerate(args):
+            if isinstance(h, ClWeight):
+                weights[i], bufs[i] = h, h.chunks[0].buffer
+                continue
+            if isinstance(h, np.ndarray):
+                h = dev.from_host(h)
+            if h.host is None and h.contiguous:
+                bufs[i], offs[i] = h.buffer, h.offset
+                continue
+            data = np.ascontiguousarray(h.host if h.host is not None else dev.to_host(h))
+            if i in self.written_args:        # a cache handed over as values: it lives on here from now
+                bufs[i] = dev.buffer_with(data)
+                continue
+            buf = self.arg_bufs.get(i)
+            if buf is None or buf.size < data.nbytes:
+                buf = self.arg_bufs[i] = dev.new_buffer(max(16, data.nbytes))
+            if data.nbytes:
+                dev.upload(buf, data)
+            bufs[i] = buf
+        return bufs, offs, weights
+
+    def run(self, args):
+        import pyopencl as cl
+        dev = self.dev
+        bufs, offs, weights = self._arguments(args)
+        outs = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes)) if self.val_out[v] >= 0}
+        slots = [dev.scratch(s, nb) for s, nb in enumerate(self.slot_bytes)]
+        chunks = [c.buffer for w in weights.values() for c in w.chunks]
+        sig = (tuple(map(id, bufs)), tuple(offs), tuple(id(b) for b, _ in outs.values()), tuple(map(id, slots)),
+               tuple(map(id, chunks)))
+        if sig != self.bound_sig:
+            self._bind(bufs, offs, weights, outs, slots)
+            self.bound_sig, self.bound = sig, (bufs, [b for b, _ in outs.values()], slots, chunks)
+        queue, enqueue = dev.queue, cl.enqueue_nd_range_kernel
+        if dev.profile is None:
+            for st in self.steps:
+                enqueue(queue, st.kernel, st.gsize, st.lsize)
+        else:
+            self._run_profiled(queue)
+        dev.enqueued += len(self.steps)
+        dev.runs += 1
+        return self._results(args, bufs, outs)
+
+    def _bind(self, bufs, offs, weights, outs, slots) -> None:
+        dummy = self.dev.dummy()
+        for st in self.steps:
+            for pos, what in st.dynamic:
+                if what is None:
+                    buf, off = dummy, 0
+                elif isinstance(what, ChunkArg):
+                    chunk = weights[what.arg].chunks[what.chunk]
+                    buf, off = chunk.buffer, chunk.moff
+                elif what.kind == "arg":
+                    buf, off = bufs[what.idx], offs[what.idx] + what.off
+                elif self.val_out[what.idx] >= 0:
+                    buf, off = outs[what.idx][0], what.off
+                else:
+                    buf, off = slots[self.val_slot[what.idx]], what.off
+                st.kernel.set_arg(pos, buf)
+                st.kernel.set_arg(pos + 1, np.uint32(off))
+
+    def _run_profiled(self, queue) -> None:
+        import pyopencl as cl
+        events = [(st.name.split(" ")[0], cl.enqueue_nd_range_kernel(queue, st.kernel, st.gsize, st.lsize))
+                  for st in self.steps]
+        cl.wait_for_events([e for _, e in events])
+        for key, e in events:
+            tot = self.dev.profile.setdefault(key, [0.0, 0])
+            tot[0] += (e.profile.end - e.profile.start) * 1e-9
+            tot[1] += 1
+
+    def _results(self, args, bufs, outs) -> list:
+        dev = self.dev
+        results = []
+        for t in self.outputs:
+            r = self.refs[id(t)]
+            if r.kind == "val":
+                buf, lease = outs[r.idx]
+                results.append(ClTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease))
+                continue
+            h = args[r.idx]
+            if isinstance(h, np.ndarray):
+                h = dev.from_host(h)
+            if r.idx in self.written_args and (h.host is not None or not h.contiguous):
+                h = ClTensor(bufs[r.idx], 0, tuple(self.inputs[r.idx].shape), np.float32)
+            contiguous = r.strides is None or r.strides == contiguous_strides(r.shape)
+            if r.off == 0 and contiguous and tuple(r.shape) == tuple(h.shape) and h.contiguous:
+                results.append(h)
+            elif h.host is not None:
+                flat = np.ascontiguousarray(h.host).reshape(-1)
+                st = r.strides or contiguous_strides(r.shape)
+                view = np.lib.stride_tricks.as_strided(flat[r.off:], r.shape, tuple(s * flat.itemsize for s in st))
+                results.append(ClTensor(None, 0, r.shape, flat.dtype, host=np.array(view)))
+            else:
+                results.append(ClTensor(h.buffer, h.offset + r.off, r.shape, h.dtype, r.strides, lease=h.lease))
+        return results

@@ -1,0 +1,71 @@
+"""Every kernel's parameters, named once: the C prototypes are generated from this table (as macros
+``ARGS_<kernel>`` that kernels.cl's definitions use) and the Python side binds arguments by these
+names, so the two cannot drift apart.
+
+Kinds of parameter, and what one becomes in C:
+
+| kind | C | bound from Python as |
+| --- | --- | --- |
+| ``in``  | ``__global const float* restrict NAME, const uint NAME_off`` | a tensor (buffer and element offset) |
+| ``ini`` | the same with ``int`` | an int32 tensor |
+| ``el``  | the same with ``ELEM`` (float or half, by build option) | a float weight or tensor |
+| ``out`` | ``__global float* restrict NAME, const uint NAME_off`` | a tensor written |
+| ``w``   | ``__global const uint* restrict NAME, const uint NAME_moff`` | a weight chunk (words, scale plane offset) |
+| ``tab`` | ``__global const TABLE_T* restrict NAME`` | a table made at compile time |
+| ``u``, ``f``, ``u4`` | ``const uint``, ``const float``, ``const uint4`` | a number, four numbers |
+"""
+
+from __future__ import annotations
+
+SIGNATURES = {
+    "binary": "in a, in b, out o, u n, u4 ashape, u4 bshape, u op",
+    "unary": "in a, out o, u n, u op, f s",
+    "glu": "in g, in v, out o, u n, u op",
+    "rms_norm": "in a, in gain, out o, u ncols, f eps, u has_gain, u glen",
+    "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
+    "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
+    "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, "
+                       "u per",
+    "flash_combine": "in p, out o, u TH, u D, u nc",
+    "rope": "in a, ini pos, tab inv, out o, u T, u H, u D, u n_dims, u neox",
+    "set_rows": "in s, ini rows, out dst, u W, u T, u nrows",
+    "cont": "in a, out o, u n, u4 shape, u4 strides",
+    "get_rows_f": "el a, ini rows, out o, u W, u T, u row0, u nrows",
+    "get_rows_q": "w a, ini rows, out o, u W, u T, u row0, u nrows, u gpr",
+    "mul_mat_f": "el a, in b, out o, u N, u M, u K, u A0, u A1, u B0, u B1, u row0, u rows, u ld",
+    "quant_x": "in x, out xq, u groups",
+    "matvec_q": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
+    "matvec_q8": "w a, in xq, out o, u N, u K, u M, u gpr, u ld, u col0",
+    "matmul_q": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
+}
+
+TENSOR_KINDS = ("in", "ini", "el", "out")
+_C = {"in": "__global const float* restrict {n}, const uint {n}_off",
+      "ini": "__global const int* restrict {n}, const uint {n}_off",
+      "el": "__global const ELEM* restrict {n}, const uint {n}_off",
+      "out": "__global float* restrict {n}, const uint {n}_off",
+      "w": "__global const uint* restrict {n}, const uint {n}_moff",
+      "tab": "__global const TABLE_T* restrict {n}",
+      "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
+
+
+def params(kernel: str) -> list[tuple[str, str]]:
+    """(kind, name) of each parameter of a kernel, in order."""
+    out = []
+    for item in SIGNATURES[kernel].split(","):
+        kind, name = item.split()
+        if kind not in _C:
+            raise ValueError(f"signatures: unknown kind {kind!r} in {kernel}")
+        out.append((kind, name))
+    return out
+
+
+def c_header() -> str:
+    """The ARGS_<kernel> macros, prepended to kernels.cl."""
+    return "".join(f"#define ARGS_{k} {', '.join(_C[kind].format(n=n) for kind, n in params(k))}\n"
+                   for k in SIGNATURES)
+
+
+def arg_count(kind: str) -> int:
+    """OpenCL kernel arguments a parameter of this kind takes."""
+    return 2 if kind in TENSOR_KINDS or kind == "w" else 1
