@@ -239,6 +239,34 @@ __kernel __attribute__((reqd_work_group_size(AWG, 1, 1))) void flash_combine(ARG
   }
 }
 
+// The same on a CPU device: one work-item per query row and head, the keys in order, no local memory
+// and no barriers (PoCL runs barrier-free kernels far faster); D a multiple of 4.
+__kernel void flash_attn_seq(ARGS_flash_attn) {
+  uint id = get_global_id(0);
+  if (id >= T * H) return;
+  uint t = id / H, h = id % H, hk = h / (H / Hkv);
+  uint D4 = D / 4u, kstride = Hkv * D;
+  __global const float* qr = q + q_off + (t * H + h) * D;
+  float4 qv[MAX_HEAD / 4], acc[MAX_HEAD / 4];
+  for (uint j = 0; j < D4; j++) { qv[j] = vload4(j, qr) * scale; acc[j] = (float4)(0.0f); }
+  float m = NEG_BIG, l = 0.0f;
+  for (uint s = 0; s < S; s++) {
+    float mkv = has_mask ? mk[mk_off + t * S + s] : 0.0f;
+    if (mkv == -INFINITY) continue;             // a masked key weighs exactly 0
+    __global const float* kr = k + k_off + s * kstride + hk * D;
+    float4 d4 = (float4)(0.0f);
+    for (uint j = 0; j < D4; j++) d4 += qv[j] * vload4(j, kr);
+    float sc = d4.x + d4.y + d4.z + d4.w + mkv;
+    float mn = max(m, sc), alpha = exp(m - mn), p = exp(sc - mn);
+    l = l * alpha + p;
+    __global const float* vr = v + v_off + s * kstride + hk * D;
+    for (uint j = 0; j < D4; j++) acc[j] = acc[j] * alpha + p * vload4(j, vr);
+    m = mn;
+  }
+  __global float* orow = o + o_off + (t * H + h) * D;
+  for (uint j = 0; j < D4; j++) vstore4(acc[j] / l, j, orow);
+}
+
 // ------------------------------------------------------------------------------------------------
 // rotary embedding of a (T, H, D) on its first n_dims; inv holds the n_dims / 2 frequencies (made
 // on the host in float64, as the CPU plugin makes them); angles and their cos and sin in TABLE_T
@@ -470,19 +498,23 @@ inline float4 f4(uint w) {
 inline float4 deq_lo(grp_t q, uint j) { return f4(pick(q.lo, j)) * q.a + q.m; }
 inline float4 deq_hi(grp_t q, uint j) { return f4(pick(q.hi, j)) * q.b + q.m; }
 
-// a group's dot product with 32 values of x (8 float4), the scales factored out of the sums
-inline float dot32(grp_t q, __global const float* restrict x) {
+// a group's dot product with 32 values of x (8 float4), the scales factored out of the sums, as four
+// partial sums (lanes of a float4: no horizontal sums until the caller's last)
+inline float4 dot32v(grp_t q, __global const float* restrict x) {
   float4 x0 = vload4(0, x), x1 = vload4(1, x), x2 = vload4(2, x), x3 = vload4(3, x);
   float4 x4 = vload4(4, x), x5 = vload4(5, x), x6 = vload4(6, x), x7 = vload4(7, x);
-  float lo = dot(f4(q.lo.s0), x0) + dot(f4(q.lo.s1), x1) + dot(f4(q.lo.s2), x2) + dot(f4(q.lo.s3), x3);
-  float hi = dot(f4(q.hi.s0), x4) + dot(f4(q.hi.s1), x5) + dot(f4(q.hi.s2), x6) + dot(f4(q.hi.s3), x7);
-  float r = q.a * lo + q.b * hi;
+  float4 lo = f4(q.lo.s0) * x0 + f4(q.lo.s1) * x1 + f4(q.lo.s2) * x2 + f4(q.lo.s3) * x3;
+  float4 hi = f4(q.hi.s0) * x4 + f4(q.hi.s1) * x5 + f4(q.hi.s2) * x6 + f4(q.hi.s3) * x7;
+  float4 r = q.a * lo + q.b * hi;
 #if HAS_MIN
-  float4 sx = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
-  r += q.m * (sx.x + sx.y + sx.z + sx.w);
+  r += q.m * (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7);
 #endif
   return r;
 }
+
+inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+inline float dot32(grp_t q, __global const float* restrict x) { return hsum(dot32v(q, x)); }
 
 // the same with x in 8 bits (quant_x's 12 words): integer dot products of 4 byte pairs, the zero point
 // taken out through the sums of x's codes. dot4 is cl_khr_integer_dot_product's where the device has
@@ -549,17 +581,19 @@ __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_m
   __local float red[MV_ACC * MV_WG];
   uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
   uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  float acc[MV_ACC];
-  for (uint a = 0; a < MV_ACC; a++) acc[a] = 0.0f;
+  float4 acc4[MV_ACC];
+  for (uint a = 0; a < MV_ACC; a++) acc4[a] = (float4)(0.0f);
   if (r0 < N) {
     for (uint g = lane; g < gpr; g += MV_TPR) {
       for (uint k = 0; k < MV_R; k++) {
         grp_t q = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);
         for (uint m = 0; m < MV_MM; m++)
-          if (m < M) acc[k * MV_MM + m] += dot32(q, x + x_off + m * K + g * 32u);
+          if (m < M) acc4[k * MV_MM + m] += dot32v(q, x + x_off + m * K + g * 32u);
       }
     }
   }
+  float acc[MV_ACC];
+  for (uint a = 0; a < MV_ACC; a++) acc[a] = hsum(acc4[a]);
   mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
 }
 
@@ -630,6 +664,32 @@ __kernel __attribute__((reqd_work_group_size(MM_NT, 1, 1))) void matmul_q(ARGS_m
       uint m = m0 + tm + i * (MM_BM / MM_TM), n = n0 + tn + j * (MM_BN / MM_TN);
       if (m < M && n < N) o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j];
     }
+}
+#endif
+
+
+// Register-tiled matrix product (CPU devices, for decode and prefill): each work-item computes MR_TM
+// rows of x by MR_TN weight rows straight from global memory, with no local memory and no barriers
+// (what PoCL runs best: it vectorises neighbouring work-items); each weight group is decoded once
+// and used MR_TM times, each x group used MR_TN times.
+#ifdef MR_TM
+__kernel void matmul_reg(ARGS_matmul_q) {
+  uint nbn = (N + MR_TN - 1u) / MR_TN;
+  uint id = get_global_id(0);
+  uint n0 = (id % nbn) * MR_TN, m0 = (id / nbn) * MR_TM;
+  if (m0 >= M) return;
+  float4 acc[MR_TM * MR_TN];
+  for (uint e = 0; e < MR_TM * MR_TN; e++) acc[e] = (float4)(0.0f);
+  for (uint g = 0; g < gpr; g++) {
+    for (uint j = 0; j < MR_TN; j++) {
+      grp_t q = grp(a, a_moff, gpr, min(n0 + j, N - 1u), g);
+      for (uint i = 0; i < MR_TM; i++)
+        acc[i * MR_TN + j] += dot32v(q, x + x_off + min(m0 + i, M - 1u) * K + g * 32u);
+    }
+  }
+  for (uint i = 0; i < MR_TM; i++)
+    for (uint j = 0; j < MR_TN; j++)
+      if (m0 + i < M && n0 + j < N) o[o_off + (m0 + i) * ld + col0 + n0 + j] = hsum(acc[i * MR_TN + j]);
 }
 #endif
 

@@ -89,6 +89,18 @@ def matmul_shape(dev, m: int, n: int) -> dict[str, int]:
     return shape
 
 
+def reg_shape(dev, m: int) -> dict[str, int] | None:
+    """The register-tiled product's shape where it serves (CPU devices; ``reg=1`` in MATMUL_ENV forces
+    it, ``reg=0`` keeps it off): rows of x by weight rows a work-item, and the work-group size."""
+    env = _env(MATMUL_ENV)
+    if not env.get("reg", int(dev.is_cpu)):
+        return None
+    tm = 1 if m == 1 else 2 if m <= 2 else 4
+    shape = {"tm": tm, "tn": 4, "wg": 16}
+    shape.update({k[1:]: v for k, v in env.items() if k in ("rtm", "rtn", "rwg")})
+    return shape
+
+
 def build(dev, options: dict[str, int]):
     """The program of kernels.cl for these build options, built once per device."""
     key = tuple(sorted(options.items()))

@@ -187,6 +187,9 @@ class Lowering:
         common = dict(q=q, k=k, v=v, mk=mk, T=t, H=h, Hkv=hkv, D=d, S=s, has_mask=int(masked),
                       scale=float(n.params["scale"]))
         opts, awg = kernels.base_options(self.dev), kernels.AWG
+        if self.dev.is_cpu and d % 4 == 0:
+            self.launch(f"FLASH_ATTN_EXT[seq] {n.name}", "flash_attn_seq", opts, t * h, min(8, self.ewg), o=o, **common)
+            return
         if not self.dev.is_cpu and t * h < kernels.SPLIT_ATTN_BELOW and s > awg:
             # flash decoding: the keys in parts, one work-group per (row, head, part), then a combine
             nc = min(-(-s // awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
@@ -277,6 +280,13 @@ class Lowering:
         arg = self.arg_of(a)
         for ci, (row0, rows) in enumerate(self.dev.chunk_plan(qt, a.shape)):
             common = dict(a=ChunkArg(arg, ci), o=o, N=rows, K=k, M=m, gpr=gpr, ld=nrows, col0=row0)
+            reg = kernels.reg_shape(self.dev, m)
+            if reg is not None:
+                opts = dict(kernels.quant_options(self.dev, qt), MR_TM=reg["tm"], MR_TN=reg["tn"])
+                items = -(-m // reg["tm"]) * -(-rows // reg["tn"])
+                self.launch(f"MUL_MAT[reg-{reg['tm']}x{reg['tn']}] {n.name}", "matmul_reg", opts, items,
+                            reg["wg"], x=x, **common)
+                continue
             if m <= kernels.MATVEC_MAX_ROWS:
                 sh = kernels.matvec_shape(self.dev, gpr, m, rows, rows * layout.row_bytes(qt, k))
                 opts = dict(kernels.quant_options(self.dev, qt), MV_WG=sh["wg"], MV_TPR=sh["tpr"], MV_R=sh["r"],

@@ -24,6 +24,7 @@ SIGNATURES = {
     "rms_norm": "in a, in gain, out o, u ncols, f eps, u has_gain, u glen",
     "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
     "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
+    "flash_attn_seq": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
     "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, "
                        "u per",
     "flash_combine": "in p, out o, u TH, u D, u nc",
@@ -37,6 +38,7 @@ SIGNATURES = {
     "matvec_q": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
     "matvec_q8": "w a, in xq, out o, u N, u K, u M, u gpr, u ld, u col0",
     "matmul_q": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
+    "matmul_reg": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
 }
 
 TENSOR_KINDS = ("in", "ini", "el", "out")
