@@ -41,7 +41,17 @@ $(VULKAN_STAMP): $(STAMP)
 	    --no-install-recommends mesa-vulkan-drivers libvulkan1; }
 	touch $(VULKAN_STAMP)
 
-test: $(STAMP) $(BROWSER_STAMP) $(VULKAN_STAMP)
+# tests/test_opencl.py runs real OpenCL on PoCL (an OpenCL driver for the host CPU): Debian's
+# pocl-opencl-icd and the ICD loader ocl-icd-libopencl1, installed once when missing.
+OPENCL_STAMP := $(VENV)/.opencl
+
+$(OPENCL_STAMP): $(STAMP)
+	ls /etc/OpenCL/vendors/pocl.icd >/dev/null 2>&1 && ls /usr/lib/*/libOpenCL.so.1 >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q \
+	    --no-install-recommends pocl-opencl-icd ocl-icd-libopencl1; }
+	touch $(OPENCL_STAMP)
+
+test: $(STAMP) $(BROWSER_STAMP) $(VULKAN_STAMP) $(OPENCL_STAMP)
 	$(PY) -m pytest -q -ra
 
 # llama.cpp alongside, built for this CPU (benchmarks/install_llama_cpp.sh says how)

@@ -54,7 +54,11 @@ def verdict(dev, n: Tensor) -> Verdict:
             return Verdict.no("unsupported_buffer", f"{dev.name} does not take views of weights "
                               f"({n.src[0].describe()})")
         return Verdict.yes()
-    return _operands(dev, n) or _op_specific(dev, n) or Verdict.yes()
+    for check in (_operands, _op_specific):      # (a refusal is falsy: no `or` chain)
+        refusal = check(dev, n)
+        if refusal is not None:
+            return refusal
+    return Verdict.yes()
 
 
 def _operands(dev, n: Tensor) -> Verdict | None:

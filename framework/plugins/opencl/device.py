@@ -245,7 +245,7 @@ class OpenCLDevice(Device):
             return np.zeros(shape, handle.dtype)
         span = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
         flat = np.empty(span, handle.dtype)
-        cl.enqueue_copy(self.queue, flat, handle.buffer, device_offset=handle.offset * 4, is_blocking=True)
+        cl.enqueue_copy(self.queue, flat, handle.buffer, src_offset=handle.offset * 4, is_blocking=True)
         if handle.strides is None:
             return flat.reshape(shape)
         return np.array(np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides)), copy=True)
