@@ -1,6 +1,8 @@
 // OpenCL C kernels of the OpenCL plugin (OpenCL C 1.2). kernels.py prepends a generated header: the
 // ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, coverage.py) and the build's
-// settings (work-group sizes, the weight type QT_* and its layout, layout.py). Tensors are a buffer
+// settings (work-group sizes, the weight type QT_* and its layout, layout.py). A build holds only the
+// kernels its settings select (the base build: those that read no quantized weight; a weight type's
+// build: its GET_ROWS, or one shape of one product), so each compiles quickly. Tensors are a buffer
 // plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed
 // order: a program run twice gives bit-identical results.
 
@@ -20,6 +22,8 @@
 #endif
 
 #define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
+
+#ifndef QT_WPB   // the base build: every kernel that reads no quantized weight
 
 // ------------------------------------------------------------------------------------------------
 // element-wise
@@ -377,6 +381,8 @@ __kernel void quant_x(ARGS_quant_x) {
   o[8] = as_uint(d); o[9] = (uint)s0; o[10] = (uint)s1; o[11] = as_uint(sx);
 }
 
+#endif  // the base build
+
 // ------------------------------------------------------------------------------------------------
 // quantized weights (layout.py): every kernel reads a weight through grp(a, moff, gpr, row, g), a
 // 32-element group as 8 words of unsigned byte codes (lo: elements 0..15, hi: 16..31, four a word)
@@ -540,6 +546,7 @@ inline float dot32q(grp_t q, __global const uint* restrict xq) {
   return r;
 }
 
+#if !defined(MV_WG) && !defined(MM_BM) && !defined(MR_TM)   // the build of one weight type's GET_ROWS
 // rows of a quantized weight chunk (the token embedding): one thread per 8 values
 __kernel void get_rows_q(ARGS_get_rows_q) {
   uint pieces = W / 8u;
@@ -554,6 +561,7 @@ __kernel void get_rows_q(ARGS_get_rows_q) {
   vstore4(deq_lo(q, j), 0, o + ob);
   vstore4(deq_hi(q, j), 0, o + ob + 16u);
 }
+#endif
 
 // Matrix-vector product (decode; M <= MV_MM rows of x): teams of MV_TPR threads share the groups of
 // MV_R weight rows, each thread taking every MV_TPR-th group; a team's sums meet in local memory by a
@@ -577,6 +585,7 @@ inline void mv_finish(float acc[MV_ACC], __local float* red, uint li, uint lane,
         if (m < M && r0 + k < N) o[ob + m * ld + r0 + k] = red[(k * MV_MM + m) * MV_WG + li];
 }
 
+#if !MV_X8
 __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_matvec_q) {
   __local float red[MV_ACC * MV_WG];
   uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
@@ -597,6 +606,7 @@ __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_m
   mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
 }
 
+#else
 __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_matvec_q8) {
   __local float red[MV_ACC * MV_WG];
   uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
@@ -615,6 +625,7 @@ __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_
   }
   mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
 }
+#endif
 #endif
 
 // Tiled matrix product (prefill): a work-group computes an MM_BM x MM_BN tile of outputs (rows of x by

@@ -290,7 +290,7 @@ class Lowering:
             if m <= kernels.MATVEC_MAX_ROWS:
                 sh = kernels.matvec_shape(self.dev, gpr, m, rows, rows * layout.row_bytes(qt, k))
                 opts = dict(kernels.quant_options(self.dev, qt), MV_WG=sh["wg"], MV_TPR=sh["tpr"], MV_R=sh["r"],
-                            MV_MM=sh["mm"])
+                            MV_MM=sh["mm"], MV_X8=sh["x8"])
                 groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
                 tag = f"matvec{'-x8' if sh['x8'] else ''}"
                 if sh["x8"]:
