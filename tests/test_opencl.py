@@ -280,6 +280,9 @@ def test_verdicts(ocl, variant):
     x = leaf("x", F32, (4, 8), LeafKind.INPUT)
     v = ocl.supports_op(Tensor("y", F32, (4, 8), op="GATED_DELTA_NET", src=(x,)))
     assert not v.ok and v.code == "unsupported_op" and "GATED_DELTA_NET" in v.reason
+    # a value of a choice parameter the kernels have no code for is refused, never computed as another
+    v = ocl.supports_op(Tensor("y", F32, (4, 8), op="UNARY", src=(x,), params={"op": "relu"}))
+    assert not v.ok and v.code == "unsupported_op" and "op='relu'" in v.reason and "gelu" in v.reason
     b = GraphBuilder()
     y = b.mul_mat(b.use(leaf("w", Q.Q5_1, (8, 64), LeafKind.WEIGHT)), b.input("x", F32, (1, 64)))
     v = ocl.supports_op(y)

@@ -1,8 +1,10 @@
-"""What the OpenCL kernels cover, in one table, and the verdicts that follow from it: every node the
-kernels cannot compute is refused here with a reason code, so the scheduler places it elsewhere.
+"""What the OpenCL kernels cover, and the verdicts that follow from it: every node the kernels cannot
+compute is refused here with a reason code, so the scheduler places it elsewhere.
 
-The ops and their parameter values come from the core's vocabulary (framework.core.graph: the ops'
-names, UNARY_OPS, GLU_OPS, ROPE_MODES); this table says which of them the kernels take.
+The ops, their parameters and the values a choice parameter may take come from the core's op table
+(framework/core/graph/ops.py). This module says which ops the kernels implement, and holds the
+kernels' code for each value of a choice parameter: a value of the table with no code here (a
+function added to the table later) is refused, never computed as another.
 """
 
 from __future__ import annotations
@@ -10,25 +12,23 @@ from __future__ import annotations
 import os
 
 from ...contract import Verdict
-from ...core.graph import GLU_OPS, ROPE_MODES, UNARY_OPS, VIEW_OPS, LeafKind, Tensor
+from ...core.graph import VIEW_OPS, LeafKind, Tensor, ops
 from . import layout
 
-# op -> {parameter: the values the kernels take}
-COVERED: dict[str, dict[str, tuple]] = {
-    "GET_ROWS": {}, "MUL_MAT": {}, "ADD": {}, "MUL": {}, "SCALE": {},
-    "UNARY": {"op": tuple(UNARY_OPS)}, "GLU": {"op": tuple(GLU_OPS)},
-    "RMS_NORM": {}, "SOFT_MAX": {}, "FLASH_ATTN_EXT": {}, "ROPE": {"mode": tuple(ROPE_MODES)},
-    "SET_ROWS": {}, "CONT": {}, **{op: {} for op in VIEW_OPS},
-}
-# the kernels' op codes (kernels.cl reads them as OP_<NAME>): binary's, unary's, and the activations
-OP_CODES = {"add": 0, "mul": 1, "scale": 0, "gelu": 1, "silu": 2, "tanh": 3}
-GLU_ACTIVATION = {"geglu": "gelu", "swiglu": "silu"}
+# the ops the kernels implement (names checked against the op table)
+COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                    "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "CONT", *VIEW_OPS)
+# the kernels' codes (kernels.cl reads OP_<NAME>): binary's ops, unary's (SCALE and the functions)
+BINARY_CODE = {"ADD": 0, "MUL": 1}
+UNARY_CODE = {"scale": 0, "gelu": 1, "silu": 2, "tanh": 3}
+GLU_ACTIVATION = {"geglu": "gelu", "swiglu": "silu"}      # GLU's activation, one of unary's functions
+ROPE_NEOX = {"normal": 0, "neox": 1}
+# (op, choice parameter) -> the values the kernels have codes for
+CHOICES = {("UNARY", "op"): UNARY_CODE, ("GLU", "op"): GLU_ACTIVATION, ("ROPE", "mode"): ROPE_NEOX}
+OP_CODES = {**{k.lower(): v for k, v in BINARY_CODE.items()}, **UNARY_CODE}
 MAX_AXES = 4
 MAX_ELEMENTS = 1 << 32              # kernels index elements with 32-bit integers
 DISABLE_OPS_ENV = "FRAMEWORK_OPENCL_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
-
-assert set(UNARY_OPS) <= set(OP_CODES) and set(GLU_ACTIVATION) == set(GLU_OPS), "coverage.py lags the core's ops"
-
 
 def disabled_ops() -> frozenset[str]:
     return frozenset(o.strip().upper() for o in os.environ.get(DISABLE_OPS_ENV, "").split(",") if o.strip())
@@ -45,10 +45,10 @@ def verdict(dev, n: Tensor) -> Verdict:
         return Verdict.no("unsupported_op", f"the OpenCL plugin has no kernel for {op}")
     if op in dev.disabled:
         return Verdict.no("refused_by_profile", f"{op} is disabled on {dev.name} by {DISABLE_OPS_ENV}")
-    for name, values in COVERED[op].items():
-        if n.params.get(name) not in values:
-            return Verdict.no("unsupported_op", f"{op} with {name}={n.params.get(name)!r}: the OpenCL kernels take "
-                              f"{', '.join(map(str, values))}")
+    for p in ops.spec(op).params:
+        if p.choices and n.params.get(p.name) not in CHOICES.get((op, p.name), ()):
+            return Verdict.no("unsupported_op", f"{op} with {p.name}={n.params.get(p.name)!r}: the OpenCL kernels "
+                              f"take {', '.join(CHOICES.get((op, p.name), ())) or 'no value of it'}")
     if op in VIEW_OPS:
         if any(is_weight(s) for s in n.src):
             return Verdict.no("unsupported_buffer", f"{dev.name} does not take views of weights "

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...core.graph import VIEW_OPS, Tensor
+from ...core.graph.reference import rope_inv_freq
 from . import kernels, layout
-from .coverage import GLU_ACTIVATION, OP_CODES, is_weight
+from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE, is_weight
 from .device import contiguous_strides
 
 
@@ -146,27 +147,23 @@ class Lowering:
     def _op_rms_norm(self, n):
         self._rms_norm(n, n, None)
 
-    def _binary(self, n, op: str):
+    def _binary(self, n):
         self.each(n, "binary", n.nelements, a=self.ref(n.src[0]), b=self.ref(n.src[1]), o=self.new_val(n),
-                  n=n.nelements, ashape=_pad4(n.src[0].shape), bshape=_pad4(n.src[1].shape), op=OP_CODES[op])
+                  n=n.nelements, ashape=_pad4(n.src[0].shape), bshape=_pad4(n.src[1].shape), op=BINARY_CODE[n.op])
 
-    def _op_add(self, n):
-        self._binary(n, "add")
-
-    def _op_mul(self, n):
-        self._binary(n, "mul")
+    _op_add = _op_mul = _binary
 
     def _op_scale(self, n):
         self.each(n, "unary", n.nelements, a=self.ref(n.src[0]), o=self.new_val(n), n=n.nelements,
-                  op=OP_CODES["scale"], s=float(n.params["scale"]))
+                  op=UNARY_CODE["scale"], s=float(n.params["scale"]))
 
     def _op_unary(self, n):
         self.each(n, "unary", n.nelements, a=self.ref(n.src[0]), o=self.new_val(n), n=n.nelements,
-                  op=OP_CODES[n.params["op"]], s=1.0)
+                  op=UNARY_CODE[n.params["op"]], s=1.0)
 
     def _op_glu(self, n):
         self.each(n, "glu", n.nelements, g=self.ref(n.src[0]), v=self.ref(n.src[1]), o=self.new_val(n),
-                  n=n.nelements, op=OP_CODES[GLU_ACTIVATION[n.params["op"]]])
+                  n=n.nelements, op=UNARY_CODE[GLU_ACTIVATION[n.params["op"]]])
 
     def _op_soft_max(self, n):
         s = n.shape[-1]
@@ -207,11 +204,11 @@ class Lowering:
         t, h, d = n.shape
         p = n.params
         n_dims = int(p["n_dims"])
-        # the frequencies as the CPU plugin makes them (float64), in the kernel's angle type
-        inv = float(p["freq_scale"]) * float(p["freq_base"]) ** (-np.arange(n_dims // 2, dtype=np.float64) * 2.0 / n_dims)
+        # the reference's frequencies (float64), in the kernel's angle type
+        inv = rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"]))
         self.each(n, "rope", t * h * (d // 2), a=self.ref(n.src[0]), pos=self.ref(n.src[1]),
                   inv=inv if self.dev.fp64 else inv.astype(np.float32), o=self.new_val(n), T=t, H=h, D=d,
-                  n_dims=n_dims, neox=int(p["mode"] == "neox"))
+                  n_dims=n_dims, neox=ROPE_NEOX[p["mode"]])
 
     # -- memory -------------------------------------------------------------------------------
     def _op_set_rows(self, n):
