@@ -57,3 +57,58 @@ def test_draft_on_the_cache_owner_runs_on_the_targets_cache(devices, target):
     own = alone.eval([prompt[-1]])
     np.testing.assert_allclose(shared, own, rtol=1e-4, atol=1e-4)
     assert draft.executor.caches is target.executor.caches
+
+
+# -- one chip through two plugins: a target's KV cache on vulkan:0, a draft on opencl:0 ------------------
+# In CI both are the host CPU (Mesa's lavapipe and PoCL), on an NVIDIA machine both the one GPU: each
+# plugin keeps the cache in its own buffers, which the other cannot use in place, so reservation must
+# fail naming the shared tensor and the one physical device; placed together, the draft runs.
+
+@pytest.fixture(scope="module")
+def pair(registry):
+    try:
+        vk, ocl = registry.select("vulkan:0")[0], registry.select("opencl:0")[0]
+    except Exception as e:     # the reason names the missing driver; make test installs both
+        pytest.fail(f"needs vulkan:0 and opencl:0: {e}")
+    return vk, ocl
+
+
+@pytest.fixture(scope="module")
+def vk_target(pair):
+    vk, _ = pair
+    return Session(load_model("smollm2"), [vk], n_ctx=256, kv_device="vulkan:0")
+
+
+def test_one_chip_two_plugins_reports_one_physical_id(pair):
+    vk, ocl = pair
+    assert vk.physical_id and vk.physical_id == ocl.physical_id, (vk.physical_id, ocl.physical_id)
+
+
+def test_draft_on_opencl_of_a_vulkan_cache_fails_naming_the_one_physical_device(pair, vk_target):
+    vk, ocl = pair
+    draft = Session(vk_target.model, [ocl], n_layers=DRAFT_LAYERS, share_kv_with=vk_target)
+    with pytest.raises(CapabilityError) as info:
+        draft.reserve(8, 4)
+    e = info.value
+    assert e.code == "buffer_not_usable" and e.tensor == "cache_k_l0" and e.devices == ("vulkan:0", "opencl:0")
+    text = str(e)
+    for part in ("cache_k_l0", "buffer 'vulkan:0'", "opencl:0", "SET_ROWS",
+                 f"same physical device ({vk.physical_id}) reached through two plugins",
+                 "fix: place the graph that uses 'cache_k_l0' on vulkan:0"):
+        assert part in text, part
+    assert draft.executor.weights == {} and draft.executor.programs == {}   # nothing loaded or compiled
+
+
+def test_draft_placed_with_the_vulkan_cache_runs(pair, vk_target):
+    vk, _ = pair
+    prompt = reference("smollm2")[0]["prompts"][0]["ids"]
+    vk_target.reset()
+    vk_target.eval(prompt)
+    draft = Session(vk_target.model, [vk], n_layers=DRAFT_LAYERS, share_kv_with=vk_target)
+    draft.reserve(len(prompt), 2)
+    draft.n_past = vk_target.n_past
+    shared = draft.eval([prompt[-1]])
+    alone = Session(vk_target.model, [vk], n_ctx=256, n_layers=DRAFT_LAYERS)
+    alone.eval(prompt)
+    np.testing.assert_allclose(shared, alone.eval([prompt[-1]]), rtol=1e-4, atol=1e-4)
+    assert draft.executor.caches is vk_target.executor.caches
