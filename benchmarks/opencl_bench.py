@@ -1,0 +1,340 @@
+"""Speed of the OpenCL plugin on a real GPU, next to the Vulkan plugin and PyTorch eager on the same GPU
+(benchmarks/opencl_h200.sh runs it on the nvidia-h200 machine). Prints, in one run:
+
+* the OpenCL devices, and opencl:0's data (it must be a GPU whose name holds --expect-device);
+* device-to-device copies: OpenCL's (enqueue_copy on opencl:0) and PyTorch's, bytes read + written a
+  second: the bandwidth ceilings;
+* each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
+  about 512 MiB by one row of x): weight bytes read a second over wall time of back-to-back runs and
+  over device time (OpenCL profiling events), and their shares of both copies (goal: 60%);
+  --variants compares kernel shapes (FRAMEWORK_OPENCL_MATVEC settings, "" the plugin's choice);
+* the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
+* both model architectures at their real sizes and tensor types with random weights (GGUF files
+  written here from benchmarks/vulkan_models.json): prefill of --prompt tokens and decode tok/s,
+  medians of timed runs after warm-up, on opencl:0, on vulkan:0 and in PyTorch bf16 eager;
+* what bounds decode on opencl:0: kernels a decode step, host time a step inside the program runs
+  (enqueueing, no waiting) and per kernel enqueue, device time a step (profiling events, with the
+  kernels that take it), and wall time a step;
+* a correctness check on that GPU: the op conformance cases on opencl:0, and the random-weight
+  models' logits against the CPU plugin.
+
+Figures of a CPU OpenCL device (PoCL) are not GPU figures: the script refuses one unless told
+(--allow-cpu-device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import vulkan_bench as vb  # noqa: E402  (the random models, PyTorch's baselines, the timing helpers)
+from gguf import GGML_QUANT_SIZES  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+log = vb.log
+MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"
+MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"
+
+
+def opencl_devices():
+    """(opencl:0, its profiling twin: the same OpenCL device with a queue that records kernel times)."""
+    from framework.plugins.opencl.device import PROFILE_ENV, OpenCLDevice, devices
+    devs = devices()
+    for d in devs:
+        log(f"  {d.describe()}")
+    dev = devs[0]
+    if not dev.available:
+        raise SystemExit(f"opencl:0 unavailable: {dev.unavailable_reason}")
+    os.environ[PROFILE_ENV] = "1"
+    twin = OpenCLDevice(dev.index, dev.cl_device.platform, dev.cl_device)
+    os.environ.pop(PROFILE_ENV)
+    assert twin.profile is not None and dev.profile is None
+    return dev, twin
+
+
+def opencl_copy_bandwidth(dev, twin, nbytes: int = 2 << 30) -> dict:
+    """Bytes read + written a second by enqueue_copy between two device buffers: wall time of 20 copies
+    back to back, and device time from profiling events."""
+    import pyopencl as cl
+    nbytes = min(nbytes, dev.max_alloc // 2 * 2)
+    out = {}
+    for d, key in ((dev, "wall"), (twin, "device")):
+        a, b = d.new_buffer(nbytes), d.new_buffer(nbytes)
+        for _ in range(3):
+            cl.enqueue_copy(d.queue, b, a, byte_count=nbytes)
+        d.queue.finish()
+        t0 = time.perf_counter()
+        events = [cl.enqueue_copy(d.queue, b, a, byte_count=nbytes) for _ in range(20)]
+        d.queue.finish()
+        dt = (time.perf_counter() - t0) / 20
+        if key == "device":
+            dt = sum(e.profile.end - e.profile.start for e in events) * 1e-9 / 20
+        out[key] = 2 * nbytes / dt / 1e9
+        del a, b, events
+        gc.collect()
+    return out
+
+
+def matvec_bandwidth(dev, twin, qtype: str, target_bytes: int, rng, reps: int, m: int = 1,
+                     variants: tuple[str, ...] = ("",), env: str = MATVEC_ENV) -> list[dict]:
+    """Weight bytes read a second by one MUL_MAT of an (n, 4096) weight and m rows of x, for each
+    setting of `env`: wall time over `reps` back-to-back runs, and device time from profiling events."""
+    from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
+    k = 4096
+    per, size = GGML_QUANT_SIZES[Q[qtype]]
+    n = max(64, target_bytes // (k // per * size) // 64 * 64)
+    raw = vb.random_raw(rng, qtype, (n, k))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out = []
+    for var in variants:
+        os.environ[env] = var
+        b = GraphBuilder()
+        wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
+        y = b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))
+        graph = b.build([y])
+        row = {"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes)}
+        for d in (dev, twin):
+            _plan, ex, _frag, prog = vb.program_for(d, graph, lambda t: raw)
+            args = [ex.weights[(d.name, id(wt))], d.from_host(x)]
+            prog.run(args)
+            d.queue.finish()
+            if d is dev:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    prog.run(args)
+                d.queue.finish()
+                row["seconds"] = (time.perf_counter() - t0) / reps
+                row["kernel"] = " + ".join(s.name.split(" ")[0] for s in prog.steps)
+            else:
+                d.profile.clear()
+                for _ in range(5):
+                    prog.run(args)
+                row["device_seconds"] = sum(v[0] for v in d.profile.values()) / 5
+            del ex, prog, args
+            gc.collect()
+        row["read_GBps"] = raw.nbytes / row["seconds"] / 1e9
+        row["device_read_GBps"] = raw.nbytes / row["device_seconds"] / 1e9
+        row["TFLOPs"] = 2 * n * k * m / row["seconds"] / 1e12
+        out.append(row)
+    os.environ.pop(env, None)
+    return out
+
+
+def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict:
+    """What a decode step of opencl:0 costs: kernels, host time inside the program runs (enqueueing
+    only: a run never waits), device time (profiling twin), wall time."""
+    from framework.plugins.opencl.program import ClProgram
+    from framework.runtime.session import Session
+    s = Session(model, [dev], n_ctx=1024, n_batch=len(prompt))
+    s.eval(prompt)
+    for _ in range(4):
+        tok = int(np.argmax(s.eval([tok])))          # decode plan made and compiled (not timed)
+    host = [0.0]
+    real_run = ClProgram.run
+
+    def timed_run(self, args):
+        t0 = time.perf_counter()
+        try:
+            return real_run(self, args)
+        finally:
+            host[0] += time.perf_counter() - t0
+
+    ClProgram.run = timed_run
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n_steps):
+            tok = int(np.argmax(s.eval([tok])))
+        wall = (time.perf_counter() - t0) / n_steps
+    finally:
+        ClProgram.run = real_run
+    kernels = sum(len(p.steps) for p in vb._programs(s, 1))
+    t = Session(model, [twin], n_ctx=1024, n_batch=len(prompt))
+    t.eval(prompt)
+    for _ in range(4):
+        t.eval([tok])
+    twin.profile.clear()
+    for _ in range(8):
+        t.eval([tok])
+    device = sum(v[0] for v in twin.profile.values()) / 8
+    per_kernel = {k: round(v[0] / 8 * 1e6, 1) for k, v in sorted(twin.profile.items(), key=lambda kv: -kv[1][0])}
+    return {"kernels_per_step": kernels, "host_ms_per_step": host[0] / n_steps * 1e3,
+            "host_us_per_enqueue": host[0] / n_steps / kernels * 1e6, "device_ms_per_step": device * 1e3,
+            "wall_ms_per_step": wall * 1e3, "device_us_per_step_by_kernel": per_kernel,
+            "bound_by": "host (enqueueing)" if host[0] / n_steps > device else "device"}
+
+
+def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int) -> dict:
+    from framework.runtime.session import Session
+    prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
+    s = Session(model, [dev], n_ctx=1024, n_batch=n_prompt)
+    t0 = time.perf_counter()
+    s.eval(prompt)                                    # loads weights, builds and compiles (not timed)
+    first = time.perf_counter() - t0
+    prefill = vb.vulkan_prefill(s, prompt, runs)      # (generic: resets, evaluates, medians)
+    tok = int(np.argmax(s.eval([1])))
+    for _ in range(8):
+        tok = int(np.argmax(s.eval([tok])))
+
+    def decode_run():
+        s.reset()
+        s.eval(prompt)
+        t0 = time.perf_counter()
+        t = tok
+        for _ in range(n_decode):
+            t = int(np.argmax(s.eval([t])))
+        return time.perf_counter() - t0
+    decode = vb.spread([decode_run() for _ in range(max(1, runs // 2 + 1))], n_decode)
+    out = {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
+           "decode_runs": decode, "decode_ms_per_token": 1e3 / decode["median"], "first_prefill_s": first,
+           "prefill_kernels": sorted({st.name.split(" ")[0] for p in vb._programs(s, n_prompt) for st in p.steps})}
+    del s
+    gc.collect()
+    out["decode_bounds"] = decode_bounds(dev, twin, model, prompt, tok)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--work", default="/tmp/opencl_bench")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=5, help="timed prefill runs per model (decode: runs // 2 + 1)")
+    ap.add_argument("--matvec-bytes", type=int, default=512 << 20)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--variants", default="", help="';'-separated FRAMEWORK_OPENCL_MATVEC settings to compare")
+    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--skip-vulkan", action="store_true")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--matvec-only", action="store_true", help="only the copies and the matrix kernels")
+    ap.add_argument("--allow-cpu-device", action="store_true")
+    ap.add_argument("--expect-device", default="NVIDIA", help="refuse an OpenCL device whose name lacks this")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    result: dict = {}
+
+    import pyopencl as cl
+    log(f"pyopencl {cl.VERSION_TEXT}; platforms: {[p.name for p in cl.get_platforms()]}")
+    dev, twin = opencl_devices()
+    result["device"] = {k: v for k, v in dev.data.items() if k != "extensions"}
+    result["physical_id"] = dev.physical_id
+    log(f"opencl:0: {dev.data['device']} ({dev.data['platform']}, {dev.data['version']}, driver "
+        f"{dev.data['driver_version']}), physical id {dev.physical_id}, {dev.data['compute_units']} compute units, "
+        f"allocations up to {dev.max_alloc / 2**30:.1f} GiB, integer dot product {dev.int_dot}, fp16 "
+        f"{dev.data['fp16']}, subgroups {dev.data['subgroups']}")
+    if dev.is_cpu and not args.allow_cpu_device:
+        raise SystemExit("opencl:0 is a CPU device: its timings are not GPU figures")
+    if not dev.is_cpu and args.expect_device.lower() not in dev.data["device"].lower():
+        raise SystemExit(f"opencl:0 is {dev.data['device']!r}, not the expected {args.expect_device!r} GPU")
+
+    vk = None
+    if not args.skip_vulkan and not args.matvec_only:
+        try:
+            vk = vb.vulkan_device()
+            result["vulkan_physical_id"] = vk.physical_id
+            log(f"vulkan:0: {vk.data['adapter']}, physical id {vk.physical_id}: "
+                f"{'the same chip as opencl:0' if vk.physical_id == dev.physical_id else 'NOT reported as the same chip'}")
+        except SystemExit as e:        # report, and keep the OpenCL figures
+            log(f"vulkan:0 not measured: {e}")
+
+    if not args.skip_check and not args.matvec_only:
+        t0 = time.perf_counter()
+        result["conformance"] = vb.conformance(dev)
+        log(f"conformance on opencl:0: {result['conformance']} ({time.perf_counter() - t0:.0f} s)")
+
+    copy = opencl_copy_bandwidth(dev, twin)
+    result["opencl_copy_GBps"] = copy
+    log(f"OpenCL device-to-device copy: {copy['wall']:.0f} GB/s wall, {copy['device']:.0f} GB/s device time "
+        f"(read + written)")
+    torch_copy = None
+    if not args.skip_torch:
+        torch_copy = vb.torch_copy_bandwidth()
+        log(f"PyTorch device-to-device copy: {torch_copy:.0f} GB/s (read + written)")
+    result["torch_copy_GBps"] = torch_copy
+
+    result["matvec"] = []
+    variants = tuple(args.variants.split(";")) if args.variants else ("",)
+    for qt in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+        for r in matvec_bandwidth(dev, twin, qt, args.matvec_bytes, rng, args.reps, variants=variants):
+            r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
+            r["share_of_torch_copy"] = r["device_read_GBps"] / torch_copy if torch_copy else None
+            shares = f"{r['share_of_opencl_copy']:.0%} of OpenCL's copy" + (
+                f", {r['share_of_torch_copy']:.0%} of PyTorch's" if torch_copy else "")
+            log(f"matvec {qt}{' [' + r['variant'] + ']' if r['variant'] else ''}: {r['rows']}x{r['cols']} "
+                f"({r['weight_bytes'] / 2**20:.0f} MiB): wall {r['seconds'] * 1e6:.0f} us, {r['read_GBps']:.0f} GB/s; "
+                f"device {r['device_seconds'] * 1e6:.0f} us, {r['device_read_GBps']:.0f} GB/s ({shares})  [{r['kernel']}]")
+            result["matvec"].append(r)
+    result["matmul"] = []
+    for qt in ("Q8_0", "Q4_K", "Q6_K"):
+        for r in matvec_bandwidth(dev, twin, qt, 64 << 20, rng, 10, m=256, env=MATMUL_ENV):
+            r["device_TFLOPs"] = 2 * r["rows"] * r["cols"] * 256 / r["device_seconds"] / 1e12
+            log(f"tiled matmul {qt}: {r['rows']}x{r['cols']} by 256 rows: {r['seconds'] * 1e3:.2f} ms wall, "
+                f"{r['TFLOPs']:.1f} TFLOP/s; device {r['device_TFLOPs']:.1f} TFLOP/s  [{r['kernel']}]")
+            result["matmul"].append(r)
+    if args.matvec_only:
+        args.models = ""
+
+    from framework.model.model import Model
+    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
+    result["models"] = {}
+    for name, spec in specs.items():
+        if name not in args.models.split(","):
+            continue
+        path = vb.write_model(name, spec, work / f"{name}-random.gguf", rng)
+        model = Model(path)
+        entry = {"arch": model.hp.arch}
+        if not args.skip_check:
+            entry["check"] = vb.check_models_against_cpu(dev, model)
+            log(f"{name}: opencl:0 vs cpu plugin on random weights: {entry['check']}")
+        entry["opencl"] = to = model_speed(dev, twin, model, args.prompt, args.decode, rng, args.runs)
+        b = to["decode_bounds"]
+        log(f"{name}: opencl:0 prefill {to['prefill_tok_s']:.0f} tok/s ({to['prefill_runs']['min']:.0f}.."
+            f"{to['prefill_runs']['max']:.0f}), decode {to['decode_tok_s']:.1f} tok/s ({to['decode_runs']['min']:.1f}.."
+            f"{to['decode_runs']['max']:.1f}; {to['decode_ms_per_token']:.2f} ms/token); prefill kernels "
+            f"{to['prefill_kernels']}")
+        log(f"  decode step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms "
+            f"({b['host_us_per_enqueue']:.1f} us an enqueue), device {b['device_ms_per_step']:.2f} ms, wall "
+            f"{b['wall_ms_per_step']:.2f} ms: bound by the {b['bound_by']}; device us by kernel "
+            f"{b['device_us_per_step_by_kernel']}")
+        if vk is not None:
+            try:
+                entry["vulkan"] = tv = vb.model_speed(vk, model, args.prompt, args.decode, rng, args.runs)
+                log(f"{name}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s, decode {tv['decode_tok_s']:.1f} tok/s "
+                    f"({tv['dispatches_per_decode_step']} dispatches a step) -> opencl/vulkan: prefill "
+                    f"{to['prefill_tok_s'] / tv['prefill_tok_s']:.2f}x, decode {to['decode_tok_s'] / tv['decode_tok_s']:.2f}x")
+            except Exception as e:  # noqa: BLE001  (report, keep the rest)
+                log(f"{name}: vulkan:0 failed: {type(e).__name__}: {e}")
+        if not args.skip_torch:
+            try:
+                entry["torch_eager_bf16"] = tt = vb.torch_model_speed(model.hp, model.hp.arch, args.prompt,
+                                                                      args.decode, args.runs)
+                log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s, decode "
+                    f"{tt['decode_tok_s']:.1f} tok/s -> opencl/torch: prefill {to['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
+                    f"decode {to['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
+            except Exception as e:  # noqa: BLE001
+                log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
+        result["models"][name] = entry
+        path.unlink()
+        gc.collect()
+
+    out = Path(args.out) / "opencl_h200.json"
+    out.write_text(json.dumps(result, indent=1, default=str))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
