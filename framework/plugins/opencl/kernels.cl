@@ -523,10 +523,10 @@ inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 inline float dot32(grp_t q, __global const float* restrict x) { return hsum(dot32v(q, x)); }
 
 // the same with x in 8 bits (quant_x's 12 words): integer dot products of 4 byte pairs, the zero point
-// taken out through the sums of x's codes. dot4 is cl_khr_integer_dot_product's where the device has
-// it, else the same sum in plain integer arithmetic.
-#ifdef HAS_DOT4
-#pragma OPENCL EXTENSION cl_khr_integer_dot_product : enable
+// taken out through the sums of x's codes. DOT4 is cl_khr_integer_dot_product's where the device
+// lists it and its compiler declares it (the extension's macro), else the same sum in plain integer
+// arithmetic.
+#if defined(HAS_DOT4) && defined(cl_khr_integer_dot_product)
 #define DOT4(u, s) dot_4x8packed_us_int((u), (s))
 #else
 inline int DOT4(uint u, uint s) {
