@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import vulkan_bench as vb  # noqa: E402  (the random models, PyTorch's baselines, the timing helpers)
-from gguf import GGML_QUANT_SIZES  # noqa: E402
-from gguf import GGMLQuantizationType as Q  # noqa: E402
+import vulkan_bench as vb
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
 
 log = vb.log
 MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"
@@ -198,8 +198,6 @@ def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int) 
     out = {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
            "decode_runs": decode, "decode_ms_per_token": 1e3 / decode["median"], "first_prefill_s": first,
            "prefill_kernels": sorted({st.name.split(" ")[0] for p in vb._programs(s, n_prompt) for st in p.steps})}
-    del s
-    gc.collect()
     out["decode_bounds"] = decode_bounds(dev, twin, model, prompt, tok)
     return out
 
@@ -246,8 +244,8 @@ def main() -> None:
         try:
             vk = vb.vulkan_device()
             result["vulkan_physical_id"] = vk.physical_id
-            log(f"vulkan:0: {vk.data['adapter']}, physical id {vk.physical_id}: "
-                f"{'the same chip as opencl:0' if vk.physical_id == dev.physical_id else 'NOT reported as the same chip'}")
+            same = "the same chip as opencl:0" if vk.physical_id == dev.physical_id else "NOT reported as the same chip"
+            log(f"vulkan:0: {vk.data['adapter']}, physical id {vk.physical_id}: {same}")
         except SystemExit as e:        # report, and keep the OpenCL figures
             log(f"vulkan:0 not measured: {e}")
 
@@ -276,7 +274,8 @@ def main() -> None:
                 f", {r['share_of_torch_copy']:.0%} of PyTorch's" if torch_copy else "")
             log(f"matvec {qt}{' [' + r['variant'] + ']' if r['variant'] else ''}: {r['rows']}x{r['cols']} "
                 f"({r['weight_bytes'] / 2**20:.0f} MiB): wall {r['seconds'] * 1e6:.0f} us, {r['read_GBps']:.0f} GB/s; "
-                f"device {r['device_seconds'] * 1e6:.0f} us, {r['device_read_GBps']:.0f} GB/s ({shares})  [{r['kernel']}]")
+                f"device {r['device_seconds'] * 1e6:.0f} us, {r['device_read_GBps']:.0f} GB/s ({shares})  "
+                f"[{r['kernel']}]")
             result["matvec"].append(r)
     result["matmul"] = []
     for qt in ("Q8_0", "Q4_K", "Q6_K"):
@@ -315,7 +314,8 @@ def main() -> None:
                 entry["vulkan"] = tv = vb.model_speed(vk, model, args.prompt, args.decode, rng, args.runs)
                 log(f"{name}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s, decode {tv['decode_tok_s']:.1f} tok/s "
                     f"({tv['dispatches_per_decode_step']} dispatches a step) -> opencl/vulkan: prefill "
-                    f"{to['prefill_tok_s'] / tv['prefill_tok_s']:.2f}x, decode {to['decode_tok_s'] / tv['decode_tok_s']:.2f}x")
+                    f"{to['prefill_tok_s'] / tv['prefill_tok_s']:.2f}x, decode "
+                    f"{to['decode_tok_s'] / tv['decode_tok_s']:.2f}x")
             except Exception as e:  # noqa: BLE001  (report, keep the rest)
                 log(f"{name}: vulkan:0 failed: {type(e).__name__}: {e}")
         if not args.skip_torch:
@@ -323,7 +323,8 @@ def main() -> None:
                 entry["torch_eager_bf16"] = tt = vb.torch_model_speed(model.hp, model.hp.arch, args.prompt,
                                                                       args.decode, args.runs)
                 log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s, decode "
-                    f"{tt['decode_tok_s']:.1f} tok/s -> opencl/torch: prefill {to['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
+                    f"{tt['decode_tok_s']:.1f} tok/s -> opencl/torch: prefill "
+                    f"{to['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
                     f"decode {to['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
             except Exception as e:  # noqa: BLE001
                 log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")

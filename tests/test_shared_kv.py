@@ -8,6 +8,7 @@ import pytest
 from conftest import load_model, reference
 
 from framework.core.scheduler import CapabilityError
+from framework.core.scheduler.errors import DeviceSelectionError
 from framework.runtime.session import Session
 
 DRAFT_LAYERS = 2
@@ -68,7 +69,7 @@ def test_draft_on_the_cache_owner_runs_on_the_targets_cache(devices, target):
 def pair(registry):
     try:
         vk, ocl = registry.select("vulkan:0")[0], registry.select("opencl:0")[0]
-    except Exception as e:     # the reason names the missing driver; make test installs both
+    except DeviceSelectionError as e:     # the reason names the missing driver; make test installs both
         pytest.fail(f"needs vulkan:0 and opencl:0: {e}")
     return vk, ocl
 

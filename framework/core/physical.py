@@ -17,7 +17,7 @@ and third spellings are possible.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 
 HOST_CPU = "host-cpu"
 SYSFS_PCI = "/sys/bus/pci/devices"
@@ -27,7 +27,7 @@ def pci_address(domain: int, bus: int, device: int, function: int) -> str:
     return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _sysfs_devices(root: str) -> dict[str, tuple[int, int]]:
     """PCI address -> (vendor id, device id) of every PCI device sysfs lists (empty without sysfs)."""
     out = {}
@@ -65,4 +65,4 @@ def pci_ids_at(address: str, sysfs: str = SYSFS_PCI) -> tuple[int, int] | None:
     return _sysfs_devices(sysfs).get(address.lower())
 
 
-__all__ = ["HOST_CPU", "SYSFS_PCI", "pci_address", "pci_physical_id", "pci_ids_at"]
+__all__ = ["HOST_CPU", "SYSFS_PCI", "pci_address", "pci_ids_at", "pci_physical_id"]

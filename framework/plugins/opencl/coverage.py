@@ -98,7 +98,7 @@ def _operands(dev, n: Tensor) -> Verdict | None:
 def _op_specific(dev, n: Tensor) -> Verdict | None:
     from .kernels import MAX_HEAD
     if n.op == "MUL_MAT":
-        a, b = n.src
+        a = n.src[0]
         if is_weight(a) and len(a.shape) != 2:
             return Verdict.no("unsupported_shape", f"{dev.name} multiplies by 2-D weights only ({a.describe()})")
     if n.op == "FLASH_ATTN_EXT" and n.src[0].shape[2] > MAX_HEAD:

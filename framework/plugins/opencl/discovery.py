@@ -61,7 +61,8 @@ def _discover() -> Discovery:
         import pyopencl as cl
     except ImportError as e:
         if "libOpenCL" in str(e):
-            return Discovery([], f"pyopencl is installed but the OpenCL ICD loader it needs is not ({e}); {LOADER_HINT}")
+            return Discovery([], f"pyopencl is installed but the OpenCL ICD loader it needs is not ({e}); "
+                                 f"{LOADER_HINT}")
         return Discovery([], f"pyopencl is not installed or cannot be imported ({e}); {INSTALL_HINT}")
     except OSError as e:      # the loader library failed to load
         return Discovery([], f"the OpenCL ICD loader could not be loaded ({e}); {LOADER_HINT}")

@@ -497,7 +497,8 @@ inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, u
 #define QZF (8388608.0f + (float)QZ)
 
 inline float4 f4(uint w) {
-  return as_float4(((((uint4)(w)) >> (uint4)(0u, 8u, 16u, 24u)) & (uint4)(0xFFu)) | (uint4)(0x4B000000u)) - (float4)(QZF);
+  uint4 bytes = ((uint4)(w) >> (uint4)(0u, 8u, 16u, 24u)) & (uint4)(0xFFu);
+  return as_float4(bytes | (uint4)(0x4B000000u)) - (float4)(QZF);
 }
 
 // values 4j .. 4j + 3 (lo) and 16 + 4j .. 16 + 4j + 3 (hi) of a group

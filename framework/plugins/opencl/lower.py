@@ -57,6 +57,10 @@ def _pad4(shape) -> tuple:
     return (1,) * (4 - len(shape)) + tuple(int(d) for d in shape)
 
 
+def _ceil(n: int, m: int) -> int:
+    return -(-int(n) // m)
+
+
 def _round_up(n: int, m: int) -> int:
     return max(m, -(-int(n) // m) * m)
 
@@ -189,9 +193,9 @@ class Lowering:
             return
         if not self.dev.is_cpu and t * h < kernels.SPLIT_ATTN_BELOW and s > awg:
             # flash decoding: the keys in parts, one work-group per (row, head, part), then a combine
-            nc = min(-(-s // awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
-            per = -(-(-(-s // nc)) // awg) * awg
-            nc = -(-s // per)
+            nc = min(_ceil(s, awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
+            per = _ceil(_ceil(s, nc), awg) * awg          # keys a part, in whole blocks
+            nc = _ceil(s, per)
             part = self.new_val(size=t * h * nc * (d + 2))
             self.launch(f"FLASH_ATTN_EXT[split] {n.name}", "flash_attn_part", opts, t * h * nc * awg, awg,
                         p=part, nc=nc, per=per, **common)
@@ -260,7 +264,8 @@ class Lowering:
         nrows, k, m = a.shape[-2], a.shape[-1], b.shape[-2]
         if is_weight(a):
             arg = self.arg_of(a)
-            parts = [(ChunkArg(arg, ci), row0, rows) for ci, (row0, rows) in enumerate(self.dev.chunk_plan(a.dtype.name, a.shape))]
+            chunks = self.dev.chunk_plan(a.dtype.name, a.shape)
+            parts = [(ChunkArg(arg, ci), row0, rows) for ci, (row0, rows) in enumerate(chunks)]
             opts = self._float_options(a.dtype.name)
         else:
             parts, opts = [(self.ref(a), 0, nrows)], kernels.base_options(self.dev)
@@ -276,7 +281,7 @@ class Lowering:
         gpr = k // layout.GROUP
         arg = self.arg_of(a)
         for ci, (row0, rows) in enumerate(self.dev.chunk_plan(qt, a.shape)):
-            common = dict(a=ChunkArg(arg, ci), o=o, N=rows, K=k, M=m, gpr=gpr, ld=nrows, col0=row0)
+            common = {"a": ChunkArg(arg, ci), "o": o, "N": rows, "K": k, "M": m, "gpr": gpr, "ld": nrows, "col0": row0}
             reg = kernels.reg_shape(self.dev, m)
             if reg is not None:
                 opts = dict(kernels.quant_options(self.dev, qt), MR_TM=reg["tm"], MR_TN=reg["tn"])
@@ -294,14 +299,16 @@ class Lowering:
                     self.launch(f"MUL_MAT[{tag}] {n.name}", "matvec_q8", opts, groups * sh["wg"], sh["wg"],
                                 xq=self._quant_x(x, m, k), **common)
                 else:
-                    self.launch(f"MUL_MAT[{tag}] {n.name}", "matvec_q", opts, groups * sh["wg"], sh["wg"], x=x, **common)
+                    self.launch(f"MUL_MAT[{tag}] {n.name}", "matvec_q", opts, groups * sh["wg"], sh["wg"], x=x,
+                                **common)
                 continue
             sh = kernels.matmul_shape(self.dev, m, rows)
             nt = (sh["bm"] // sh["tm"]) * (sh["bn"] // sh["tn"])
             opts = dict(kernels.quant_options(self.dev, qt), MM_BM=sh["bm"], MM_BN=sh["bn"], MM_TM=sh["tm"],
                         MM_TN=sh["tn"])
             tiles = -(-m // sh["bm"]) * -(-rows // sh["bn"])
-            self.launch(f"MUL_MAT[tile-{sh['bm']}x{sh['bn']}] {n.name}", "matmul_q", opts, tiles * nt, nt, x=x, **common)
+            self.launch(f"MUL_MAT[tile-{sh['bm']}x{sh['bn']}] {n.name}", "matmul_q", opts, tiles * nt, nt, x=x,
+                        **common)
 
     def _quant_x(self, x: Ref, m: int, k: int) -> Ref:
         """x (m rows of k) in 8 bits, 12 words a 32-element group; made once per computed value (Q, K and
