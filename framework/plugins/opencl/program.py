@@ -1,6 +1,7 @@
 """A compiled fragment: its launches (lower.py) as kernel objects of their own, enqueued in order on
 the device's in-order queue, with no host synchronisation between them (nor after: only reading a
-result back waits).
+result back waits). The queue is flushed every FLUSH_EVERY kernels and at the end of a run (a flush
+submits what is queued, it does not wait), so the device starts while the host is still enqueueing.
 
 Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those whose
 buffer or offset changed since the last one (none, step after step of decode). Computed values live
@@ -23,6 +24,9 @@ from .device import ClTensor, ClWeight, contiguous_strides
 from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
 from .signatures import TENSOR_KINDS, params
+
+
+FLUSH_EVERY = 64     # kernels enqueued between two flushes (a flush submits, it does not wait)
 
 
 @dataclass
@@ -170,8 +174,11 @@ class ClProgram:
             self.bound_sig, self.bound = sig, (bufs, [b for b, _ in outs.values()], slots, chunks)
         queue, enqueue = dev.queue, cl.enqueue_nd_range_kernel
         if dev.profile is None:
-            for st in self.steps:
+            for i, st in enumerate(self.steps, 1):
                 enqueue(queue, st.kernel, st.gsize, st.lsize)
+                if i % FLUSH_EVERY == 0:      # hand what is queued to the device while the host enqueues on
+                    queue.flush()
+            queue.flush()
         else:
             self._run_profiled(queue)
         dev.enqueued += len(self.steps)
