@@ -20,11 +20,12 @@ COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU"
                     "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "CONT", *VIEW_OPS)
 # the kernels' codes (kernels.cl reads OP_<NAME>): binary's ops, unary's (SCALE and the functions)
 BINARY_CODE = {"ADD": 0, "MUL": 1}
-UNARY_CODE = {"scale": 0, "gelu": 1, "silu": 2, "tanh": 3}
+UNARY_CODE = {"scale": 0, "gelu": 1, "silu": 2, "tanh": 3, "sigmoid": 4, "softplus": 5}
 GLU_ACTIVATION = {"geglu": "gelu", "swiglu": "silu"}      # GLU's activation, one of unary's functions
 ROPE_NEOX = {"normal": 0, "neox": 1}
 # (op, choice parameter) -> the values the kernels have codes for
-CHOICES = {("UNARY", "op"): UNARY_CODE, ("GLU", "op"): GLU_ACTIVATION, ("ROPE", "mode"): ROPE_NEOX}
+CHOICES = {("UNARY", "op"): {k: v for k, v in UNARY_CODE.items() if k != "scale"}, ("GLU", "op"): GLU_ACTIVATION,
+           ("ROPE", "mode"): ROPE_NEOX}
 OP_CODES = {**{k.lower(): v for k, v in BINARY_CODE.items()}, **UNARY_CODE}
 MAX_AXES = 4
 MAX_ELEMENTS = 1 << 32              # kernels index elements with 32-bit integers

@@ -250,6 +250,12 @@ class OpenCLDevice(Device):
             return flat.reshape(shape)
         return np.array(np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides)), copy=True)
 
+    def synchronize(self) -> None:
+        """Wait for the queue: a run returns once its kernels are enqueued, and the executor stops a
+        fragment's clock here, so the time reported for this device includes the device's own."""
+        if self._queue is not None:
+            self._queue.finish()
+
     def compile(self, fragment):
         from .program import ClProgram
         return ClProgram(self, fragment)

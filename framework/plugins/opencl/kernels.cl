@@ -36,6 +36,8 @@ inline float gelu_tanh(float x) {   // ggml_gelu: the tanh approximation
 inline float act(uint op, float x) {
   if (op == OP_GELU) return gelu_tanh(x);
   if (op == OP_SILU) return x / (1.0f + exp(-x));
+  if (op == OP_SIGMOID) return 1.0f / (1.0f + exp(-x));
+  if (op == OP_SOFTPLUS) return x > 20.0f ? x : log1p(exp(x));   // ggml_vec_softplus_f32
   return tanh(x);
 }
 
@@ -273,8 +275,9 @@ __kernel void flash_attn_seq(ARGS_flash_attn) {
 
 // ------------------------------------------------------------------------------------------------
 // rotary embedding of a (T, H, D) on its first n_dims; inv holds the n_dims / 2 frequencies (made
-// on the host in float64, as the CPU plugin makes them); angles and their cos and sin in TABLE_T
-// (double where the device has cl_khr_fp64: the CPU plugin's values exactly). One thread a pair.
+// on the host in float64, as the reference makes them), each divided by its frequency factor where
+// the node has them (ff); angles and their cos and sin in TABLE_T (double where the device has
+// cl_khr_fp64: the reference's values exactly). One thread a pair.
 // ------------------------------------------------------------------------------------------------
 
 __kernel void rope(ARGS_rope) {
@@ -285,7 +288,8 @@ __kernel void rope(ARGS_rope) {
   uint ia = a_off + th * D, io = o_off + th * D;
   uint nh = n_dims / 2;
   if (j < nh) {
-    TABLE_T theta = (TABLE_T)pos[pos_off + t] * inv[j];
+    TABLE_T freq = has_ff ? inv[j] / (TABLE_T)ff[ff_off + j] : inv[j];
+    TABLE_T theta = (TABLE_T)pos[pos_off + t] * freq;
     float c = (float)cos(theta), s = (float)sin(theta);
     uint i0 = neox ? j : 2 * j, i1 = neox ? j + nh : 2 * j + 1;
     float x0 = a[ia + i0], x1 = a[ia + i1];

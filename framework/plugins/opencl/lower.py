@@ -210,9 +210,10 @@ class Lowering:
         n_dims = int(p["n_dims"])
         # the reference's frequencies (float64), in the kernel's angle type
         inv = rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"]))
+        factors = self.ref(n.src[2]) if len(n.src) > 2 else None
         self.each(n, "rope", t * h * (d // 2), a=self.ref(n.src[0]), pos=self.ref(n.src[1]),
-                  inv=inv if self.dev.fp64 else inv.astype(np.float32), o=self.new_val(n), T=t, H=h, D=d,
-                  n_dims=n_dims, neox=ROPE_NEOX[p["mode"]])
+                  inv=inv if self.dev.fp64 else inv.astype(np.float32), ff=factors, o=self.new_val(n), T=t, H=h,
+                  D=d, n_dims=n_dims, neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None))
 
     # -- memory -------------------------------------------------------------------------------
     def _op_set_rows(self, n):
