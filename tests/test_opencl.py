@@ -13,7 +13,8 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   kernels a GPU takes forced on PoCL: the cooperative matrix-vector kernel (sums in local memory),
   its integer form with x in 8 bits, the local-memory tiled product, attention with barriers and
   split over the keys, for every weight type the plugin reads, and weights split into chunks when a
-  device's largest allocation is small; verdicts with reason codes; programs built once; a run
+  device's largest allocation is small; residual adds fused into the products and norms before them;
+  verdicts with reason codes; programs built once; a run
   enqueues its kernels on one in-order queue without any host synchronisation;
 * both models against llama.cpp's reference outputs (tests/reference), held to the README's bounds
   in the cheapest form that still means something (as tests/test_vulkan.py's quick mode): the first
@@ -253,6 +254,29 @@ def test_gpu_attention(variant):
     ]
     for c in cases:
         _check_case(variant, c)
+
+
+def _residual_block(g, *, qtype: str, n: int, k: int, m: int):
+    """x + W h, then y + norm(y) * gain: the layers' residual adds, after a product and after a norm."""
+    from framework.conformance.cases import Q
+    y = g.b.add(g.b.mul_mat(g.weight("blk.0.attn_output.weight", Q[qtype], (n, k)), g.f32("h", (m, k))),
+                g.f32("x", (m, n)))
+    gain = g.weight("blk.0.post_attention_norm.weight", Q.F32, (n,))
+    return [g.b.add(g.b.mul(g.b.rms_norm(y, 1e-6), gain), y)]
+
+
+@pytest.mark.parametrize("is_cpu,m", [(True, 1), (True, 9), (False, 1), (False, 9)])
+def test_residual_adds_are_fused(variant, is_cpu, m):
+    """A product or a norm whose only reader is an ADD of a residual writes the sum itself: no ADD
+    launch, the same values (CPU and GPU kernels, decode and prefill shapes)."""
+    from framework.conformance.cases import Case
+    from framework.plugins.opencl.program import ClProgram
+    variant.is_cpu = is_cpu
+    case = Case(f"ocl-residual-{is_cpu}-{m}", "ADD", partial(_residual_block, qtype="Q4_1", n=96, k=256, m=m))
+    plan = _check_case(variant, case)
+    names = [s.name.split(" ")[0] for s in ClProgram(variant, plan.fragments[0]).steps]
+    assert names[-1] == "RMS_NORM+MUL+ADD" and names[-2].startswith("MUL_MAT[") and names[-2].endswith("]+ADD")
+    assert "ADD" not in names, names
 
 
 def test_weights_over_the_largest_allocation_are_split(variant):

@@ -92,6 +92,7 @@ __kernel __attribute__((reqd_work_group_size(RWG, 1, 1))) void rms_norm(ARGS_rms
   for (uint c = li; c < ncols; c += RWG) {
     float y = a[base + c] * sc;
     if (has_gain) y *= gain[gain_off + c % glen];
+    if (has_r) y += r[r_off + row * ncols + c];
     o[ob + c] = y;
   }
 }
@@ -575,8 +576,11 @@ __kernel void get_rows_q(ARGS_get_rows_q) {
 #define MV_TEAMS (MV_WG / MV_TPR)
 #define MV_ACC (MV_R * MV_MM)
 
+// the team's sums to its lane 0, which stores them (plus the residual where the product is fused with
+// the ADD that reads it: rb is the residual's element at the output's first, the same layout)
 inline void mv_finish(float acc[MV_ACC], __local float* red, uint li, uint lane, uint r0, uint N, uint M,
-                      __global float* restrict o, uint ob, uint ld) {
+                      __global float* restrict o, uint ob, uint ld, __global const float* restrict r, uint rb,
+                      uint has_r) {
   for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] = acc[a];
   barrier(CLK_LOCAL_MEM_FENCE);
   for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
@@ -587,7 +591,8 @@ inline void mv_finish(float acc[MV_ACC], __local float* red, uint li, uint lane,
   if (lane == 0)
     for (uint k = 0; k < MV_R; k++)
       for (uint m = 0; m < MV_MM; m++)
-        if (m < M && r0 + k < N) o[ob + m * ld + r0 + k] = red[(k * MV_MM + m) * MV_WG + li];
+        if (m < M && r0 + k < N)
+          o[ob + m * ld + r0 + k] = red[(k * MV_MM + m) * MV_WG + li] + (has_r ? r[rb + m * ld + r0 + k] : 0.0f);
 }
 
 #if !MV_X8
@@ -608,7 +613,7 @@ __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_m
   }
   float acc[MV_ACC];
   for (uint a = 0; a < MV_ACC; a++) acc[a] = hsum(acc4[a]);
-  mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
+  mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
 }
 
 #else
@@ -628,7 +633,7 @@ __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_
       }
     }
   }
-  mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld);
+  mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
 }
 #endif
 #endif
@@ -678,7 +683,8 @@ __kernel __attribute__((reqd_work_group_size(MM_NT, 1, 1))) void matmul_q(ARGS_m
   for (uint i = 0; i < MM_TM; i++)
     for (uint j = 0; j < MM_TN; j++) {
       uint m = m0 + tm + i * (MM_BM / MM_TM), n = n0 + tn + j * (MM_BN / MM_TN);
-      if (m < M && n < N) o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j];
+      if (m < M && n < N)
+        o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j] + (has_r ? r[r_off + m * ld + col0 + n] : 0.0f);
     }
 }
 #endif
@@ -705,7 +711,10 @@ __kernel void matmul_reg(ARGS_matmul_q) {
   }
   for (uint i = 0; i < MR_TM; i++)
     for (uint j = 0; j < MR_TN; j++)
-      if (m0 + i < M && n0 + j < N) o[o_off + (m0 + i) * ld + col0 + n0 + j] = hsum(acc[i * MR_TN + j]);
+      if (m0 + i < M && n0 + j < N) {
+        uint e = (m0 + i) * ld + col0 + n0 + j;
+        o[o_off + e] = hsum(acc[i * MR_TN + j]) + (has_r ? r[r_off + e] : 0.0f);
+      }
 }
 #endif
 

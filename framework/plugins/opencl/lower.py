@@ -6,7 +6,9 @@ Values: every tensor of the fragment is a ``Ref``: an argument of the fragment (
 a value from another fragment) or a value computed here, plus an element offset, a shape and strides.
 View ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) only make new Refs.
 
-Fusions: RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch.
+Fusions: RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch; a quantized
+product or such a norm whose only reader is an ADD of a residual of the same shape (the layers' x + f(x))
+writes the sum itself, so the ADD costs no launch.
 """
 
 from __future__ import annotations
@@ -90,9 +92,16 @@ class Lowering:
             if n.op == "RMS_NORM" and id(n) not in outs:
                 r = readers.get(id(n), [])
                 if len(r) == 1 and r[0].op == "MUL" and r[0].src[0] is n and self._gain_ok(n, r[0].src[1]):
-                    self._rms_norm(r[0], n, r[0].src[1])
-                    fused.add(id(r[0]))
+                    add = self._residual_add(r[0], readers, outs)
+                    self._rms_norm(r[0], n, r[0].src[1], add)
+                    fused.update(id(t) for t in (r[0], add) if t is not None)
                     continue
+            if n.op == "MUL_MAT" and is_weight(n.src[0]) and n.src[0].dtype.name in layout.QUANT_TYPES:
+                add = self._residual_add(n, readers, outs)
+                self._quant_mul_mat(n, add)
+                if add is not None:
+                    fused.add(id(add))
+                continue
             getattr(self, "_op_" + n.op.lower())(n)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -130,6 +139,17 @@ class Lowering:
         st = s.strides or contiguous_strides(s.shape)
         return Ref(s.kind, s.idx, s.off, tuple(n.shape), tuple(st[a] for a in n.params["axes"]))
 
+    def _residual_add(self, n: Tensor, readers: dict, outs: set) -> Tensor | None:
+        """The ADD that is n's only reader and adds to n a residual of its own shape, if there is one."""
+        r = readers.get(id(n), [])
+        if id(n) in outs or len(r) != 1 or r[0].op != "ADD" or r[0].src[0] is not n:
+            return None
+        add, res = r[0], r[0].src[1]
+        ref = self.refs.get(id(res))
+        if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
+            return None
+        return add
+
     # -- element-wise and rows ----------------------------------------------------------------
     def _gain_ok(self, norm: Tensor, g: Tensor) -> bool:
         if g.dtype.name != "F32" or not g.contiguous or id(g) not in self.refs:
@@ -138,15 +158,17 @@ class Lowering:
             return False
         return g.nelements == norm.shape[-1] and all(d == 1 for d in g.shape[:-1])
 
-    def _rms_norm(self, n: Tensor, norm: Tensor, gain: Tensor | None):
+    def _rms_norm(self, n: Tensor, norm: Tensor, gain: Tensor | None, add: Tensor | None = None):
         a = self.ref(norm.src[0])
-        o = self.new_val(n)
+        o = self.new_val(add if add is not None else n)
         ncols = norm.shape[-1]
         nrows = norm.nelements // ncols
-        label = "RMS_NORM+MUL" if gain is not None else "RMS_NORM"
+        label = "RMS_NORM" + ("+MUL" if gain is not None else "") + ("+ADD" if add is not None else "")
         self.launch(f"{label} {n.name}", "rms_norm", kernels.base_options(self.dev), nrows * kernels.RWG, kernels.RWG,
-                    a=a, gain=self.ref(gain) if gain is not None else None, o=o, ncols=ncols,
-                    eps=float(norm.params["eps"]), has_gain=int(gain is not None), glen=ncols)
+                    a=a, gain=self.ref(gain) if gain is not None else None,
+                    r=self.ref(add.src[1]) if add is not None else None, o=o, ncols=ncols,
+                    eps=float(norm.params["eps"]), has_gain=int(gain is not None), glen=ncols,
+                    has_r=int(add is not None))
 
     def _op_rms_norm(self, n):
         self._rms_norm(n, n, None)
@@ -258,9 +280,6 @@ class Lowering:
     def _op_mul_mat(self, n):
         a, b = n.src
         o = self.new_val(n)
-        if is_weight(a) and a.dtype.name in layout.QUANT_TYPES:
-            self._quant_mul_mat(n, a, self.ref(b), o)
-            return
         sa, sb = _pad4(a.shape), _pad4(b.shape)
         nrows, k, m = a.shape[-2], a.shape[-1], b.shape[-2]
         if is_weight(a):
@@ -275,19 +294,25 @@ class Lowering:
                         a=bind, b=self.ref(b), o=o, N=nrows, M=m, K=k, A0=sa[0], A1=sa[1], B0=sb[0], B1=sb[1],
                         row0=row0, rows=rows, ld=nrows)
 
-    def _quant_mul_mat(self, n, a, x: Ref, o: Ref):
+    def _quant_mul_mat(self, n, add: Tensor | None):
+        """A product by a quantized weight, chunk by chunk; with `add`, the residual added as it is stored."""
+        a, x = n.src[0], self.ref(n.src[1])
+        o = self.new_val(add if add is not None else n)
+        res = {"r": self.ref(add.src[1]) if add is not None else None, "has_r": int(add is not None)}
+        plus = "+ADD" if add is not None else ""
         qt = a.dtype.name
         nrows, k = a.shape
         m = n.nelements // nrows
         gpr = k // layout.GROUP
         arg = self.arg_of(a)
         for ci, (row0, rows) in enumerate(self.dev.chunk_plan(qt, a.shape)):
-            common = {"a": ChunkArg(arg, ci), "o": o, "N": rows, "K": k, "M": m, "gpr": gpr, "ld": nrows, "col0": row0}
+            common = {"a": ChunkArg(arg, ci), "o": o, "N": rows, "K": k, "M": m, "gpr": gpr, "ld": nrows, "col0": row0,
+                      **res}
             reg = kernels.reg_shape(self.dev, m)
             if reg is not None:
                 opts = dict(kernels.quant_options(self.dev, qt), MR_TM=reg["tm"], MR_TN=reg["tn"])
                 items = -(-m // reg["tm"]) * -(-rows // reg["tn"])
-                self.launch(f"MUL_MAT[reg-{reg['tm']}x{reg['tn']}] {n.name}", "matmul_reg", opts, items,
+                self.launch(f"MUL_MAT[reg-{reg['tm']}x{reg['tn']}]{plus} {n.name}", "matmul_reg", opts, items,
                             reg["wg"], x=x, **common)
                 continue
             if m <= kernels.MATVEC_MAX_ROWS:
@@ -297,10 +322,10 @@ class Lowering:
                 groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
                 tag = f"matvec{'-x8' if sh['x8'] else ''}"
                 if sh["x8"]:
-                    self.launch(f"MUL_MAT[{tag}] {n.name}", "matvec_q8", opts, groups * sh["wg"], sh["wg"],
+                    self.launch(f"MUL_MAT[{tag}]{plus} {n.name}", "matvec_q8", opts, groups * sh["wg"], sh["wg"],
                                 xq=self._quant_x(x, m, k), **common)
                 else:
-                    self.launch(f"MUL_MAT[{tag}] {n.name}", "matvec_q", opts, groups * sh["wg"], sh["wg"], x=x,
+                    self.launch(f"MUL_MAT[{tag}]{plus} {n.name}", "matvec_q", opts, groups * sh["wg"], sh["wg"], x=x,
                                 **common)
                 continue
             sh = kernels.matmul_shape(self.dev, m, rows)
@@ -308,7 +333,7 @@ class Lowering:
             opts = dict(kernels.quant_options(self.dev, qt), MM_BM=sh["bm"], MM_BN=sh["bn"], MM_TM=sh["tm"],
                         MM_TN=sh["tn"])
             tiles = -(-m // sh["bm"]) * -(-rows // sh["bn"])
-            self.launch(f"MUL_MAT[tile-{sh['bm']}x{sh['bn']}] {n.name}", "matmul_q", opts, tiles * nt, nt, x=x,
+            self.launch(f"MUL_MAT[tile-{sh['bm']}x{sh['bn']}]{plus} {n.name}", "matmul_q", opts, tiles * nt, nt, x=x,
                         **common)
 
     def _quant_x(self, x: Ref, m: int, k: int) -> Ref:

@@ -21,7 +21,7 @@ SIGNATURES = {
     "binary": "in a, in b, out o, u n, u4 ashape, u4 bshape, u op",
     "unary": "in a, out o, u n, u op, f s",
     "glu": "in g, in v, out o, u n, u op",
-    "rms_norm": "in a, in gain, out o, u ncols, f eps, u has_gain, u glen",
+    "rms_norm": "in a, in gain, in r, out o, u ncols, f eps, u has_gain, u glen, u has_r",
     "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
     "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
     "flash_attn_seq": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
@@ -35,10 +35,10 @@ SIGNATURES = {
     "get_rows_q": "w a, ini rows, out o, u W, u T, u row0, u nrows, u gpr",
     "mul_mat_f": "el a, in b, out o, u N, u M, u K, u A0, u A1, u B0, u B1, u row0, u rows, u ld",
     "quant_x": "in x, out xq, u groups",
-    "matvec_q": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
-    "matvec_q8": "w a, in xq, out o, u N, u K, u M, u gpr, u ld, u col0",
-    "matmul_q": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
-    "matmul_reg": "w a, in x, out o, u N, u K, u M, u gpr, u ld, u col0",
+    "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "matvec_q8": "w a, in xq, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "matmul_reg": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
 }
 
 TENSOR_KINDS = ("in", "ini", "el", "out")
