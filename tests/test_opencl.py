@@ -13,7 +13,8 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   kernels a GPU takes forced on PoCL: the cooperative matrix-vector kernel (sums in local memory),
   its integer form with x in 8 bits, the local-memory tiled product, attention with barriers and
   split over the keys, for every weight type the plugin reads, and weights split into chunks when a
-  device's largest allocation is small; residual adds fused into the products and norms before them;
+  device's largest allocation is small; residual adds fused into the products and norms before them,
+  and a SCALE into the ROPE before it;
   verdicts with reason codes; programs built once; a run
   enqueues its kernels on one in-order queue without any host synchronisation;
 * both models against llama.cpp's reference outputs (tests/reference), held to the README's bounds
@@ -277,6 +278,18 @@ def test_residual_adds_are_fused(variant, is_cpu, m):
     names = [s.name.split(" ")[0] for s in ClProgram(variant, plan.fragments[0]).steps]
     assert names[-1] == "RMS_NORM+MUL+ADD" and names[-2].startswith("MUL_MAT[") and names[-2].endswith("]+ADD")
     assert "ADD" not in names, names
+
+
+def test_rope_then_scale_is_one_launch(ocl):
+    """Gemma's query scaling after ROPE: one launch, the same values."""
+    from framework.conformance.cases import Case
+    from framework.plugins.opencl.program import ClProgram
+
+    def rope_scale(g):
+        pos = g.ints("inp_pos", np.arange(3, 8))
+        return [g.b.scale(g.b.rope_ext(g.f32("q", (5, 4, 64)), pos, 64, "neox", 10000.0), 0.125)]
+    plan = _check_case(ocl, Case("ocl-rope-scale", "ROPE", rope_scale))
+    assert [s.name.split(" ")[0] for s in ClProgram(ocl, plan.fragments[0]).steps] == ["ROPE+SCALE"]
 
 
 def test_weights_over_the_largest_allocation_are_split(variant):

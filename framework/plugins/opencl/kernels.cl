@@ -278,7 +278,8 @@ __kernel void flash_attn_seq(ARGS_flash_attn) {
 // rotary embedding of a (T, H, D) on its first n_dims; inv holds the n_dims / 2 frequencies (made
 // on the host in float64, as the reference makes them), each divided by its frequency factor where
 // the node has them (ff); angles and their cos and sin in TABLE_T (double where the device has
-// cl_khr_fp64: the reference's values exactly). One thread a pair.
+// cl_khr_fp64: the reference's values exactly); times s, the SCALE that follows it where there is one
+// (Gemma's query scaling). One thread a pair.
 // ------------------------------------------------------------------------------------------------
 
 __kernel void rope(ARGS_rope) {
@@ -291,15 +292,15 @@ __kernel void rope(ARGS_rope) {
   if (j < nh) {
     TABLE_T freq = has_ff ? inv[j] / (TABLE_T)ff[ff_off + j] : inv[j];
     TABLE_T theta = (TABLE_T)pos[pos_off + t] * freq;
-    float c = (float)cos(theta), s = (float)sin(theta);
+    float c = (float)cos(theta), sn = (float)sin(theta);
     uint i0 = neox ? j : 2 * j, i1 = neox ? j + nh : 2 * j + 1;
     float x0 = a[ia + i0], x1 = a[ia + i1];
-    o[io + i0] = x0 * c - x1 * s;
-    o[io + i1] = x0 * s + x1 * c;
+    o[io + i0] = (x0 * c - x1 * sn) * s;
+    o[io + i1] = (x0 * sn + x1 * c) * s;
   } else {
     uint e = n_dims + 2 * (j - nh);
-    o[io + e] = a[ia + e];
-    o[io + e + 1] = a[ia + e + 1];
+    o[io + e] = a[ia + e] * s;
+    o[io + e + 1] = a[ia + e + 1] * s;
   }
 }
 

@@ -8,7 +8,8 @@ View ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) only make new Refs.
 
 Fusions: RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch; a quantized
 product or such a norm whose only reader is an ADD of a residual of the same shape (the layers' x + f(x))
-writes the sum itself, so the ADD costs no launch.
+writes the sum itself, so the ADD costs no launch; a ROPE whose only reader is a SCALE (Gemma's query
+scaling) is one launch with it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ class Lowering:
                     self._rms_norm(r[0], n, r[0].src[1], add)
                     fused.update(id(t) for t in (r[0], add) if t is not None)
                     continue
+            if n.op == "ROPE":
+                r = readers.get(id(n), [])
+                scale = r[0] if id(n) not in outs and len(r) == 1 and r[0].op == "SCALE" else None
+                self._rope(n, scale)
+                if scale is not None:
+                    fused.add(id(scale))
+                continue
             if n.op == "MUL_MAT" and is_weight(n.src[0]) and n.src[0].dtype.name in layout.QUANT_TYPES:
                 add = self._residual_add(n, readers, outs)
                 self._quant_mul_mat(n, add)
@@ -226,16 +234,20 @@ class Lowering:
             return
         self.launch(f"FLASH_ATTN_EXT {n.name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)
 
-    def _op_rope(self, n):
+    def _rope(self, n, scale: Tensor | None):
+        """ROPE, times the SCALE that is its only reader where there is one (one launch for both)."""
         t, h, d = n.shape
         p = n.params
         n_dims = int(p["n_dims"])
         # the reference's frequencies (float64), in the kernel's angle type
         inv = rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"]))
         factors = self.ref(n.src[2]) if len(n.src) > 2 else None
-        self.each(n, "rope", t * h * (d // 2), a=self.ref(n.src[0]), pos=self.ref(n.src[1]),
-                  inv=inv if self.dev.fp64 else inv.astype(np.float32), ff=factors, o=self.new_val(n), T=t, H=h,
-                  D=d, n_dims=n_dims, neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None))
+        self.launch(f"ROPE{'+SCALE' if scale is not None else ''} {n.name}", "rope", kernels.base_options(self.dev),
+                    t * h * (d // 2), self.ewg, a=self.ref(n.src[0]), pos=self.ref(n.src[1]),
+                    inv=inv if self.dev.fp64 else inv.astype(np.float32), ff=factors,
+                    o=self.new_val(scale if scale is not None else n), T=t, H=h, D=d, n_dims=n_dims,
+                    neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
+                    s=float(scale.params["scale"]) if scale is not None else 1.0)
 
     # -- memory -------------------------------------------------------------------------------
     def _op_set_rows(self, n):

@@ -28,7 +28,7 @@ SIGNATURES = {
     "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, "
                        "u per",
     "flash_combine": "in p, out o, u TH, u D, u nc",
-    "rope": "in a, ini pos, tab inv, in ff, out o, u T, u H, u D, u n_dims, u neox, u has_ff",
+    "rope": "in a, ini pos, tab inv, in ff, out o, u T, u H, u D, u n_dims, u neox, u has_ff, f s",
     "set_rows": "in s, ini rows, out dst, u W, u T, u nrows",
     "cont": "in a, out o, u n, u4 shape, u4 strides",
     "get_rows_f": "el a, ini rows, out o, u W, u T, u row0, u nrows",
