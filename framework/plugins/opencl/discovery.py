@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 INSTALL_HINT = "pip install 'pyopencl>=2024.1'"
 LOADER_HINT = "Debian/Ubuntu: apt-get install ocl-icd-libopencl1"
@@ -27,6 +28,17 @@ class Discovery:
 
 
 _cached: Discovery | None = None
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: pyopencl's binaries and PoCL's own cache, under FRAMEWORK_CACHE
+    (``make clean-cache`` deletes them with the rest)."""
+    return Path(os.environ.get("FRAMEWORK_CACHE", Path.home() / ".cache" / "framework")) / "opencl"
+
+
+def _pocl_cache() -> None:
+    """PoCL reads POCL_CACHE_DIR when the loader first opens it: before the first platform query."""
+    os.environ.setdefault("POCL_CACHE_DIR", str(cache_dir() / "pocl"))
 
 
 def discover() -> Discovery:
@@ -57,6 +69,7 @@ def _icd_summary(files: list[str]) -> str:
 
 
 def _discover() -> Discovery:
+    _pocl_cache()
     try:
         import pyopencl as cl
     except ImportError as e:

@@ -107,9 +107,10 @@ def build(dev, options: dict[str, int]):
     prog = dev.programs.get(key)
     if prog is None:
         import pyopencl as cl
+        from .discovery import cache_dir
         flags = [f"-D{k}={v}" for k, v in key] + ["-cl-std=CL1.2"]
         try:
-            prog = cl.Program(dev.context, source()).build(options=flags)
+            prog = cl.Program(dev.context, source()).build(options=flags, cache_dir=str(cache_dir() / "pyopencl"))
         except cl.RuntimeError as e:
             raise RuntimeError(f"{dev.name}: building kernels.cl with {' '.join(flags)} failed: {e}") from None
         dev.programs[key] = prog
