@@ -25,7 +25,6 @@ from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
 from .signatures import TENSOR_KINDS, params
 
-
 FLUSH_EVERY = 64     # kernels enqueued between two flushes (a flush submits, it does not wait)
 
 
