@@ -136,6 +136,13 @@ class Device:
         return tensor.nelements * 4
 
     # -- memory (optional) --------------------------------------------------------------------
+    def free_memory(self) -> int | None:
+        """Bytes of device memory free now, where the driver reports it (ggml's ``get_memory``). Planning
+        uses the smaller of this and ``limits.memory_bytes`` (and of a ``--device-memory`` cap): layers that
+        do not fit go to the next device in --backends. Asked once per session. Default: None, not reported
+        (only ``limits.memory_bytes`` counts)."""
+        return None
+
     def load_weight(self, tensor: "Tensor", raw: np.ndarray) -> Any:
         """Turn a weight's file bytes (uint8, as stored in GGUF) into a device handle.
         Default: dequantize to a float32 numpy array."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,6 +86,32 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+
+
+def device_memory(text: str) -> tuple[str, int]:
+    """--device-memory DEVICE=SIZE: SIZE in bytes, or with K, M, G or T (binary units: 1.5G is 1.5 GiB)."""
+    device, sep, size = text.partition("=")
+    m = _SIZE.fullmatch(size.strip())
+    if not sep or not device.strip() or m is None:
+        raise argparse.ArgumentTypeError(f"'{text}' is not DEVICE=SIZE (for example vulkan:0=200M or npu:0=1.5G; a "
+                                         f"size in bytes or with K, M, G or T)")
+    nbytes = int(float(m[1]) * 1024 ** " kmgt".index((m[2] or " ").lower()))
+    if nbytes < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': the size must be at least 1 byte")
+    return device.strip(), nbytes
+
+
+def memory_caps(pairs: list[tuple[str, int]] | None) -> dict[str, int]:
+    """The --device-memory caps by device; a device capped twice is an error, not a silent choice."""
+    caps: dict[str, int] = {}
+    for device, nbytes in pairs or ():
+        if device in caps:
+            raise ValueError(f"--device-memory caps {device} twice ({caps[device]} and {nbytes} bytes): give it once")
+        caps[device] = nbytes
+    return caps
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> int:

@@ -18,7 +18,9 @@ from .common import (
     EXIT_INTERRUPTED,
     err,
     fail,
+    device_memory,
     load_model,
+    memory_caps,
     model_path,
     out,
     positive_int,
@@ -111,7 +113,11 @@ def _device_args(p: argparse.ArgumentParser) -> None:
                    "devices; xdna, xdna2 on xdna:0's host arm): planning and execution under its limits, labelled "
                    "EMULATION in every report")
     p.add_argument("--strict", action="store_true", help="fail instead of falling back to a later device")
-    p.add_argument("--kv-device", help="device that holds the KV cache (default: the first that can write it)")
+    p.add_argument("--kv-device", help="device that holds the KV cache (default: each layer's with the layer, on "
+                   "the first device that can write it)")
+    p.add_argument("--device-memory", action="append", type=device_memory, metavar="DEVICE=SIZE",
+                   help="plan as if DEVICE had SIZE of memory (200M, 1.5G; repeatable): the layers that do not fit go "
+                   "to the next device in --backends")
     p.add_argument("--ctx", type=positive_int, default=2048, help="context length in tokens (default 2048)")
     p.add_argument("--batch", type=positive_int, default=512, help="prefill chunk in tokens (default 512)")
 
@@ -147,7 +153,7 @@ def cmd_run(args) -> int:
     from ..runtime.generate import generate
     from ..runtime.sampling import Sampler, SamplingParams
     from ..runtime.session import Session
-    from .report import fallback_lines, placement_rows
+    from .report import fallback_lines, memory_fit_lines, placement_rows
     from .table import print_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
@@ -159,7 +165,7 @@ def cmd_run(args) -> int:
         return fail(f"the prompt is empty and {model.file.path.name} adds no beginning-of-sequence token, so there "
                     f"is nothing to continue: give a prompt")
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
-                      kv_device=args.kv_device)
+                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
     session.reserve(len(ids), args.n_predict)           # every check before anything is loaded
     with weight_progress() as progress:
         session.progress = progress
@@ -179,7 +185,9 @@ def cmd_run(args) -> int:
     _summary(model, session, generated, interrupted)
     for line in fallback_lines(session):
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
-    print_table(err, *placement_rows(session), right=(1, 2, 3, 4, 5), title="placement")
+    for line in memory_fit_lines(session):
+        err.print(escape(line), soft_wrap=True)
+    print_table(err, *placement_rows(session), right=(1, 2, 3, 4, 5, 6), title="placement")
     if args.plan:
         _write_plans(session, Path(args.plan))
     if args.plan_view:
@@ -249,7 +257,7 @@ def cmd_check(args) -> int:
     model = load_model(args.model)
     t0 = time.perf_counter()
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
-                      kv_device=args.kv_device)
+                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
     reservation = session.reserve(args.prompt_tokens, args.n_predict)
     seconds = time.perf_counter() - t0
     names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in devices)
@@ -398,7 +406,8 @@ def cmd_perplexity(args) -> int:
     model = load_model(args.model)
     ids = model.tokenizer.encode(path.read_bytes().decode("utf-8"))
     with weight_progress() as progress:
-        session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress)
+        session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
+                          memory_caps=memory_caps(args.device_memory))
     t0 = time.perf_counter()
     result = perplexity(session, ids, args.ctx, progress=lambda i, n: err.print(f"window {i}/{n}"))
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "

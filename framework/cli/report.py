@@ -8,7 +8,8 @@ from .table import Row
 
 def placement_rows(session) -> tuple[list[str], list[Row]]:
     """Per device: nodes and fragments in the prefill and decode plans, programs compiled, time (its runs,
-    the wait for their results and its transfers), bytes copied in. An emulation says so under its row."""
+    the wait for their results and its transfers), bytes copied in, and the memory it holds in each phase
+    against its budget. An emulation says so under its row."""
     by_phase = {}
     for plan, _ in session.plans.values():
         by_phase.setdefault(plan.graph.meta.get("phase"), plan)
@@ -20,9 +21,23 @@ def placement_rows(session) -> tuple[list[str], list[Row]]:
             continue
         st = stats.get(dev.name, {})
         rows.append(Row([dev.name, _pair(use, "nodes"), _pair(use, "fragments"), str(st.get("compiles", 0)),
-                         f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0))],
+                         f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0)),
+                         _memory(by_phase, dev.name)],
                         f"EMULATION of {dev.emulation}" if dev.emulation else "", "yellow" if dev.emulation else ""))
-    return ["device", "nodes pre/dec", "fragments pre/dec", "programs", "time", "copied in"], rows
+    return ["device", "nodes pre/dec", "fragments pre/dec", "programs", "time", "copied in", "memory pre/dec"], rows
+
+
+def _memory(by_phase: dict, device: str) -> str:
+    """'42.6 / 38.0 of 60.0 MiB': what the device holds in the prefill and the decode plan, of its budget."""
+    used = " / ".join(f"{by_phase[ph].memory.get(device, {}).get('total', 0) / 2**20:.1f}" if ph in by_phase else "-"
+                      for ph in ("prefill", "decode"))
+    budget = next((p.budgets[device] for p in by_phase.values() if device in p.budgets), None)
+    return f"{used} of {budget.nbytes / 2**20:.1f} MiB" if budget is not None else f"{used} MiB"
+
+
+def memory_fit_lines(session) -> list[str]:
+    """What the memory fit kept on each device, when a device's memory moved layers to the next one."""
+    return session.fit.lines()
 
 
 def _pair(use: dict, key: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import EXIT_CAPABILITY, err, fail, load_model, out, select_devices
+from .common import EXIT_CAPABILITY, err, fail, load_model, memory_caps, out, select_devices
 
 
 def run_split(args) -> int:
@@ -28,7 +28,7 @@ def run_split(args) -> int:
         return fail(f"-o {target}: name the file .html, .svg, .dot, .json or .txt (the extension picks the format)")
     model = load_model(args.model)
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
-                      kv_device=args.kv_device)
+                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
     view = PlanView.from_session(session, args.prompt_tokens, args.n_predict, args.phase)
     if target is None:
         out(render_text(view))

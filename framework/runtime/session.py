@@ -23,6 +23,7 @@ import numpy as np
 from ..contract import Device
 from ..core.graph import Graph, LeafKind, ops
 from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve
+from ..core.scheduler.memory import Fit, fit_layers, fit_needed, memory_budgets
 from ..model.model import Model
 
 KV_PAD = 256
@@ -45,50 +46,67 @@ class StepStats:
 class Session:
     def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512, progress=None,
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
-                 share_kv_with: "Session | None" = None):
+                 share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
         self.progress, self.strict, self.n_layers = progress, strict, n_layers
         self.static = any(d.limits.static_shapes for d in self.devices)
+        unknown = sorted(set(memory_caps or ()) - {d.name for d in self.devices})
+        if unknown:
+            raise ValueError(f"--device-memory names {', '.join(unknown)}, which is not among the selected devices "
+                             f"({', '.join(d.name for d in self.devices)})")
+        self.budgets = memory_budgets(self.devices, memory_caps)
+        self.plans: dict[tuple, tuple[Plan, object]] = {}
+        self.graphs: dict[tuple, tuple[Graph, object]] = {}
         if share_kv_with is not None and model.arch.recurrent:
             raise ValueError(f"{model.name} ({model.arch.name}) keeps recurrent state per sequence, which a draft "
                              f"cannot share with its target: run the draft with its own cache")
         if share_kv_with is not None:
             # a draft that reads and writes the target's cache tensors where the target keeps them
             self.n_ctx, self.cache, self.residence = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.residence
+            self.fit = share_kv_with.fit
             caches = share_kv_with.executor.caches
         else:
             self.n_ctx, self.cache = n_ctx, model.arch.make_cache(n_ctx, n_batch if self.static else 0)
+            self.fit = self._fit_memory(kv_device)
             self.residence = self._place_cache(kv_device)
             caches = None
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches)
         self.n_past = 0
-        self.plans: dict[tuple, tuple[Plan, object]] = {}
-        self.graphs: dict[tuple, tuple[Graph, object]] = {}
         self.prefill = StepStats()
         self.decode = StepStats()
 
+    def _fit_memory(self, kv_device: str | None) -> Fit:
+        """Which device runs each layer, when a device's memory cannot hold all it accepts: fitted once, over
+        the steps with the most activations (a whole prefill chunk, and decode, over the whole context)."""
+        if not fit_needed(self.devices, self.budgets):
+            return fit_layers([], self.devices, self.budgets)
+        chunk = min(self.n_batch, self.n_ctx)
+        keys = dict.fromkeys([self._key(chunk, self.n_ctx - chunk, 1), self._key(1, self.n_ctx - 1, 1)])
+        return fit_layers([self._graph(k)[0] for k in keys], self.devices, self.budgets, kv_device)
+
     def _place_cache(self, kv_device: str | None) -> dict[int, Residence]:
-        """The KV cache lives on kv_device, or on the first device in the list that can write it; each
-        recurrent state on kv_device, or on the first device that accepts the op that reads it."""
+        """The KV cache lives on kv_device, or each layer's on the first device from the one the memory fit
+        gave the layer that can write it; each recurrent state likewise, on a device that accepts the op
+        that reads it."""
         by_name = {d.name: d for d in self.devices}
         if kv_device is not None and kv_device not in by_name:
             raise ValueError(f"--kv-device {kv_device} is not among the selected devices "
                              f"({', '.join(by_name)})")
         graph, _ = self.model.build_step(1, min(KV_PAD, self.cache.n_ctx), 1, self.cache, n_layers=1)
 
-        def first_accepting(op: str) -> Device:
+        def first_accepting(op: str, layer: int | None) -> Device:
+            devices = self.fit.start(layer, self.devices)
             node = next((n for n in graph.nodes if n.op == op and (not ops.writes_source(op) or
                                                                   n.storage.kind == LeafKind.CACHE)), None)
             if node is None:
-                return self.devices[0]
-            return next((d for d in self.devices if d.supports_op(node).ok), self.devices[0])
+                return devices[0]
+            return next((d for d in devices if d.supports_op(node).ok), devices[0])
 
-        owner = by_name.get(kv_device) or first_accepting("SET_ROWS")
-        home = {id(t): owner for t in self.cache.tensors()}
+        home = {id(t): by_name.get(kv_device) or first_accepting("SET_ROWS", t.layer) for t in self.cache.tensors()}
         for t, op in self.cache.states():
-            home[id(t)] = by_name.get(kv_device) or first_accepting(op)
+            home[id(t)] = by_name.get(kv_device) or first_accepting(op, t.layer)
         return {k: Residence(d.name, d.buffer_type, d.physical_id) for k, d in home.items()}
 
     def reset(self) -> None:
@@ -129,7 +147,7 @@ class Session:
         phases = {_phase_name(k): self.plans[k][0] if k in self.plans else self._graph(k)[0] for k in keys}
         known = {_phase_name(k): p for k, (p, _) in self.plans.items() if _phase_name(k) not in phases}
         result = reserve({**known, **phases}, self.devices, self.residence, self.strict,
-                         self.executor.programs_per_device())
+                         self.executor.programs_per_device(), self.fit)
         for k in keys:
             self.plans.setdefault(k, (result.plans[_phase_name(k)], self._graph(k)[1]))
         return result
@@ -138,7 +156,7 @@ class Session:
         key = self._key(n_tokens, n_past, n_out)
         if key not in self.plans:
             graph, inp = self._graph(key)
-            plan = make_plan(graph, self.devices, self.residence)
+            plan = make_plan(graph, self.devices, self.residence, self.fit)
             known = {_phase_name(k): p for k, (p, _) in self.plans.items()}
             reserve({**known, _phase_name(key): plan}, self.devices, self.residence, self.strict,
                     self.executor.programs_per_device())

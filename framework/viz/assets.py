@@ -198,13 +198,15 @@ function renderDevices() {
   const timed = Object.keys(D.device_seconds || {}).length > 0;
   let h = "<tr><th>device</th><th>nodes</th><th>fragments</th><th>submissions</th><th>programs</th><th>copied in</th>" +
           "<th>fallbacks here</th><th title='distinct compiled programs over every phase shown'>live programs</th>" +
-          "<th title='most commands chained in one submission'>chained commands</th><th title='weights + caches + activations'>memory</th>" +
+          "<th title='most commands chained in one submission'>chained commands</th><th title='weights + caches + activations, over every phase'>memory</th>" +
+          "<th title='weights + caches + activations of this phase, against the budget'>memory this phase</th>" +
           (timed ? "<th>measured</th>" : "") + "</tr>";
   for (const lane of D.lanes) {
     const u = P.per_device[lane.name] || {nodes: 0, fragments: 0, submissions: 0, programs: 0};
     const b = D.budgets[lane.name] || {};
     const bad = (m.devices || []).includes(lane.name) ? m.budget : null;
     const mem = b.memory || {total: 0, weights: 0, caches: 0, activations: 0};
+    const pm = (P.memory || {})[lane.name] || {total: 0, limit: null};
     h += `<tr data-device="${esc(lane.name)}"><td><span class="swatch" style="background:${lane.colour}"></span><b>${esc(lane.name)}</b>` +
          (lane.emulation ? ` <span class="emu">EMULATION of ${esc(lane.emulation)}</span>` : "") + `</td>` +
          `<td>${u.nodes}</td><td>${u.fragments}</td><td>${u.submissions}</td><td>${u.programs}</td>` +
@@ -212,6 +214,7 @@ function renderDevices() {
          budgetCell(b.programs || 0, b.max_live_programs, null, bad === "programs") +
          budgetCell(b.chain || 0, b.max_chain, null, bad === "chain") +
          budgetCell(mem.total, b.memory_bytes, bytes, bad === "memory").replace("<td", `<td data-memory title="weights ${bytes(mem.weights)}, caches ${bytes(mem.caches)}, activations ${bytes(mem.activations)}"`) +
+         budgetCell(pm.total || 0, pm.limit, bytes, false).replace("<td", `<td data-phase-memory title="${esc(pm.limit_source ? "budget " + pm.limit_source : "no budget")}"`) +
          (timed ? `<td>${D.device_seconds[lane.name] !== undefined ? D.device_seconds[lane.name].toFixed(3) + " s" : "-"}</td>` : "") + "</tr>";
   }
   $("devices").innerHTML = h;
@@ -233,6 +236,7 @@ function renderFallbacks() {
     }
     h += "</ul>";
   }
+  for (const line of P.fit_lines || []) h += `<div class="note">${esc(line)}</div>`;
   for (const note of D.notes || []) h += `<div class="note">note: ${esc(note)}</div>`;
   $("fallbacks").innerHTML = h;
 }

@@ -24,6 +24,7 @@ def view_data(view: PlanView) -> dict:
         lanes.append({"name": name, "type": kind, "colour": fill[name],
                       "emulation": getattr(d, "emulation", None) or None,
                       "description": getattr(d, "description", "") or ""})
+    budgets = view.budgets()           # measures every plan's memory too (Plan.memory), for a failed one as well
     phases = []
     for phase, plan in view.plans.items():
         rec = plan.to_dict()
@@ -34,6 +35,7 @@ def view_data(view: PlanView) -> dict:
             "name": phase, "meta": rec["graph"], "nodes": rec["nodes"], "fragments": rec["fragments"],
             "copies": rec["copies"], "per_device": rec["per_device"], "programs": rec["programs"],
             "fallbacks": rec["fallbacks"], "marks": view.error_marks(plan), "leaves": leaf_records(plan),
+            "memory": rec["memory"], "fit_lines": plan.fit.lines() if plan.fit is not None else [],
             "fallback_groups": [{"op": g.op, "device": g.device, "count": g.count, "first": g.first,
                                  "reasons": g.reasons} for g in group_fallbacks([plan])],
             "cost": [estimated_cost(n) for n in nodes],
@@ -45,7 +47,7 @@ def view_data(view: PlanView) -> dict:
         error = view.error.to_dict()
     names = ", ".join(d.name for d in view.devices)
     return {"title": f"{view.model.rsplit('/', 1)[-1]} on {names}", "model": view.model, "lanes": lanes,
-            "budgets": view.budgets(), "device_seconds": view.device_seconds, "error": error,
+            "budgets": budgets, "device_seconds": view.device_seconds, "error": error,
             "notes": view.notes, "phases": phases, "measured": bool(view.measured)}
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ..contract import Device, DeviceType, Limits, Verdict
 from ..core.graph import VIEW_OPS, LeafKind, Tensor
 from ..core.scheduler import CapabilityError, Placement, Plan, Reservation, make_plan
-from ..core.scheduler.reserve import check_memory
+from ..core.scheduler.reserve import check_memory, memory_limits
 
 UNPLACED = "(no device)"
 _LAYER = re.compile(r"(?:-(\d+)(?:_|$))|(?:^blk\.(\d+)\.)")
@@ -43,14 +43,14 @@ class Unplaced(Device):
         raise RuntimeError("nothing runs on (no device): it only shows where a plan failed")
 
 
-def plan_with_unplaced(graph, devices: list[Device], residence: dict) -> Plan:
+def plan_with_unplaced(graph, devices: list[Device], residence: dict, fit=None) -> Plan:
     """make_plan, or when a node fits no device, a plan with such nodes on `(no device)`."""
     try:
-        return make_plan(graph, devices, residence)
+        return make_plan(graph, devices, residence, fit)
     except CapabilityError as e:
         if e.code != "no_device_for_node":
             raise
-    plan = make_plan(graph, [*devices, Unplaced(devices)], residence)
+    plan = make_plan(graph, [*devices, Unplaced(devices)], residence, fit)
     for key, p in list(plan.placement.items()):
         if p.device == UNPLACED and p.refusals:
             why = "; ".join(f"{d}: {r}" for d, r in p.refusals.items())
@@ -111,7 +111,7 @@ class PlanView:
             plans = {}
             for key in session.shapes_for(n_prompt, n_predict):
                 graph = session._graph(key)[0]
-                plans[_phase_name(key)] = plan_with_unplaced(graph, session.devices, session.residence)
+                plans[_phase_name(key)] = plan_with_unplaced(graph, session.devices, session.residence, session.fit)
         view = cls(model=model, devices=list(session.devices), plans=plans, residence=session.residence,
                    reservation=reservation, error=error)
         return view.only_phase(phase)
@@ -171,13 +171,16 @@ class PlanView:
             memory = self.reservation.memory
         else:
             memory = _memory_without_limits(self.all_plans, self.devices, self.residence)
+        budgets = memory_limits(self.all_plans)
         out = {}
         for name in self.lanes:
             limits = by_name[name].limits if name in by_name else Limits()
             mem = memory.get(name, {"weights": 0, "caches": 0, "activations": 0, "total": 0})
+            budget = budgets.get(name)
             out[name] = {"programs": len(programs.get(name, ())), "max_live_programs": limits.max_live_programs,
                          "chain": chain.get(name, 0), "max_chain": limits.max_chain,
-                         "memory": mem, "memory_bytes": limits.memory_bytes}
+                         "memory": mem, "memory_bytes": budget.nbytes if budget else None,
+                         "memory_source": budget.source if budget else None}
         return out
 
     def error_marks(self, plan: Plan) -> dict:
@@ -246,20 +249,12 @@ class PlanView:
         return out
 
 
-class _NoLimit:
-    """A device seen through check_memory without its memory limit, to measure a failed plan."""
-
-    def __init__(self, dev: Device):
-        self._dev, self.limits = dev, Limits()
-
-    def weight_nbytes(self, t: Tensor) -> int:
-        return self._dev.weight_nbytes(t)
-
-
 def _memory_without_limits(plans: dict[str, Plan], devices: list[Device], residence: dict) -> dict:
-    by_name = {d.name: _NoLimit(d) for p in plans.values() for d in p.devices}
-    by_name.update({d.name: _NoLimit(d) for d in devices})
-    return check_memory(plans, by_name, residence)
+    """What check_memory counts, measured only (a failed plan is shown with what it would need); each plan
+    keeps its own phase's figures too."""
+    by_name = {d.name: d for p in plans.values() for d in p.devices}
+    by_name.update({d.name: d for d in devices})
+    return check_memory(plans, by_name, residence, enforce=False)
 
 
 def leaf_records(plan: Plan) -> dict[str, list]:

@@ -40,7 +40,9 @@ def render_text(view: PlanView) -> str:
             flag = f"   {ARROW} [{e.code}] {view.error_budget}"
         lines.append(f"  {dev:<12} live programs {_limit(b['programs'], b['max_live_programs'])}; longest chain "
                      f"{_limit(b['chain'], b['max_chain'])} commands; memory "
-                     f"{_limit(mem['total'], b['memory_bytes'], human_bytes)} (weights {human_bytes(mem['weights'])}, "
+                     f"{_limit(mem['total'], b['memory_bytes'], human_bytes)}"
+                     + (f", {b['memory_source']}" if b.get("memory_source") else "")
+                     + f" (weights {human_bytes(mem['weights'])}, "
                      f"caches {human_bytes(mem['caches'])}, activations {human_bytes(mem['activations'])})"
                      + (f"; measured {view.device_seconds[dev]:.3f} s" if dev in view.device_seconds else "") + flag)
     for phase in view.plans:
@@ -79,13 +81,19 @@ def _phase_lines(view: PlanView, phase: str) -> list[str]:
             detail.append("in: " + "; ".join(f"{', '.join(v)} from {src}" for src, v in groups.items()))
         if x["fallbacks"]:
             ops = sorted({n.op for n in f.nodes if plan.placement[id(n)].refusals})
-            detail.append(f"fallback {x['fallbacks']} ({', '.join(ops)})" if f.device != UNPLACED
+            memory = all(plan.placement[id(n)].memory for n in f.nodes if plan.placement[id(n)].refusals)
+            detail.append(f"fallback{' for memory' if memory else ''} {x['fallbacks']} ({', '.join(ops)})"
+                          if f.device != UNPLACED
                           else f"no device accepts {x['fallbacks']} ({', '.join(ops)})")
         if detail:
             lines.append(f"  {'':<4} {'':<{width}} " + " | ".join(detail))
+    budgets = view.budgets()
     lines.append("  per device: " + "; ".join(
         f"{dev} {count(u['nodes'], 'node')}, {count(u['fragments'], 'fragment')}, "
-        f"{count(u['submissions'], 'submission')}, {count(u['programs'], 'program')}"
+        f"{count(u['submissions'], 'submission')}, {count(u['programs'], 'program')}, memory "
+        f"{_limit(plan.memory.get(dev, {}).get('total', 0), budgets.get(dev, {}).get('memory_bytes'), human_bytes)}"
         for dev, u in plan.per_device().items()))
     lines += [f"  {g.line()}" for g in group_fallbacks([plan])]
+    if plan.fit is not None:
+        lines += [f"  {line}" for line in plan.fit.lines()]
     return lines

@@ -8,6 +8,7 @@ their names are the op table's (ops.py); this module checks that the operands fi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 from . import ops
 from .dtypes import F32, I32, DType
@@ -35,6 +36,15 @@ class GraphBuilder:
     def __init__(self):
         self.nodes: list[Tensor] = []
         self.leaves: dict[int, Tensor] = {}
+        self.layer: int | None = None      # stamped on every node made: the planner keeps layers whole
+
+    def layers(self, n: int) -> Iterator[int]:
+        """0 .. n-1, with every node made during an iteration marked as that layer's (Tensor.layer); the
+        nodes after the loop (the output head) belong to no layer."""
+        for il in range(n):
+            self.layer = il
+            yield il
+        self.layer = None
 
     # -- leaves ---------------------------------------------------------------------------
     def input(self, name: str, dtype: DType, shape) -> Tensor:
@@ -58,7 +68,7 @@ class GraphBuilder:
             if s.is_leaf:
                 self._use_leaf(s)
         t = Tensor(name=name, dtype=dtype, shape=tuple(int(d) for d in shape), op=op, src=tuple(src),
-                   params=params, contiguous=contiguous, view_src=view_src)
+                   params=params, contiguous=contiguous, view_src=view_src, layer=self.layer)
         self.nodes.append(t)
         return t
 

@@ -36,6 +36,7 @@ class Tensor:
     kind: LeafKind | None = None          # set for leaves only
     contiguous: bool = True
     view_src: "Tensor | None" = None      # the tensor whose memory this one aliases
+    layer: int | None = None              # the repeated block (transformer layer) it belongs to; None: outside
 
     @property
     def is_leaf(self) -> bool:
@@ -69,6 +70,6 @@ class Tensor:
         return f"Tensor{self.describe()}"
 
 
-def leaf(name: str, dtype: DType, shape, kind: LeafKind) -> Tensor:
-    """A weight, input or cache tensor."""
-    return Tensor(name=name, dtype=dtype, shape=tuple(int(d) for d in shape), kind=kind)
+def leaf(name: str, dtype: DType, shape, kind: LeafKind, layer: int | None = None) -> Tensor:
+    """A weight, input or cache tensor (a cache of one layer says which)."""
+    return Tensor(name=name, dtype=dtype, shape=tuple(int(d) for d in shape), kind=kind, layer=layer)

@@ -30,7 +30,12 @@ class FallbackGroup:
 
     def line(self) -> str:
         why = "; ".join(f"{d}: {r}" for d, r in self.reasons.items())
+        if self.op == MEMORY:
+            return f"fallback for memory: {count(self.count, 'node')} ran on {self.device} (first: {self.first}); {why}"
         return f"fallback: {count(self.count, self.op + ' node')} ran on {self.device} (first: {self.first}); {why}"
+
+
+MEMORY = "memory"       # the refusal code of a device whose memory cannot hold a node's layer
 
 
 def group_fallbacks(plans: Iterable[Plan]) -> list[FallbackGroup]:
@@ -39,10 +44,12 @@ def group_fallbacks(plans: Iterable[Plan]) -> list[FallbackGroup]:
     for plan in plans:
         for node, placement in plan.fallbacks:
             codes = tuple((d, r.split(":", 1)[0].strip()) for d, r in placement.refusals.items())
-            key = (node.op, placement.device, codes)
+            # nodes moved for memory only make one group whatever their ops: the layers that did not fit
+            op = MEMORY if placement.memory and all(c == MEMORY for _, c in codes) else node.op
+            key = (op, placement.device, codes)
             group = groups.get(key)
             if group is None:
-                group = groups[key] = FallbackGroup(node.op, placement.device, codes, node.name,
+                group = groups[key] = FallbackGroup(op, placement.device, codes, node.name,
                                                     dict(placement.refusals))
             if node.name not in group.nodes:
                 group.nodes.append(node.name)

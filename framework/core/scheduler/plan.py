@@ -3,15 +3,21 @@
 The assignment is a sequence of numbered passes (after ggml's scheduler):
   1. nodes that read or write a pre-allocated tensor (a KV cache), directly or through views,
      are pinned to the device whose buffer holds it, when that device accepts them;
-  2. every other computing node goes to the first device in the priority list that accepts it;
-  3. smoothing: a short run of nodes between two runs on one other device moves to that device
+  2. memory: the nodes of a layer (or of the input or output part) that the memory fit gave to a
+     later device, because the devices before it cannot hold it beside what they keep, go to the
+     first device from that one on that accepts them; each keeps the numbers (Placement.memory).
+     The fit (memory.py) keeps whole layers in order on each device, one cut between two devices,
+     and is made once per session, which places each layer's cache with the layer;
+  3. every other computing node goes to the first device in the priority list that accepts it;
+  4. smoothing: a short run of nodes between two runs on one other device moves to that device
      when it accepts them all and the move saves bytes of copies (no ping-pong for cheap nodes;
-     a run that reads model weights is the work its device was chosen for, and stays);
-  4. zero-cost view ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) run where the memory they alias is;
-  5. the node list is cut into fragments where the device changes; every tensor that crosses a
+     a run that reads model weights is the work its device was chosen for, and stays; a run moved
+     for memory stays where it fits);
+  5. zero-cost view ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) run where the memory they alias is;
+  6. the node list is cut into fragments where the device changes; every tensor that crosses a
      device boundary becomes a copy.
 A node placed on a device later than the first in the list is a fallback: the plan keeps the
-refusal of every device before it.
+refusal of every device before it (a device whose memory is full refuses with code "memory").
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from ...contract import BufferType, Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
 from .errors import CapabilityError
 from .fragment import Fragment, split_fragments
+from .memory import Budget, Fit, MemoryMove, memory_budgets, parts_of
 from .verdicts import ask
 
 SMOOTH_MAX_RUN = 4       # nodes; longer runs are real work and stay where the verdicts put them
@@ -41,6 +48,7 @@ class Placement:
     device: str
     reason: str
     refusals: dict[str, str] = field(default_factory=dict)   # device -> "code: reason"
+    memory: tuple[MemoryMove, ...] = ()     # the devices before it whose memory could not hold it, in numbers
 
 
 @dataclass
@@ -59,6 +67,9 @@ class Plan:
     placement: dict[int, Placement]
     fragments: list[Fragment]
     copies: list[Copy]
+    budgets: dict[str, Budget] = field(default_factory=dict)   # device -> the memory it may use
+    fit: Fit | None = None                  # the memory fit the plan follows
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)   # device -> use, set by reservation
 
     @property
     def programs(self) -> dict[tuple[str, str], list[int]]:
@@ -98,24 +109,42 @@ class Plan:
             "programs": [{"device": d, "program": h, "fragments": idx} for (d, h), idx in self.programs.items()],
             "fallbacks": [{"node": n.name, "op": n.op, "device": p.device, "refusals": p.refusals}
                           for n, p in self.fallbacks],
+            "memory": self.memory_record(),
+            "fit": self.fit.to_dict() if self.fit is not None and self.fit.moves else None,
         }
+
+    def memory_record(self) -> dict[str, dict]:
+        """Per device: what it holds in this plan (once reserved) against its budget."""
+        out = {}
+        for d in self.devices:
+            use, b = self.memory.get(d.name), self.budgets.get(d.name)
+            if use or b:
+                out[d.name] = {**(use or {}), "limit": b.nbytes if b else None, "limit_source": b.source if b else None}
+        return out
 
 
 def _node_record(n: Tensor, p: Placement) -> dict:
     rec = {"name": n.name, "op": n.op, "shape": list(n.shape), "dtype": n.dtype.name,
            "src": [s.name for s in n.src], "device": p.device, "reason": p.reason}
+    if n.layer is not None:
+        rec["layer"] = n.layer
     if p.refusals:
         rec["refusals"] = p.refusals
+    if p.memory:
+        rec["memory"] = [m.to_dict() for m in p.memory]
     return rec
 
 
-def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residence] | None = None) -> Plan:
+def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residence] | None = None,
+              fit: Fit | None = None) -> Plan:
+    """``fit``: the session's memory fit (memory.fit_layers), whose caches ``residence`` places."""
     residence = residence or {}
     placement: dict[int, Placement] = {}
     _pass1_pin_preallocated(graph, devices, residence, placement)
-    _pass2_first_accepting(graph, devices, placement)
-    _pass3_smooth(graph, devices, placement)
-    _pass4_views_follow_memory(graph, devices, placement)
+    _pass2_memory(graph, devices, fit, placement)
+    _pass3_first_accepting(graph, devices, placement)
+    _pass4_smooth(graph, devices, placement)
+    _pass5_views_follow_memory(graph, devices, placement)
     device_of = {k: p.device for k, p in placement.items()}
     fragments = split_fragments(graph, device_of)
     by_name = {d.name: d for d in devices}
@@ -123,7 +152,9 @@ def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residenc
         f.cut_submissions(by_name[f.device].limits.max_chain)
         f.set_program_key(by_name[f.device].weights_in_programs)
     copies = _copies(fragments, device_of)
-    return Plan(graph=graph, devices=list(devices), placement=placement, fragments=fragments, copies=copies)
+    budgets = fit.budgets if fit is not None else memory_budgets(devices)
+    return Plan(graph=graph, devices=list(devices), placement=placement, fragments=fragments, copies=copies,
+                budgets=budgets, fit=fit)
 
 
 def _preallocated_sources(n: Tensor) -> list[Tensor]:
@@ -151,8 +182,36 @@ def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:
                 break
 
 
-def _pass2_first_accepting(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
-    """Pass 2: each remaining computing node goes to the first device in the list that accepts it."""
+def _pass2_memory(graph: Graph, devices: list[Device], fit: Fit | None, placement: dict[int, Placement]) -> None:
+    """Pass 2: a node of a part the fit moved runs on the first device from the part's one on that accepts
+    it, refused by each device before for its memory (or by its verdict). A node pass 1 pinned to its
+    cache is already there (the cache went with its layer): it only gets the numbers."""
+    if fit is None or not fit.moves:
+        return
+    parts = parts_of(graph)
+    for n in graph.nodes:
+        moves = fit.moves.get(parts[id(n)])
+        if n.op in VIEW_OPS or not moves:
+            continue
+        full = {m.device: f"memory: {m.text('it')}" for m in moves}
+        pinned = placement.get(id(n))
+        if pinned is not None:
+            if pinned.device not in full:
+                placement[id(n)] = Placement(pinned.device, pinned.reason, full, moves)
+            continue
+        refusals = dict(full)
+        for dev in fit.start(parts[id(n)], devices):
+            if dev.name in full:
+                continue
+            verdict = ask(dev, n)
+            if verdict.ok:
+                placement[id(n)] = Placement(dev.name, f"memory: {moves[-1].text()}", refusals, moves)
+                break
+            refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
+
+
+def _pass3_first_accepting(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
+    """Pass 3: each remaining computing node goes to the first device in the list that accepts it."""
     for n in graph.nodes:
         if n.op in VIEW_OPS or id(n) in placement:
             continue
@@ -176,8 +235,8 @@ def _no_device(n: Tensor, refusals: dict[str, str]) -> CapabilityError:
         fix="add a device that supports this op to --backends (for example cpu at the end of the list)")
 
 
-def _pass3_smooth(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
-    """Pass 3: move short runs into the device on both sides of them when that saves copies."""
+def _pass4_smooth(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
+    """Pass 4: move short runs into the device on both sides of them when that saves copies."""
     by_name = {d.name: d for d in devices}
     compute = [n for n in graph.nodes if n.op not in VIEW_OPS]
     runs: list[list[Tensor]] = []
@@ -191,7 +250,7 @@ def _pass3_smooth(graph: Graph, devices: list[Device], placement: dict[int, Plac
         here, there = placement[id(run[0])].device, placement[id(before[-1])].device
         if len(run) > SMOOTH_MAX_RUN or placement[id(after[0])].device != there:
             continue
-        if any("pinned" in placement[id(n)].reason for n in run):
+        if any("pinned" in placement[id(n)].reason or placement[id(n)].memory for n in run):
             continue
         if any(s.is_leaf and s.kind == LeafKind.WEIGHT for n in run for s in n.src):
             continue    # matrix products with model weights are real work, not a cheap hop
@@ -219,8 +278,8 @@ def _boundary_bytes(graph: Graph, run: list[Tensor], placement: dict[int, Placem
     return total
 
 
-def _pass4_views_follow_memory(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
-    """Pass 4: a view costs nothing and lives with the memory it aliases, when that device accepts it.
+def _pass5_views_follow_memory(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
+    """Pass 5: a view costs nothing and lives with the memory it aliases, when that device accepts it.
     A view the device of its memory refuses runs where it is read (the aliased tensor is copied there),
     and the refusal is kept in the plan like any other."""
     by_name = {d.name: d for d in devices}

@@ -7,17 +7,20 @@ Checks, in order:
   3. the programs all phases need, with those other sessions of the process hold on the same device,
      fit each device's live-program budget;
   4. commands per submission fit each device's chain limit (plans cut submissions to fit);
-  5. weights, caches and activations fit each device's memory.
+  5. weights, caches and activations fit each device's memory (the smallest of what it declares, what
+     its plugin reports free and a --device-memory cap); the planner's memory fit has already moved
+     the layers that do not fit to the next device, so this names what no device of the list holds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...contract import Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
 from .fallbacks import count, group_fallbacks
+from .memory import Budget, Fit
 from .plan import Plan, Residence, make_plan
 
 
@@ -29,33 +32,42 @@ class Reservation:
 
     def summary(self) -> list[str]:
         lines = []
+        limits = memory_limits(self.plans)
         for phase, plan in self.plans.items():
             for dev, use in plan.per_device().items():
                 lines.append(f"{phase:>16}  {dev}: {count(use['nodes'], 'node')}, "
                              f"{count(use['fragments'], 'fragment')}, {count(use['submissions'], 'submission')}, "
-                             f"{count(use['programs'], 'program')}")
+                             f"{count(use['programs'], 'program')}, memory "
+                             f"{memory_against(plan.memory.get(dev, {}).get('total', 0), limits.get(dev))}")
             if plan.copies:
                 lines.append(f"{'':>16}  {count(len(plan.copies), 'copy', 'copies')}, "
                              f"{sum(c.nbytes for c in plan.copies) / 2**20:.1f} MiB")
             lines += [f"{'':>16}  {g.line()}" for g in group_fallbacks([plan])]
         for dev, n in self.programs.items():
             mem = self.memory.get(dev, {})
-            lines.append(f"{dev}: {count(n, 'program')} over all phases, memory {mem.get('total', 0) / 2**20:.1f} MiB "
+            lines.append(f"{dev}: {count(n, 'program')} over all phases, memory "
+                         f"{memory_against(mem.get('total', 0), limits.get(dev))} "
                          f"(weights {mem.get('weights', 0) / 2**20:.1f}, caches {mem.get('caches', 0) / 2**20:.1f}, "
                          f"activations {mem.get('activations', 0) / 2**20:.1f})")
-        return lines
+        fit = next((p.fit for p in self.plans.values() if p.fit is not None), None)
+        return lines + (fit.lines() if fit is not None else [])
+
+
+def memory_against(used: int, budget: Budget | None) -> str:
+    """'150.2 MiB of 200.0 MiB (capped)', or '150.2 MiB' where the device has no budget."""
+    return f"{_mib(used)} of {budget.text()}" if budget is not None else _mib(used)
 
 
 def reserve(phases: dict[str, Graph | Plan], devices: list[Device], residence: dict[int, Residence] | None = None,
-            strict: bool = False, held: dict[str, int] | None = None) -> Reservation:
+            strict: bool = False, held: dict[str, int] | None = None, fit: Fit | None = None) -> Reservation:
     """Plan (or re-check, for phases given as plans) every phase, then check the plans together.
     ``held``: programs the caller already holds per device (counted in the plans, not again among
-    the device's live programs)."""
+    the device's live programs). ``fit``: the memory fit the new plans follow (make_plan)."""
     residence = residence or {}
     by_name = {d.name: d for d in devices}
     plans = {}
     for phase, graph in phases.items():
-        plan = graph if isinstance(graph, Plan) else make_plan(graph, devices, residence)
+        plan = graph if isinstance(graph, Plan) else make_plan(graph, devices, residence, fit)
         check_preallocated(plan, residence, by_name)
         if strict:
             check_strict(plan, phase)
@@ -107,10 +119,15 @@ def check_strict(plan: Plan, phase: str) -> None:
 
     lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name} of {operands(n)}) -> {p.device}; "
              + "; ".join(f"{d}: {r}" for d, r in p.refusals.items()) for n, p in fallbacks]
+    memory = next((m for _, p in fallbacks for m in p.memory if m.device == first), None)
+    fix = f"drop --strict to let them fall back, or use a device that supports them instead of {first}"
+    if memory is not None:
+        fix = (f"drop --strict to let the layers {first} cannot hold run on the next device, or give {first} more "
+               f"memory (it has {_mib(memory.limit)}, {memory.source}; with {memory.part} it would need "
+               f"{_mib(memory.needed)})" + (", or lift the cap of --device-memory" if memory.source == "capped" else ""))
     raise CapabilityError(
         "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}:\n    "
-        + "\n    ".join(lines), node=fallbacks[0][0].name, devices=tuple(d.name for d in plan.devices),
-        fix=f"drop --strict to let them fall back, or use a device that supports them instead of {first}")
+        + "\n    ".join(lines), node=fallbacks[0][0].name, devices=tuple(d.name for d in plan.devices), fix=fix)
 
 
 def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
@@ -146,38 +163,73 @@ def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
     return {dev: len(s) for dev, s in needed.items()}
 
 
-def check_memory(plans: dict[str, Plan], by_name: dict[str, Device],
-                 residence: dict[int, Residence]) -> dict[str, dict[str, int]]:
-    """5. Weights each device loads, caches it holds, its largest fragment's activations."""
-    weights: dict[str, dict[int, tuple[Tensor, int]]] = {}
-    activations: dict[str, tuple[int, str]] = {}        # device -> (bytes, the fragment that needs them)
-    for phase, plan in plans.items():
-        for f in plan.fragments:
-            dev = by_name[f.device]
-            for t in f.inputs:
-                if t.is_leaf and t.kind == LeafKind.WEIGHT:
-                    weights.setdefault(f.device, {})[id(t)] = (t, dev.weight_nbytes(t))
-            live = sum(n.nbytes for n in f.nodes if ops.makes_memory(n.op))
-            if live > activations.get(f.device, (0, ""))[0]:
-                activations[f.device] = (live, f"{phase} fragment {f.index}")
-    caches: dict[str, list[Tensor]] = {}
-    seen: set[int] = set()
-    for plan in plans.values():
-        for t in plan.graph.leaves:
-            home = residence.get(id(t))
-            if home and id(t) not in seen:
-                seen.add(id(t))
-                caches.setdefault(home.device, []).append(t)
-    out = {}
-    for name in set(weights) | set(caches) | set(activations):
-        use = {"weights": sum(b for _, b in weights.get(name, {}).values()),
-               "caches": sum(t.nbytes for t in caches.get(name, ())), "activations": activations.get(name, (0, ""))[0]}
+@dataclass
+class _Use:
+    """What one device holds for some plans: weights (id -> tensor and bytes), caches, and the largest
+    fragment's activations with the fragment's name."""
+
+    weights: dict[int, tuple[Tensor, int]] = field(default_factory=dict)
+    caches: dict[int, Tensor] = field(default_factory=dict)
+    activations: tuple[int, str] = (0, "")
+
+    def add(self, other: "_Use") -> None:
+        self.weights.update(other.weights)
+        self.caches.update(other.caches)
+        self.activations = max(self.activations, other.activations, key=lambda a: a[0])
+
+    def totals(self) -> dict[str, int]:
+        use = {"weights": sum(b for _, b in self.weights.values()), "caches": sum(t.nbytes for t in self.caches.values()),
+               "activations": self.activations[0]}
         use["total"] = sum(use.values())
-        out[name] = use
-        limit = by_name[name].limits.memory_bytes
-        if limit is not None and use["total"] > limit:
-            raise _out_of_memory(name, limit, use, list(weights.get(name, {}).values()), caches.get(name, []),
-                                 activations.get(name, (0, ""))[1])
+        return use
+
+
+def _plan_memory(plan: Plan, phase: str, by_name: dict[str, Device], residence: dict[int, Residence]) -> dict[str, _Use]:
+    out: dict[str, _Use] = {}
+    for f in plan.fragments:
+        use = out.setdefault(f.device, _Use())
+        for t in f.inputs:
+            if t.is_leaf and t.kind == LeafKind.WEIGHT:
+                use.weights[id(t)] = (t, by_name[f.device].weight_nbytes(t))
+        live = sum(n.nbytes for n in f.nodes if ops.makes_memory(n.op))
+        if live > use.activations[0]:
+            use.activations = (live, f"{phase} fragment {f.index}")
+    for t in plan.graph.leaves:
+        home = residence.get(id(t)) if t.kind == LeafKind.CACHE else None
+        if home is not None:
+            out.setdefault(home.device, _Use()).caches[id(t)] = t
+    return out
+
+
+def memory_limits(plans: dict[str, Plan]) -> dict[str, Budget]:
+    """The smallest budget the plans give each device (a session's plans all carry the same)."""
+    out: dict[str, Budget] = {}
+    for plan in plans.values():
+        for dev, b in plan.budgets.items():
+            if dev not in out or b.nbytes < out[dev].nbytes:
+                out[dev] = b
+    return out
+
+
+def check_memory(plans: dict[str, Plan], by_name: dict[str, Device], residence: dict[int, Residence],
+                 enforce: bool = True) -> dict[str, dict[str, int]]:
+    """5. Weights each device loads, caches it holds and its largest fragment's activations, over every
+    phase, against its budget (Plan.budgets: declared, reported free, or capped for planning). Each plan
+    keeps its own phase's figures (Plan.memory). ``enforce=False`` only measures."""
+    total: dict[str, _Use] = {}
+    for phase, plan in plans.items():
+        per_plan = _plan_memory(plan, phase, by_name, residence)
+        plan.memory = {dev: use.totals() for dev, use in per_plan.items()}
+        for dev, use in per_plan.items():
+            total.setdefault(dev, _Use()).add(use)
+    limits = memory_limits(plans)
+    out = {}
+    for name, use in total.items():
+        out[name] = use.totals()
+        limit = limits.get(name)
+        if enforce and limit is not None and out[name]["total"] > limit.nbytes:
+            raise _out_of_memory(name, limit, out[name], list(use.weights.values()), list(use.caches.values()),
+                                 use.activations[1], [p.fit for p in plans.values() if p.fit is not None])
     return out
 
 
@@ -185,10 +237,12 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def _out_of_memory(device: str, limit: int, use: dict[str, int], weights: list[tuple[Tensor, int]],
-                   caches: list[Tensor], biggest_fragment: str) -> CapabilityError:
+def _out_of_memory(device: str, budget: Budget, use: dict[str, int], weights: list[tuple[Tensor, int]],
+                   caches: list[Tensor], biggest_fragment: str, fits: list[Fit]) -> CapabilityError:
     """The error names what drives the need (the largest weights, the caches and their rows, the
-    fragment with the most activations) and a fix that would make the plans fit."""
+    fragment with the most activations), what the memory fit already moved, and a fix that would make
+    the plans fit."""
+    limit = budget.nbytes
     largest = sorted(weights, key=lambda tb: -tb[1])[:3]
     parts = [f"weights {_mib(use['weights'])}" + (f" (largest: {', '.join(f'{t.name} {_mib(b)}' for t, b in largest)})"
                                                    if largest else "")]
@@ -208,8 +262,12 @@ def _out_of_memory(device: str, limit: int, use: dict[str, int], weights: list[t
                f"{_mib(over)}, and they grow with the prefill chunk")
     else:
         fix = (f"the weights alone need {_mib(use['weights'])} of {device}'s {_mib(limit)}: use a device with at least "
-               f"{_mib(use['total'])}, or list another device before {device} in --backends for part of the model "
-               f"(a device takes every node it accepts)")
+               f"{_mib(use['total'])}, or list another device after {device} in --backends (the layers that do not "
+               f"fit go on to the next device)")
+    moved = next((f.lines() for f in fits if f.moves), [])
+    if moved:
+        parts.append("the layers the devices before it could not hold went on to it ("
+                     + "; ".join(line.removeprefix("memory fit: ") for line in moved) + ")")
     return CapabilityError(
-        "out_of_memory", f"device {device} has {_mib(limit)}, the plans need {_mib(use['total'])}: "
+        "out_of_memory", f"device {device} has {budget.text()}, the plans need {_mib(use['total'])}: "
         + "; ".join(parts), devices=(device,), limit=f"memory_bytes={limit}", fix=fix)

@@ -42,8 +42,8 @@ class KVCache:
         self.n_ctx, self.scratch_rows = n_ctx, scratch_rows
         rows = n_ctx + scratch_rows
         layers = list(range(hp.n_layer)) if layers is None else layers
-        self.k = {il: leaf(f"cache_k_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in layers}
-        self.v = {il: leaf(f"cache_v_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE) for il in layers}
+        self.k = {il: leaf(f"cache_k_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE, il) for il in layers}
+        self.v = {il: leaf(f"cache_v_l{il}", F32, (rows, hp.kv_width), LeafKind.CACHE, il) for il in layers}
 
     def tensors(self) -> list[Tensor]:
         return list(self.k.values()) + list(self.v.values())

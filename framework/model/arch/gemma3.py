@@ -29,7 +29,7 @@ class Gemma3(Architecture):
         n_tokens = inp.tokens.shape[0]
         x = b.get_rows(self.weight("token_embd.weight"), inp.tokens, name="inp_embd")
         x = b.scale(x, math.sqrt(hp.n_embd), name="inp_scaled")
-        for il in range(n_layers or hp.n_layer):
+        for il in b.layers(n_layers or hp.n_layer):
             w = f"blk.{il}."
             base = hp.rope_base_swa if hp.swa_layers[il] else hp.rope_base
             cur = self.norm(b, x, w + "attn_norm.weight", f"attn_norm-{il}")

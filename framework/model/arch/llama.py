@@ -25,7 +25,7 @@ class Llama(Architecture):
         hp = self.hp
         x = b.get_rows(self.weight("token_embd.weight"), inp.tokens, name="inp_embd")
         factors = self.weight(ROPE_FREQS) if self.has_weight(ROPE_FREQS) else None
-        for il in range(n_layers or hp.n_layer):
+        for il in b.layers(n_layers or hp.n_layer):
             w = f"blk.{il}."
             cur = self.norm(b, x, w + "attn_norm.weight", f"attn_norm-{il}")
             q, k, v = self.qkv(b, il, cur)

@@ -25,7 +25,7 @@ class Qwen2(Architecture):
     def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
         hp = self.hp
         x = b.get_rows(self.weight("token_embd.weight"), inp.tokens, name="inp_embd")
-        for il in range(n_layers or hp.n_layer):
+        for il in b.layers(n_layers or hp.n_layer):
             cur = self.norm(b, x, f"blk.{il}.attn_norm.weight", f"attn_norm-{il}")
             att = self.self_attention(b, inp, cache, il, cur)
             x = b.add(att, x, name=f"ffn_inp-{il}")

@@ -54,8 +54,8 @@ class HybridCache(KVCache):
         conv = (ssm.d_conv - 1) * ssm.conv_channels
         rec = ssm.n_v_heads * ssm.d_state * ssm.d_state
         lin = [il for il, r in enumerate(ssm.recurrent) if r]
-        self.conv = {il: leaf(f"cache_conv_l{il}", F32, (STATE_ROWS, conv), LeafKind.CACHE) for il in lin}
-        self.ssm = {il: leaf(f"cache_ssm_l{il}", F32, (STATE_ROWS, rec), LeafKind.CACHE) for il in lin}
+        self.conv = {il: leaf(f"cache_conv_l{il}", F32, (STATE_ROWS, conv), LeafKind.CACHE, il) for il in lin}
+        self.ssm = {il: leaf(f"cache_ssm_l{il}", F32, (STATE_ROWS, rec), LeafKind.CACHE, il) for il in lin}
 
     def tensors(self) -> list[Tensor]:
         return super().tensors() + list(self.conv.values()) + list(self.ssm.values())
@@ -124,7 +124,7 @@ class Qwen35(Architecture):
     def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
         hp = self.hp
         x = b.get_rows(self.weight("token_embd.weight"), inp.tokens, name="inp_embd")
-        for il in range(n_layers or hp.n_layer):
+        for il in b.layers(n_layers or hp.n_layer):
             w = f"blk.{il}."
             cur = self.norm(b, x, w + "attn_norm.weight", f"attn_norm-{il}")
             if self.ssm.recurrent[il]:
