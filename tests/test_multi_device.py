@@ -319,7 +319,7 @@ def test_memory_limit_fails_at_reservation(monkeypatch, smollm2, cpu, prompt):
     limit = 1 << 20
     assert needed["total"] > limit
     monkeypatch.setenv("FRAMEWORK_EXAMPLE_MEMORY", str(limit))
-    devices = default_registry().select("example:0,cpu")
+    devices = default_registry().select("example:0")     # alone: a device after it would take what does not fit
     session = Session(smollm2, devices, n_ctx=N_CTX)
     with pytest.raises(CapabilityError) as info:
         session.reserve(len(prompt[0]), 2)
@@ -336,12 +336,13 @@ def test_memory_limit_fails_at_reservation(monkeypatch, smollm2, cpu, prompt):
 @pytest.mark.parametrize("short_of", ["caches", "weights"])
 def test_out_of_memory_names_what_drives_the_need_and_a_fix_that_works(smollm2, cpu, prompt, short_of):
     """The error names the largest weights and the caches; its fix, applied, makes the plans fit: a
-    --ctx that fits when the caches are what overflows, another device when the weights alone do."""
+    --ctx that fits when the caches are what overflows, another device after it when the weights alone do
+    (the layers that do not fit go on to it)."""
     n_ctx = 2048
     need = Session(smollm2, [ExampleDevice(), cpu], n_ctx=n_ctx).reserve(len(prompt[0]), 2).memory["example:0"]
     assert need["caches"] > 0                                    # example:0 holds the KV cache
     limit = (need["total"] - need["caches"] // 2 if short_of == "caches" else need["weights"] // 2)
-    session = Session(smollm2, [ExampleDevice(memory=limit), cpu], n_ctx=n_ctx)
+    session = Session(smollm2, [ExampleDevice(memory=limit)], n_ctx=n_ctx)
     with pytest.raises(CapabilityError) as info:
         session.reserve(len(prompt[0]), 2)
     e, text = error_of(info)
@@ -350,10 +351,12 @@ def test_out_of_memory_names_what_drives_the_need_and_a_fix_that_works(smollm2, 
     if short_of == "caches":
         m = re.search(r"--ctx (\d+)\)", e.fix)
         assert m, e.fix
-        fitted = Session(smollm2, [ExampleDevice(memory=limit), cpu], n_ctx=int(m.group(1)))
+        fitted = Session(smollm2, [ExampleDevice(memory=limit)], n_ctx=int(m.group(1)))
         assert fitted.reserve(len(prompt[0]), 2).memory["example:0"]["total"] <= limit
     else:
-        assert "the weights alone need" in e.fix and "list another device before example:0" in e.fix
+        assert "the weights alone need" in e.fix and "list another device after example:0" in e.fix
+        fitted = Session(smollm2, [ExampleDevice(memory=limit), cpu], n_ctx=n_ctx).reserve(len(prompt[0]), 2)
+        assert 0 < fitted.memory["example:0"]["total"] <= limit and fitted.memory["cpu"]["weights"] > 0
 
 
 # -- g. --strict -------------------------------------------------------------------------------

@@ -119,7 +119,8 @@ def check_strict(plan: Plan, phase: str) -> None:
 
     lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name} of {operands(n)}) -> {p.device}; "
              + "; ".join(f"{d}: {r}" for d, r in p.refusals.items()) for n, p in fallbacks]
-    memory = next((m for _, p in fallbacks for m in p.memory if m.device == first), None)
+    moves = [m for _, p in fallbacks for m in p.memory if m.device == first]
+    memory = next((m for m in moves if m.part.startswith("layer")), moves[0] if moves else None)   # the next layer
     fix = f"drop --strict to let them fall back, or use a device that supports them instead of {first}"
     if memory is not None:
         fix = (f"drop --strict to let the layers {first} cannot hold run on the next device, or give {first} more "
