@@ -145,6 +145,12 @@ def check_split(capsys, command):
     assert '"name":"vulkan:0"' in page.read_text(encoding="utf-8")
 
 
+def check_check_memory(capsys, command):
+    code, out, _ = run_framework(capsys, command, "--prompt-tokens", "8", "-n", "2")
+    assert code == 0 and "of 100.0 MiB (capped)" in out, out
+    assert re.search(r"^memory fit: vulkan:0 keeps layers 0-\d+ \(", out, re.M) and "memory fit: cpu keeps input" in out
+
+
 def check_info(capsys, command):
     code, out, _ = run_framework(capsys, command)
     assert code == 0 and "architecture  llama" in out and "chat template yes" in out
@@ -176,6 +182,7 @@ COMMANDS = {
     ".venv/bin/framework check --backends example:0,cpu": check_check,
     ".venv/bin/framework check --backends npu,cpu --device-profile xdna2": check_check_emulated_npu,
     ".venv/bin/framework split --backends vulkan:0,cpu -o split.html": check_split,
+    ".venv/bin/framework check -m smollm2 --backends vulkan:0,cpu --device-memory vulkan:0=100M": check_check_memory,
     ".venv/bin/framework info -m smollm2": check_info,
     ".venv/bin/framework perplexity -m smollm2 -f tests/reference/smollm2_text.txt": check_perplexity,
     ".venv/bin/framework conformance --device example:0": check_conformance,
