@@ -121,7 +121,8 @@ def test_capped_vulkan_keeps_whole_layers_in_order(vk, cpu, name, cap):
         assert plan.budgets["vulkan:0"].nbytes == cap * MiB and plan.budgets["vulkan:0"].source == "capped"
     # the embedding table does not fit beside the layers: it stays on the cpu, a second cut (two copies)
     (move,) = [m for m in session.fit.device_moves()["vulkan:0"] if m.part == "input"]
-    assert move.needed > cap * MiB and move.needed - move.held >= vk.weight_nbytes(model.arch.weight("token_embd.weight"))
+    table = vk.weight_nbytes(model.arch.weight("token_embd.weight"))
+    assert move.needed > cap * MiB and move.needed - move.held >= table
     assert placed[INPUT] == placed[OUTPUT] == "cpu"
     assert all(len(p.copies) == 2 for p in plans.values())
 
@@ -312,7 +313,8 @@ def test_check_and_its_plan_json_show_memory_per_phase(capsys, tmp_path, vk):
     assert "fallback for memory:" in out
     record = json.loads(path.read_text())
     for plan in record["plans"].values():
-        assert plan["memory"]["vulkan:0"]["limit"] == 40 * MiB and plan["memory"]["vulkan:0"]["limit_source"] == "capped"
+        memory = plan["memory"]["vulkan:0"]
+        assert memory["limit"] == 40 * MiB and memory["limit_source"] == "capped"
         assert 0 < plan["memory"]["vulkan:0"]["total"] <= 40 * MiB
         moved = [n for n in plan["nodes"] if "memory" in n]
         assert moved and all(n["device"] == "cpu" and n["memory"][0]["device"] == "vulkan:0" for n in moved)

@@ -22,7 +22,7 @@ refusal of every device before it (a device whose memory is full refuses with co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...contract import BufferType, Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
@@ -184,8 +184,9 @@ def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:
 
 def _pass2_memory(graph: Graph, devices: list[Device], fit: Fit | None, placement: dict[int, Placement]) -> None:
     """Pass 2: a node of a part the fit moved runs on the first device from the part's one on that accepts
-    it, refused by each device before for its memory (or by its verdict). A node pass 1 pinned to its
-    cache is already there (the cache went with its layer): it only gets the numbers."""
+    it; the devices before refused it for their memory, those after the part's one that refuse it keep
+    their verdicts. A node pass 1 pinned to its cache is already there (the cache went with its layer):
+    it only gets the numbers."""
     if fit is None or not fit.moves:
         return
     parts = parts_of(graph)
@@ -197,7 +198,7 @@ def _pass2_memory(graph: Graph, devices: list[Device], fit: Fit | None, placemen
         pinned = placement.get(id(n))
         if pinned is not None:
             if pinned.device not in full:
-                placement[id(n)] = Placement(pinned.device, pinned.reason, full, moves)
+                placement[id(n)] = replace(pinned, refusals=full, memory=moves)
             continue
         refusals = dict(full)
         for dev in fit.start(parts[id(n)], devices):

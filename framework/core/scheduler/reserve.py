@@ -125,7 +125,8 @@ def check_strict(plan: Plan, phase: str) -> None:
     if memory is not None:
         fix = (f"drop --strict to let the layers {first} cannot hold run on the next device, or give {first} more "
                f"memory (it has {_mib(memory.limit)}, {memory.source}; with {memory.part} it would need "
-               f"{_mib(memory.needed)})" + (", or lift the cap of --device-memory" if memory.source == "capped" else ""))
+               f"{_mib(memory.needed)})" + (", or lift the cap of --device-memory" if memory.source == "capped"
+                                            else ""))
     raise CapabilityError(
         "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}:\n    "
         + "\n    ".join(lines), node=fallbacks[0][0].name, devices=tuple(d.name for d in plan.devices), fix=fix)
@@ -179,13 +180,14 @@ class _Use:
         self.activations = max(self.activations, other.activations, key=lambda a: a[0])
 
     def totals(self) -> dict[str, int]:
-        use = {"weights": sum(b for _, b in self.weights.values()), "caches": sum(t.nbytes for t in self.caches.values()),
-               "activations": self.activations[0]}
+        use = {"weights": sum(b for _, b in self.weights.values()),
+               "caches": sum(t.nbytes for t in self.caches.values()), "activations": self.activations[0]}
         use["total"] = sum(use.values())
         return use
 
 
-def _plan_memory(plan: Plan, phase: str, by_name: dict[str, Device], residence: dict[int, Residence]) -> dict[str, _Use]:
+def _plan_memory(plan: Plan, phase: str, by_name: dict[str, Device],
+                 residence: dict[int, Residence]) -> dict[str, _Use]:
     out: dict[str, _Use] = {}
     for f in plan.fragments:
         use = out.setdefault(f.device, _Use())
