@@ -169,6 +169,40 @@ def check_conformance(capsys, command):
     assert code == 0 and sys.executable in err          # this interpreter's pytest, not the system's
 
 
+def check_serve(capsys, command, tmp_path):
+    """The server as written, on a free port instead of 8080 (argparse takes the last --port): it gets
+    ready, lists its model, and exits 0 on SIGTERM."""
+    import http.client
+    import os
+    import signal
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = shlex.split(command)[1:] + ["--port", str(port), "--ctx", "256"]
+    code = "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"
+    with (tmp_path / "serve.log").open("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.DEVNULL, stderr=log,
+                                env=os.environ.copy())
+        try:
+            end, body = time.monotonic() + 180, None
+            while body is None and time.monotonic() < end and proc.poll() is None:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                    conn.request("GET", "/health")
+                    if conn.getresponse().status == 200:
+                        conn.request("GET", "/v1/models")
+                        body = json.loads(conn.getresponse().read())
+                except OSError:
+                    time.sleep(0.2)
+            assert body is not None, f"framework serve did not get ready: {log.seek(0) or log.read()}"
+            assert [m["id"] for m in body["data"]] == ["smollm2"] and body["data"][0]["parallel"] == 2
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+
+
 COMMANDS = {
     "make run": check_make_run,
     "make test": check_make_test,
@@ -178,6 +212,7 @@ COMMANDS = {
     '.venv/bin/framework run -m smollm2 "Why is the sky blue?" --chat': check_run_chat,
     ".venv/bin/framework run -m smollm2 --backends cpu --plan plan.json": check_run_plan,
     ".venv/bin/framework models": check_models,
+    ".venv/bin/framework serve -m smollm2 --parallel 2": check_serve,
     ".venv/bin/framework backends": check_backends,
     ".venv/bin/framework check --backends example:0,cpu": check_check,
     ".venv/bin/framework check --backends npu,cpu --device-profile xdna2": check_check_emulated_npu,

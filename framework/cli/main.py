@@ -1,10 +1,11 @@
-"""Argument parsing and the commands: run, check, split, backends, models, info, perplexity, bench,
+"""Argument parsing and the commands: run, check, split, serve, backends, models, info, perplexity, bench,
 conformance."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -64,6 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     split.add_argument("-o", "--output", metavar="FILE", help=".html, .svg, .dot, .json or .txt (default: the "
                        "summary on the terminal)")
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)")
+    serve.add_argument("-m", "--model", action="append", metavar="MODEL", help="a GGUF file or a short name ("
+                       "smollm2, gemma3); repeat to serve several (default: gemma3)")
+    _device_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
+                       "machine only)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--parallel", type=positive_int, default=1, help="sessions per model, each with its own KV "
+                       "cache (default 1)")
+    serve.add_argument("--queue", type=int, default=16, help="requests per model that may wait for a session; "
+                       "more are refused with 429 (default 16)")
+    serve.add_argument("--api-key", default=os.environ.get("FRAMEWORK_API_KEY"), help="require 'Authorization: "
+                       "Bearer KEY' (default: $FRAMEWORK_API_KEY, else no key)")
+    serve.add_argument("--max-body", type=positive_int, default=1 << 20, help="largest request body in bytes")
+    serve.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds running requests get to "
+                       "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
 
     sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     sub.add_parser("models", help="the packaged models -m accepts by name, with their files and sizes")
@@ -197,10 +215,9 @@ def cmd_run(args) -> int:
 
 
 def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
-    tok = model.tokenizer
     if not chat:
-        return tok.encode(prompt)
-    from ..model.chat import chat_template_for, render_chat
+        return model.tokenizer.encode(prompt)
+    from ..model.chat import chat_prompt_ids, chat_template_for
     template, source = chat_template_for(model.file.metadata, model.arch.name)
     if "built-in" in source:
         from ..model.default import CATALOG
@@ -209,11 +226,7 @@ def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
                   f"continue text rather than to answer. --chat wraps the prompt in {escape(source)} anyway; expect "
                   f"a continuation or repetition, not an answer. A model with its own template: {chat_models}"
                   f"[/yellow]", soft_wrap=True)
-    bos = tok.token_bytes(tok.bos_id, special=True).decode() if tok.bos_id is not None else ""
-    eos = tok.token_bytes(tok.eos_id, special=True).decode() if tok.eos_id is not None else ""
-    text = render_chat(template, [{"role": "user", "content": prompt}], bos, eos)
-    add_bos = tok.add_bos and not (bos and text.startswith(bos))
-    return tok.encode(text, add_bos=add_bos, parse_special=True)
+    return chat_prompt_ids(model.tokenizer, template, [{"role": "user", "content": prompt}])
 
 
 def _tokens(n: int) -> str:
@@ -267,6 +280,15 @@ def cmd_check(args) -> int:
     if args.plan:
         _write_plans(session, Path(args.plan))
     return 0
+
+
+def cmd_serve(args) -> int:
+    from ..serve.server import serve
+    if args.queue < 0 or not 0 <= args.port <= 65535:
+        return fail(f"--queue must be 0 or more and --port between 0 and 65535 (got {args.queue}, {args.port})")
+    return serve(args if args.model else argparse.Namespace(**{**vars(args), "model": ["gemma3"]}),
+                 _devices(args), memory_caps(args.device_memory), say=lambda line: err.print(escape(line),
+                                                                                            soft_wrap=True))
 
 
 def cmd_split(args) -> int:
@@ -420,8 +442,9 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
-COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "backends": cmd_backends, "models": cmd_models,
-            "info": cmd_info, "perplexity": cmd_perplexity, "bench": cmd_bench, "conformance": cmd_conformance}
+COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "serve": cmd_serve, "backends": cmd_backends,
+            "models": cmd_models, "info": cmd_info, "perplexity": cmd_perplexity, "bench": cmd_bench,
+            "conformance": cmd_conformance}
 
 if __name__ == "__main__":
     sys.exit(main())

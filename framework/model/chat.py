@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -30,6 +32,27 @@ def chat_template_for(metadata: dict, arch: str) -> tuple[str, str]:
 
 
 def render_chat(template: str, messages: list[dict], bos_token: str, eos_token: str) -> str:
+    try:
+        return _compiled(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                          add_generation_prompt=True)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"the chat template does not render: {e}") from e
+
+
+def chat_prompt_ids(tokenizer, template: str, messages: list[dict]) -> list[int]:
+    """A conversation's token ids, ready for the assistant's turn: special tokens in the rendered text are
+    parsed, and BOS is added only when the tokenizer wants one and the template did not write it."""
+    tok = tokenizer
+    bos = tok.token_bytes(tok.bos_id, special=True).decode() if tok.bos_id is not None else ""
+    eos = tok.token_bytes(tok.eos_id, special=True).decode() if tok.eos_id is not None else ""
+    text = render_chat(template, messages, bos, eos)
+    add_bos = tok.add_bos and not (bos and text.startswith(bos))
+    return tok.encode(text, add_bos=add_bos, parse_special=True)
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str) -> jinja2.Template:
+    """Compiling a template takes milliseconds; a server renders one per request."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
     def raise_exception(message):
@@ -37,7 +60,6 @@ def render_chat(template: str, messages: list[dict], bos_token: str, eos_token: 
 
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                                add_generation_prompt=True)
+        return env.from_string(template)
     except jinja2.TemplateError as e:
-        raise ChatTemplateError(f"the chat template does not render: {e}") from e
+        raise ChatTemplateError(f"the chat template does not compile: {e}") from e

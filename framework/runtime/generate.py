@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 
 from .sampling import Sampler
@@ -16,9 +16,14 @@ class Piece:
     text: str      # the text this token completes (may be "" inside a multi-byte character)
 
 
+FINISH_STOP = "stop"        # a stop id (end of generation) was sampled
+FINISH_LENGTH = "length"    # n_predict tokens, or the context is full
+
+
 def generate(session: Session, prompt_ids: list[int], n_predict: int, sampler: Sampler,
-             stop_ids: frozenset[int] = frozenset()) -> Iterator[Piece]:
-    """Yield each new token and its text; stops after n_predict tokens or at a stop id.
+             stop_ids: frozenset[int] = frozenset()) -> Generator[Piece, None, str]:
+    """Yield each new token and its text; stops after n_predict tokens or at a stop id, and returns
+    why (FINISH_STOP or FINISH_LENGTH, the value of the StopIteration).
 
     The first token comes from the prefill's logits; each later one from a decode step on the token
     before it. The last token is not run through the model (nothing would read its logits), so n tokens
@@ -29,8 +34,9 @@ def generate(session: Session, prompt_ids: list[int], n_predict: int, sampler: S
     for i in range(n_predict):
         token = sampler(logits)
         if token in stop_ids:
-            return
+            return FINISH_STOP
         yield Piece(token, decoder.decode(tok.token_bytes(token)))
-        if i == n_predict - 1 or session.n_past >= session.n_ctx:
-            return
+        if i == n_predict - 1 or session.n_past >= session.n_ctx:     # the last token's logits are not needed
+            return FINISH_LENGTH
         logits = session.eval([token])
+    return FINISH_LENGTH    # n_predict == 0

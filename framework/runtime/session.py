@@ -11,6 +11,10 @@ which no query reads, and their logits are never returned.
 
 `reserve()` plans every shape a run will use and checks the plans before any weight is
 loaded; a shape met later (a longer run than reserved) is planned and checked on arrival.
+
+Sessions of one model can share its weights and compiled programs (`share_model_with`), each
+keeping its own KV cache: a server's parallel slots. A shared program is one object, so steps of
+such sessions must not run at the same time; the caller serialises them.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class StepStats:
 class Session:
     def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512, progress=None,
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
-                 share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None):
+                 share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None,
+                 share_model_with: "Session | None" = None, max_plans: int | None = None):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
@@ -57,8 +62,10 @@ class Session:
             raise ValueError(f"--device-memory names {', '.join(unknown)}, which is not among the selected devices "
                              f"({', '.join(d.name for d in self.devices)})")
         self.budgets = memory_budgets(self.devices, memory_caps)
-        self.plans: dict[tuple, tuple[Plan, object]] = {}
+        self.plans: dict[tuple, tuple[Plan, object]] = {}     # in order of last use
         self.graphs: dict[tuple, tuple[Graph, object]] = {}
+        # a server meets a new prompt length with almost every request: keep the shapes used last
+        self.max_plans = max_plans
         if share_kv_with is not None and model.arch.recurrent:
             raise ValueError(f"{model.name} ({model.arch.name}) keeps recurrent state per sequence, which a draft "
                              f"cannot share with its target: run the draft with its own cache")
@@ -72,7 +79,12 @@ class Session:
             self.fit = self._fit_memory(kv_device)
             self.residence = self._place_cache(kv_device)
             caches = None
-        self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches)
+        other, names = share_model_with, [d.name for d in self.devices]
+        if other is not None and (other.model is not model or [d.name for d in other.devices] != names):
+            raise ValueError("share_model_with needs a session of the same model on the same devices")
+        # another session of the model (a server's parallel slot): its weights and programs, a cache of our own
+        self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches,
+                                 other.executor if other is not None else None)
         self.n_past = 0
         self.prefill = StepStats()
         self.decode = StepStats()
@@ -149,7 +161,7 @@ class Session:
         result = reserve({**known, **phases}, self.devices, self.residence, self.strict,
                          self.executor.programs_per_device(), self.fit)
         for k in keys:
-            self.plans.setdefault(k, (result.plans[_phase_name(k)], self._graph(k)[1]))
+            self._remember(k, self.plans.get(k) or (result.plans[_phase_name(k)], self._graph(k)[1]))
         return result
 
     def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
@@ -160,10 +172,22 @@ class Session:
             known = {_phase_name(k): p for k, (p, _) in self.plans.items()}
             reserve({**known, _phase_name(key): plan}, self.devices, self.residence, self.strict,
                     self.executor.programs_per_device())
-            self.plans[key] = (plan, inp)
+            self._remember(key, (plan, inp))
+        elif self.max_plans is not None:
+            self._remember(key, self.plans[key])
         plan, inp = self.plans[key]
         self.executor.prepare(plan, self.progress)
         return plan, inp
+
+    def _remember(self, key: tuple, value: tuple[Plan, object]) -> None:
+        """Store (or mark as just used) a shape's plan; beyond max_plans forget the least recently used."""
+        self.plans.pop(key, None)
+        self.plans[key] = value
+        while self.max_plans is not None and len(self.plans) > self.max_plans:
+            old = next(iter(self.plans))
+            plan, _ = self.plans.pop(old)
+            self.graphs.pop(old, None)
+            self.executor.forget(plan)
 
     # -- running --------------------------------------------------------------------------
     def eval(self, tokens: list[int], all_logits: bool = False, prompt: bool | None = None) -> np.ndarray:

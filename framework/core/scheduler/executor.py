@@ -20,15 +20,16 @@ Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fra
 
 class Executor:
     def __init__(self, devices: list[Device], weight_bytes: WeightBytes, residence: dict | None = None,
-                 caches: dict | None = None):
+                 caches: dict | None = None, share_with: "Executor | None" = None):
         self.devices = {d.name: d for d in devices}
         self.weight_bytes = weight_bytes
         self.residence = residence if residence is not None else {}
-        self.weights: dict[tuple[str, int], Any] = {}
+        # weights and programs of one model are loaded and compiled once for every session that runs it
+        self.weights: dict[tuple[str, int], Any] = share_with.weights if share_with is not None else {}
         # pre-allocated tensors: id -> (device, handle); shared with another executor for a shared KV cache
         self.caches: dict[int, tuple[str, Any]] = caches if caches is not None else {}
         self._prepared: dict[int, Plan] = {}    # holds the plans too, so an id is never reused
-        self.programs: dict[tuple[str, str], Any] = {}
+        self.programs: dict[tuple[str, str], Any] = share_with.programs if share_with is not None else {}
         self.stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0, "bytes_copied": 0, "compiles": 0})
         # (id(plan), fragment index) -> seconds and runs of that fragment (the view of a run shows them)
         self.fragment_stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0})
@@ -71,6 +72,10 @@ class Executor:
                                                        self.devices[f.device].compile, f)
                 self.stats[f.device]["compiles"] += 1
         self._prepared[id(plan)] = plan
+
+    def forget(self, plan: Plan) -> None:
+        """The plan will not run again (its weights and programs stay: other plans use them)."""
+        self._prepared.pop(id(plan), None)
 
     # -- running --------------------------------------------------------------------------
     def run(self, plan: Plan, inputs: dict[int, np.ndarray]) -> list[np.ndarray]:

@@ -10,6 +10,9 @@ Checks, in order:
   5. weights, caches and activations fit each device's memory (the smallest of what it declares, what
      its plugin reports free and a --device-memory cap); the planner's memory fit has already moved
      the layers that do not fit to the next device, so this names what no device of the list holds.
+
+`check_together` repeats checks 3 and 5 for several reservations that live in one process at once
+(a server's models, each with its parallel sessions), counting them all together.
 """
 
 from __future__ import annotations
@@ -274,3 +277,39 @@ def _out_of_memory(device: str, budget: Budget, use: dict[str, int], weights: li
     return CapabilityError(
         "out_of_memory", f"device {device} has {budget.text()}, the plans need {_mib(use['total'])}: "
         + "; ".join(parts), devices=(device,), limit=f"memory_bytes={limit}", fix=fix)
+
+
+def check_together(reservations: dict[str, tuple[Reservation, int]], by_name: dict[str, Device]) -> dict[str, dict]:
+    """3 and 5 over several models held by one process at once, each with ``n`` sessions that share its
+    weights and programs and own a KV cache each: {model: (reservation, n)}. Programs are counted once per
+    model, plus those already live on the device; memory counts weights once, caches n times and the
+    largest activations once (the sessions' steps run one at a time). Returns per device
+    {"programs": int, "memory": int}."""
+    out: dict[str, dict] = {}
+    for name, dev in by_name.items():
+        programs = {m: r.programs.get(name, 0) for m, (r, _) in reservations.items()}
+        mem = {m: r.memory.get(name, {}) for m, (r, _) in reservations.items()}
+        memory = (sum(u.get("weights", 0) + n * u.get("caches", 0) for (_, n), u in zip(reservations.values(),
+                                                                                        mem.values()))
+                  + max((u.get("activations", 0) for u in mem.values()), default=0))
+        out[name] = {"programs": sum(programs.values()), "memory": memory}
+        emu = f" (EMULATION of {dev.emulation})" if dev.emulation else ""
+        each = ", ".join(f"{m}: {n}" for m, n in programs.items() if n)
+        budget, live = dev.limits.max_live_programs, dev.live_programs()
+        if budget is not None and out[name]["programs"] + live > budget:
+            raise CapabilityError(
+                "program_budget", f"device {name}{emu} allows {budget} live compiled programs, but the models "
+                f"served together need {out[name]['programs']} ({each})"
+                + (f", and {live} are already live in this process" if live else ""),
+                devices=(name,), limit=f"max_live_programs={budget}",
+                fix=f"serve fewer models on {name}, or put another device before it in --backends")
+        budgets = [b for r, _ in reservations.values() if (b := memory_limits(r.plans).get(name)) is not None]
+        budget = min(budgets, key=lambda b: b.nbytes, default=None)
+        if budget is not None and memory > budget.nbytes:
+            sessions = ", ".join(f"{m}: {n} sessions" for m, (_, n) in reservations.items())
+            raise CapabilityError(
+                "out_of_memory", f"device {name}{emu} has {budget.text()}, the models served together need "
+                f"{_mib(memory)} ({sessions}; weights once per model, a KV cache per session)",
+                devices=(name,), limit=f"memory_bytes={budget.nbytes}",
+                fix="lower --parallel or --ctx, serve fewer models, or put part of them on another device")
+    return out

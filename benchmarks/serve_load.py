@@ -1,0 +1,321 @@
+"""A bounded load test of `framework serve`, on loopback only, against `framework run` on the same prompt.
+
+    .venv/bin/python benchmarks/serve_load.py [--model smollm2] [--backends cpu] [--parallel 2]
+        [--clients 1,2,4] [--requests 8] [--max-tokens 32] [--burst 8] [--repeats 3]
+
+1. `framework run` --repeats times on the prompt (chat template, greedy), and --repeats times again
+   after the server has stopped: the medians of its own prefill time and decode time per token, as
+   its summary line prints them. Beside it, the same loop warm in this process (see warm_baseline).
+2. `framework serve` on a free loopback port, --parallel sessions, a queue of --queue; one warm-up
+   request per session (it plans the prompt's shape, which `framework run` also does before its clock).
+3. For each count of clients: --requests streamed chat requests in all, each client sending its next
+   when the last one ends. Per request: time to first token (request sent to first text), time per
+   output token (first text to last, over the tokens after the first), tokens (the usage chunk).
+4. A burst: --burst requests at once, more than the sessions and queue hold, to show refusals counted.
+5. SIGTERM; the server must exit 0.
+
+Every request ends as answered (a finish_reason and [DONE]), refused (an HTTP status, counted by code)
+or lost (anything else: a reset, a cut stream). Lost must be zero. It stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROMPT = "Why is the sky blue?"
+FRAMEWORK = [sys.executable, "-c", "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
+@dataclass
+class Result:
+    status: int = 0
+    ttft: float | None = None
+    tpot: float | None = None
+    tokens: int = 0
+    lost: str | None = None
+
+
+@dataclass
+class Phase:
+    name: str
+    results: list[Result] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def answered(self) -> list[Result]:
+        return [r for r in self.results if r.status == 200 and r.lost is None]
+
+    def refused(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self.results:
+            if r.status not in (0, 200):
+                out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+    def lost(self) -> list[Result]:
+        return [r for r in self.results if r.lost is not None]
+
+    def tokens_per_second(self) -> float:
+        return sum(r.tokens for r in self.answered()) / self.seconds if self.seconds else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile, nearest rank (p99 of a few requests is their maximum)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+
+
+# -- framework run -------------------------------------------------------------------------------------
+SUMMARY = re.compile(r"prefill (\d+) tokens at ([\d.]+) tok/s, decode (\d+) tokens at ([\d.]+) tok/s")
+
+
+def run_baseline(args, prefill: list[float], decode: list[float]) -> dict:
+    for _ in range(args.repeats):
+        cmd = FRAMEWORK + ["run", args.prompt, "--chat", "-m", str(model_file(args.model)),
+               "--backends", args.backends, "-n", str(args.max_tokens), "--ctx", str(args.ctx)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+        m = SUMMARY.search(p.stderr)
+        if p.returncode != 0 or not m:
+            sys.exit(f"framework run failed ({p.returncode}): {p.stderr[-2000:]}")
+        n_pre, pre_tps, n_dec, dec_tps = int(m[1]), float(m[2]), int(m[3]), float(m[4])
+        prefill.append(n_pre / pre_tps)
+        decode.append(1 / dec_tps)
+    return {"prefill_s": statistics.median(prefill), "decode_s": statistics.median(decode), "n_prompt": n_pre,
+            "runs": len(prefill)}
+
+
+def warm_baseline(args, prefill: list[float], decode: list[float]) -> None:
+    """`framework run`'s own loop (Session and generate, the chat prompt, greedy) in this process, --repeats
+    rounds after one that is not counted: prefill and decode warm, as the server runs them after its
+    warm-up. A fresh `framework run` times its first prefill, which also pays first-call costs."""
+    from framework.cli.common import select_devices
+    from framework.model.chat import chat_prompt_ids, chat_template_for
+    from framework.model.model import Model
+    from framework.runtime.generate import generate
+    from framework.runtime.sampling import Sampler, SamplingParams
+    from framework.runtime.session import Session, StepStats
+    model = Model(model_file(args.model))
+    template, _ = chat_template_for(model.file.metadata, model.arch.name)
+    ids = chat_prompt_ids(model.tokenizer, template, [{"role": "user", "content": args.prompt}])
+    session = Session(model, select_devices(args.backends), n_ctx=args.ctx)
+    session.reserve(len(ids), args.max_tokens)
+    session.plan(len(ids), 0)
+    session.plan(1, len(ids))
+    for round_ in range(args.repeats + 1):
+        session.reset()
+        session.prefill, session.decode = StepStats(), StepStats()
+        for _ in generate(session, ids, args.max_tokens, Sampler(SamplingParams()), model.tokenizer.eog_ids):
+            pass
+        if round_:
+            prefill.append(session.prefill.seconds)
+            decode.append(session.decode.seconds / session.decode.tokens)
+
+
+# -- framework serve -----------------------------------------------------------------------------------
+def _env() -> dict:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def say(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, port: int, log) -> subprocess.Popen:
+    cmd = FRAMEWORK + ["serve", "-m", args.model, "--backends", args.backends,
+           "--host", "127.0.0.1", "--port", str(port), "--parallel", str(args.parallel), "--queue", str(args.queue),
+           "--ctx", str(args.ctx)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=_env())
+    end = time.monotonic() + 600
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"framework serve exited with {proc.returncode}; its log: {log.name}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    sys.exit("framework serve was not ready within 600 s")
+
+
+def model_file(spec: str) -> Path:
+    from framework.model.default import MODELS, model_path
+    return model_path(spec) if spec in MODELS else Path(spec)
+
+
+def model_id(spec: str) -> str:
+    return spec if not spec.endswith(".gguf") else Path(spec).name.removesuffix(".gguf")
+
+
+def one_request(port: int, args) -> Result:
+    """One streamed chat request, read chunk by chunk with the clock running."""
+    body = json.dumps({"model": model_id(args.model), "messages": [{"role": "user", "content": args.prompt}],
+                       "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    res = Result()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        res.status = r.status
+        if r.status != 200:
+            r.read()
+            return res
+        first = last = None
+        finished = done = False
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                res.tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                if choice["delta"].get("content"):
+                    last = time.perf_counter()
+                    first = first or last
+                finished = finished or choice.get("finish_reason") is not None
+        conn.close()
+        if not (done and finished and first is not None):
+            res.lost = f"stream ended without {'[DONE]' if not done else 'a finish_reason or text'}"
+            return res
+        res.ttft = first - t0
+        res.tpot = (last - first) / (res.tokens - 1) if res.tokens > 1 else None
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        res.lost = f"{type(e).__name__}: {e}"
+    return res
+
+
+def run_phase(port: int, args, name: str, clients: int, requests: int, together: bool = False) -> Phase:
+    """`requests` requests over `clients` threads; together: all at once, one each."""
+    phase = Phase(name)
+    left = [requests]
+    lock = threading.Lock()
+
+    def client():
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
+                left[0] -= 1
+            r = one_request(port, args)
+            with lock:
+                phase.results.append(r)
+            if together:
+                return
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    phase.seconds = time.perf_counter() - t0
+    return phase
+
+
+def report(phases: list[Phase], base: dict, args) -> int:
+    ms = lambda s: f"{s * 1000:.0f}"     # noqa: E731
+    print(f"\nframework run (median of {base['runs']}, half before the server and half after): prefill of "
+          f"{base['n_prompt']} tokens {ms(base['prefill_s'])} ms, decode {ms(base['decode_s'])} ms/token "
+          f"({1 / base['decode_s']:.1f} tok/s)\n")
+    print(f"the same loop warm in this process (median of {2 * args.repeats}): prefill "
+          f"{ms(base['warm_prefill_s'])} ms, decode {ms(base['warm_decode_s'])} ms/token "
+          f"({1 / base['warm_decode_s']:.1f} tok/s)\n")
+    print("| phase | answered | refused | lost | tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | "
+          "TTFT p50 / prefill (run, warm) | TPOT p50 / decode (run, warm) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for p in phases:
+        ok = p.answered()
+        ttft = [r.ttft for r in ok]
+        tpot = [r.tpot for r in ok if r.tpot is not None]
+        refused = ", ".join(f"{n}x{code}" for code, n in sorted(p.refused().items())) or "0"
+        print(f"| {p.name} | {len(ok)} | {refused} | {len(p.lost())} | {p.tokens_per_second():.1f} | "
+              f"{ms(pct(ttft, 50))} ms | {ms(pct(ttft, 99))} ms | {ms(pct(tpot, 50))} ms | {ms(pct(tpot, 99))} ms | "
+              f"{pct(ttft, 50) / base['prefill_s']:.2f}, {pct(ttft, 50) / base['warm_prefill_s']:.2f} | "
+              f"{pct(tpot, 50) / base['decode_s']:.2f}, {pct(tpot, 50) / base['warm_decode_s']:.2f} |")
+    lost = sum(len(p.lost()) for p in phases)
+    for p in phases:
+        for r in p.lost():
+            print(f"lost in {p.name}: {r.lost}")
+    one = next((p for p in phases if p.name == "1 client"), None)
+    two = next((p for p in phases if p.name == "2 clients"), None)
+    if one and two:
+        print(f"\naggregate tok/s, 2 clients against 1: {two.tokens_per_second() / one.tokens_per_second():.2f}")
+    print(f"lost requests: {lost}")
+    return 1 if lost else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--backends", default="cpu")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--queue", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--clients", default="1,2,4", help="comma-separated client counts, one phase each")
+    ap.add_argument("--requests", type=int, default=8, help="requests per phase")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--burst", type=int, default=8, help="requests sent at once in the last phase (0: none)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of `framework run` for its medians")
+    args = ap.parse_args()
+
+    prefill, decode, warm_pre, warm_dec = [], [], [], []
+    say("framework run, and its loop warm in this process")
+    run_baseline(args, prefill, decode)         # before the server, and again after it: a shared host drifts
+    warm_baseline(args, warm_pre, warm_dec)
+    port = free_port()
+    log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load_{port}.log"
+    with log_path.open("w") as log:
+        proc = start_server(args, port, log)
+        try:
+            run_phase(port, args, "warm-up", args.parallel, args.parallel, together=True)
+            phases = []
+            for c in (int(x) for x in args.clients.split(",")):
+                say(f"{c} clients, {args.requests} requests")
+                phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
+            if args.burst:
+                say(f"a burst of {args.burst}")
+                phases.append(run_phase(port, args, f"burst of {args.burst}", args.burst, args.burst, together=True))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=120)
+    say("framework run again, and its loop warm")
+    base = run_baseline(args, prefill, decode)
+    warm_baseline(args, warm_pre, warm_dec)
+    base.update(warm_prefill_s=statistics.median(warm_pre), warm_decode_s=statistics.median(warm_dec))
+    print(f"server: --parallel {args.parallel} --queue {args.queue} --ctx {args.ctx}, {args.max_tokens} tokens a "
+          f"request, greedy; exited with {code} after SIGTERM")
+    return report(phases, base, args) or (1 if code else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""An OpenAI-compatible server over the framework's sessions (`framework serve`).
+
+models.py   -m names to files, loading, reservation of every model and session together, warm-up
+pool.py     a model's parallel sessions and the bounded queue in front of them
+engine.py   the compute thread every step goes through, and one request's generation
+stops.py    stop strings cut out of text that arrives a token at a time
+schemas.py  request bodies, checked strictly
+app.py      the routes, keys, body limit and OpenAI-style errors
+server.py   start-up order and uvicorn
+"""
+
+from .app import Settings, create_app
+from .models import ServedModel, load_models
+
+__all__ = ["Settings", "create_app", "ServedModel", "load_models"]

@@ -1,0 +1,123 @@
+"""The models a server holds: resolved from -m, loaded, their sessions reserved together before the port
+opens, then warmed (weights loaded, programs compiled) while /health answers 503."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..contract import Device
+from ..core.scheduler import Plan, check_together
+from ..model.chat import ChatTemplateError, chat_template_for
+from ..model.default import MODELS
+from ..model.model import Model
+from ..runtime.session import Session
+from .pool import SessionPool
+
+
+@dataclass
+class ServedModel:
+    id: str
+    path: Path
+    sha256: str
+    model: Model
+    pool: SessionPool
+    devices: list[str]                 # the devices its reserved plans run on, EMULATION said where so
+    template: str | None               # its chat template (None: /v1/chat/completions refuses it, saying why)
+    template_note: str                 # where the template came from, or why there is none
+    created: int
+
+    def describe(self) -> dict:
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": "framework",
+                "file": self.path.name, "sha256": self.sha256, "devices": self.devices,
+                "context_length": self.pool.sessions[0].n_ctx, "parallel": len(self.pool.sessions),
+                "chat_template": self.template_note}
+
+
+def resolve(arg: str) -> tuple[str, Path]:
+    """A model id and its file, as every command reads -m: a GGUF file (the id is its name without .gguf),
+    or a packaged model's short name (the id is the name)."""
+    path = Path(arg)
+    if path.exists():
+        return path.name.removesuffix(".gguf"), path
+    if arg in MODELS:
+        return arg, MODELS[arg]()
+    raise FileNotFoundError(f"model '{arg}' is neither a GGUF file nor a packaged model's short name "
+                            f"({', '.join(MODELS)})")
+
+
+def device_label(d: Device) -> str:
+    return d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "")
+
+
+def devices_of(plans: list[Plan], devices: list[Device]) -> list[str]:
+    """The devices that compute some node of these plans, in the --backends order."""
+    used = {name for plan in plans for name, use in plan.per_device().items() if use["nodes"]}
+    return [device_label(d) for d in devices if d.name in used]
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def max_plans(n_ctx: int) -> int:
+    """Shapes a session keeps planned: every decode length twice over, and the prompt lengths met last."""
+    return 2 * (n_ctx // 256 + 1) + 48
+
+
+def reserve_session(session: Session):
+    """Every shape a request can use: a full prefill chunk, and decode at every KV length of the context."""
+    session.reserve(min(session.n_batch, session.n_ctx - 1), 1)
+    return session.reserve(1, session.n_ctx - 1)
+
+
+def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch: int, parallel: int,
+                max_queue: int, strict: bool = False, kv_device: str | None = None,
+                memory_caps: dict[str, int] | None = None,
+                say: Callable[[str], None] = lambda line: None) -> list[ServedModel]:
+    """Load and reserve every model with its parallel sessions; check them all together against each
+    device's program budget and memory. Nothing is loaded onto a device or compiled here."""
+    if n_ctx < 2:
+        raise ValueError(f"--ctx must be at least 2 tokens (a prompt token and a generated one), got {n_ctx}")
+    resolved: dict[str, Path] = {}
+    for spec in specs:
+        model_id, path = resolve(spec)
+        if model_id in resolved:
+            raise ValueError(f"model id '{model_id}' is given twice (-m {spec}); every -m must name another model")
+        resolved[model_id] = path
+    served, reservations = [], {}
+    for model_id, path in resolved.items():
+        say(f"reading {path.name}")
+        model = Model(path)
+        keep = dict(n_ctx=n_ctx, n_batch=n_batch, strict=strict, kv_device=kv_device, memory_caps=memory_caps,
+                    max_plans=max_plans(n_ctx))
+        first = Session(model, devices, **keep)
+        sessions = [first] + [Session(model, devices, share_model_with=first, **keep) for _ in range(parallel - 1)]
+        results = [reserve_session(s) for s in sessions]
+        reservations[model_id] = (results[0], parallel)
+        try:
+            template, note = chat_template_for(model.file.metadata, model.arch.name)
+        except ChatTemplateError as e:
+            template, note = None, str(e)
+        served.append(ServedModel(
+            id=model_id, path=path, sha256=sha256_of(path), model=model,
+            pool=SessionPool(model_id, sessions, max_queue),
+            devices=devices_of(list(results[0].plans.values()), devices), template=template,
+            template_note=note, created=int(path.stat().st_mtime)))
+    check_together(reservations, {d.name: d for d in devices})
+    return served
+
+
+def warm(served: list[ServedModel]) -> None:
+    """Load every weight, compile every reserved program, allocate every session's KV cache (on the
+    compute thread: devices are driven from there only)."""
+    for m in served:
+        for session in m.pool.sessions:
+            for plan, _ in session.plans.values():
+                session.executor.prepare(plan)
