@@ -191,9 +191,13 @@ def check_serve(capsys, command, tmp_path):
                 try:
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
                     conn.request("GET", "/health")
-                    if conn.getresponse().status == 200:
+                    health = conn.getresponse()
+                    health.read()
+                    if health.status == 200:
                         conn.request("GET", "/v1/models")
                         body = json.loads(conn.getresponse().read())
+                    else:
+                        time.sleep(0.2)
                 except OSError:
                     time.sleep(0.2)
             assert body is not None, f"framework serve did not get ready: {log.seek(0) or log.read()}"
