@@ -276,6 +276,13 @@ def test_a_compiled_model_with_other_settings_is_an_error(ov_cpu):
     assert dev.live_programs() == 0
 
 
+def test_backends_lists_the_settings(capsys):
+    from framework.cli.main import main
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "openvino:CPU" in out and "INFERENCE_PRECISION_HINT" in out and "DYNAMIC_QUANTIZATION_GROUP_SIZE" in out
+
+
 def test_dynamic_quantization_environment_override(monkeypatch):
     monkeypatch.delenv(DYNQUANT_ENV, raising=False)
     assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == 0      # the plugin's choice, not OpenVINO's
@@ -621,3 +628,10 @@ def test_second_run_compiles_nothing(tmp_path, ov_cpu):
             assert dev.stats.compiled == 0 and dev.stats.from_cache == 2
             assert "this run compiled nothing" in dev.compile_summary()
     np.testing.assert_array_equal(outs[0], outs[1])
+    # OpenVINO's CPU plugin applies DYNAMIC_QUANTIZATION_GROUP_SIZE when it imports a cached model: the same
+    # blobs serve another setting, and the imported model reports (and computes with) the one requested
+    dev = ov_cpu.with_options(cache_dir=tmp_path / "ov-cache", dynamic_quantization=32)
+    session = Session(model, [dev], n_ctx=64, n_layers=3)
+    session.eval(ids)
+    assert dev.stats.compiled == 0 and dev.stats.from_cache == 1
+    assert [p.effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in session.executor.programs.values()] == [32]
