@@ -458,17 +458,23 @@ def cpu_isa() -> str:
     return found + (f"; ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
 
 
-def probe_settings(dev: OpenVinoDevice) -> dict[str, Any]:
-    """Compile a small compressed product with the device's config; the settings the compiled model reports."""
+def probe_settings(dev: OpenVinoDevice) -> tuple[dict[str, Any], str]:
+    """Compile and run a small compressed product with the device's config: the settings the compiled model
+    reports, and the kernel OpenVINO's profiler names for the product (its instruction set shows there)."""
     import openvino as ov
     from openvino import opset13 as ops
     x = ops.parameter([1, 64], ov.Type.f32, name="x")
     codes = ops.convert(ops.constant(np.ones((16, 2, 32), dtype=np.int8), ov.Type.i4), ov.Type.f32)
     w = ops.reshape(ops.multiply(codes, ops.constant(np.full((16, 2, 1), 0.5, dtype=np.float32))),
                     ops.constant(np.array([16, 64], dtype=np.int64)), False)
-    cfg = dev.compile_config()
+    cfg = {**dev.compile_config(), "PERF_COUNT": True}
     cfg.pop("CACHE_DIR", None)
-    return effective_settings(core().compile_model(ov.Model([ops.matmul(x, w, False, True)], [x]), dev.ov_name, cfg))
+    compiled = core().compile_model(ov.Model([ops.matmul(x, w, False, True)], [x]), dev.ov_name, cfg)
+    request = compiled.create_infer_request()
+    request.infer([np.ones((1, 64), dtype=np.float32)])
+    kernels = sorted({f"{i.node_type} {i.exec_type}" for i in request.get_profiling_info()
+                      if i.node_type.startswith("FullyConnected")})
+    return effective_settings(compiled), ", ".join(kernels) or "no FullyConnected kernel"
 
 
 def settings_report() -> list[str]:
@@ -479,8 +485,10 @@ def settings_report() -> list[str]:
     defaults = {k: _prop(c, "CPU", k) for k in SETTINGS_READ_BACK[:3]}
     defaults = {k: v.get_type_name() if hasattr(v, "get_type_name") else v for k, v in defaults.items()}
     dev = OpenVinoDevice("CPU", cache_dir=None)
-    return [f"openvino {ov.get_version()}: CPU plugin defaults here {defaults}",
-            f"openvino:CPU requests {dev.requested_settings()}; a compiled model reports {probe_settings(dev)}"]
+    effective, kernels = probe_settings(dev)
+    requested = (f"openvino:CPU requests {dev.requested_settings()}; a compiled model reports {effective} and "
+                 f"runs a compressed product with {kernels}")
+    return [f"openvino {ov.get_version()}: CPU plugin defaults here {defaults}", requested]
 
 
 # -- discovery ------------------------------------------------------------------------------------------
