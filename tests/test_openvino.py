@@ -273,6 +273,7 @@ def test_a_compiled_model_with_other_settings_is_an_error(ov_cpu):
     with pytest.raises(DeviceRunError) as err:
         _compressed_product(dev)
     assert "DYNAMIC_QUANTIZATION_GROUP_SIZE: requested 0, compiled model has 16" in str(err.value)
+    assert DYNQUANT_ENV in str(err.value)
     assert dev.live_programs() == 0
 
 

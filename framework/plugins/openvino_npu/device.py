@@ -358,9 +358,11 @@ class OvProgram:
                  if str(self.effective.get(k)) != str(v)}
         if wrong:
             said = "; ".join(f"{k}: requested {want}, compiled model has {got}" for k, (want, got) in wrong.items())
-            raise RuntimeError(f"{dev.name} compiled {self.fragment.describe()} with other settings than requested "
-                               f"({said}{', loaded from the on-disk cache' if self.loaded_from_cache else ''}); "
-                               f"clear {dev.cache_dir or 'the cache'} or report OpenVINO's version")
+            envs = " or ".join(SETTING_ENV[k] for k in wrong if k in SETTING_ENV)
+            cached = " (imported from the on-disk cache)" if self.loaded_from_cache else ""
+            raise RuntimeError(f"{dev.name} compiled {self.fragment.describe()}{cached} with other settings than "
+                               f"requested ({said}): OpenVINO {_version()} does not apply them on this CPU; set {envs} "
+                               f"to a value it supports here")
 
     def run(self, args: list) -> list:
         if self.request is None:
@@ -397,8 +399,14 @@ class OvProgram:
         return results
 
 
+SETTING_ENV = {"INFERENCE_PRECISION_HINT": PRECISION_ENV, "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNQUANT_ENV}
 SETTINGS_READ_BACK = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "KV_CACHE_PRECISION",
                       "INFERENCE_NUM_THREADS", "EXECUTION_MODE_HINT")
+
+
+def _version() -> str:
+    import openvino as ov
+    return ov.get_version().split("-")[0]
 
 
 def effective_settings(compiled) -> dict[str, Any]:
