@@ -322,7 +322,16 @@ class OvProgram:
         t0 = time.perf_counter()
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
-        compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+        try:
+            compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+        except RuntimeError as e:
+            if dev.dynamic_quantization and "primitive descriptor" in str(e):
+                cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+                raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
+                                   f"{dev.dynamic_quantization} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
+                                   f"not compile here" + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+                                   + f"; {DYNQUANT_ENV}=0 compiles on every CPU") from e
+            raise
         t2 = time.perf_counter()
         if dev.cache_dir is not None:
             trim_cache(dev.cache_dir)
