@@ -252,8 +252,8 @@ class OpenVinoDevice(Device):
         return program
 
     def compile_config(self) -> dict:
-        """OpenVINO's compile properties: each one this plugin relies on is set, none left to what the
-        plugin picks for the CPU at hand (``requested_settings`` are read back from every compiled model)."""
+        """OpenVINO's compile properties. Every one that changes results is set here, none left to what
+        OpenVINO picks for the CPU at hand (``requested_settings``, read back from every compiled model)."""
         cfg = {"PERFORMANCE_HINT": "LATENCY", **self.requested_settings()}
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
