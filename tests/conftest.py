@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,6 +38,51 @@ def reference(name: str) -> tuple[dict, dict]:
 def reference_text(ref: dict) -> str:
     # read_bytes keeps the file's exact newlines (text mode would translate \r\n)
     return (REF_DIR / ref["text"]["text_file"]).read_bytes().decode("utf-8")
+
+
+@lru_cache(maxsize=None)
+def numerics_report() -> tuple[str, ...]:
+    """What results on this machine depend on, so a failure elsewhere says what differed: the CPU's
+    instruction sets, and OpenVINO's defaults against the settings the plugin requests and a compiled
+    model reports."""
+    from framework.plugins.openvino_npu.device import cpu_isa, settings_report
+    lines = [f"cpu instruction sets: {cpu_isa() or 'none of avx2, avx512*, amx* in /proc/cpuinfo'}"]
+    try:
+        lines += settings_report()
+    except Exception as e:  # noqa: BLE001 - the report says it; test_openvino.py fails on it with the detail
+        lines.append(f"openvino: cannot report its settings: {type(e).__name__}: {e}")
+    return tuple(lines)
+
+
+def pytest_configure(config) -> None:
+    # OpenVINO's compiled-model cache: a folder of this run's own, removed when it ends (the compiled models of
+    # one run are about 4 GB). Set before any device is made, so every OpenVINO device of the run (and every
+    # command a test starts) uses it; a test of the cache itself uses a folder of its own.
+    config._ov_cache = tempfile.mkdtemp(prefix="framework-openvino-cache-")
+    config._ov_cache_env = os.environ.get("FRAMEWORK_OPENVINO_CACHE_DIR")
+    os.environ["FRAMEWORK_OPENVINO_CACHE_DIR"] = config._ov_cache
+
+
+def pytest_unconfigure(config) -> None:
+    if not hasattr(config, "_ov_cache"):
+        return
+    shutil.rmtree(config._ov_cache, ignore_errors=True)
+    if config._ov_cache_env is None:
+        os.environ.pop("FRAMEWORK_OPENVINO_CACHE_DIR", None)
+    else:
+        os.environ["FRAMEWORK_OPENVINO_CACHE_DIR"] = config._ov_cache_env
+
+
+def pytest_report_header(config) -> list[str]:
+    return list(numerics_report())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    # -q hides the header: then, or when something failed, the same lines close the report
+    if config.get_verbosity() < 0 or terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        terminalreporter.write_sep("-", "machine")
+        for line in numerics_report():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ and OpenVINO's on-disk cache.
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -38,6 +39,11 @@ from framework.core.scheduler import (
 )
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import weights as W
+from framework.plugins.openvino_npu.device import (
+    DYNQUANT_ENV,
+    OpenVinoDevice,
+    OpenVinoSettingError,
+)
 from framework.plugins.openvino_npu.profiles import (
     PROFILES,
     UnknownProfileError,
@@ -63,6 +69,14 @@ def npu(ov_cpu):
     return ov_cpu.with_options(profile="npu37xx")
 
 
+@pytest.fixture(autouse=True)
+def _free_compiled_models():
+    """A test's sessions, and the compiled models they hold, go when it ends; the collector takes the cycles
+    (a recording wrapper refers to its device)."""
+    yield
+    gc.collect()
+
+
 # ---------------------------------------------------------------------------------------------
 # devices and profiles
 # ---------------------------------------------------------------------------------------------
@@ -73,6 +87,7 @@ def test_openvino_cpu_is_found_and_npu_is_unavailable_with_the_reason(registry):
     assert cpu.available and cpu.type == DeviceType.CPU and cpu.physical_id == "host-cpu"
     assert cpu.weights_in_programs and cpu.emulation is None
     assert "OpenVINO CPU" in cpu.description
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" in cpu.description and "INFERENCE_PRECISION_HINT" in cpu.description
     npu = by_name["openvino:NPU"]
     assert not npu.available and npu.type == DeviceType.NPU
     assert "reports no NPU" in npu.unavailable_reason and "/dev/accel" in npu.unavailable_reason
@@ -216,15 +231,97 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# settings: every one that changes results is requested, and a compiled model reports it
+# ---------------------------------------------------------------------------------------------
+
+def _compressed_product(dev):
+    """A compiled Q4_K product on ``dev`` (a compressed FullyConnected, where dynamic quantization applies)."""
+    raw = raw_weight(Q.Q4_K, (64, 256), seed=5)
+    tw = leaf("blk.0.ffn_up.weight", Q.Q4_K, (64, 256), LeafKind.WEIGHT)
+    b = GraphBuilder()
+    tx = b.input("x", F32, (1, 256))
+    x = T.f32(np.random.default_rng(5), 1, 256)
+    (out,), ex = run_on(dev, b, [b.mul_mat(b.use(tw), tx)], {id(tx): x}, {tw.name: raw.reshape(-1)})
+    (program,) = ex.programs.values()
+    return out, program
+
+
+def _plain_program(dev, cols: int = 8):
+    """A compiled graph without a compressed product: it compiles with any setting on any CPU (OpenVINO 2026.4
+    cannot compile a compressed product with dynamic quantization when oneDNN is capped below AVX-512)."""
+    b = GraphBuilder()
+    x = b.input("x", F32, (2, cols))
+    (out,), ex = run_on(dev, b, [b.scale(x, 2.0)], {id(x): np.ones((2, cols), dtype=np.float32)})
+    np.testing.assert_array_equal(out, 2.0)
+    (program,) = ex.programs.values()
+    return program
+
+
+def test_requested_settings_are_the_effective_ones(ov_cpu):
+    """The plugin requests INFERENCE_PRECISION_HINT and DYNAMIC_QUANTIZATION_GROUP_SIZE itself (OpenVINO's own
+    choice differs between CPUs: a group of 32 with AVX-512 VNNI, none on AVX2), and every compiled model
+    reports them; the report of the test run prints both beside the CPU's instruction sets."""
+    requested = ov_cpu.requested_settings()
+    assert requested == {"INFERENCE_PRECISION_HINT": ov_cpu.precision,
+                         "DYNAMIC_QUANTIZATION_GROUP_SIZE": ov_cpu.dynamic_quantization}
+    assert ov_cpu.compile_config().items() >= requested.items()
+    _, program = _compressed_product(ov_cpu)
+    assert {k: program.effective[k] for k in requested} == requested
+    quantized = ov_cpu.with_options(dynamic_quantization=32, cache_dir=None)
+    assert "groups of 32 (DYNAMIC_QUANTIZATION_GROUP_SIZE 32)" in quantized.description
+    assert _plain_program(quantized).effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 32
+
+
+def test_a_compiled_model_with_other_settings_is_an_error(ov_cpu):
+    """Were OpenVINO to compile with another setting than the one requested (one it does not apply on this CPU),
+    results would change without a word: the device refuses the program, naming the setting and both values."""
+    class Overridden(OpenVinoDevice):
+        def compile_config(self):
+            return {**super().compile_config(), "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.dynamic_quantization + 16}
+
+    dev = Overridden("CPU", cache_dir=None, dynamic_quantization=0)
+    with pytest.raises(DeviceRunError) as err:
+        _plain_program(dev)
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE: requested 0, compiled model has 16" in str(err.value)
+    assert DYNQUANT_ENV in str(err.value)
+    assert dev.live_programs() == 0
+
+
+def test_backends_lists_the_settings(capsys):
+    from framework.cli.main import main
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "openvino:CPU" in out and "INFERENCE_PRECISION_HINT" in out and "DYNAMIC_QUANTIZATION_GROUP_SIZE" in out
+
+
+def test_dynamic_quantization_environment_override(monkeypatch):
+    monkeypatch.delenv(DYNQUANT_ENV, raising=False)
+    assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == 0      # the plugin's choice, not OpenVINO's
+    for value, want in (("32", 32), ("off", 0), ("0", 0), (" 64 ", 64)):
+        monkeypatch.setenv(DYNQUANT_ENV, value)
+        assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == want
+    for bad in ("yes", "-1", "3.5"):
+        monkeypatch.setenv(DYNQUANT_ENV, bad)
+        with pytest.raises(OpenVinoSettingError) as err:
+            OpenVinoDevice("CPU", cache_dir=None)
+        assert f"{DYNQUANT_ENV}={bad!r} is not accepted" in str(err.value) and "0 or off" in str(err.value)
+        assert "positive group size" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------
 # the two models against llama.cpp, with and without the npu37xx profile
 # ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+# Each test opens its own sessions and drops them: a compiled model holds the model's weights (about 450 MB
+# for Gemma 3), and a session keeps one per step shape it has met, so sessions shared across tests would keep
+# every shape of every test alive at once.
+
+@pytest.fixture(params=["smollm2", "gemma3"])
 def ov_session(request, ov_cpu):
-    return request.param, Session(load_model(request.param), [ov_cpu], n_ctx=1024)
+    return request.param, Session(load_model(request.param), [ov_cpu], n_ctx=512)
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+@pytest.fixture(params=["smollm2", "gemma3"])
 def npu_session(request, npu):
     return request.param, Session(load_model(request.param), [npu], n_ctx=NPU_CTX, n_batch=NPU_BATCH)
 
@@ -238,15 +335,24 @@ def _last_logits(session, name):
         assert np.corrcoef(logits, arrays[p["last_logits_key"]])[0, 1] > 0.995, p["prompt"]
 
 
-def test_models_match_llama_cpp(ov_session):
+def test_models_match_llama_cpp_by_decode(ov_session):
+    """The prompts' last logits, and llama.cpp's tokens fed one decode step at a time (the decode model)."""
     name, session = ov_session
-    ref, arrays = reference(name)
     _last_logits(session, name)
-    assert_teacher_forced(session, ref)
-    assert_teacher_forced(session, ref, by_decode=True)        # the decode models, step by step
-    assert_text_metrics(session, ref, arrays, session.model.tokenizer, reference_text(ref))
+    assert_teacher_forced(session, reference(name)[0], by_decode=True)
     plan = next(iter(session.plans.values()))[0]
     assert len(plan.fragments) == 1 and plan.fragments[0].device == "openvino:CPU"   # the whole graph, one model
+
+
+def test_models_match_llama_cpp_by_prefill(ov_session):
+    name, session = ov_session
+    assert_teacher_forced(session, reference(name)[0])
+
+
+def test_models_match_llama_cpp_on_the_text(ov_session):
+    name, session = ov_session
+    ref, arrays = reference(name)
+    assert_text_metrics(session, ref, arrays, session.model.tokenizer, reference_text(ref))
 
 
 def test_models_match_llama_cpp_under_npu37xx(npu_session):
@@ -259,27 +365,86 @@ def test_models_match_llama_cpp_under_npu37xx(npu_session):
     assert shapes <= {(NPU_BATCH, NPU_CTX), (1, NPU_CTX)}
 
 
-def test_decode_steps_equal_prefill(ov_session):
-    name, session = ov_session
+def _record_runs(dev, runs: list) -> None:
+    """Every run of the programs ``dev`` compiles from now on appends (program, args, results) to ``runs``,
+    arrays copied as they were when passed in and when returned. (Fragments of the same structure share one
+    program: a step's runs follow its plan's fragments in order.)"""
+    compile_program = dev.compile
+
+    def copy(x):
+        return np.array(x, copy=True) if isinstance(x, np.ndarray) else x
+
+    def compile(fragment):
+        program = compile_program(fragment)
+        run = program.run
+
+        def recorded(args):
+            before = [copy(a) for a in args]
+            results = run(args)
+            runs.append((program, before, [copy(r) for r in results]))
+            return results
+
+        program.run = recorded
+        return program
+
+    dev.compile = compile
+
+
+def _check_cache_writes(runs, first_row: int, n_rows: int) -> int:
+    """Each OpenVINO run of one step wrote rows first_row.. first_row + n_rows of each cache it writes, with
+    exactly the new rows its own model produced, and left every other row as it was. Returns the caches checked."""
+    checked = 0
+    for program, args, results in runs:
+        if not hasattr(program, "translation"):
+            continue
+        for o, after in zip(program.translation.outputs, results):
+            if o[0] != "cache":
+                continue
+            _, cache_arg, new_idx, rows_arg, rows_idx = o
+            req = program.request
+            rows = np.asarray(args[rows_arg] if rows_arg is not None else req.get_output_tensor(rows_idx).data)
+            np.testing.assert_array_equal(rows, np.arange(first_row, first_row + n_rows))
+            # the values the program produced, in the rows it was given
+            np.testing.assert_array_equal(after[rows], req.get_output_tensor(new_idx).data.reshape(len(rows), -1))
+            untouched = np.ones(len(after), dtype=bool)
+            untouched[rows] = False
+            np.testing.assert_array_equal(after[untouched], args[cache_arg][untouched])
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_decode_steps_equal_prefill(ov_cpu, name):
+    """Decode steps give the logits one prefill of the whole sequence gives, and each step writes its K and V
+    rows, in place, with the values its own compiled model produced. With activations not quantized (the
+    plugin's setting, requested explicitly: OpenVINO's own choice differs between CPUs) one row and many rows
+    go through the same float32 arithmetic; the cache check holds bit for bit whatever the setting."""
+    dev = ov_cpu.with_options(dynamic_quantization=0)
+    session = Session(load_model(name), [dev], n_ctx=256)
     p = reference(name)[0]["prompts"][0]
     follow = p["greedy_ids"][:6]
-    session.reset()
     whole = session.eval(p["ids"] + follow, all_logits=True)
     session.reset()
     session.eval(p["ids"])
     caches = {k: h for k, (_, h) in session.executor.caches.items()}
+    runs: list = []
+    _record_runs(dev, runs)
     for i, tok in enumerate(follow):
+        runs.clear()
         step = session.eval([tok])
+        (program,) = {id(r[0]): r[0] for r in runs}.values()
+        assert program.effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+        assert _check_cache_writes(runs, len(p["ids"]) + i, 1) == 2 * session.model.hp.n_layer
         np.testing.assert_allclose(step, whole[len(p["ids"]) + i], rtol=2e-3, atol=2e-3)
     # the KV cache stayed where it was allocated: the same arrays, written in place, nothing copied
     assert all(session.executor.caches[k][1] is h for k, h in caches.items())
     assert session.executor.stats["openvino:CPU"]["bytes_copied"] == 0
 
 
-def test_a_whole_generation_needs_at_most_three_compiled_models_under_npu37xx(npu_session):
-    name, session = npu_session
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_a_whole_generation_needs_at_most_three_compiled_models_under_npu37xx(npu, name):
     ids = reference(name)[0]["prompts"][1]["ids"] * 8          # more than one 64-token chunk
-    generation = Session(session.model, session.devices, n_ctx=NPU_CTX, n_batch=NPU_BATCH)
+    generation = Session(load_model(name), [npu], n_ctx=NPU_CTX, n_batch=NPU_BATCH)
     reservation = generation.reserve(len(ids), 40)
     assert reservation.programs["openvino:CPU"] <= 3
     logits = generation.eval(ids)
@@ -302,15 +467,38 @@ def test_mixed_plan_with_the_cpu_device_matches_llama_cpp(ov_cpu):
 
 
 def test_attention_on_cpu_reads_the_cache_openvino_writes(ov_cpu):
-    """FLASH_ATTN_EXT refused: every layer's attention reads, on cpu, the cache rows openvino:CPU wrote."""
+    """FLASH_ATTN_EXT refused: every layer's attention reads, on cpu, the cache rows openvino:CPU wrote. Checked
+    bit for bit, whatever OpenVINO's settings: the K and V windows cpu received are the cache arrays as the
+    OpenVINO program left them, whose new rows are the ones that program produced. The logits, computed by
+    two engines, are only compared loosely against the cpu device alone (they differ by float rounding, and
+    more where OpenVINO quantizes activations)."""
     model = load_model("gemma3")
     dev = ov_cpu.with_options(refuse={"FLASH_ATTN_EXT": "refused for this test"})
-    mixed = Session(model, [dev, CpuDevice()], n_ctx=64, n_layers=2)
+    cpu = CpuDevice()
+    mixed = Session(model, [dev, cpu], n_ctx=64, n_layers=2)
     alone = Session(model, [CpuDevice()], n_ctx=64, n_layers=2)
+    runs: list = []
+    _record_runs(dev, runs)
+    _record_runs(cpu, runs)
     ids = reference("gemma3")[0]["prompts"][1]["ids"]
-    np.testing.assert_allclose(mixed.eval(ids, all_logits=True), alone.eval(ids, all_logits=True), rtol=2e-3, atol=2e-3)
-    for tok in (5, 6):
-        np.testing.assert_allclose(mixed.eval([tok]), alone.eval([tok]), rtol=2e-3, atol=2e-3)
+    for tokens, first_row in [(ids, 0)] + [([tok], len(ids) + i) for i, tok in enumerate((5, 6))]:
+        runs.clear()
+        got, want = mixed.eval(tokens, all_logits=True), alone.eval(tokens, all_logits=True)
+        (plan,) = [p for p, _ in mixed.plans.values() if p.graph.meta["n_tokens"] == len(tokens)]
+        assert [f.device for f in plan.fragments] == [dev.name, "cpu"] * 2 + [dev.name]
+        assert _check_cache_writes(runs, first_row, len(tokens)) == 4        # K and V of 2 layers
+        written = {t.name: after for f, (_, _, results) in zip(plan.fragments, runs)
+                   for t, after in zip(f.outputs, results) if t.op == "SET_ROWS"}
+        views = 0
+        for f, (_, args, _) in zip(plan.fragments, runs):
+            for t, a in zip(f.inputs, args):
+                if f.device == "cpu" and t.op == "VIEW" and t.src[0].op == "SET_ROWS":
+                    cache = written[t.src[0].name]
+                    np.testing.assert_array_equal(a.reshape(-1, cache.shape[1]), cache[:a.size // cache.shape[1]])
+                    views += 1
+        assert views == 4
+        for g, w in zip(got, want):
+            assert np.corrcoef(g, w)[0, 1] > 0.999
     assert {n.op for n, _ in next(iter(mixed.plans.values()))[0].fallbacks} == {"FLASH_ATTN_EXT"}
 
 
@@ -451,3 +639,9 @@ def test_second_run_compiles_nothing(tmp_path, ov_cpu):
             assert dev.stats.compiled == 0 and dev.stats.from_cache == 2
             assert "this run compiled nothing" in dev.compile_summary()
     np.testing.assert_array_equal(outs[0], outs[1])
+    # OpenVINO's CPU plugin applies DYNAMIC_QUANTIZATION_GROUP_SIZE when it imports a cached model: a blob
+    # compiled with one setting is imported under another, and reports the one requested
+    for k, dq in enumerate((0, 32)):
+        dev = ov_cpu.with_options(cache_dir=tmp_path / "ov-cache-plain", dynamic_quantization=dq)
+        assert _plain_program(dev, cols=12).effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == dq
+        assert (dev.stats.compiled, dev.stats.from_cache) == ((1, 0) if k == 0 else (0, 1))

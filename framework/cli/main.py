@@ -311,7 +311,7 @@ def cmd_backends(args) -> int:
         for d in rec.devices:
             state = "available" if d.available else "unavailable"
             rows.append(Row([d.name, d.type.value, rec.name, d.physical_id or "-", state],
-                            "" if d.available else d.unavailable_reason, "" if d.available else "yellow"))
+                            d.description if d.available else d.unavailable_reason, "" if d.available else "yellow"))
     console = Console(highlight=False)
     print_table(console, ["device", "type", "plugin", "physical id", "state"], rows)
     dists: dict[str, list[str]] = {}

@@ -9,6 +9,8 @@ import numpy as np
 
 from .session import Session
 
+ROWS = 64
+
 
 @dataclass
 class PerplexityResult:
@@ -36,11 +38,16 @@ def perplexity(session: Session, ids: list[int], window: int, progress=None) -> 
         if len(chunk) < 2:
             break
         session.reset()
-        logits = session.eval(chunk, all_logits=True).astype(np.float64)
-        top = logits.max(axis=1, keepdims=True)
-        lse = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
-        nll.append(lse[:-1] - logits[np.arange(len(chunk) - 1), chunk[1:]])
-        top1.append(logits.argmax(axis=1))
+        logits = session.eval(chunk, all_logits=True)
+        for r in range(0, len(chunk), ROWS):
+            # float64, a block of rows at a time: a whole window at once would take 8 bytes a logit in each of
+            # three temporaries (about 3 GB for 500 positions of a 262144-token vocabulary)
+            block = logits[r:r + ROWS].astype(np.float64)
+            top = block.max(axis=1, keepdims=True)
+            lse = np.log(np.exp(block - top).sum(axis=1)) + top[:, 0]
+            scored = np.arange(r, min(r + ROWS, len(chunk) - 1))
+            nll.append(lse[:len(scored)] - block[scored - r, np.asarray(chunk)[scored + 1]])
+            top1.append(block.argmax(axis=1))
         if progress:
             progress(i + 1, len(starts))
     nll_all = np.concatenate(nll)

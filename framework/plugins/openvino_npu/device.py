@@ -45,9 +45,40 @@ PROFILE_ENV = "FRAMEWORK_OPENVINO_PROFILE"      # a profile applied to every pre
 PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (default f32: measured)
 BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 for the 4-bit types) or 8 (i8 for every type)
 CACHE_MAX_ENV = "FRAMEWORK_OPENVINO_CACHE_MAX_GB"
+DYNQUANT_ENV = "FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION"   # DYNAMIC_QUANTIZATION_GROUP_SIZE: 0 (off) or a group size
 DEFAULT_PRECISION = "f32"
 DEFAULT_BITS = 4
+# Activations of the compressed products are not quantized: OpenVINO's CPU plugin would otherwise pick a group
+# of 32 on CPUs with AVX-512 VNNI (and not on AVX2-only ones), and quantize one row (decode) differently from
+# many (prefill). docs/openvino.md has the figures behind this choice.
+DEFAULT_DYNQUANT = 0
+PRECISION_HINT, DYNQUANT = "INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 TYPES = {"CPU": DeviceType.CPU, "GPU": DeviceType.GPU, "NPU": DeviceType.NPU}
+
+
+class OpenVinoSettingError(ValueError):
+    """An environment setting of the OpenVINO plugin that it does not accept."""
+
+
+def dynamic_quantization_from_env() -> int:
+    """DYNAMIC_QUANTIZATION_GROUP_SIZE from FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION, or the default (0)."""
+    value = os.environ.get(DYNQUANT_ENV)
+    if value is None or value.strip() == "":
+        return DEFAULT_DYNQUANT
+    text = value.strip().lower()
+    if text == "off":
+        return 0
+    if text.isdigit():
+        return int(text)
+    raise OpenVinoSettingError(f"{DYNQUANT_ENV}={value!r} is not accepted: use 0 or off (activations not quantized, "
+                               f"the default) or a positive group size such as 32 (OpenVINO's CPU plugin quantizes "
+                               f"the activations of compressed products to 8 bits in groups of that many values)")
+
+
+def dynamic_quantization_words(group_size: int) -> str:
+    if group_size == 0:
+        return "activations not quantized (DYNAMIC_QUANTIZATION_GROUP_SIZE 0)"
+    return f"activations quantized to 8 bits in groups of {group_size} (DYNAMIC_QUANTIZATION_GROUP_SIZE {group_size})"
 
 
 def default_cache_dir() -> Path | None:
@@ -92,7 +123,8 @@ class OpenVinoDevice(Device):
     def __init__(self, ov_name: str, *, available: bool = True, unavailable_reason: str = "",
                  full_name: str = "", physical_id: str = "", architecture: str = "",
                  profile: Profile | None = None, emulated: bool = False, refuse: dict[str, str] | None = None,
-                 cache_dir: Path | None | str = "default", precision: str | None = None, bits: int | None = None):
+                 cache_dir: Path | None | str = "default", precision: str | None = None, bits: int | None = None,
+                 dynamic_quantization: int | None = None):
         self.ov_name = ov_name
         self.name = f"openvino:{ov_name}"
         self.type = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
@@ -110,6 +142,11 @@ class OpenVinoDevice(Device):
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self.precision = precision or os.environ.get(PRECISION_ENV, DEFAULT_PRECISION)
         self.bits = int(bits or os.environ.get(BITS_ENV, DEFAULT_BITS))
+        self.dynamic_quantization = (dynamic_quantization_from_env() if dynamic_quantization is None
+                                     else int(dynamic_quantization))
+        if self.dynamic_quantization < 0:
+            raise OpenVinoSettingError(f"dynamic_quantization={dynamic_quantization} for {self.name}: use 0 (off) or "
+                                       f"a positive group size")
         self.stats = CompileStats()
         self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -117,14 +154,18 @@ class OpenVinoDevice(Device):
         if profile:
             what += (f", EMULATION of {profile.name} ({profile.description})" if emulated
                      else f", profile {profile.name} ({profile.description})")
+        if self.type == DeviceType.CPU:
+            what += f"; {self.precision} ({PRECISION_HINT}), {dynamic_quantization_words(self.dynamic_quantization)}"
         self.description = what
 
     # -- derived devices ----------------------------------------------------------------------------
     def with_options(self, *, profile: str | Profile | None = None, refuse: dict[str, str] | None = None,
                      cache_dir: Path | None | str = "keep", precision: str | None = None,
-                     bits: int | None = None, max_live_programs: int | None = None) -> OpenVinoDevice:
+                     bits: int | None = None, max_live_programs: int | None = None,
+                     dynamic_quantization: int | None = None) -> OpenVinoDevice:
         """A device on the same hardware with a profile applied (an emulation unless the hardware is
-        that NPU), extra refusals, another cache folder, precision hint or weight packing.
+        that NPU), extra refusals, another cache folder, precision hint, weight packing or
+        DYNAMIC_QUANTIZATION_GROUP_SIZE.
         ``max_live_programs`` changes the profile's budget; the profile's name then says so."""
         prof = get_profile(profile) if isinstance(profile, str) else (profile or self.profile)
         if max_live_programs is not None:
@@ -140,7 +181,9 @@ class OpenVinoDevice(Device):
                               refuse={**{k: v for k, v in self.refused.items()
                                          if not (self.profile and k in self.profile.refused_ops)}, **(refuse or {})},
                               cache_dir=self.cache_dir if cache_dir == "keep" else cache_dir,
-                              precision=precision or self.precision, bits=bits or self.bits)
+                              precision=precision or self.precision, bits=bits or self.bits,
+                              dynamic_quantization=(self.dynamic_quantization if dynamic_quantization is None
+                                                    else dynamic_quantization))
 
     # -- verdicts -----------------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> Verdict:
@@ -209,10 +252,20 @@ class OpenVinoDevice(Device):
         return program
 
     def compile_config(self) -> dict:
-        cfg = {"INFERENCE_PRECISION_HINT": self.precision, "PERFORMANCE_HINT": "LATENCY"}
+        """OpenVINO's compile properties. Every one that changes results is set here, none left to what
+        OpenVINO picks for the CPU at hand (``requested_settings``, read back from every compiled model)."""
+        cfg = {"PERFORMANCE_HINT": "LATENCY", **self.requested_settings()}
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             cfg["CACHE_DIR"] = str(self.cache_dir)
+        return cfg
+
+    def requested_settings(self) -> dict:
+        """The settings that change results, as OpenVINO names them; DYNAMIC_QUANTIZATION_GROUP_SIZE only
+        where the device has the property (OpenVINO's CPU and GPU plugins)."""
+        cfg: dict[str, Any] = {PRECISION_HINT: self.precision}
+        if self.type in (DeviceType.CPU, DeviceType.GPU):
+            cfg[DYNQUANT] = self.dynamic_quantization
         return cfg
 
     def rope(self, pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -269,7 +322,16 @@ class OvProgram:
         t0 = time.perf_counter()
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
-        compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+        try:
+            compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+        except RuntimeError as e:
+            if dev.dynamic_quantization and "primitive descriptor" in str(e):
+                cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+                raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
+                                   f"{dev.dynamic_quantization} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
+                                   f"not compile here" + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+                                   + f"; {DYNQUANT_ENV}=0 compiles on every CPU") from e
+            raise
         t2 = time.perf_counter()
         if dev.cache_dir is not None:
             trim_cache(dev.cache_dir)
@@ -278,6 +340,8 @@ class OvProgram:
         except Exception:   # noqa: BLE001 - a plugin without the property: not from a cache
             self.loaded_from_cache = False
         self.compile_seconds = t2 - t1
+        self.effective = effective_settings(compiled)
+        self._check_settings(compiled)
         st = dev.stats
         st.build_seconds += t1 - t0
         st.seconds += t2 - t1
@@ -292,6 +356,22 @@ class OvProgram:
         self.request = compiled.create_infer_request()
         self.translation.model = None       # the compiled model keeps what it needs
         self._n_out = len(compiled.outputs)
+
+    def _check_settings(self, compiled) -> None:
+        """Every requested setting must be the compiled model's (a model imported from the on-disk cache
+        included): a CPU plugin that overrode one would change results without a word."""
+        dev = self.device
+        if dev.type != DeviceType.CPU:
+            return
+        wrong = {k: (v, self.effective.get(k)) for k, v in dev.requested_settings().items()
+                 if str(self.effective.get(k)) != str(v)}
+        if wrong:
+            said = "; ".join(f"{k}: requested {want}, compiled model has {got}" for k, (want, got) in wrong.items())
+            envs = " or ".join(SETTING_ENV[k] for k in wrong if k in SETTING_ENV)
+            cached = " (imported from the on-disk cache)" if self.loaded_from_cache else ""
+            raise RuntimeError(f"{dev.name} compiled {self.fragment.describe()}{cached} with other settings than "
+                               f"requested ({said}): OpenVINO {_version()} does not apply them on this CPU; set {envs} "
+                               f"to a value it supports here")
 
     def run(self, args: list) -> list:
         if self.request is None:
@@ -328,6 +408,29 @@ class OvProgram:
         return results
 
 
+SETTING_ENV = {"INFERENCE_PRECISION_HINT": PRECISION_ENV, "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNQUANT_ENV}
+SETTINGS_READ_BACK = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "KV_CACHE_PRECISION",
+                      "INFERENCE_NUM_THREADS", "EXECUTION_MODE_HINT")
+
+
+def _version() -> str:
+    import openvino as ov
+    return ov.get_version().split("-")[0]
+
+
+def effective_settings(compiled) -> dict[str, Any]:
+    """The settings a compiled model runs with, as OpenVINO reports them (types as "f32", "u8")."""
+    out: dict[str, Any] = {}
+    for name in SETTINGS_READ_BACK:
+        try:
+            value = compiled.get_property(name)
+        except RuntimeError:        # a device without the property
+            continue
+        out[name] = value.get_type_name() if hasattr(value, "get_type_name") else (
+            value if isinstance(value, (int, float, bool)) else str(value))
+    return out
+
+
 def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
     """Keep OpenVINO's cache folder under FRAMEWORK_OPENVINO_CACHE_MAX_GB (default 4): a compiled model's
     blob holds its weights, so every distinct shape of a model adds about the model's size. The least
@@ -354,6 +457,55 @@ def _dead(dev_ref, live_key: tuple) -> None:
     dev = dev_ref()
     if dev is not None:
         dev.stats.live -= 1
+
+
+# -- what the numerics depend on -----------------------------------------------------------------------
+ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16")
+
+
+def cpu_isa() -> str:
+    """The instruction sets OpenVINO's CPU kernels choose from (/proc/cpuinfo), and oneDNN's cap if set."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        flags = []
+    found = " ".join(f for f in flags if f in ISA_FLAGS or f.startswith("amx"))
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    return found + (f"; ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+
+
+def probe_settings(dev: OpenVinoDevice) -> tuple[dict[str, Any], str]:
+    """Compile and run a small compressed product with the device's config: the settings the compiled model
+    reports, and the kernel OpenVINO's profiler names for the product (its instruction set shows there)."""
+    import openvino as ov
+    from openvino import opset13 as ops
+    x = ops.parameter([1, 64], ov.Type.f32, name="x")
+    codes = ops.convert(ops.constant(np.ones((16, 2, 32), dtype=np.int8), ov.Type.i4), ov.Type.f32)
+    w = ops.reshape(ops.multiply(codes, ops.constant(np.full((16, 2, 1), 0.5, dtype=np.float32))),
+                    ops.constant(np.array([16, 64], dtype=np.int64)), False)
+    cfg = {**dev.compile_config(), "PERF_COUNT": True}
+    cfg.pop("CACHE_DIR", None)
+    compiled = core().compile_model(ov.Model([ops.matmul(x, w, False, True)], [x]), dev.ov_name, cfg)
+    request = compiled.create_infer_request()
+    request.infer([np.ones((1, 64), dtype=np.float32)])
+    kernels = sorted({f"{i.node_type} {i.exec_type}" for i in request.get_profiling_info()
+                      if i.node_type.startswith("FullyConnected")})
+    return effective_settings(compiled), ", ".join(kernels) or "no FullyConnected kernel"
+
+
+def settings_report() -> list[str]:
+    """Lines for a test report: OpenVINO's CPU defaults on this machine, what openvino:CPU requests, and what
+    a model compiled with its config reports."""
+    import openvino as ov
+    c = core()
+    defaults = {k: _prop(c, "CPU", k) for k in SETTINGS_READ_BACK[:3]}
+    defaults = {k: v.get_type_name() if hasattr(v, "get_type_name") else v for k, v in defaults.items()}
+    dev = OpenVinoDevice("CPU", cache_dir=None)
+    effective, kernels = probe_settings(dev)
+    requested = (f"openvino:CPU requests {dev.requested_settings()}; a compiled model reports {effective} and "
+                 f"runs a compressed product with {kernels}")
+    return [f"openvino {ov.get_version()}: CPU plugin defaults here {defaults}", requested]
 
 
 # -- discovery ------------------------------------------------------------------------------------------

@@ -10,6 +10,10 @@
     python -m framework.plugins.openvino_npu.measure floor       # a decode step's time per kernel kind, from
                                                                  # OpenVINO's profiler, and the ceiling that
                                                                  # the FullyConnected kernels alone leave
+    python -m framework.plugins.openvino_npu.measure dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
+                                                                 # OpenVINO's default: a 4096x4096 int4 product,
+                                                                 # decode speed, and llama.cpp's reference
+                                                                 # bounds (tests/reference_checks.py)
 
 CPU time (not wall time) on one thread is what other work on the machine disturbs least.
 Tokens per second against llama.cpp on two threads come from `framework bench --backends openvino:CPU`.
@@ -17,6 +21,7 @@ Tokens per second against llama.cpp on two threads come from `framework bench --
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -131,7 +136,11 @@ def cpu_time() -> None:
 def precision() -> None:
     ids = _ids("smollm2")
     for hint in ("f32", "bf16", "f16"):
-        d, p = _openvino_cpu_time("smollm2", ids, hint)
+        try:
+            d, p = _openvino_cpu_time("smollm2", ids, hint)
+        except Exception as e:  # noqa: BLE001 - a hint this CPU does not take: the device says so
+            print(f"INFERENCE_PRECISION_HINT {hint}: {type(e).__name__}: {e}")
+            continue
         print(f"INFERENCE_PRECISION_HINT {hint}: decode {d * 1e3:.1f} ms, prefill {p * 1e3:.2f} ms CPU time per token")
 
 
@@ -254,6 +263,156 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     return out
 
 
+def _matvec(n: int, k: int, group_size: int | None, threads: int | None) -> tuple[float, float, float]:
+    """(median seconds, median CPU seconds, NMSE against float64) of an (n, k) i4 product, M = 1, with
+    DYNAMIC_QUANTIZATION_GROUP_SIZE ``group_size`` (None: OpenVINO's default)."""
+    import openvino as ov
+    from openvino import opset13 as ops
+    rng = np.random.default_rng(0)
+    g = 32
+    codes = rng.integers(-8, 8, (n, k // g, g)).astype(np.int8)
+    scale = rng.uniform(0.001, 0.01, (n, k // g, 1)).astype(np.float16)
+    p = ops.parameter([1, k], ov.Type.f32, name="x")
+    w = ops.multiply(ops.convert(ops.constant(codes, ov.Type.i4), ov.Type.f32), ops.convert(ops.constant(scale),
+                                                                                           ov.Type.f32))
+    w = ops.reshape(w, ops.constant(np.array([n, k], dtype=np.int64)), False)
+    cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    if threads:
+        cfg["INFERENCE_NUM_THREADS"] = threads
+    if group_size is not None:
+        cfg["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = group_size
+    req = ov.Core().compile_model(ov.Model([ops.matmul(p, w, False, True)], [p]), "CPU", cfg).create_infer_request()
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    for _ in range(10):
+        req.infer([x])
+    walls, cpus = [], []
+    for _ in range(60):
+        c, t = time.process_time(), time.perf_counter()
+        req.infer([x])
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+    ref = (codes.astype(np.float64) * scale.astype(np.float64)).reshape(n, k) @ x[0].astype(np.float64)
+    y = req.get_output_tensor(0).data[0].astype(np.float64)
+    return float(np.median(walls)), float(np.median(cpus)), float(((y - ref) ** 2).mean() / (ref ** 2).mean())
+
+
+def _reference_bounds(session, name: str) -> str:
+    """llama.cpp's bounds (tests/reference/README.md), measured: a checkout's tests/ folder is needed."""
+    from pathlib import Path
+    tests = Path(__file__).resolve().parents[3] / "tests"
+    if not (tests / "reference_checks.py").is_file():
+        return f"reference bounds not measured: no {tests / 'reference_checks.py'} (run from a checkout)"
+    sys.path.insert(0, str(tests))
+    import json
+
+    import reference_checks as R
+
+    from ...runtime.perplexity import perplexity
+    ref = json.loads((tests / "reference" / f"{name}.json").read_text(encoding="utf-8"))
+    arrays = dict(np.load(tests / "reference" / f"{name}.npz"))
+    forced = R.teacher_forced(session, ref)
+    decoded = R.teacher_forced(session, ref, by_decode=True)
+    text = (tests / "reference" / ref["text"]["text_file"]).read_bytes().decode("utf-8")
+    result = perplexity(session, session.model.tokenizer.encode(text), window=len(ref["text"]["ids"]))
+    top1 = arrays[ref["text"]["top1_key"]]
+    agreement = float(np.mean(result.top1[:len(top1)] == top1))
+    ppl = result.perplexity / ref["text"]["perplexity"] - 1
+    ok = (not forced[3] and not decoded[3] and forced[0] >= R.MIN_GREEDY_AGREEMENT * forced[1]
+          and decoded[0] >= R.MIN_GREEDY_AGREEMENT * decoded[1] and abs(ppl) <= R.MAX_PPL_RATIO_ERROR
+          and agreement >= R.MIN_TOP1_AGREEMENT)
+    return (f"teacher-forced top-1 {forced[0]}/{forced[1]} (largest gap {forced[2]:.2f}), by decode "
+            f"{decoded[0]}/{decoded[1]} (largest gap {decoded[2]:.2f}); perplexity {ppl * 100:+.2f}%, top-1 on the "
+            f"text {agreement * 100:.1f}%: bounds {'hold' if ok else 'FAIL'}")
+
+
+def _decode_against_prefill(session, ids: list[int], follow: list[int]) -> float:
+    session.reset()
+    whole = session.eval(ids + follow, all_logits=True)
+    session.reset()
+    session.eval(ids)
+    return max(float(np.abs(session.eval([t]) - whole[len(ids) + i]).max()) for i, t in enumerate(follow))
+
+
+def dynquant(models: dict | None = None, rounds: int = 3) -> None:
+    """DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against OpenVINO's default on this CPU, in interleaved rounds: a
+    4096x4096 i4 product (M = 1), then each model's decode speed, the largest difference between its decode
+    and prefill logits, and llama.cpp's reference bounds. ``models``: name -> Model (default: the two
+    bundled models; random weights of their shapes come from benchmarks/openvino_dynquant.py, and have no
+    reference to meet)."""
+    import openvino as ov
+
+    from ...model.default import model_path
+    from ...model.model import Model
+    from ...runtime.session import Session
+    from .device import OpenVinoDevice, cpu_isa
+    c = ov.Core()
+    default = c.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+    print(f"CPU: {c.get_property('CPU', 'FULL_DEVICE_NAME')}, {os.cpu_count()} threads; {cpu_isa()}; OpenVINO "
+          f"{ov.get_version()}; its DYNAMIC_QUANTIZATION_GROUP_SIZE here: {default}", flush=True)
+    settings = {"0": 0, f"default ({default})": None}
+    for threads in (1, None):
+        runs: dict = {k: [] for k in settings}
+        for _ in range(rounds):
+            for label, gs in settings.items():
+                try:
+                    runs[label].append(_matvec(4096, 4096, gs, threads))
+                except RuntimeError as e:
+                    runs[label].append(str(e).strip().splitlines()[-1][:200])
+        for label, got in runs.items():
+            what = f"4096x4096 i4 product, M = 1, {threads or c.get_property('CPU', 'INFERENCE_NUM_THREADS') or 'all'} " \
+                   f"thread(s), group size {label}"
+            ok = [r for r in got if not isinstance(r, str)]
+            if not ok:
+                print(f"{what}: fails: {got[0]}", flush=True)
+                continue
+            print(f"{what}: {np.median([r[0] for r in ok]) * 1e3:.2f} ms (CPU time {np.median([r[1] for r in ok]) * 1e3:.2f}"
+                  f" ms), NMSE against float64 {ok[0][2]:.1e}", flush=True)
+    if models is None:
+        models = {name: Model(model_path(name)) for name in ("smollm2", "gemma3")}
+    for name, model in models.items():
+        tok = model.tokenizer if model.file.metadata.get("tokenizer.ggml.tokens") else None
+        if tok is not None:
+            from ...bench import prompt_ids
+            ids = prompt_ids(tok, 128)
+        else:
+            ids = [int(i) for i in np.random.default_rng(0).integers(10, 1000, 128)]
+        for label, gs in settings.items():
+            dq = default if gs is None else gs
+            try:
+                _dynquant_model(name, model, ids, label, dq, rounds, Session, OpenVinoDevice, bounds=tok is not None)
+            except Exception as e:  # noqa: BLE001 - a setting OpenVINO cannot compile here: said, then the next one
+                print(f"{name}, group size {label}: fails: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}",
+                      flush=True)
+
+
+def _dynquant_model(name, model, ids, label, dq, rounds, Session, OpenVinoDevice, bounds: bool) -> None:
+    class OneThread(OpenVinoDevice):
+        def compile_config(self):
+            return {**super().compile_config(), "INFERENCE_NUM_THREADS": 1}
+
+    s = Session(model, [OneThread("CPU", cache_dir=None, dynamic_quantization=dq)], n_ctx=512)
+    s.eval(ids)
+    s.eval([5])
+    cpu, _ = _cpu_time_per_token(s.reset, s.eval, ids, rounds=rounds)
+    del s
+    s = Session(model, [OpenVinoDevice("CPU", cache_dir=None, dynamic_quantization=dq)], n_ctx=512)
+    walls = []
+    for _ in range(rounds + 1):           # the first round compiles and warms up, and is not counted
+        s.reset()
+        s.eval(ids)
+        t = time.perf_counter()
+        for _ in range(32):
+            s.eval([5])
+        walls.append(32 / (time.perf_counter() - t))
+    gap = _decode_against_prefill(s, ids[:8], ids[8:14])
+    print(f"{name}, group size {label}: decode {cpu * 1e3:.1f} ms CPU time a token (1 thread), "
+          f"{np.median(walls[1:]):.1f} tok/s (all threads, median of {rounds}); decode against prefill: largest "
+          f"logit difference {gap:.4f}", flush=True)
+    if bounds:
+        print(f"    {_reference_bounds(s, name)}", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
-    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor}[what]()
+    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor,
+     "dynquant": dynquant}[what]()
