@@ -77,8 +77,9 @@ class ProbeDevice(Device):
 
     def compile(self, fragment):
         program = ReferenceProgram(fragment.nodes, fragment.inputs, fragment.outputs)
-        program.steps = [((lambda x, pos, p=n.params: rope(x, pos + 1, **p)) if n.op == "ROPE" else fn, out, ins)
-                         for (fn, out, ins), n in zip(program.steps, fragment.nodes)]
+        late = [(lambda x, pos, *factors, p=n.params: rope(x, pos + 1, *factors, **p))
+                if n.op == "ROPE" else fn for (fn, _, _), n in zip(program.steps, fragment.nodes)]
+        program.steps = [(fn, out, ins) for fn, (_, out, ins) in zip(late, program.steps)]
         return program
 
 

@@ -50,7 +50,7 @@ def run_framework(capsys, command: str, *cheaper: str) -> tuple[int, str, str]:
 
 def make_recipe(target: str) -> str:
     """What `make TARGET` would run, the install stamp taken as made."""
-    res = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", ".venv/.browser", "-o", ".venv/.vulkan",
+    res = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "-o", ".venv/.browser", "-o", ".venv/.vulkan",
                           target], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout
