@@ -245,7 +245,7 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int = 5) ->
 def prefill_variants(dev, model, n_prompt: int, rng, variants: list[str], runs: int) -> list[dict]:
     """Prefill tok/s (median of `runs`) and the prefill's GPU profile for each FRAMEWORK_VULKAN_MATMUL
     setting ("" = the plugin's own choice), a new session each (programs are made per session)."""
-    from framework.plugins.vulkan.program import MATMUL_ENV
+    from framework.plugins.vulkan.kernel_shapes import MATMUL_ENV
     from framework.runtime.session import Session
     prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
     out = []

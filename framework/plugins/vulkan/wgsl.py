@@ -74,6 +74,9 @@ fn act(op: u32, x: f32) -> f32 {
 }
 """
 
+UNARY_CODE = {"gelu": 1, "silu": 2, "tanh": 3}   # act()'s op codes (UNARY's 0 is SCALE)
+GLU_CODE = {"geglu": 1, "swiglu": 2}
+
 UNARY = ACT + """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
@@ -176,31 +179,33 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 """
 
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.
-# one key block's step of the online softmax, shared by both attention kernels: the block's largest
-# score, its weights, their sum, and the running sum and output rescaled to the new maximum
-_ONLINE_SOFTMAX = """
-    red[li] = sc;
+def _online_softmax(end: str = "S") -> str:
+    """One key block's step of the online softmax, shared by the attention kernels: the block's largest
+    score, its weights, their sum, and the running sum and output rescaled to the new maximum. `end`:
+    the first key past the ones this workgroup attends to."""
+    return f"""    red[li] = sc;
     workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] = max(red[li], red[li + k]); }
+    for (var k = 32u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
       workgroupBarrier();
-    }
+    }}
     let mn = max(m, red[0]);
     workgroupBarrier();
     var p = 0.0;
-    if (s < S) { p = exp(sc - mn); }
+    if (s < {end}) {{ p = exp(sc - mn); }}
     ps[li] = p;
     red[li] = p;
     workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] += red[li + k]; }
+    for (var k = 32u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] += red[li + k]; }}
       workgroupBarrier();
-    }
+    }}
     let alpha = exp(m - mn);
     l = l * alpha + red[0];
     acc = acc * alpha;
-    let nv = min(64u, S - s0);
-""".removeprefix("\n")
+    let nv = min(64u, {end} - s0);
+"""
+
 
 FLASH_ATTN = """
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
@@ -242,7 +247,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
       sc = dot * scale;
       if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
     }
-""" + _ONLINE_SOFTMAX + """    for (var j = 0u; j < nv; j++) {
+""" + _online_softmax() + """    for (var j = 0u; j < nv; j++) {
       let pj = ps[j];
       let vr = vb + (s0 + j) * kstride;
       for (var i = 0u; i < 4u; i++) {
@@ -261,24 +266,46 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 }
 """
 
-# The same with vec4 loads (D a multiple of 4, offsets too): a thread's key row is D/4 loads, its
-# output one vec4.
-FLASH_ATTN4 = """
+# The one-workgroup-per-row kernel's lines and the split kernel's (flash decoding: few query rows,
+# T * H small, leave most of the GPU idle, so the keys are cut into NC chunks, one workgroup per
+# (query row, head, chunk) writing its partial (max, sum, acc[D]); FLASH_COMBINE combines the chunks)
+_FLASH4_WHOLE = {
+    "out": "@group(0) @binding(5) var<storage, read_write> O: array<vec4<f32>>;",
+    "params": "// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32)",
+    "rows": "  let id = lin(w, nw);\n  if (id >= T * H) { return; }",
+    "first": "0u", "end": "S",
+    "store": "  if (li < D4) { O[pu(4u) / 4u + (t * H + h) * D4 + li] = acc / l; }",
+}
+_FLASH4_SPLIT = {
+    "out": "@group(0) @binding(5) var<storage, read_write> P: array<vec4<f32>>;   // per part: acc[D/4], then (m, l)",
+    "params": "// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32), 15: NC, 16: keys per chunk",
+    "rows": ("  let NC = pu(15u);\n  let idc = lin(w, nw);\n  if (idc >= T * H * NC) { return; }\n"
+             "  let id = idc / NC; let c = idc % NC;\n  let c0 = c * pu(16u); let c1 = min(S, c0 + pu(16u));"),
+    "first": "c0", "end": "c1",
+    "store": ("  let pb = pu(4u) / 4u + idc * (D4 + 1u);\n  if (li < D4) { P[pb + li] = acc; }\n"
+              "  if (li == 0u) { P[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }"),
+}
+
+
+def flash_attn4(split: bool = False) -> str:
+    """Attention with vec4 loads (D a multiple of 4, offsets too): a thread's key row is D/4 loads, its
+    output one vec4. split: the keys of one chunk per workgroup, a partial result out (flash decoding)."""
+    v = _FLASH4_SPLIT if split else _FLASH4_WHOLE
+    return """
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> K: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> V: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> Mk: array<f32>;
-@group(0) @binding(5) var<storage, read_write> O: array<vec4<f32>>;
+""" + v["out"] + """
 var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
-// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32)
+""" + v["params"] + """
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let T = pu(8u); let H = pu(9u); let Hkv = pu(10u); let D4 = pu(11u) / 4u; let S = pu(12u);
-  let id = lin(w, nw);
-  if (id >= T * H) { return; }
+""" + v["rows"] + """
   let t = id / H; let h = id % H;
   let hk = h / (H / Hkv);
   let hm = pu(13u);
@@ -292,10 +319,10 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
   let kb = pu(1u) / 4u + hk * D4;
   let vb = pu(2u) / 4u + hk * D4;
   let mb = pu(3u) + t * S;
-  for (var s0 = 0u; s0 < S; s0 += 64u) {
+  for (var s0 = """ + v["first"] + "; s0 < " + v["end"] + """; s0 += 64u) {
     let s = s0 + li;
     var sc = """ + NEG_BIG + """;
-    if (s < S) {
+    if (s < """ + v["end"] + """) {
       var d0 = vec4<f32>(0.0);
       var d1 = vec4<f32>(0.0);
       let kr = kb + s * kstride;
@@ -305,7 +332,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
       sc = dot(d0 + d1, vec4<f32>(1.0)) * scale;
       if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
     }
-""" + _ONLINE_SOFTMAX + """    if (li < D4) {
+""" + _online_softmax(v["end"]) + """    if (li < D4) {
       var j = 0u;
       for (; j + 1u < nv; j += 2u) {
         acc += ps[j] * V[vb + (s0 + j) * kstride + li] + ps[j + 1u] * V[vb + (s0 + j + 1u) * kstride + li];
@@ -315,31 +342,10 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     m = mn;
     workgroupBarrier();
   }
-  if (li < D4) { O[pu(4u) / 4u + (t * H + h) * D4 + li] = acc / l; }
+""" + v["store"] + """
 }
 """
 
-# Flash decoding: few query rows (T * H small) leave most of the GPU idle, so the keys are cut into
-# NC chunks, one workgroup per (query row, head, chunk) writing its partial (max, sum, acc[D]); a
-# second kernel combines the chunks.
-FLASH_ATTN_SPLIT = FLASH_ATTN4.replace(
-    "@group(0) @binding(5) var<storage, read_write> O: array<vec4<f32>>;",
-    "@group(0) @binding(5) var<storage, read_write> P: array<vec4<f32>>;   // per part: acc[D/4], then (m, l)"
-).replace(
-    "// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32)",
-    "// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32), 15: NC, 16: keys per chunk"
-).replace(
-    "  let id = lin(w, nw);\n  if (id >= T * H) { return; }",
-    "  let NC = pu(15u);\n  let idc = lin(w, nw);\n  if (idc >= T * H * NC) { return; }\n"
-    "  let id = idc / NC; let c = idc % NC;\n  let c0 = c * pu(16u); let c1 = min(S, c0 + pu(16u));"
-).replace(
-    "for (var s0 = 0u; s0 < S; s0 += 64u) {", "for (var s0 = c0; s0 < c1; s0 += 64u) {"
-).replace("if (s < S) {", "if (s < c1) {").replace("if (s < S) { p = exp(sc - mn); }", "if (s < c1) { p = exp(sc - mn); }"
-).replace("let nv = min(64u, S - s0);", "let nv = min(64u, c1 - s0);"
-).replace(
-    "  if (li < D4) { O[pu(4u) / 4u + (t * H + h) * D4 + li] = acc / l; }",
-    "  let pb = pu(4u) / 4u + idc * (D4 + 1u);\n  if (li < D4) { P[pb + li] = acc; }\n"
-    "  if (li == 0u) { P[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }")
 
 FLASH_COMBINE = """
 @group(0) @binding(1) var<storage, read> P: array<vec4<f32>>;
@@ -1110,8 +1116,8 @@ def mul_mat_f(elem: str) -> str:
 
 
 SIMPLE = {"binary": BINARY, "unary": UNARY, "glu": GLU, "rms_norm": RMS_NORM, "soft_max": SOFT_MAX,
-          "flash_attn": FLASH_ATTN, "flash_attn4": FLASH_ATTN4,
-          "flash_attn_split": FLASH_ATTN_SPLIT, "flash_combine": FLASH_COMBINE, "rope": ROPE, "set_rows": SET_ROWS, "cont": CONT,
+          "flash_attn": FLASH_ATTN, "flash_attn4": flash_attn4(),
+          "flash_attn_split": flash_attn4(split=True), "flash_combine": FLASH_COMBINE, "rope": ROPE, "set_rows": SET_ROWS, "cont": CONT,
           "quant_x": QUANT_X, "half_x": HALF_X, "matmul_split_sum": MATMUL_SPLIT_SUM}
 
 

@@ -1,0 +1,54 @@
+"""The steps' parameter blocks: one uniform buffer per program, a block per step UNIFORM_STRIDE bytes
+apart: the element offsets of the step's tensor bindings, then the kernel's own parameters. Written
+once, and again only when an argument arrives at another offset or a weight's scale plane moved."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .steps import Step
+
+UNIFORM_STRIDE = 256      # bytes between two steps' parameter blocks (wgpu's uniform offset alignment)
+BLOCK_BYTES = 128         # bytes of a block a kernel reads
+
+
+class ParamBlocks:
+    def __init__(self, dev, steps: list[Step]):
+        import wgpu
+        n = max(1, len(steps))
+        self.words = np.zeros((n, UNIFORM_STRIDE // 4), dtype=np.uint32)
+        self.dyn: list[tuple[int, int, int, int]] = []    # (step, word, arg, static offset)
+        self.moffs: list[tuple[int, int, int, int]] = []  # (step, word, arg, chunk)
+        for si, st in enumerate(steps):
+            for bi, b in enumerate(st.binds):
+                if b[0] == "ref":
+                    r = b[1]
+                    self.words[si, bi] = r.off
+                    if r.kind == "arg":
+                        self.dyn.append((si, bi, r.idx, r.off))
+            for w, v in st.params.items():
+                if isinstance(v, tuple):
+                    self.moffs.append((si, w, v[1], v[2]))
+                elif isinstance(v, float):
+                    self.words[si, w] = np.float32(v).view(np.uint32)
+                else:
+                    self.words[si, w] = int(v)
+        self.buffer = dev.new_buffer(self.words.nbytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self.key = None
+
+    def update(self, queue, offs: list[int], weights: dict) -> None:
+        """Rewrite the blocks when an argument's offset or a weight's layout differs from the last run."""
+        key = tuple(offs[a] for _, _, a, _ in self.dyn) + tuple(
+            weights[a].chunks[c].moff for _, _, a, c in self.moffs)
+        if key == self.key:
+            return
+        for si, w, a, off in self.dyn:
+            self.words[si, w] = off + offs[a]
+        for si, w, a, c in self.moffs:
+            self.words[si, w] = weights[a].chunks[c].moff
+        queue.write_buffer(self.buffer, 0, self.words)
+        self.key = key
+
+    def entry(self, si: int) -> dict:
+        """Binding 0 of step si's bind group."""
+        return {"binding": 0, "resource": {"buffer": self.buffer, "offset": si * UNIFORM_STRIDE, "size": BLOCK_BYTES}}
