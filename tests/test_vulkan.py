@@ -292,6 +292,24 @@ def test_verdicts(vk, variant):
     assert not v.ok and v.code == "refused_by_profile"
 
 
+def test_parameter_blocks_are_filled_and_read_by_name():
+    """A kernel's parameter block is one definition: the WGSL struct it reads and the words the lowering
+    fills by name. A field missing or unknown on either side is an error naming it, never a word left 0."""
+    from framework.plugins.vulkan import wgsl
+    block = wgsl.Params("ncols nrows eps:f32")
+    assert block.word == {"ncols": 8, "nrows": 9, "eps": 10}
+    assert "struct Params { offs: array<vec4<u32>, 2>, ncols: u32, nrows: u32, eps: f32 }" in block.header()
+    assert block.pack("RMS_NORM x", {"ncols": 4, "nrows": 2, "eps": 1e-6}) == [(8, "u32", 4), (9, "u32", 2),
+                                                                             (10, "f32", 1e-6)]
+    with pytest.raises(ValueError, match=r"RMS_NORM x: parameters missing \['eps'\], unknown \['epsilon'\]"):
+        block.pack("RMS_NORM x", {"ncols": 4, "nrows": 2, "epsilon": 1e-6})
+    with pytest.raises(ValueError, match=r"reads parameter fields \['gain'\]"):
+        block.source("let g = U.gain;")
+    assert wgsl.Params("a b", bindings=13).word == {"a": 16, "b": 17}     # 13 binding offsets take 4 vec4s
+    for name, (body, params) in wgsl.SIMPLE.items():                     # every simple kernel's fields declared
+        assert params.source(body) == wgsl.simple(name)
+
+
 def test_one_submission_per_run_and_pipelines_made_once(vk):
     case = next(c for c in CASES if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()

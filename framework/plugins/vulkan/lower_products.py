@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from . import quant, wgsl
 from .kernel_shapes import MATVEC_MAX_ROWS, matmul_shape, matvec_shape, tile_for
+from .lower_ops import RW2, RW3, cont_params
 from .steps import Ref, pad4
 from .tensors import contig
 from .verdicts import is_weight
@@ -30,10 +31,10 @@ def op_mul_mat(lw, n):
         elem = "F32"
     for bind, row0, rows in parts:
         total = sb[0] * sb[1] * m * rows
-        lw.emit(f"MUL_MAT {n.name}", ("mul_mat_f", elem), lambda elem=elem: wgsl.mul_mat_f(elem),
-                (False, False, True), [bind, ("ref", br), ("ref", o)],
-                {8: nrows, 9: m, 10: k, 11: sa[0], 12: sa[1], 13: sb[0], 14: sb[1], 15: row0, 16: rows,
-                 17: nrows}, -(-total // 256))
+        lw.emit(f"MUL_MAT {n.name}", ("mul_mat_f", elem), lambda elem=elem: wgsl.mul_mat_f(elem), RW3,
+                [bind, ("ref", br), ("ref", o)],
+                {"n": nrows, "m": m, "k": k, "a0": sa[0], "a1": sa[1], "b0": sb[0], "b1": sb[1], "row0": row0,
+                 "rows": rows, "ld": nrows}, -(-total // 256))
 
 
 def _quant_mul_mat(lw, n, a, br, o):
@@ -44,12 +45,8 @@ def _quant_mul_mat(lw, n, a, br, o):
             raise ValueError(f"MUL_MAT operand {n.src[1].describe()} is a view at an odd offset")
     elif br.off % 4:
         moved = lw.scratch(br.shape)
-        params = {8: br.size}
-        for i in range(4):
-            params[9 + i] = pad4(br.shape)[i]
-            params[13 + i] = contig(pad4(br.shape))[i]
-        lw.emit(f"CONT (align) {n.name}", ("cont",), lambda: wgsl.simple("cont"), (False, True),
-                [("ref", br), ("ref", moved)], params, -(-br.size // 256))
+        lw.emit(f"CONT (align) {n.name}", ("cont",), lambda: wgsl.simple("cont"), RW2, [("ref", br), ("ref", moved)],
+                cont_params(pad4(br.shape), contig(pad4(br.shape))), -(-br.size // 256))
         br = moved
     qt = a.dtype.name
     nrows, k = a.shape
@@ -57,7 +54,7 @@ def _quant_mul_mat(lw, n, a, br, o):
     gpr = k // 32
     arg = lw.arg_of(a)
     for ci, (row0, rows) in enumerate(lw.chunks(a)):
-        params = {8: rows, 9: k, 10: b_rows, 11: gpr, 12: ("moff", arg, ci), 13: nrows, 14: row0}
+        params = {"n": rows, "k": k, "m": b_rows, "gpr": gpr, "moff": ("moff", arg, ci), "ld": nrows, "col0": row0}
         binds = [("chunk", arg, ci), ("ref", br), ("ref", o)]
         if m <= MATVEC_MAX_ROWS and not lw.dev.cpu_adapter:
             mm = next(x for x in (1, 2, 4, 8) if x >= m)
@@ -68,16 +65,15 @@ def _quant_mul_mat(lw, n, a, br, o):
             lw.emit(f"MUL_MAT[matvec] {n.name}", key,
                     lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
                                                             bool(sh["x8"])),
-                    (False, False, True), binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
+                    RW3, binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
         elif m > MATVEC_MAX_ROWS and not (sh := matmul_shape(lw.dev, m, rows, gpr))["reg"]:
             _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params)
         else:
             bm, bn = tile_for(m, rows, not lw.dev.cpu_adapter)
             nbn = -(-rows // bn)
-            params[15] = nbn
             lw.emit(f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
-                    lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn),
-                    (False, False, True), binds, params, -(-(nbn * -(-m // bm)) // 64))
+                    lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn), RW3, binds, params | {"nbn": nbn},
+                    -(-(nbn * -(-m // bm)) // 64))
 
 
 def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
@@ -85,22 +81,22 @@ def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
     of `split` planes of (m, rows), summed into the output by a second dispatch."""
     bm, bn, kg, split, f16 = sh["bm"], sh["bn"], sh["kg"], sh["split"], sh["f16"]
     nbn = -(-rows // bn)
-    rw = (False, False, True)
+    rw = RW3
     if f16:       # x scaled per group, in f16 (HALF_X); bound again for its f32 scales
-        xh = ("ref", _x_form(lw, binds[1][1], m, params[9], "half_x", 20))
+        xh = ("ref", _x_form(lw, binds[1][1], m, params["k"], "half_x", 20))
         binds, rw = [binds[0], xh, binds[2], xh], rw + (False,)
-    params.update({15: nbn, 16: sh["gps"], 17: split, 18: 0})
-    out, ld, col0 = binds[2], params[13], params[14]
+    params = params | {"nbn": nbn, "gps": sh["gps"], "splits": split, "plane": 0}
+    out, ld, col0 = binds[2], params["ld"], params["col0"]
     if split > 1:
         part = lw.scratch((split, m, rows))
         binds = [binds[0], binds[1], ("ref", part)] + binds[3:]
-        params.update({13: rows, 14: 0, 18: m * rows})
+        params |= {"ld": rows, "col0": 0, "plane": m * rows}
     lw.emit(f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}{'/f16' if f16 else ''}] {n.name}",
             ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
             rw, binds, params, split * nbn * -(-m // bm))
     if split > 1:
-        lw.emit(f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"),
-                (False, True), [("ref", part), out], {8: rows, 9: m, 10: split, 11: m * rows, 12: ld, 13: col0},
+        lw.emit(f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"), RW2,
+                [("ref", part), out], {"n": rows, "m": m, "splits": split, "plane": m * rows, "ld": ld, "col0": col0},
                 -(-(m * rows) // 256))
 
 
@@ -118,8 +114,8 @@ def _x_form(lw, br: Ref, m: int, k: int, kernel: str, words: int) -> Ref:
         return lw.xq[key]
     groups = m * k // 32
     xq = lw.scratch((groups, words))
-    lw.emit(kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), (False, True),
-            [("ref", br), ("ref", xq)], {8: groups}, -(-groups // 256))
+    lw.emit(kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), RW2, [("ref", br), ("ref", xq)],
+            {"n": groups}, -(-groups // 256))
     if br.kind == "val":
         lw.xq[key] = xq
     return xq

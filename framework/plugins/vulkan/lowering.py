@@ -86,11 +86,14 @@ class Lowering:
         return g.nelements == norm.shape[-1] and all(d == 1 for d in g.shape[:-1]) and g.shape[-1] == norm.shape[-1]
 
     # -- steps -------------------------------------------------------------------------------
-    def emit(self, name, key, source, rw, binds, params, n_groups):
+    def emit(self, name, key, source, rw, binds, params, n_groups, block=None):
+        """One dispatch of the kernel `key`: `rw` says per binding whether it is written, `params` fills its
+        parameter block by name (`block`, or the family's, key[0], in wgsl.PARAMS)."""
+        words = (block or wgsl.PARAMS[key[0]]).pack(name, params)
         pipe, bgl = self.dev.pipeline(key, source, rw)
         reads = tuple(b[1].idx for b, w in zip(binds, rw) if b[0] == "ref" and b[1].kind == "val" and not w)
-        writes = next((b[1].idx for b, w in zip(binds, rw) if b[0] == "ref" and b[1].kind == "val" and w), -1)
-        self.steps.append(Step(name, pipe, bgl, binds, params, grid(n_groups), reads, writes))
+        writes = tuple(b[1].idx for b, w in zip(binds, rw) if b[0] == "ref" and b[1].kind == "val" and w)
+        self.steps.append(Step(name, pipe, bgl, binds, params, words, grid(n_groups), reads, writes))
 
     def simple(self, n, kernel, binds, rw, params, n_groups):
         self.emit(f"{n.op} {n.name}", (kernel,), lambda: wgsl.simple(kernel), rw, binds, params, n_groups)

@@ -40,8 +40,9 @@ def assign(steps: list[Step], val_sizes: list[int], outputs: list[Ref]) -> Memor
     slot_sizes: list[int] = []
     free: list[int] = []
     for si, st in enumerate(steps):
-        v = st.writes
-        if v >= 0 and val_out[v] < 0 and val_slot[v] < 0:
+        for v in st.writes:
+            if val_out[v] >= 0 or val_slot[v] >= 0:
+                continue
             need = val_sizes[v]
             best = min((s for s in free if slot_sizes[s] >= need), key=lambda s: slot_sizes[s], default=None)
             if best is None and free:

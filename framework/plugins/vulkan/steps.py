@@ -32,10 +32,11 @@ class Step:
     pipe: object
     bgl: object
     binds: list          # ("ref", Ref) | ("chunk", arg, chunk) | ("rope", table) | ("dummy",)
-    params: dict         # word index -> int or float
+    params: dict         # the kernel's parameter fields by name (wgsl.Params); ("moff", arg, chunk): at run time
+    words: list          # ... as (word, type, value), from the kernel's block
     groups: tuple
     reads: tuple = ()
-    writes: int = -1
+    writes: tuple = ()      # the values it writes
 
 
 def grid(n: int) -> tuple[int, int, int]:

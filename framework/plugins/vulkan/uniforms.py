@@ -9,7 +9,7 @@ import numpy as np
 from .steps import Step
 
 UNIFORM_STRIDE = 256      # bytes between two steps' parameter blocks (wgpu's uniform offset alignment)
-BLOCK_BYTES = 128         # bytes of a block a kernel reads
+BLOCK_BYTES = UNIFORM_STRIDE   # bytes a kernel's block may take (wgsl.BLOCK_WORDS words)
 
 
 class ParamBlocks:
@@ -26,13 +26,13 @@ class ParamBlocks:
                     self.words[si, bi] = r.off
                     if r.kind == "arg":
                         self.dyn.append((si, bi, r.idx, r.off))
-            for w, v in st.params.items():
+            for w, typ, v in st.words:
                 if isinstance(v, tuple):
                     self.moffs.append((si, w, v[1], v[2]))
-                elif isinstance(v, float):
+                elif typ == "f32":
                     self.words[si, w] = np.float32(v).view(np.uint32)
                 else:
-                    self.words[si, w] = int(v)
+                    self.words[si, w] = _u32(st.name, w, v)
         self.buffer = dev.new_buffer(self.words.nbytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self.key = None
 
@@ -52,3 +52,9 @@ class ParamBlocks:
     def entry(self, si: int) -> dict:
         """Binding 0 of step si's bind group."""
         return {"binding": 0, "resource": {"buffer": self.buffer, "offset": si * UNIFORM_STRIDE, "size": BLOCK_BYTES}}
+
+
+def _u32(step: str, word: int, v) -> int:
+    if v != int(v) or not 0 <= int(v) < 1 << 32:
+        raise ValueError(f"{step}: parameter word {word} is {v!r}, not a u32")
+    return int(v)
