@@ -75,8 +75,8 @@ def _timed(fn, *args) -> float:
 def _openvino_cpu_time(name: str, ids: list[int], precision: str = "f32") -> tuple[float, float]:
     from framework.model.default import model_path
     from framework.model.model import Model
-    from framework.runtime.session import Session
     from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.session import Session
 
     class OneThread(OpenVinoDevice):
         def compile_config(self):
@@ -222,8 +222,8 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
 
     from framework.model.default import model_path
     from framework.model.model import Model
-    from framework.runtime.session import Session
     from framework.plugins.openvino_npu.device import OpenVinoDevice, OvProgram
+    from framework.runtime.session import Session
 
     programs: list[OvProgram] = []
 

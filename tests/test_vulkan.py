@@ -220,6 +220,47 @@ def test_cooperative_matvec_and_f32_kernels(variant):
         assert all(_check_case(variant, c) == "ok" for c in long_attention)
 
 
+DECODE_CASES = [c for c in CASES if c.id.startswith("DECODE-")]
+
+
+@pytest.mark.parametrize("unfuse", ["", "attn", "combine", "norm", "add", "glu", "attn,norm,add,glu"])
+def test_fused_decode_kernels(variant, monkeypatch, unfuse):
+    """Whole decode steps of small llama and gemma3 models (the conformance suite's DECODE cases) with the
+    kernels a GPU fuses them into, and with each fusion turned off by FRAMEWORK_VULKAN_UNFUSE: every
+    output, the caches included, against the CPU plugin."""
+    monkeypatch.setenv("FRAMEWORK_VULKAN_UNFUSE", unfuse)
+    variant.cpu_adapter = False
+    for case in DECODE_CASES:
+        assert _check_case(variant, case) == "ok"
+        plan = make_plan(case.build().graph, [variant])
+        names = [st.name.split(" ")[0] for st in variant.compile(plan.fragments[0]).steps]
+        off = set(unfuse.split(","))
+        assert any(n.endswith("QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") for n in names) == ("attn" not in off), names
+        assert any("GLU" in n and "MUL_MAT" in n for n in names) == ("glu" not in off), names
+        assert any(n.startswith("NORM+") for n in names) == ("norm" not in off), names
+
+
+@pytest.mark.parametrize("shape", ["x8=1", "x8=1,tpr=4,sg=1,r=2", "x8=0,tpr=8,sg=0,r=1", "x8=0,r=8,wg=128"])
+def test_fused_decode_kernel_shapes(variant, monkeypatch, shape):
+    """The fused kernels in other matrix-vector shapes (FRAMEWORK_VULKAN_MATVEC): x quantized to 8 bits in
+    the kernel's prologue, sums through subgroup shuffles or workgroup memory, several rows a thread.
+    (With 8-bit x forced on every product, whole random layers lose about as much as MUL_MAT's threshold
+    allows, fused or not: the single products are the check there.)"""
+    monkeypatch.setenv("FRAMEWORK_VULKAN_MATVEC", shape)
+    variant.cpu_adapter = False
+    single = [c for c in DECODE_CASES if "+MUL_MAT-" in c.id]
+    for case in DECODE_CASES if "x8=0" in shape else single:
+        assert _check_case(variant, case) == "ok"
+
+
+def test_unknown_fusion_names_are_refused(vk, monkeypatch):
+    case = DECODE_CASES[-1]
+    monkeypatch.setenv("FRAMEWORK_VULKAN_UNFUSE", "attn,gluu")
+    with pytest.raises(Exception, match=r"FRAMEWORK_VULKAN_UNFUSE='attn,gluu': no fusion named 'gluu'; the fusions "
+                                        r"are attn, combine, norm, add, glu, rms_mul, or 'all'"):
+        _run(vk, case.build())
+
+
 @pytest.mark.parametrize("shape", ["x8=1", "x8=1,r=8", "x8=1,tpr=4,sg=1,r=2", "x8=0,r=4", "x8=0,tpr=4,sg=1"])
 def test_matvec_shapes(variant, monkeypatch, shape):
     """Every shape of the matrix-vector kernel (FRAMEWORK_VULKAN_MATVEC): x in 8 bits (integer dot
@@ -363,19 +404,41 @@ def test_text(case, registry):
     assert float(np.mean(got.top1 == arrays[ref["text"]["top1_key"]][:PREFIX])) >= 0.90
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_gpu_decode_kernels_follow_llama_cpp(variant, name):
-    """The decode kernels a GPU adapter takes (the cooperative matrix-vector kernel; x in 8 bits for
-    weights of 4 MiB and more, as both models' output projections are) on the real weights, forced on
-    lavapipe: llama.cpp's greedy tokens for the first prompt, fed one decode step at a time, stay
-    within the README's bounds."""
+MAX_DECODE_DISPATCHES = 150     # a decode step's dispatches on a GPU, fused (docs/vulkan.md, "Fusion")
+
+
+def _decode_steps(session) -> list[str]:
+    (program,) = [session.executor.programs[(f.device, f.program)] for key, (plan, _) in session.plans.items()
+                  if key[0] == 1 for f in plan.fragments]
+    return [st.name.split(" ")[0] for st in program.steps]
+
+
+@pytest.mark.parametrize("name,fused", [("smollm2", True), ("gemma3", True), ("smollm2", False)],
+                         ids=["smollm2-fused", "gemma3-fused", "smollm2-unfused"])
+def test_gpu_decode_kernels_follow_llama_cpp(variant, monkeypatch, name, fused):
+    """The decode kernels a GPU adapter takes on the real weights, forced on lavapipe: fused (every layer's
+    attention block, its output projection with the combine and the residual add, gate and up with the
+    norm and the GLU, the down projection; x in 8 bits inside the output head's kernel) in at most
+    MAX_DECODE_DISPATCHES dispatches a step, and unfused (FRAMEWORK_VULKAN_UNFUSE=all: the cooperative
+    matrix-vector kernel, QUANT_X for the output projection, every op its own dispatch). llama.cpp's
+    greedy tokens for the first prompt, fed one decode step at a time, stay within the README's bounds."""
+    if not fused:
+        monkeypatch.setenv("FRAMEWORK_VULKAN_UNFUSE", "all")
     variant.cpu_adapter = False
     model = load_model(name)
     session = Session(model, [variant], n_ctx=256, n_batch=N_BATCH[name])
     ref = reference(name)[0]
     assert_teacher_forced(session, dict(ref, prompts=ref["prompts"][:1]), by_decode=True)
-    steps = [st.name for prog in session.executor.programs.values() for st in prog.steps]
-    assert any(n.startswith("MUL_MAT[matvec]") for n in steps) and any(n.startswith("QUANT_X") for n in steps)
+    steps = _decode_steps(session)
+    layers = model.hp.n_layer
+    if fused:
+        assert len(steps) <= MAX_DECODE_DISPATCHES, (len(steps), sorted(set(steps)))
+        assert steps.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers
+        assert steps.count("NORM+MUL_MATx2+GLU") == layers
+        assert steps.count("COMBINE+MUL_MAT" + ("+ADD" if name == "smollm2" else "")) == layers
+    else:
+        assert len(steps) > 3 * MAX_DECODE_DISPATCHES and "QUANT_X" in steps
+        assert steps.count("MUL_MAT[matvec]") == 7 * layers + 1 and steps.count("ROPE") == 2 * layers
 
 
 def test_weights_larger_than_a_binding_are_split(case):

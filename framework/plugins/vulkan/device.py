@@ -12,6 +12,7 @@ import numpy as np
 from ...contract import HOST_CPU, BufferType, Device, DeviceType, Limits, Verdict, pci_physical_id
 from ...core.graph import Tensor
 from . import quant
+from .fusion import fusions_off
 from .submission import VkProgram
 from .tensors import Chunk, Lease, VkTensor, VkWeight, contig
 from .verdicts import verdict
@@ -100,6 +101,7 @@ class VulkanDevice(Device):
         self._dummy = None
         self.uploads = 0
         self.submits = 0
+        self.compiled: list[tuple[int, int]] = []     # per program compiled: (rows of x, dispatches a run)
         # FRAMEWORK_VULKAN_PROFILE=1: GPU time per kernel (one pass per dispatch, timestamps around each)
         self.timestamps = "timestamp-query" in feats
         self.profile = {} if os.environ.get(PROFILE_ENV) == "1" and self.timestamps else None
@@ -256,7 +258,19 @@ class VulkanDevice(Device):
             self._gpu.queue.read_buffer(self.dummy(), 0, 16)
 
     def compile(self, fragment):
-        return VkProgram(self, fragment)
+        program = VkProgram(self, fragment)
+        rows = max((n.src[1].nelements // n.src[1].shape[-1] for n in fragment.nodes if n.op == "MUL_MAT"), default=0)
+        self.compiled.append((rows, len(program.steps)))
+        return program
+
+    def compile_summary(self) -> str:
+        """The report line: programs, pipelines, and each program's dispatches a run (a decode step's is
+        the figure fusion lowers), with the fusions off (FRAMEWORK_VULKAN_UNFUSE)."""
+        runs = ", ".join(f"{d} ({r} row{'s' * (r != 1)} of x)" for r, d in self.compiled)
+        off = sorted(fusions_off())
+        return (f"{self.name}: {len(self.compiled)} programs, {len(self._pipelines)} pipelines; dispatches a run: "
+                f"{runs or 'none'}; fusions off: {', '.join(off) if off else 'none'}"
+                + ("" if not self.cpu_adapter else " (a CPU adapter fuses no decode kernels)"))
 
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"

@@ -6,7 +6,9 @@ RESHAPE, PERMUTE, TRANSPOSE) only make new Refs; every other node becomes one or
 (lower_ops.py, lower_products.py). Where the values live is memory.py's business, running the steps
 submission.py's.
 
-Fusions: RMS_NORM followed by its only reader, a MUL by a gain vector, is one dispatch.
+Fusions: for decode on a GPU, the groups of nodes fusion.py finds are one dispatch each
+(lower_fused.py); elsewhere RMS_NORM followed by its only reader, a MUL by a gain vector, is one
+dispatch. FRAMEWORK_VULKAN_UNFUSE turns them off by name.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 
 from ...core.graph import Tensor
-from . import lower_ops, lower_products, wgsl
+from . import fusion, lower_fused, lower_ops, lower_products, wgsl
 from .steps import Ref, Step, grid
 from .tensors import contig
 from .verdicts import VIEWS, is_weight
@@ -34,6 +36,9 @@ class Lowering:
         self.written_args: set[int] = set()
         self.align4: set[int] = set()      # arguments read as vec4
         self.xq: dict[tuple, Ref] = {}     # computed x -> its 8-bit (QUANT_X) or f16 (HALF_X) form, made once
+        self.partials: dict[int, tuple] = {}   # id(attention) -> (partials, chunks, head size): combined later
+        off = fusion.fusions_off()
+        self.fusion = fusion.plan(self, fragment, off)
         nodes = fragment.nodes
         readers: dict[int, list[Tensor]] = {}
         for n in nodes:
@@ -42,12 +47,16 @@ class Lowering:
         outs = {id(t) for t in fragment.outputs}
         fused: set[int] = set()
         for n in nodes:
-            if id(n) in fused:
+            group = self.fusion.anchor.get(id(n))
+            if group is not None:
+                lower_fused.emit(self, group)
+                continue
+            if id(n) in fused or id(n) in self.fusion.absorbed:
                 continue
             if n.op in VIEWS:
                 self.refs[id(n)] = self.view(n)
                 continue
-            if n.op == "RMS_NORM" and id(n) not in outs:
+            if n.op == "RMS_NORM" and id(n) not in outs and "rms_mul" not in off:
                 r = readers.get(id(n), [])
                 if len(r) == 1 and r[0].op == "MUL" and r[0].src[0] is n and self.gain_ok(n, r[0].src[1]):
                     lower_ops.rms_norm(self, r[0], n, r[0].src[1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.graph import LeafKind
 from ...core.graph.reference import rope_cos_sin
 from . import memory
 from .lowering import Lowering
@@ -32,10 +33,17 @@ class VkProgram:
         self.memory = memory.assign(self.steps, self.val_sizes, [self.refs[id(t)] for t in self.outputs])
         self.params = ParamBlocks(dev, self.steps)
         self.bg_cache: list[dict] = [{} for _ in self.steps]
-        self.arg_bufs: dict[int, object] = {}
+        self.host_buf, self.host_key, self.host_place = None, None, {}
+        # weights are the same handles run after run: taken as a block (see _bind_args)
+        self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
+        self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
+        self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
         self.rope_bufs: list = [None] * len(self.ropes)
         self.rope_keys: list = [None] * len(self.ropes)
         self.last_sig, self.last_cmds = None, None
+        # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
+        self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
+                          for r in (self.refs[id(t)] for t in self.outputs)]
 
     # -- running ----------------------------------------------------------------------------
     def run(self, args):
@@ -69,14 +77,19 @@ class VkProgram:
 
     def _bind_args(self, args):
         """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
-        or for host values (and views a kernel cannot read in place) the program's buffer for them."""
+        or for host values (and views a kernel cannot read in place) a place in the program's buffer for
+        them, all uploaded at once."""
         dev = self.dev
-        queue = dev.gpu.queue
-        bufs: list = [None] * len(args)
         offs: list = [0] * len(args)
         host_vals: dict[int, np.ndarray] = {}
-        weights: dict[int, VkWeight] = {}
-        for i, h in enumerate(args):
+        staged: list[tuple[int, np.ndarray]] = []
+        held = tuple(args[i] for i in self.weight_idx)
+        if held != self.last_weights or len(self.weight_bufs) != len(args):      # weights compared by identity
+            self._take_weights(held, len(args))
+        bufs: list = list(self.weight_bufs)
+        weights: dict[int, VkWeight] = dict(self.weight_map)
+        for i in (self.other_idx if self.weights_ok else range(len(args))):
+            h = args[i]
             if isinstance(h, VkWeight):
                 weights[i] = h
                 bufs[i] = h.chunks[0].buffer
@@ -89,16 +102,43 @@ class VkProgram:
                 if i in self.written_args:      # a cache handed over as values: it lives on here from now
                     bufs[i] = dev.buffer_with(data)
                 else:
-                    buf = self.arg_bufs.get(i)
-                    if buf is None or buf.size < data.nbytes:
-                        buf = self.arg_bufs[i] = dev.new_buffer(max(data.nbytes, 16))
-                    if data.nbytes:
-                        queue.write_buffer(buf, 0, data.reshape(-1).view(np.uint8))
-                    bufs[i] = buf
+                    staged.append((i, data))
             else:
                 bufs[i] = h.buffer
                 offs[i] = h.offset
+        if staged:
+            self._upload(staged, bufs, offs)
         return bufs, offs, host_vals, weights
+
+    def _take_weights(self, held: tuple, n_args: int) -> None:
+        """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
+        self.last_weights = held
+        self.weights_ok = all(isinstance(h, VkWeight) for h in held)
+        self.weight_map = dict(zip(self.weight_idx, held)) if self.weights_ok else {}
+        self.weight_bufs = [None] * n_args
+        for i, h in self.weight_map.items():
+            self.weight_bufs[i] = h.chunks[0].buffer
+
+    def _upload(self, staged, bufs, offs) -> None:
+        """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) in one buffer, each
+        at a 16-byte aligned place: one upload per run, and the places (the parameter blocks' offsets) the
+        same from run to run while the sizes are."""
+        key = tuple((i, data.nbytes) for i, data in staged)
+        if key != self.host_key:
+            self.host_place, total = {}, 0
+            for i, data in staged:
+                self.host_place[i] = total
+                total += max(16, -(-data.nbytes // 16) * 16)
+            self.host_total = total
+            if self.host_buf is None or self.host_buf.size < total:
+                self.host_buf = self.dev.new_buffer(total)
+            self.host_key = key
+        block = np.empty(self.host_total, np.uint8)
+        for i, data in staged:
+            at = self.host_place[i]
+            block[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
+            bufs[i], offs[i] = self.host_buf, at // 4
+        self.dev.gpu.queue.write_buffer(self.host_buf, 0, block)
 
     def _rope_tables(self, args, host_vals) -> None:
         """The (cos, sin) table of each rope, made on the host and uploaded when the positions change."""
@@ -123,8 +163,9 @@ class VkProgram:
         dev = self.dev
         rope_bufs = self.rope_bufs
         val_out, val_slot = self.memory.val_out, self.memory.val_slot
-        sig = (tuple(map(id, bufs)), tuple(id(v[0]) for v in out_of_val.values()), tuple(map(id, slot_bufs)),
-               tuple(id(c.buffer) for w in weights.values() for c in w.chunks), tuple(map(id, rope_bufs)))
+        # the buffers themselves (compared by identity), and the weights, whose chunks are theirs for good
+        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), tuple(weights.values()),
+               tuple(rope_bufs))
         if sig == self.last_sig:
             return self.last_cmds
         dummy = dev.dummy()
@@ -190,8 +231,13 @@ class VkProgram:
         argument's buffer seen through the output's view."""
         dev = self.dev
         results = []
-        for t in self.outputs:
+        for t, whole in zip(self.outputs, self.whole_arg):
             r = self.refs[id(t)]
+            if whole:
+                h = args[r.idx]
+                if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
+                    results.append(h)
+                    continue
             if r.kind == "arg":
                 h = args[r.idx]
                 if isinstance(h, np.ndarray):
