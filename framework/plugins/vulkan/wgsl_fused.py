@@ -77,17 +77,19 @@ def _off(roles: list[str], role: str) -> str:
 
 
 ROW_SUM = """var<workgroup> rsum: array<f32, WG>;
-// a workgroup's sum of v, in a fixed order (the same every run)
+var<workgroup> rsum8: array<f32, 8>;
+// a workgroup's sum of v, in a fixed order (the same every run): eight threads each add WG / 8 of the
+// values in turn, then every thread adds the eight (two barriers, not a tree's log2(WG) + 1)
 fn row_sum(v: f32, li: u32) -> f32 {
   rsum[li] = v;
   workgroupBarrier();
-  for (var s = WG / 2u; s > 0u; s >>= 1u) {
-    if (li < s) { rsum[li] += rsum[li + s]; }
-    workgroupBarrier();
+  if (li < 8u) {
+    var s = 0.0;
+    for (var j = 0u; j < WG / 8u; j++) { s += rsum[li * (WG / 8u) + j]; }
+    rsum8[li] = s;
   }
-  let r = rsum[0];
   workgroupBarrier();
-  return r;
+  return ((rsum8[0] + rsum8[1]) + (rsum8[2] + rsum8[3])) + ((rsum8[4] + rsum8[5]) + (rsum8[6] + rsum8[7]));
 }
 """
 
@@ -254,16 +256,25 @@ def attn_params(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> Params:
     return Params(fields, bindings=len(attn_roles(p, q_norm, k_norm, mask)))
 
 
+PROJECT_UNROLL = 4     # a thread's groups of a row, this many a loop iteration (their loads in flight together)
+
+
 def _project(w: str, dst: str, gpr: int, tpr: int) -> str:
     """Rows (rowbase + j, j < D) of weight w times xs into dst[j]: TPR threads a row, their sums in a
-    fixed tree. A thread's groups unrolled (wgpu's loop counters keep a driver from unrolling), so their
-    loads are in flight together: with D = 256 a thread has a whole row."""
-    steps = []
-    for j in range(-(-gpr // tpr)):
+    fixed tree. A thread's groups go PROJECT_UNROLL to an iteration: with D = 256 a thread has a whole
+    row, and one group at a time would wait for each load in turn (wgpu's loop counters keep a driver
+    from unrolling); a whole row unrolled made lavapipe twice as slow."""
+    n, u = -(-gpr // tpr), PROJECT_UNROLL
+    blocks = gpr // tpr // u           # in these every lane has its groups: no bounds to check
+    dots = lambda g: f"acc += dot32_{w}(row, {g}, xsg({g}));"          # noqa: E731
+    lines = []
+    if blocks:
+        block = " ".join(dots(f"g + {j}u * TPR") for j in range(u))
+        lines.append(f"    for (var b = 0u; b < {blocks}u; b++) {{ let g = lane + b * {u}u * TPR; {block} }}")
+    for j in range(blocks * u, n):
         g = f"lane + {j}u * TPR"
-        dot = f"acc += dot32_{w}(row, {g}, xsg({g}));"
-        steps.append(f"    {dot}" if (j + 1) * tpr <= gpr else f"    if ({g} < GPR) {{ {dot} }}")
-    body = "\n".join(steps)
+        lines.append(f"    {dots(g)}" if (j + 1) * tpr <= gpr else f"    if ({g} < GPR) {{ {dots(g)} }}")
+    body = "\n".join(lines)
     return f"""  {{
     var acc = 0.0;
     let row = rowbase{w} + li / TPR;
