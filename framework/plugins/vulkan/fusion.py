@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ...core.graph import LeafKind, Tensor
+from ...core.graph import VIEW_OPS, LeafKind, Tensor
 from . import quant, wgsl_fused
 from .kernel_shapes import matvec_shape
 from .wgsl_fused import ATTN_WG, Prologue
@@ -159,7 +159,7 @@ class Matcher:
         """t's element offset in the value it views (0 for arguments: their runtime offsets are aligned
         by the program where a kernel reads them as vec4)."""
         off = 0
-        while t.op in ("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE") and id(t) in self.pos:
+        while t.op in VIEW_OPS and id(t) in self.pos:
             off += int(t.params.get("offset", 0)) if t.op == "VIEW" else 0
             t = t.src[0]
         return off
@@ -286,8 +286,9 @@ class Matcher:
             nodes.append(q)
             q_scale, q = float(q.params["scale"]), q.src[0]
         rope = q
-        if rope.op != "ROPE" or not self.only_read_by(rope, [nodes[-1] if nodes else fa]) or not rope.src[1].is_leaf:
-            return None
+        if (rope.op != "ROPE" or len(rope.src) != 2 or not self.only_read_by(rope, [nodes[-1] if nodes else fa])
+                or not rope.src[1].is_leaf):
+            return None                  # (frequency factors, a third operand, are not in the table on the host)
         n_dims = int(rope.params["n_dims"])
         if n_dims % 2 or n_dims > d:
             return None
@@ -297,8 +298,8 @@ class Matcher:
         if mq is None or k_set is None or v_set is None or k_set.src[2] is not v_set.src[2]:
             return None
         k_rope = k_rows.src[0]
-        if (k_rope.op != "ROPE" or k_rope.src[1] is not rope.src[1] or k_rope.params != rope.params
-                or not self.only_read_by(k_rope, [k_rows])):
+        if (k_rope.op != "ROPE" or len(k_rope.src) != 2 or k_rope.src[1] is not rope.src[1]
+                or k_rope.params != rope.params or not self.only_read_by(k_rope, [k_rows])):
             return None
         k_norm, mk, k_nodes = self._head(k_rope.src[0], k_rope, (1, hkv, d))
         v_nodes, v, reader = [], v_rows, v_set
