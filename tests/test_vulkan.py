@@ -7,10 +7,11 @@ What runs here, and how it is reduced for lavapipe's speed (about 0.5 GMAC/s on 
 * discovery: the adapter is a Vulkan one, its limits are reported; every unavailable reason (no wgpu,
   no loader, no driver, only non-Vulkan adapters) is precise;
 * every case of the op conformance suite (framework/conformance/cases.py) against the CPU plugin with
-  ggml's NMSE thresholds, the refusals limited to the weight types the plugin does not claim; the
-  MUL_MAT cases again with the cooperative matrix-vector kernel a GPU adapter uses (lavapipe, a CPU
-  adapter, normally takes the register-tiled kernel), with f16 arithmetic off, and with weights split
-  into several chunks (a binding limit made small);
+  ggml's NMSE thresholds, the refusals limited to the weight types the plugin does not claim and the
+  ops it has no kernel for; the MUL_MAT cases again with the cooperative matrix-vector kernel a GPU
+  adapter uses (lavapipe, a CPU adapter, normally takes the register-tiled kernel), with f16 arithmetic
+  off, and with weights split into several chunks (a binding limit made small); the whole decode steps
+  (DECODE cases) with the kernels a GPU fuses them into, each fusion turned off in turn;
 * both models against llama.cpp's reference outputs (tests/reference), in full, with the README's
   bounds as test_reference_cpu.py applies them: teacher-forced greedy on every prompt, perplexity and
   top-1 agreement over the whole text (about 10 minutes of the test run on lavapipe).
@@ -20,9 +21,9 @@ What runs here, and how it is reduced for lavapipe's speed (about 0.5 GMAC/s on 
   perplexity on SmolLM2's first 64 tokens -- so the prefix is held to the CPU plugin's own result on
   it (perplexity within 0.5%, per-token NLL within 0.05 on average) and to llama.cpp's per-token NLL
   (mean difference under 0.1) and top-1 (at least 90%);
-* the decode kernels a GPU adapter takes (cooperative matrix-vector, x in 8 bits for large weights)
-  forced on lavapipe with both models' real weights: llama.cpp's greedy tokens for the first prompt
-  fed one decode step at a time, within the README's bounds;
+* the decode kernels a GPU adapter takes (fused, at most 150 dispatches a step; and unfused) forced on
+  lavapipe with both models' real weights: llama.cpp's greedy tokens for the first prompt fed one
+  decode step at a time, within the README's bounds;
 * decode steps (KV cache on the device) equal one prefill; a mixed plan with the cpu plugin; one
   submission per run and pipelines made once.
 """
@@ -153,8 +154,8 @@ def _declared_gap(n, v) -> bool:
     has no kernel for: Qwen3.5's CONCAT, SSM_CONV and GATED_DELTA_NET, sigmoid and softplus, rope
     frequency factors."""
     from framework.conformance.cases import EXTRA_WEIGHT_TYPES
-    from framework.plugins.vulkan.device import OPS
-    from framework.plugins.vulkan.program import UNARY_CODE
+    from framework.plugins.vulkan.verdicts import OPS
+    from framework.plugins.vulkan.wgsl import UNARY_CODE
     if any(s.dtype.name in {q.name for q in EXTRA_WEIGHT_TYPES} for s in n.src):
         return True
     return v.code == "unsupported_op" and (n.op not in OPS or (n.op == "UNARY" and n.params["op"] not in UNARY_CODE)
