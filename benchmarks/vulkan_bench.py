@@ -602,7 +602,7 @@ def main() -> None:
             label = "" if var is None else f" [FRAMEWORK_VULKAN_UNFUSE={var!r}]"
             if var is not None:
                 os.environ[UNFUSE_ENV] = var
-                if not args.skip_check:
+                if not args.skip_check and var:      # "" is every fusion on: the check above
                     check = check_models_against_cpu(dev, model)
                     entry.setdefault("check_by_unfuse", {})[var] = check
                     log(f"{name}{label}: vulkan vs cpu plugin on random weights: {check}")
