@@ -1,4 +1,4 @@
-"""`measure dynquant` (framework/plugins/openvino_npu/measure.py) on a machine the model files cannot be
+"""`openvino_measure.py dynquant` (benchmarks/openvino_measure.py) on a machine the model files cannot be
 carried to: GGUF files of the two models' shapes and tensor types with random weights
 (benchmarks/vulkan_models.json), so the speed figures hold and the reference bounds are not measured.
 benchmarks/openvino_dynquant_h200.sh runs it on the nvidia-h200 machine (an AMX CPU)."""
@@ -19,10 +19,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def main() -> None:
+    import openvino_measure as measure
     from vulkan_bench import write_model
 
     from framework.model.model import Model
-    from framework.plugins.openvino_npu import measure
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     folder = Path(tempfile.mkdtemp(prefix="openvino-dynquant-"))
     models = {f"{name} (random weights)": Model(write_model(name, spec, folder / f"{name}.gguf",

@@ -12,7 +12,9 @@ runs it on the nvidia-h200 machine). Prints, in one run:
   256 tokens and decode tok/s, medians of --runs timed runs after warm-up (with the slowest and
   fastest); and PyTorch bf16 eager on the same architectures and sizes, measured the same way (random
   weights, manual decode loop with a KV cache); --matmul-variants compares prefill kernel settings
-  (FRAMEWORK_VULKAN_MATMUL);
+  (FRAMEWORK_VULKAN_MATMUL); --unfuse-variants compares the plugin's decode fusions
+  (FRAMEWORK_VULKAN_UNFUSE: ";all" measures every fusion on, then none), with the dispatches a decode
+  step takes and the decode logits against the CPU plugin for each;
 * a correctness check on that GPU: the op conformance cases, and the random-weight models' logits
   against the CPU plugin.
 
@@ -37,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
+
+from framework.plugins.vulkan.fusion import UNFUSE_ENV
 
 # byte offsets of f16 scales inside a block (kept finite and small so values stay finite)
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,),
@@ -224,7 +228,8 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int = 5) ->
     out = {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
            "decode_runs": decode, "decode_ms_per_token": 1e3 / decode["median"], "first_prefill_s": first,
            "dispatches_per_decode_step": sum(len(dev_prog.steps) for dev_prog in _programs(s, 1)),
-           "prefill_kernels": sorted({st.name.split(" ")[0] for p in _programs(s, n_prompt) for st in p.steps})}
+           "prefill_kernels": sorted({st.name.split(" ")[0] for p in _programs(s, n_prompt) for st in p.steps}),
+           "decode_kernels": sorted({st.name.split(" ")[0] for p in _programs(s, 1) for st in p.steps})}
     if dev.timestamps:      # GPU time per kernel (one pass per dispatch while profiling)
         for phase, run in (("prefill", lambda: (s.reset(), s.eval(prompt))),
                            ("decode", lambda: [s.eval([tok]) for _ in range(8)])):
@@ -245,7 +250,7 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int = 5) ->
 def prefill_variants(dev, model, n_prompt: int, rng, variants: list[str], runs: int) -> list[dict]:
     """Prefill tok/s (median of `runs`) and the prefill's GPU profile for each FRAMEWORK_VULKAN_MATMUL
     setting ("" = the plugin's own choice), a new session each (programs are made per session)."""
-    from framework.plugins.vulkan.program import MATMUL_ENV
+    from framework.plugins.vulkan.kernel_shapes import MATMUL_ENV
     from framework.runtime.session import Session
     prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
     out = []
@@ -510,6 +515,9 @@ def main() -> None:
     ap.add_argument("--matmul-variants", default="",
                     help="';'-separated FRAMEWORK_VULKAN_MATMUL settings: model prefill of each, before the rest")
     ap.add_argument("--expect-adapter", default="NVIDIA", help="refuse an adapter whose name lacks this")
+    ap.add_argument("--unfuse-variants", default="",
+                    help="';'-separated FRAMEWORK_VULKAN_UNFUSE settings ('' every fusion on, 'all' none): the models' "
+                         "prefill, decode, dispatches a step and GPU profile with each, and the decode check")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     work = Path(args.work)
@@ -589,16 +597,30 @@ def main() -> None:
         if args.prefill_only:
             result["models"][name] = entry
             continue
-        entry["vulkan"] = tv = model_speed(dev, model, args.prompt, args.decode, rng, args.runs)
-        log(f"{name}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s (median of {args.runs}; "
-            f"{tv['prefill_runs']['min']:.0f}..{tv['prefill_runs']['max']:.0f}), decode "
-            f"{tv['decode_tok_s']:.1f} tok/s ({tv['decode_runs']['min']:.1f}..{tv['decode_runs']['max']:.1f}; "
-            f"{tv['decode_ms_per_token']:.2f} ms/token, {tv['dispatches_per_decode_step']} dispatches a step); "
-            f"prefill kernels {tv['prefill_kernels']}")
-        for phase in ("prefill", "decode"):
-            if f"gpu_profile_{phase}" in entry["vulkan"]:
-                log(f"  {phase}: GPU {entry['vulkan'][f'gpu_ms_per_{phase}_token']:.3f} ms/token; per kernel (us/token): "
-                    f"{entry['vulkan'][f'gpu_profile_{phase}']}")
+        fusion_variants = args.unfuse_variants.split(";") if args.unfuse_variants else [None]
+        for var in fusion_variants:          # the first is the one compared with PyTorch
+            label = "" if var is None else f" [FRAMEWORK_VULKAN_UNFUSE={var!r}]"
+            if var is not None:
+                os.environ[UNFUSE_ENV] = var
+                if not args.skip_check and var:      # "" is every fusion on: the check above
+                    check = check_models_against_cpu(dev, model)
+                    entry.setdefault("check_by_unfuse", {})[var] = check
+                    log(f"{name}{label}: vulkan vs cpu plugin on random weights: {check}")
+            tv = model_speed(dev, model, args.prompt, args.decode, rng, args.runs)
+            entry.setdefault("vulkan", tv)
+            if var is not None:
+                entry.setdefault("vulkan_by_unfuse", {})[var] = tv
+            log(f"{name}{label}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s (median of {args.runs}; "
+                f"{tv['prefill_runs']['min']:.0f}..{tv['prefill_runs']['max']:.0f}), decode "
+                f"{tv['decode_tok_s']:.1f} tok/s ({tv['decode_runs']['min']:.1f}..{tv['decode_runs']['max']:.1f}; "
+                f"{tv['decode_ms_per_token']:.2f} ms/token, {tv['dispatches_per_decode_step']} dispatches a step); "
+                f"prefill kernels {tv['prefill_kernels']}; decode kernels {tv['decode_kernels']}")
+            for phase in ("prefill", "decode"):
+                if f"gpu_profile_{phase}" in tv:
+                    log(f"  {phase}: GPU {tv[f'gpu_ms_per_{phase}_token']:.3f} ms/token; per kernel (us/token): "
+                        f"{tv[f'gpu_profile_{phase}']}")
+        os.environ.pop(UNFUSE_ENV, None)
+        tv = entry["vulkan"]
         if not args.skip_torch:
             try:
                 entry["torch_eager_bf16"] = torch_model_speed(model.hp, model.hp.arch, args.prompt, args.decode,

@@ -7,10 +7,11 @@ What runs here, and how it is reduced for lavapipe's speed (about 0.5 GMAC/s on 
 * discovery: the adapter is a Vulkan one, its limits are reported; every unavailable reason (no wgpu,
   no loader, no driver, only non-Vulkan adapters) is precise;
 * every case of the op conformance suite (framework/conformance/cases.py) against the CPU plugin with
-  ggml's NMSE thresholds, the refusals limited to the weight types the plugin does not claim; the
-  MUL_MAT cases again with the cooperative matrix-vector kernel a GPU adapter uses (lavapipe, a CPU
-  adapter, normally takes the register-tiled kernel), with f16 arithmetic off, and with weights split
-  into several chunks (a binding limit made small);
+  ggml's NMSE thresholds, the refusals limited to the weight types the plugin does not claim and the
+  ops it has no kernel for; the MUL_MAT cases again with the cooperative matrix-vector kernel a GPU
+  adapter uses (lavapipe, a CPU adapter, normally takes the register-tiled kernel), with f16 arithmetic
+  off, and with weights split into several chunks (a binding limit made small); the whole decode steps
+  (DECODE cases) with the kernels a GPU fuses them into, each fusion turned off in turn;
 * both models against llama.cpp's reference outputs (tests/reference), in full, with the README's
   bounds as test_reference_cpu.py applies them: teacher-forced greedy on every prompt, perplexity and
   top-1 agreement over the whole text (about 10 minutes of the test run on lavapipe).
@@ -20,9 +21,9 @@ What runs here, and how it is reduced for lavapipe's speed (about 0.5 GMAC/s on 
   perplexity on SmolLM2's first 64 tokens -- so the prefix is held to the CPU plugin's own result on
   it (perplexity within 0.5%, per-token NLL within 0.05 on average) and to llama.cpp's per-token NLL
   (mean difference under 0.1) and top-1 (at least 90%);
-* the decode kernels a GPU adapter takes (cooperative matrix-vector, x in 8 bits for large weights)
-  forced on lavapipe with both models' real weights: llama.cpp's greedy tokens for the first prompt
-  fed one decode step at a time, within the README's bounds;
+* the decode kernels a GPU adapter takes (fused, at most 150 dispatches a step; and unfused) forced on
+  lavapipe with both models' real weights: llama.cpp's greedy tokens for the first prompt fed one
+  decode step at a time, within the README's bounds;
 * decode steps (KV cache on the device) equal one prefill; a mixed plan with the cpu plugin; one
   submission per run and pipelines made once.
 """
@@ -153,8 +154,8 @@ def _declared_gap(n, v) -> bool:
     has no kernel for: Qwen3.5's CONCAT, SSM_CONV and GATED_DELTA_NET, sigmoid and softplus, rope
     frequency factors."""
     from framework.conformance.cases import EXTRA_WEIGHT_TYPES
-    from framework.plugins.vulkan.device import OPS
-    from framework.plugins.vulkan.program import UNARY_CODE
+    from framework.plugins.vulkan.verdicts import OPS
+    from framework.plugins.vulkan.wgsl import UNARY_CODE
     if any(s.dtype.name in {q.name for q in EXTRA_WEIGHT_TYPES} for s in n.src):
         return True
     return v.code == "unsupported_op" and (n.op not in OPS or (n.op == "UNARY" and n.params["op"] not in UNARY_CODE)
@@ -218,6 +219,48 @@ def test_cooperative_matvec_and_f32_kernels(variant):
         results = [_check_case(variant, c) for c in MUL_MAT_CASES]
         assert results.count("ok") >= len(results) - 12
         assert all(_check_case(variant, c) == "ok" for c in long_attention)
+
+
+DECODE_CASES = [c for c in CASES if c.id.startswith("DECODE-")]
+
+
+@pytest.mark.parametrize("unfuse", ["", "attn", "combine", "norm", "add", "glu", "attn,norm,add,glu"])
+def test_fused_decode_kernels(variant, monkeypatch, unfuse):
+    """Whole decode steps of small llama and gemma3 models (the conformance suite's DECODE cases) with the
+    kernels a GPU fuses them into, and with each fusion turned off by FRAMEWORK_VULKAN_UNFUSE: every
+    output, the caches included, against the CPU plugin."""
+    monkeypatch.setenv("FRAMEWORK_VULKAN_UNFUSE", unfuse)
+    variant.cpu_adapter = False
+    for case in DECODE_CASES:
+        assert _check_case(variant, case) == "ok"
+        plan = make_plan(case.build().graph, [variant])
+        names = [st.name.split(" ")[0] for st in variant.compile(plan.fragments[0]).steps]
+        off = set(unfuse.split(","))
+        assert any(n.startswith("NORM+") for n in names) == ("norm" not in off), names
+        if "-layer" in case.id:
+            assert any(n.endswith("QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") for n in names) == ("attn" not in off), names
+            assert any("GLU" in n and "MUL_MAT" in n for n in names) == ("glu" not in off), names
+
+
+@pytest.mark.parametrize("shape", ["x8=1", "x8=1,tpr=4,sg=1,r=2", "x8=0,tpr=8,sg=0,r=1", "x8=0,r=8,wg=128"])
+def test_fused_decode_kernel_shapes(variant, monkeypatch, shape):
+    """The fused kernels in other matrix-vector shapes (FRAMEWORK_VULKAN_MATVEC): x quantized to 8 bits in
+    the kernel's prologue, sums through subgroup shuffles or workgroup memory, several rows a thread.
+    (With 8-bit x forced on every product, whole random layers lose about as much as MUL_MAT's threshold
+    allows, fused or not: the single products are the check there.)"""
+    monkeypatch.setenv("FRAMEWORK_VULKAN_MATVEC", shape)
+    variant.cpu_adapter = False
+    single = [c for c in DECODE_CASES if "+MUL_MAT-" in c.id]
+    for case in DECODE_CASES if "x8=0" in shape else single:
+        assert _check_case(variant, case) == "ok"
+
+
+def test_unknown_fusion_names_are_refused(vk, monkeypatch):
+    case = DECODE_CASES[-1]
+    monkeypatch.setenv("FRAMEWORK_VULKAN_UNFUSE", "attn,gluu")
+    with pytest.raises(Exception, match=r"FRAMEWORK_VULKAN_UNFUSE='attn,gluu': no fusion named 'gluu'; the fusions "
+                                        r"are attn, combine, norm, add, glu, rms_mul, or 'all'"):
+        _run(vk, case.build())
 
 
 @pytest.mark.parametrize("shape", ["x8=1", "x8=1,r=8", "x8=1,tpr=4,sg=1,r=2", "x8=0,r=4", "x8=0,tpr=4,sg=1"])
@@ -292,6 +335,24 @@ def test_verdicts(vk, variant):
     assert not v.ok and v.code == "refused_by_profile"
 
 
+def test_parameter_blocks_are_filled_and_read_by_name():
+    """A kernel's parameter block is one definition: the WGSL struct it reads and the words the lowering
+    fills by name. A field missing or unknown on either side is an error naming it, never a word left 0."""
+    from framework.plugins.vulkan import wgsl
+    block = wgsl.Params("ncols nrows eps:f32")
+    assert block.word == {"ncols": 8, "nrows": 9, "eps": 10}
+    assert "struct Params { offs: array<vec4<u32>, 2>, ncols: u32, nrows: u32, eps: f32 }" in block.header()
+    assert block.pack("RMS_NORM x", {"ncols": 4, "nrows": 2, "eps": 1e-6}) == [(8, "u32", 4), (9, "u32", 2),
+                                                                             (10, "f32", 1e-6)]
+    with pytest.raises(ValueError, match=r"RMS_NORM x: parameters missing \['eps'\], unknown \['epsilon'\]"):
+        block.pack("RMS_NORM x", {"ncols": 4, "nrows": 2, "epsilon": 1e-6})
+    with pytest.raises(ValueError, match=r"reads parameter fields \['gain'\]"):
+        block.source("let g = U.gain;")
+    assert wgsl.Params("a b", bindings=13).word == {"a": 16, "b": 17}     # 13 binding offsets take 4 vec4s
+    for name, (body, params) in wgsl.SIMPLE.items():                     # every simple kernel's fields declared
+        assert params.source(body) == wgsl.simple(name)
+
+
 def test_one_submission_per_run_and_pipelines_made_once(vk):
     case = next(c for c in CASES if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()
@@ -345,19 +406,41 @@ def test_text(case, registry):
     assert float(np.mean(got.top1 == arrays[ref["text"]["top1_key"]][:PREFIX])) >= 0.90
 
 
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_gpu_decode_kernels_follow_llama_cpp(variant, name):
-    """The decode kernels a GPU adapter takes (the cooperative matrix-vector kernel; x in 8 bits for
-    weights of 4 MiB and more, as both models' output projections are) on the real weights, forced on
-    lavapipe: llama.cpp's greedy tokens for the first prompt, fed one decode step at a time, stay
-    within the README's bounds."""
+MAX_DECODE_DISPATCHES = 150     # a decode step's dispatches on a GPU, fused (docs/vulkan.md, "Fusion")
+
+
+def _decode_steps(session) -> list[str]:
+    (program,) = [session.executor.programs[(f.device, f.program)] for key, (plan, _) in session.plans.items()
+                  if key[0] == 1 for f in plan.fragments]
+    return [st.name.split(" ")[0] for st in program.steps]
+
+
+@pytest.mark.parametrize("name,fused", [("smollm2", True), ("gemma3", True), ("smollm2", False)],
+                         ids=["smollm2-fused", "gemma3-fused", "smollm2-unfused"])
+def test_gpu_decode_kernels_follow_llama_cpp(variant, monkeypatch, name, fused):
+    """The decode kernels a GPU adapter takes on the real weights, forced on lavapipe: fused (every layer's
+    attention block, its output projection with the combine and the residual add, gate and up with the
+    norm and the GLU, the down projection; x in 8 bits inside the output head's kernel) in at most
+    MAX_DECODE_DISPATCHES dispatches a step, and unfused (FRAMEWORK_VULKAN_UNFUSE=all: the cooperative
+    matrix-vector kernel, QUANT_X for the output projection, every op its own dispatch). llama.cpp's
+    greedy tokens for the first prompt, fed one decode step at a time, stay within the README's bounds."""
+    if not fused:
+        monkeypatch.setenv("FRAMEWORK_VULKAN_UNFUSE", "all")
     variant.cpu_adapter = False
     model = load_model(name)
     session = Session(model, [variant], n_ctx=256, n_batch=N_BATCH[name])
     ref = reference(name)[0]
     assert_teacher_forced(session, dict(ref, prompts=ref["prompts"][:1]), by_decode=True)
-    steps = [st.name for prog in session.executor.programs.values() for st in prog.steps]
-    assert any(n.startswith("MUL_MAT[matvec]") for n in steps) and any(n.startswith("QUANT_X") for n in steps)
+    steps = _decode_steps(session)
+    layers = model.hp.n_layer
+    if fused:
+        assert len(steps) <= MAX_DECODE_DISPATCHES, (len(steps), sorted(set(steps)))
+        assert steps.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers
+        assert steps.count("NORM+MUL_MATx2+GLU") == layers
+        assert steps.count("COMBINE+MUL_MAT" + ("+ADD" if name == "smollm2" else "")) == layers
+    else:
+        assert len(steps) > 3 * MAX_DECODE_DISPATCHES and "QUANT_X" in steps
+        assert steps.count("MUL_MAT[matvec]") == 7 * layers + 1 and steps.count("ROPE") == 2 * layers
 
 
 def test_weights_larger_than_a_binding_are_split(case):

@@ -335,6 +335,70 @@ def reshape_cont(g: CaseGraph, *, shape, new_shape) -> list[Tensor]:
     return [g.b.cont(g.b.reshape(g.b.scale(g.f32("a", shape), -1.0), new_shape))]
 
 
+def _norm(g: CaseGraph, x: Tensor, name: str, eps: float = 1e-6) -> Tensor:
+    """The models' norm: RMS_NORM over the last axis, then MUL by an F32 gain weight."""
+    return g.b.mul(g.b.rms_norm(x, eps), g.weight(name, Q.F32, (x.shape[-1],)))
+
+
+def decode_layers(g: CaseGraph, *, arch: str, layers: int, n_embd: int, h: int, hkv: int, d: int, n_ff: int,
+                  n_ctx: int, n_past: int, n_kv: int, qtypes, n_vocab: int = 96) -> list[Tensor]:
+    """One decode step (one token) of `layers` transformer layers and the output head, as the models build
+    them (model/arch: "llama" as SmolLM2, "gemma3" with per-head q/k norms, neox rope, q scaled, post-norms
+    and GEGLU), over caches that already hold n_past rows (written by an earlier SET_ROWS of random rows):
+    the runs of nodes a backend may fuse for decode (the Vulkan plugin's fusion.py). Outputs: the logits
+    and every layer's two cache writes. qtypes: the types of (q, k, v, o, gate, up, down, output)."""
+    b, gemma = g.b, arch == "gemma3"
+    tq, tk, tv, to, tg, tu, td, tout = qtypes
+    x = b.get_rows(g.weight("token_embd.weight", Q.Q8_0, (n_vocab, n_embd)), g.ints("inp_tokens", [n_vocab - 3]))
+    if gemma:
+        x = b.scale(x, math.sqrt(n_embd))
+    pos, rows = g.ints("inp_pos", [n_past]), g.ints("kv_rows", [n_past])
+    mask = g.mask("kq_mask", 1, n_kv, n_past, window=n_past - 5 if gemma else None)
+    mode, base = ("neox", 10000.0) if gemma else ("normal", 100000.0)
+    writes = []
+    for il in range(layers):
+        w = f"blk.{il}."
+        cur = _norm(g, x, w + "attn_norm.weight")
+        q = b.reshape(b.mul_mat(g.weight(w + "attn_q.weight", tq, (h * d, n_embd)), cur), (1, h, d))
+        k = b.reshape(b.mul_mat(g.weight(w + "attn_k.weight", tk, (hkv * d, n_embd)), cur), (1, hkv, d))
+        v = b.reshape(b.mul_mat(g.weight(w + "attn_v.weight", tv, (hkv * d, n_embd)), cur), (1, hkv, d))
+        if gemma:
+            q, k = _norm(g, q, w + "attn_q_norm.weight"), _norm(g, k, w + "attn_k_norm.weight")
+        q, k = b.rope_ext(q, pos, d, mode, base), b.rope_ext(k, pos, d, mode, base)
+        if gemma:
+            q = b.scale(q, 1.0 / math.sqrt(d))
+        caches = []
+        for name, new in (("k", k), ("v", v)):
+            cache = g.cache(f"cache_{name}_l{il}", (n_ctx, hkv * d))
+            cache = b.set_rows(cache, g.f32(f"{name}_past_l{il}", (n_past, hkv * d)), g.ints(f"past_rows_{name}{il}",
+                                                                                             np.arange(n_past)))
+            written = b.set_rows(cache, b.reshape(new, (1, hkv * d)), rows)
+            writes.append(written)
+            caches.append(b.view(written, (n_kv, hkv, d)))
+        att = b.flash_attn_ext(q, caches[0], caches[1], mask, 1.0 if gemma else 1.0 / math.sqrt(d))
+        att = b.mul_mat(g.weight(w + "attn_output.weight", to, (n_embd, h * d)), b.reshape(att, (1, h * d)))
+        if gemma:
+            att = _norm(g, att, w + "post_attention_norm.weight")
+        x = b.add(att, x)
+        cur = _norm(g, x, w + "ffn_norm.weight")
+        gate = b.mul_mat(g.weight(w + "ffn_gate.weight", tg, (n_ff, n_embd)), cur)
+        up = b.mul_mat(g.weight(w + "ffn_up.weight", tu, (n_ff, n_embd)), cur)
+        cur = b.mul_mat(g.weight(w + "ffn_down.weight", td, (n_embd, n_ff)),
+                        b.glu(gate, up, "geglu" if gemma else "swiglu"))
+        if gemma:
+            cur = _norm(g, cur, w + "post_ffw_norm.weight")
+        x = b.add(cur, x)
+    x = _norm(g, b.get_rows(x, g.ints("inp_out_ids", [0])), "output_norm.weight")
+    return [b.mul_mat(g.weight("output.weight", tout, (n_vocab, n_embd)), x)] + writes
+
+
+def decode_norm_product(g: CaseGraph, *, qtype: Q, n: int, k: int) -> list[Tensor]:
+    """One token's residual add, norm and product (a layer's FFN input): y = x + r, then
+    rms_norm(y) * gain times a weight; y is an output too."""
+    y = g.b.add(g.f32("x", (1, k)), g.f32("r", (1, k)))
+    return [g.b.mul_mat(g.weight("blk.0.ffn_up.weight", qtype, (n, k)), _norm(g, y, "blk.0.ffn_norm.weight")), y]
+
+
 # -- the fixed cases ----------------------------------------------------------------------------------
 def _case(case_id: str, case_op: str, fn, /, **params) -> Case:
     return Case(case_id, case_op, partial(fn, **params))
@@ -484,7 +548,24 @@ def fixed_cases() -> list[Case]:
     c.append(_case("VIEW+CONT-4x6-view2x5-at7", "VIEW", view_cont, shape=(4, 6), view_shape=(2, 5), offset=7))
     c.append(_case("RESHAPE+CONT-6x4-to-3x8", "RESHAPE", reshape_cont, shape=(6, 4), new_shape=(3, 8)))
     c.append(_case("CONT-of-a-contiguous-3x7", "CONT", permute_cont, shape=(3, 7), axes=(0, 1)))
+    c += decode_cases()
     return c + linear_attention_cases()
+
+
+def decode_cases() -> list[Case]:
+    """Whole decode steps of small llama and gemma3 models (decode_layers): a backend that fuses the
+    nodes of a layer into fewer kernels is checked on every output, the caches included."""
+    llama = (Q.Q4_1, Q.Q4_1, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q4_1, Q.Q8_0)
+    gemma = (Q.Q5_0, Q.Q4_K, Q.Q6_K, Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q8_0)
+    return [
+        _case("DECODE-llama-2-layers-E256-H4-Hkv2-D64-past70", "FLASH_ATTN_EXT", decode_layers, arch="llama", layers=2,
+              n_embd=256, h=4, hkv=2, d=64, n_ff=512, n_ctx=160, n_past=70, n_kv=128, qtypes=llama),
+        _case("DECODE-gemma3-2-layers-E256-H2-Hkv1-D128-past100", "FLASH_ATTN_EXT", decode_layers, arch="gemma3",
+              layers=2, n_embd=256, h=2, hkv=1, d=128, n_ff=512, n_ctx=256, n_past=100, n_kv=256, qtypes=gemma),
+        _case("DECODE-llama-1-layer-E128-H8-Hkv8-D16-past3", "FLASH_ATTN_EXT", decode_layers, arch="llama", layers=1,
+              n_embd=128, h=8, hkv=8, d=16, n_ff=96, n_ctx=16, n_past=3, n_kv=8, qtypes=(Q.Q8_0,) * 8),
+    ] + [_case(f"DECODE-add+norm+MUL_MAT-{q.name}-w72x512", "MUL_MAT", decode_norm_product, qtype=q, n=72, k=512)
+         for q in (Q.Q4_1, Q.Q6_K)]
 
 
 # -- the random-shapes sweep --------------------------------------------------------------------------

@@ -354,7 +354,7 @@ class Translator:
         """out = x * C + swap(x) * S: C and S are the cos and (signed) sin of each dimension's pair (1 and
         0 past n_dims), swap exchanges a pair's members (interleaved pairs in mode "normal", halves in
         mode "neox") with one Gather of each dimension's partner. (A Roll over (.., d/2, 2) did the same
-        through OpenVINO's reference kernel, about 10x slower; see measure.py rope.)"""
+        through OpenVINO's reference kernel, about 10x slower; see benchmarks/openvino_measure.py rope.)"""
         x, pos = n.src
         n_dims, mode = n.params["n_dims"], n.params["mode"]
         d = x.shape[2]

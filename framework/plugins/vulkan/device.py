@@ -6,90 +6,24 @@ import math
 import os
 import threading
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
 from ...contract import HOST_CPU, BufferType, Device, DeviceType, Limits, Verdict, pci_physical_id
-from ...core.graph import VIEW_OPS, Tensor, ops
-from . import quant, wgsl
+from ...core.graph import Tensor
+from . import quant
+from .fusion import fusions_off
+from .submission import VkProgram
+from .tensors import Chunk, Lease, VkTensor, VkWeight, contig
+from .verdicts import verdict
 
-# the ops this plugin has kernels for (names checked against the op table)
-OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
-                "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT")
-VIEWS = VIEW_OPS
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
 F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": do not request shader-f16 (only the tiled product's f16 variant needs it)
 SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # "0": no subgroup operations even where the adapter has them
-MAX_ATTN_HEAD = 256
-UNIFORM_STRIDE = 256      # bytes between two steps' parameter blocks (wgpu's uniform offset alignment)
 
 ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU, "VirtualGPU": DeviceType.GPU,
                  "CPU": DeviceType.CPU}
-
-
-class VkTensor:
-    """A device handle: elements of a buffer (offset and strides in elements), or host values not yet
-    uploaded (``host``: from_host is lazy, so a program copies them straight into its own buffer)."""
-
-    __slots__ = ("buffer", "dtype", "host", "lease", "offset", "shape", "strides")
-
-    def __init__(self, buffer, offset: int, shape: tuple, dtype=np.float32, strides: tuple | None = None, host=None,
-                 lease=None):
-        self.buffer, self.offset, self.shape, self.dtype = buffer, int(offset), tuple(shape), np.dtype(dtype)
-        self.strides = strides            # None: contiguous
-        self.host = host
-        self.lease = lease                # keeps a pooled output buffer out of the pool while a handle lives
-
-    @property
-    def contiguous(self) -> bool:
-        return self.strides is None or self.strides == _contig(self.shape)
-
-    def __repr__(self) -> str:
-        where = "host" if self.host is not None else f"buffer {self.buffer.size} bytes @{self.offset}"
-        return f"VkTensor({list(self.shape)}, {self.dtype}, {where})"
-
-
-@dataclass
-class Chunk:
-    buffer: object
-    row0: int
-    rows: int
-    moff: int          # word offset of the scale plane in this chunk's buffer
-
-
-class VkWeight:
-    """A weight in its device layout (quant.py), split into chunks of whole rows where it is larger than
-    one storage binding may be."""
-
-    def __init__(self, dtype: str, shape: tuple, chunks: list[Chunk]):
-        self.dtype, self.shape, self.chunks = dtype, tuple(shape), chunks
-        self.nbytes = sum(c.buffer.size for c in chunks)
-
-    # a single-chunk F32 weight is also usable as a plain tensor (a norm's gain)
-    @property
-    def buffer(self):
-        return self.chunks[0].buffer
-
-    offset = 0
-    strides = None
-    host = None
-
-    def __repr__(self) -> str:
-        return f"VkWeight({self.dtype}, {list(self.shape)}, {len(self.chunks)} chunks)"
-
-
-class _Lease:
-    __slots__ = ("__weakref__",)
-
-
-def _contig(shape) -> tuple:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
 
 
 class VulkanDevice(Device):
@@ -167,6 +101,7 @@ class VulkanDevice(Device):
         self._dummy = None
         self.uploads = 0
         self.submits = 0
+        self.compiled: list[tuple[int, int]] = []     # per program compiled: (rows of x, dispatches a run)
         # FRAMEWORK_VULKAN_PROFILE=1: GPU time per kernel (one pass per dispatch, timestamps around each)
         self.timestamps = "timestamp-query" in feats
         self.profile = {} if os.environ.get(PROFILE_ENV) == "1" and self.timestamps else None
@@ -228,7 +163,7 @@ class VulkanDevice(Device):
         size = max(256, -(-int(nbytes) // 256) * 256)
         free = self._pool.setdefault(size, [])
         buf = free.pop() if free else self.new_buffer(size)
-        lease = _Lease()
+        lease = Lease()
         weakref.finalize(lease, free.append, buf)
         return buf, lease
 
@@ -258,7 +193,6 @@ class VulkanDevice(Device):
     def supports_op(self, node: Tensor) -> Verdict:
         if not self.available:
             return Verdict.no("unavailable", f"{self.name} is unavailable: {self.unavailable_reason}")
-        from .program import verdict
         return verdict(self, node)
 
     def weight_nbytes(self, tensor: Tensor) -> int:
@@ -305,7 +239,7 @@ class VulkanDevice(Device):
             raise TypeError(f"{self.name}: weights are not read back ({handle})")
         if handle.host is not None:
             return np.asarray(handle.host)
-        shape, strides = handle.shape, handle.strides or _contig(handle.shape)
+        shape, strides = handle.shape, handle.strides or contig(handle.shape)
         n = math.prod(shape)
         if n == 0:
             return np.zeros(shape, handle.dtype)
@@ -324,8 +258,19 @@ class VulkanDevice(Device):
             self._gpu.queue.read_buffer(self.dummy(), 0, 16)
 
     def compile(self, fragment):
-        from .program import VkProgram
-        return VkProgram(self, fragment)
+        program = VkProgram(self, fragment)
+        rows = max((n.src[1].nelements // n.src[1].shape[-1] for n in fragment.nodes if n.op == "MUL_MAT"), default=0)
+        self.compiled.append((rows, len(program.steps)))
+        return program
+
+    def compile_summary(self) -> str:
+        """The report line: programs, pipelines, and each program's dispatches a run (a decode step's is
+        the figure fusion lowers), with the fusions off (FRAMEWORK_VULKAN_UNFUSE)."""
+        runs = ", ".join(f"{d} ({r} row{'s' * (r != 1)} of x)" for r, d in self.compiled)
+        off = sorted(fusions_off())
+        return (f"{self.name}: {len(self.compiled)} programs, {len(self._pipelines)} pipelines; dispatches a run: "
+                f"{runs or 'none'}; fusions off: {', '.join(off) if off else 'none'}"
+                + ("" if not self.cpu_adapter else " (a CPU adapter fuses no decode kernels)"))
 
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
@@ -348,4 +293,4 @@ def devices() -> list[VulkanDevice]:
     return [VulkanDevice(i, a) for i, a in enumerate(found.adapters)]
 
 
-__all__ = ["OPS", "VkTensor", "VkWeight", "VulkanDevice", "devices", "wgsl"]
+__all__ = ["VkTensor", "VkWeight", "VulkanDevice", "devices"]

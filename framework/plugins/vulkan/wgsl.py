@@ -2,10 +2,10 @@
 
 Conventions shared by all kernels:
 
-* binding 0 is a uniform block of 32 u32 words: words 0..7 are the element offsets of the tensor
-  bindings 1..8 (a tensor is a whole buffer bound at offset 0 plus an element offset, so views need no
-  aligned binding offsets); words 8..31 are the kernel's own parameters (``pu(i)`` reads a u32,
-  ``pf(i)`` an f32);
+* binding 0 is the kernel's parameter block, a struct of one definition (``Params``) that the lowering
+  fills by name: first the element offsets of the tensor bindings (``off(i)``: binding i + 1's; a
+  tensor is a whole buffer bound at offset 0 plus an element offset, so views need no aligned binding
+  offsets), then the kernel's own named fields (``U.ncols``, ``U.eps``, ...);
 * workgroups are numbered in two dimensions (at most 65535 per dimension), ``lin()`` flattens them;
 * every reduction runs in a fixed order, so a program run twice gives bit-identical results.
 
@@ -18,24 +18,69 @@ groups in f16.
 
 from __future__ import annotations
 
-HEADER = """
-@group(0) @binding(0) var<uniform> U: array<vec4<u32>, 8>;
-fn pu(i: u32) -> u32 { return U[i >> 2u][i & 3u]; }
-fn pf(i: u32) -> f32 { return bitcast<f32>(U[i >> 2u][i & 3u]); }
-fn lin(w: vec3<u32>, n: vec3<u32>) -> u32 { return w.x + w.y * n.x; }
+import re
+
+BLOCK_WORDS = 64          # u32 words a parameter block may hold (uniforms.UNIFORM_STRIDE bytes)
+
+
+class Params:
+    """A kernel's parameter block, from one definition used by both sides: the WGSL struct the kernel
+    reads (``U.name``) and the words the lowering fills by name. ``fields``: names separated by spaces,
+    u32 unless written ``name:f32``. The element offsets of the tensor bindings come first, four to a
+    vec4 (at least two vec4s: every kernel of up to 8 tensor bindings has its fields from word 8)."""
+
+    def __init__(self, fields: str, bindings: int = 8):
+        self.offsets = 4 * max(2, -(-bindings // 4))
+        self.types: dict[str, str] = {}
+        for f in fields.split():
+            name, _, typ = f.partition(":")
+            if typ not in ("", "f32") or name in self.types or name == "offs":
+                raise ValueError(f"parameter block field {f!r} in {fields!r}: a new name, u32 or name:f32")
+            self.types[name] = typ or "u32"
+        self.word = {name: self.offsets + i for i, name in enumerate(self.types)}
+        if self.offsets + len(self.types) > BLOCK_WORDS:
+            raise ValueError(f"parameter block {fields!r}: more than {BLOCK_WORDS} words")
+
+    def header(self) -> str:
+        members = ", ".join([f"offs: array<vec4<u32>, {self.offsets // 4}>"] +
+                            [f"{name}: {typ}" for name, typ in self.types.items()])
+        return f"""
+struct Params {{ {members} }}
+@group(0) @binding(0) var<uniform> U: Params;
+fn off(i: u32) -> u32 {{ return U.offs[i >> 2u][i & 3u]; }}
+fn lin(w: vec3<u32>, n: vec3<u32>) -> u32 {{ return w.x + w.y * n.x; }}
 """
 
-# the entry point of the one-thread-per-element kernels: thread i of the n = pu(8) elements
+    def source(self, body: str, before: str = "") -> str:
+        """The kernel's whole source: `before` (an enable directive), the header, the body. Every field the
+        body reads must be declared."""
+        unknown = set(re.findall(r"\bU\.(\w+)", body)) - set(self.types) - {"offs"}
+        if unknown:
+            raise ValueError(f"a kernel reads parameter fields {sorted(unknown)} its block does not declare "
+                             f"({' '.join(self.types)})")
+        return before + self.header() + body
+
+    def pack(self, kernel: str, values: dict) -> list[tuple[int, str, object]]:
+        """(word, type, value) of every field; a tuple value is filled at run time (a weight's scale-plane
+        offset). Every field must be given, and no other."""
+        missing, extra = set(self.types) - set(values), set(values) - set(self.types)
+        if missing or extra:
+            raise ValueError(f"kernel {kernel}: parameters missing {sorted(missing)}, unknown {sorted(extra)}; "
+                             f"its block has {' '.join(self.types)}")
+        return [(self.word[name], self.types[name], values[name]) for name in self.types]
+
+
+# the entry point of the one-thread-per-element kernels: thread i of the U.n elements
 _EACH_ELEMENT = """
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let i = lin(w, nw) * 256u + li;
-  if (i >= pu(8u)) { return; }
+  if (i >= U.n) { return; }
 """.removeprefix("\n")
-# element i's 4-D index (i0, i1, i2, i3) in the shape whose last three sizes are pu(10..12)
+# element i's 4-D index (i0, i1, i2, i3) in the shape (U.d0, U.d1, U.d2, U.d3)
 _INDEX4 = """
-  let a1 = pu(10u); let a2 = pu(11u); let a3 = pu(12u);
+  let a1 = U.d1; let a2 = U.d2; let a3 = U.d3;
   let i3 = i % a3; let r3 = i / a3; let i2 = r3 % a2; let r2 = r3 / a2; let i1 = r2 % a1; let i0 = r2 / a1;
 """.removeprefix("\n")
 
@@ -50,16 +95,16 @@ BINARY = """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-// 8: n, 9..12: a's shape (4-D), 13..16: b's shape, 17: op (0 add, 1 mul)
-""" + _EACH_ELEMENT + _INDEX4 + """  let b0 = pu(13u); let b1 = pu(14u); let b2 = pu(15u); let b3 = pu(16u);
+""" + _EACH_ELEMENT + _INDEX4 + """  let b0 = U.b0; let b1 = U.b1; let b2 = U.b2; let b3 = U.b3;
   let bi = (((i0 % b0) * b1 + (i1 % b1)) * b2 + (i2 % b2)) * b3 + (i3 % b3);
-  let x = A[pu(0u) + i];
-  let y = B[pu(1u) + bi];
+  let x = A[off(0u) + i];
+  let y = B[off(1u) + bi];
   var r: f32;
-  if (pu(17u) == 0u) { r = x + y; } else { r = x * y; }
-  O[pu(2u) + i] = r;
+  if (U.op == 0u) { r = x + y; } else { r = x * y; }
+  O[off(2u) + i] = r;
 }
 """
+BINARY_PARAMS = Params("n d0 d1 d2 d3 b0 b1 b2 b3 op")   # d: a's shape, b: b's (4-D); op 0 add, 1 mul
 
 ACT = """
 fn gelu(x: f32) -> f32 {
@@ -74,26 +119,29 @@ fn act(op: u32, x: f32) -> f32 {
 }
 """
 
+UNARY_CODE = {"gelu": 1, "silu": 2, "tanh": 3}   # act()'s op codes (UNARY's 0 is SCALE)
+GLU_CODE = {"geglu": 1, "swiglu": 2}
+
 UNARY = ACT + """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
-// 8: n, 9: op (0 scale, 1 gelu, 2 silu, 3 tanh), 10: scale (f32)
-""" + _EACH_ELEMENT + """  let x = A[pu(0u) + i];
-  let op = pu(9u);
+""" + _EACH_ELEMENT + """  let x = A[off(0u) + i];
+  let op = U.op;
   var r: f32;
-  if (op == 0u) { r = x * pf(10u); } else { r = act(op, x); }
-  O[pu(1u) + i] = r;
+  if (op == 0u) { r = x * U.scale; } else { r = act(op, x); }
+  O[off(1u) + i] = r;
 }
 """
+UNARY_PARAMS = Params("n op scale:f32")   # op 0 scale, 1 gelu, 2 silu, 3 tanh
 
 GLU = ACT + """
 @group(0) @binding(1) var<storage, read> G: array<f32>;
 @group(0) @binding(2) var<storage, read> V: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-// 8: n, 9: op (1 geglu, 2 swiglu)
-""" + _EACH_ELEMENT + """  O[pu(2u) + i] = act(pu(9u), G[pu(0u) + i]) * V[pu(1u) + i];
+""" + _EACH_ELEMENT + """  O[off(2u) + i] = act(U.op, G[off(0u) + i]) * V[off(1u) + i];
 }
 """
+GLU_PARAMS = Params("n op")   # op 1 geglu, 2 swiglu
 
 # RMS norm of each row, optionally times a gain vector (the models' norm: RMS_NORM then MUL)
 RMS_NORM = """
@@ -101,14 +149,13 @@ RMS_NORM = """
 @group(0) @binding(2) var<storage, read> Wg: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 var<workgroup> red: array<f32, 128>;
-// 8: ncols, 9: nrows, 10: eps (f32), 11: has gain, 12: gain length (the gain repeats along the row)
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let row = lin(w, nw);
-  if (row >= pu(9u)) { return; }
-  let n = pu(8u);
-  let base = pu(0u) + row * n;
+  if (row >= U.nrows) { return; }
+  let n = U.ncols;
+  let base = off(0u) + row * n;
   var s = 0.0;
   for (var c = li; c < n; c += 128u) { let x = A[base + c]; s += x * x; }
   red[li] = s;
@@ -118,24 +165,24 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     workgroupBarrier();
   }
   let ms = red[0] * (1.0 / f32(n));
-  let sc = 1.0 / sqrt(ms + pf(10u));
-  let ob = pu(2u) + row * n;
-  let has_gain = pu(11u);
-  let gl = pu(12u);
+  let sc = 1.0 / sqrt(ms + U.eps);
+  let ob = off(2u) + row * n;
+  let has_gain = U.has_gain;
+  let gl = U.gain_len;
   for (var c = li; c < n; c += 128u) {
     var y = A[base + c] * sc;
-    if (has_gain == 1u) { y = y * Wg[pu(1u) + (c % gl)]; }
+    if (has_gain == 1u) { y = y * Wg[off(1u) + (c % gl)]; }
     O[ob + c] = y;
   }
 }
 """
+RMS_NORM_PARAMS = Params("ncols nrows eps:f32 has_gain gain_len")   # the gain (gain_len values) repeats along the row
 
 SOFT_MAX = """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> Mk: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 var<workgroup> red: array<f32, 128>;
-// 8: ncols S, 9: nrows, 10: T (mask rows), 11: has mask, 12: scale (f32)
 fn val(base: u32, mb: u32, c: u32, hm: u32, sc: f32) -> f32 {
   var x = A[base + c] * sc;
   if (hm == 1u) { x = x + max(Mk[mb + c], """ + NEG_BIG + """); }
@@ -145,12 +192,12 @@ fn val(base: u32, mb: u32, c: u32, hm: u32, sc: f32) -> f32 {
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let row = lin(w, nw);
-  if (row >= pu(9u)) { return; }
-  let n = pu(8u);
-  let base = pu(0u) + row * n;
-  let mb = pu(1u) + (row % pu(10u)) * n;
-  let hm = pu(11u);
-  let sc = pf(12u);
+  if (row >= U.nrows) { return; }
+  let n = U.ncols;
+  let base = off(0u) + row * n;
+  let mb = off(1u) + (row % U.mask_rows) * n;
+  let hm = U.has_mask;
+  let sc = U.scale;
   var m = """ + NEG_BIG + """;
   for (var c = li; c < n; c += 128u) { m = max(m, val(base, mb, c, hm, sc)); }
   red[li] = m;
@@ -170,37 +217,40 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     workgroupBarrier();
   }
   let inv = 1.0 / red[0];
-  let ob = pu(2u) + row * n;
+  let ob = off(2u) + row * n;
   for (var c = li; c < n; c += 128u) { O[ob + c] = exp(val(base, mb, c, hm, sc) - mx) * inv; }
 }
 """
+SOFT_MAX_PARAMS = Params("ncols nrows mask_rows has_mask scale:f32")
 
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.
-# one key block's step of the online softmax, shared by both attention kernels: the block's largest
-# score, its weights, their sum, and the running sum and output rescaled to the new maximum
-_ONLINE_SOFTMAX = """
-    red[li] = sc;
+def _online_softmax(end: str = "S") -> str:
+    """One key block's step of the online softmax, shared by the attention kernels: the block's largest
+    score, its weights, their sum, and the running sum and output rescaled to the new maximum. `end`:
+    the first key past the ones this workgroup attends to."""
+    return f"""    red[li] = sc;
     workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] = max(red[li], red[li + k]); }
+    for (var k = 32u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
       workgroupBarrier();
-    }
+    }}
     let mn = max(m, red[0]);
     workgroupBarrier();
     var p = 0.0;
-    if (s < S) { p = exp(sc - mn); }
+    if (s < {end}) {{ p = exp(sc - mn); }}
     ps[li] = p;
     red[li] = p;
     workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-      if (li < k) { red[li] += red[li + k]; }
+    for (var k = 32u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] += red[li + k]; }}
       workgroupBarrier();
-    }
+    }}
     let alpha = exp(m - mn);
     l = l * alpha + red[0];
     acc = acc * alpha;
-    let nv = min(64u, S - s0);
-""".removeprefix("\n")
+    let nv = min(64u, {end} - s0);
+"""
+
 
 FLASH_ATTN = """
 @group(0) @binding(1) var<storage, read> Q: array<f32>;
@@ -211,27 +261,26 @@ FLASH_ATTN = """
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
-// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32)
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-  let T = pu(8u); let H = pu(9u); let Hkv = pu(10u); let D = pu(11u); let S = pu(12u);
+  let T = U.t; let H = U.h; let Hkv = U.hkv; let D = U.d; let S = U.s;
   let id = lin(w, nw);
   if (id >= T * H) { return; }
   let t = id / H; let h = id % H;
   let hk = h / (H / Hkv);
-  let hm = pu(13u);
-  let scale = pf(14u);
-  let qb = pu(0u) + (t * H + h) * D;
+  let hm = U.has_mask;
+  let scale = U.scale;
+  let qb = off(0u) + (t * H + h) * D;
   for (var d = li; d < D; d += 64u) { qs[d] = Q[qb + d]; }
   workgroupBarrier();
   var m = """ + NEG_BIG + """;
   var l = 0.0;
   var acc = vec4<f32>(0.0);
   let kstride = Hkv * D;
-  let kb = pu(1u) + hk * D;
-  let vb = pu(2u) + hk * D;
-  let mb = pu(3u) + t * S;
+  let kb = off(1u) + hk * D;
+  let vb = off(2u) + hk * D;
+  let mb = off(3u) + t * S;
   for (var s0 = 0u; s0 < S; s0 += 64u) {
     let s = s0 + li;
     var sc = """ + NEG_BIG + """;
@@ -242,7 +291,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
       sc = dot * scale;
       if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
     }
-""" + _ONLINE_SOFTMAX + """    for (var j = 0u; j < nv; j++) {
+""" + _online_softmax() + """    for (var j = 0u; j < nv; j++) {
       let pj = ps[j];
       let vr = vb + (s0 + j) * kstride;
       for (var i = 0u; i < 4u; i++) {
@@ -253,49 +302,72 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     m = mn;
     workgroupBarrier();
   }
-  let ob = pu(4u) + (t * H + h) * D;
+  let ob = off(4u) + (t * H + h) * D;
   for (var i = 0u; i < 4u; i++) {
     let d = li + 64u * i;
     if (d < D) { O[ob + d] = acc[i] / l; }
   }
 }
 """
+FLASH_ATTN_PARAMS = Params("t h hkv d s has_mask scale:f32")   # T query rows, H heads over Hkv, head size D, S keys
 
-# The same with vec4 loads (D a multiple of 4, offsets too): a thread's key row is D/4 loads, its
-# output one vec4.
-FLASH_ATTN4 = """
+# The one-workgroup-per-row kernel's lines and the split kernel's (flash decoding: few query rows,
+# T * H small, leave most of the GPU idle, so the keys are cut into NC chunks, one workgroup per
+# (query row, head, chunk) writing its partial (max, sum, acc[D]); FLASH_COMBINE combines the chunks)
+_FLASH4_WHOLE = {
+    "out": "@group(0) @binding(5) var<storage, read_write> O: array<vec4<f32>>;",
+    "rows": "  let id = lin(w, nw);\n  if (id >= T * H) { return; }",
+    "first": "0u", "end": "S",
+    "store": "  if (li < D4) { O[off(4u) / 4u + (t * H + h) * D4 + li] = acc / l; }",
+}
+_FLASH4_SPLIT = {
+    "out": "@group(0) @binding(5) var<storage, read_write> P: array<vec4<f32>>;   // per part: acc[D/4], then (m, l)",
+    "rows": ("  let NC = U.nc;\n  let idc = lin(w, nw);\n  if (idc >= T * H * NC) { return; }\n"
+             "  let id = idc / NC; let c = idc % NC;\n  let c0 = c * U.chunk; let c1 = min(S, c0 + U.chunk);"),
+    "first": "c0", "end": "c1",
+    "store": ("  let pb = off(4u) / 4u + idc * (D4 + 1u);\n  if (li < D4) { P[pb + li] = acc; }\n"
+              "  if (li == 0u) { P[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }"),
+}
+
+
+FLASH_SPLIT_PARAMS = Params("t h hkv d s has_mask scale:f32 nc chunk")   # FLASH_ATTN's, nc chunks of `chunk` keys
+
+
+def flash_attn4(split: bool = False) -> str:
+    """Attention with vec4 loads (D a multiple of 4, offsets too): a thread's key row is D/4 loads, its
+    output one vec4. split: the keys of one chunk per workgroup, a partial result out (flash decoding)."""
+    v = _FLASH4_SPLIT if split else _FLASH4_WHOLE
+    return """
 @group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> K: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> V: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> Mk: array<f32>;
-@group(0) @binding(5) var<storage, read_write> O: array<vec4<f32>>;
+""" + v["out"] + """
 var<workgroup> qs: array<vec4<f32>, 64>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
-// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32)
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-  let T = pu(8u); let H = pu(9u); let Hkv = pu(10u); let D4 = pu(11u) / 4u; let S = pu(12u);
-  let id = lin(w, nw);
-  if (id >= T * H) { return; }
+  let T = U.t; let H = U.h; let Hkv = U.hkv; let D4 = U.d / 4u; let S = U.s;
+""" + v["rows"] + """
   let t = id / H; let h = id % H;
   let hk = h / (H / Hkv);
-  let hm = pu(13u);
-  let scale = pf(14u);
-  if (li < D4) { qs[li] = Q[pu(0u) / 4u + (t * H + h) * D4 + li]; }
+  let hm = U.has_mask;
+  let scale = U.scale;
+  if (li < D4) { qs[li] = Q[off(0u) / 4u + (t * H + h) * D4 + li]; }
   workgroupBarrier();
   var m = """ + NEG_BIG + """;
   var l = 0.0;
   var acc = vec4<f32>(0.0);
   let kstride = Hkv * D4;
-  let kb = pu(1u) / 4u + hk * D4;
-  let vb = pu(2u) / 4u + hk * D4;
-  let mb = pu(3u) + t * S;
-  for (var s0 = 0u; s0 < S; s0 += 64u) {
+  let kb = off(1u) / 4u + hk * D4;
+  let vb = off(2u) / 4u + hk * D4;
+  let mb = off(3u) + t * S;
+  for (var s0 = """ + v["first"] + "; s0 < " + v["end"] + """; s0 += 64u) {
     let s = s0 + li;
     var sc = """ + NEG_BIG + """;
-    if (s < S) {
+    if (s < """ + v["end"] + """) {
       var d0 = vec4<f32>(0.0);
       var d1 = vec4<f32>(0.0);
       let kr = kb + s * kstride;
@@ -305,7 +377,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
       sc = dot(d0 + d1, vec4<f32>(1.0)) * scale;
       if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
     }
-""" + _ONLINE_SOFTMAX + """    if (li < D4) {
+""" + _online_softmax(v["end"]) + """    if (li < D4) {
       var j = 0u;
       for (; j + 1u < nv; j += 2u) {
         acc += ps[j] * V[vb + (s0 + j) * kstride + li] + ps[j + 1u] * V[vb + (s0 + j + 1u) * kstride + li];
@@ -315,43 +387,21 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     m = mn;
     workgroupBarrier();
   }
-  if (li < D4) { O[pu(4u) / 4u + (t * H + h) * D4 + li] = acc / l; }
+""" + v["store"] + """
 }
 """
 
-# Flash decoding: few query rows (T * H small) leave most of the GPU idle, so the keys are cut into
-# NC chunks, one workgroup per (query row, head, chunk) writing its partial (max, sum, acc[D]); a
-# second kernel combines the chunks.
-FLASH_ATTN_SPLIT = FLASH_ATTN4.replace(
-    "@group(0) @binding(5) var<storage, read_write> O: array<vec4<f32>>;",
-    "@group(0) @binding(5) var<storage, read_write> P: array<vec4<f32>>;   // per part: acc[D/4], then (m, l)"
-).replace(
-    "// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32)",
-    "// 8: T, 9: H, 10: Hkv, 11: D, 12: S, 13: has mask, 14: scale (f32), 15: NC, 16: keys per chunk"
-).replace(
-    "  let id = lin(w, nw);\n  if (id >= T * H) { return; }",
-    "  let NC = pu(15u);\n  let idc = lin(w, nw);\n  if (idc >= T * H * NC) { return; }\n"
-    "  let id = idc / NC; let c = idc % NC;\n  let c0 = c * pu(16u); let c1 = min(S, c0 + pu(16u));"
-).replace(
-    "for (var s0 = 0u; s0 < S; s0 += 64u) {", "for (var s0 = c0; s0 < c1; s0 += 64u) {"
-).replace("if (s < S) {", "if (s < c1) {").replace("if (s < S) { p = exp(sc - mn); }", "if (s < c1) { p = exp(sc - mn); }"
-).replace("let nv = min(64u, S - s0);", "let nv = min(64u, c1 - s0);"
-).replace(
-    "  if (li < D4) { O[pu(4u) / 4u + (t * H + h) * D4 + li] = acc / l; }",
-    "  let pb = pu(4u) / 4u + idc * (D4 + 1u);\n  if (li < D4) { P[pb + li] = acc; }\n"
-    "  if (li == 0u) { P[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }")
 
 FLASH_COMBINE = """
 @group(0) @binding(1) var<storage, read> P: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> O: array<vec4<f32>>;
-// 8: T * H, 9: D, 10: NC
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let id = lin(w, nw);
-  if (id >= pu(8u)) { return; }
-  let D4 = pu(9u) / 4u; let NC = pu(10u);
-  let base = pu(0u) / 4u + id * NC * (D4 + 1u);
+  if (id >= U.rows) { return; }
+  let D4 = U.d / 4u; let NC = U.nc;
+  let base = off(0u) / 4u + id * NC * (D4 + 1u);
   var m = """ + NEG_BIG + """;
   for (var c = 0u; c < NC; c++) { m = max(m, P[base + c * (D4 + 1u) + D4].x); }
   var l = 0.0;
@@ -363,9 +413,10 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     l += ml.y * f;
     if (li < D4) { acc += P[pc + li] * f; }
   }
-  if (li < D4) { O[pu(1u) / 4u + id * D4 + li] = acc / l; }
+  if (li < D4) { O[off(1u) / 4u + id * D4 + li] = acc / l; }
 }
 """
+FLASH_COMBINE_PARAMS = Params("rows d nc")   # rows: T * H; nc chunks
 
 # Rotary embedding; cos and sin of every (position, frequency) come from a table made on the host
 # in float64 (as the CPU plugin does), so no GPU trigonometry of large angles is involved.
@@ -373,11 +424,10 @@ ROPE = """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read> CS: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-// 8: T, 9: H, 10: D, 11: n_dims, 12: mode (0 normal, 1 neox)
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-  let T = pu(8u); let H = pu(9u); let D = pu(10u); let nd = pu(11u);
+  let T = U.t; let H = U.h; let D = U.d; let nd = U.n_dims;
   let half = D / 2u;
   let i = lin(w, nw) * 256u + li;
   if (i >= T * H * half) { return; }
@@ -385,13 +435,13 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
   let th = i / half;
   let t = th / H;
   let base = th * D;
-  let ia = pu(0u) + base;
-  let io = pu(2u) + base;
+  let ia = off(0u) + base;
+  let io = off(2u) + base;
   let nh = nd / 2u;
   if (j < nh) {
-    let cs = CS[pu(1u) + t * nh + j];
+    let cs = CS[off(1u) + t * nh + j];
     var i0 = 2u * j; var i1 = 2u * j + 1u;
-    if (pu(12u) == 1u) { i0 = j; i1 = j + nh; }
+    if (U.neox == 1u) { i0 = j; i1 = j + nh; }
     let x0 = A[ia + i0]; let x1 = A[ia + i1];
     O[io + i0] = x0 * cs.x - x1 * cs.y;
     O[io + i1] = x0 * cs.y + x1 * cs.x;
@@ -402,53 +452,54 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
   }
 }
 """
+ROPE_PARAMS = Params("t h d n_dims neox")
 
 SET_ROWS = """
 @group(0) @binding(1) var<storage, read> S: array<f32>;
 @group(0) @binding(2) var<storage, read> R: array<i32>;
 @group(0) @binding(3) var<storage, read_write> Dst: array<f32>;
-// 8: W (row width), 9: T (rows written), 10: rows of dst
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
-  let W = pu(8u);
+  let W = U.w;
   let i = lin(w, nw) * 256u + li;
-  if (i >= W * pu(9u)) { return; }
+  if (i >= W * U.t) { return; }
   let t = i / W; let c = i % W;
-  let r = R[pu(1u) + t];
-  if (r < 0 || u32(r) >= pu(10u)) { return; }
-  Dst[pu(2u) + u32(r) * W + c] = S[pu(0u) + i];
+  let r = R[off(1u) + t];
+  if (r < 0 || u32(r) >= U.dst_rows) { return; }
+  Dst[off(2u) + u32(r) * W + c] = S[off(0u) + i];
 }
 """
+SET_ROWS_PARAMS = Params("w t dst_rows")   # w: row width, t: rows written
 
 # A strided (4-D) gather into a contiguous tensor: CONT of a permuted view
 CONT = """
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
-// 8: n, 9..12: output shape (4-D), 13..16: source strides in elements
-""" + _EACH_ELEMENT + _INDEX4 + """  let src = i0 * pu(13u) + i1 * pu(14u) + i2 * pu(15u) + i3 * pu(16u);
-  O[pu(1u) + i] = A[pu(0u) + src];
+""" + _EACH_ELEMENT + _INDEX4 + """  let src = i0 * U.st0 + i1 * U.st1 + i2 * U.st2 + i3 * U.st3;
+  O[off(1u) + i] = A[off(0u) + src];
 }
 """
+CONT_PARAMS = Params("n d0 d1 d2 d3 st0 st1 st2 st3")   # d: the output's shape, st: the source's strides (4-D)
 
 GET_ROWS_F32 = """
 @group(0) @binding(1) var<storage, read> A: array<{elem}>;
 @group(0) @binding(2) var<storage, read> R: array<i32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-// 8: W, 9: T, 10: first row of this chunk, 11: rows in this chunk
 fn load(i: u32) -> f32 {{ {load} }}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  let W = pu(8u);
+  let W = U.w;
   let i = lin(w, nw) * 256u + li;
-  if (i >= W * pu(9u)) {{ return; }}
+  if (i >= W * U.t) {{ return; }}
   let t = i / W; let c = i % W;
-  let r = u32(R[pu(1u) + t]) - pu(10u);
-  if (r >= pu(11u)) {{ return; }}
-  O[pu(2u) + i] = load(pu(0u) + r * W + c);
+  let r = u32(R[off(1u) + t]) - U.row0;
+  if (r >= U.rows) {{ return; }}
+  O[off(2u) + i] = load(off(0u) + r * W + c);
 }}
 """
+GET_ROWS_F32_PARAMS = Params("w t row0 rows")   # row0, rows: this chunk's
 
 LOAD_F32 = "return A[i];"
 LOAD_F16 = "return unpack2x16float(A[i >> 1u])[i & 1u];"
@@ -459,25 +510,25 @@ MUL_MAT_F = """
 @group(0) @binding(1) var<storage, read> A: array<{elem}>;
 @group(0) @binding(2) var<storage, read> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-// 8: N, 9: M, 10: K, 11: A0, 12: A1, 13: B0, 14: B1, 15: first row (n) of this chunk, 16: rows in chunk,
-// 17: output row stride
 fn load(i: u32) -> f32 {{ {load} }}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  let NC = pu(16u); let M = pu(9u); let K = pu(10u);
-  let B0 = pu(13u); let B1 = pu(14u);
+  let NC = U.rows; let M = U.m; let K = U.k;
+  let B0 = U.b0; let B1 = U.b1;
   let i = lin(w, nw) * 256u + li;
   if (i >= B0 * B1 * M * NC) {{ return; }}
   let nl = i % NC; let r = i / NC; let m = r % M; let bb = r / M; let i1 = bb % B1; let i0 = bb / B1;
-  let j0 = i0 / (B0 / pu(11u)); let j1 = i1 / (B1 / pu(12u));
-  let ab = pu(0u) + ((j0 * pu(12u) + j1) * NC + nl) * K;
-  let bbase = pu(1u) + ((i0 * B1 + i1) * M + m) * K;
+  let j0 = i0 / (B0 / U.a0); let j1 = i1 / (B1 / U.a1);
+  let ab = off(0u) + ((j0 * U.a1 + j1) * NC + nl) * K;
+  let bbase = off(1u) + ((i0 * B1 + i1) * M + m) * K;
   var s = 0.0;
   for (var k = 0u; k < K; k++) {{ s += load(ab + k) * B[bbase + k]; }}
-  O[pu(2u) + ((i0 * B1 + i1) * M + m) * pu(17u) + pu(15u) + nl] = s;
+  O[off(2u) + ((i0 * B1 + i1) * M + m) * U.ld + U.row0 + nl] = s;
 }}
 """
+# a0, a1 / b0, b1: batch axes; row0, rows: this chunk's; ld: the output's row stride
+MUL_MAT_F_PARAMS = Params("n m k a0 a1 b0 b1 row0 rows ld")
 
 # ------------------------------------------------------------------------------------------------------
 # quantized weights: one group accessor per type (see quant.py for the layouts)
@@ -488,18 +539,20 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 # byte) plus the scales: element e is (code_e - zero point) * (a for lo, b for hi) + m. Codes become
 # floats through ``f4``, which needs no int-to-float conversion: conversions run at a quarter of the
 # FMA rate on NVIDIA GPUs and made the matrix-vector kernels compute-bound.
-Q_COMMON = """
-struct G { lo: vec4<u32>, hi: vec4<u32>, a: f32, b: f32, m: f32 }
-var<private> gpr: u32;    // 32-element groups per row
+Q_GROUP = "struct G { lo: vec4<u32>, hi: vec4<u32>, a: f32, b: f32, m: f32 }\n"
+Q_ROW = """var<private> gpr: u32;    // 32-element groups per row
 var<private> moff: u32;   // word offset of the f16 scale plane
-const M4 = vec4<u32>(0x0F0F0F0Fu);     // the low nibble of every byte
+"""
+Q_CONSTS = """const M4 = vec4<u32>(0x0F0F0F0Fu);     // the low nibble of every byte
 const BSH = vec4<u32>(0u, 8u, 16u, 24u);
-// The 4 byte codes of w, less the zero point, as floats: a byte OR-ed into the mantissa of 2^23 is
+"""
+Q_F4 = """// The 4 byte codes of w, less the zero point, as floats: a byte OR-ed into the mantissa of 2^23 is
 // the float 2^23 + byte exactly, and QZ = 2^23 + zero point, so the subtraction is exact too.
 fn f4(w: u32) -> vec4<f32> {
   return bitcast<vec4<f32>>(((vec4<u32>(w) >> BSH) & vec4<u32>(0xFFu)) | vec4<u32>(0x4B000000u)) - vec4<f32>(QZ);
 }
 """
+Q_COMMON = "\n" + Q_GROUP + Q_ROW + Q_CONSTS + Q_F4
 # the weight binding, and dpf(b): block b's f16 scale d from the scale plane (two a word)
 W_SCALAR = """
 @group(0) @binding(1) var<storage, read> W: array<u32>;
@@ -610,6 +663,22 @@ def q_source(qtype: str) -> str:
     return f"const QZ: f32 = {8388608 + zero}.0;   // 2^23 + zero point\n" + w + Q_COMMON + grp + deq_fns(qtype)
 
 
+# the names a weight's accessors define; weight_source() gives each weight of a kernel its own
+WEIGHT_NAMES = ("QZ", "W", "dpf", "gpr", "moff", "f4", "grp", "spread4", "dot32q", "dot32", "deq_lo", "deq_hi")
+
+
+def weight_source(qtype: str, suffix: str, binding: int) -> str:
+    """q_source's accessors for one of several weights of a kernel: the weight bound at `binding`, every
+    name of WEIGHT_NAMES with `suffix` (grp0, dot320, ...), struct G and the byte constants left to
+    the kernel (Q_GROUP, Q_CONSTS, once)."""
+    zero, _, grp = QTYPES[qtype]
+    w = W_VEC4 if qtype in VEC4_TYPES else W_SCALAR
+    assert w.count("@binding(1)") == 1
+    own = (f"const QZ: f32 = {8388608 + zero}.0;   // 2^23 + zero point\n" + w.replace("@binding(1)", f"@binding({binding})")
+           + Q_ROW + Q_F4 + grp + deq_fns(qtype))
+    return re.sub(r"\b(" + "|".join(WEIGHT_NAMES) + r")\b", lambda m: m.group(1) + suffix, own)
+
+
 def deq_fns(qtype: str) -> str:
     """From the type's grp: dot32 (a group's dot product with 32 values of x, the scales factored out
     of the sums), dot32q (the same with x in 8 bits) and deq_lo / deq_hi (4 values of a group)."""
@@ -658,14 +727,13 @@ const TPR: u32 = {tpr}u;
 const RPW: u32 = {rpw}u;
 const WG: u32 = {wg}u;
 {red_decl}
-// 8: N (rows of this chunk), 9: K, 10: M, 11: groups per row, 12: scale-plane offset, 13: output row
-// stride, 14: first output column of this chunk. X is read as vec4: its offset and K are multiples of 4.
+// X is read as vec4: its offset and K are multiples of 4.
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  gpr = pu(11u); moff = pu(12u);
-  let N = pu(8u); let K4 = pu(9u) / 4u; let M = pu(10u);
-  let x4 = pu(1u) / 4u;
+  gpr = U.gpr; moff = U.moff;
+  let N = U.n; let K4 = U.k / 4u; let M = U.m;
+  let x4 = off(1u) / 4u;
   let rl = li / TPR; let lane = li % TPR;
   let r0 = (lin(w, nw) * RPW + rl) * {r}u;
 {decl}
@@ -678,12 +746,15 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
   }}
 {reduce}
   if (lane == 0u && r0 < N) {{
-    let ob = pu(2u) + pu(14u) + r0;
-    let ld = pu(13u);
+    let ob = off(2u) + U.col0 + r0;
+    let ld = U.ld;
 {store}
   }}
 }}
 """
+# n: rows of this chunk, gpr: groups per row, moff: scale-plane offset, ld: output row stride, col0: the
+# chunk's first output column
+MATVEC_PARAMS = Params("n k m gpr moff ld col0")
 
 X_F32 = """
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
@@ -696,7 +767,7 @@ X_Q8 = "@group(0) @binding(2) var<storage, read> X: array<vec4<u32>>;   // QUANT
 # a thread per 32-element group of x: the group's eight vec4s and their largest magnitude, m4 (the
 # prologue of QUANT_X and HALF_X, which scale x per group to 8 bits and to f16)
 _GROUP_OF_X = _EACH_ELEMENT + """
-  let b = pu(0u) / 4u + i * 8u;
+  let b = off(0u) / 4u + i * 8u;
   let x0 = X[b]; let x1 = X[b + 1u]; let x2 = X[b + 2u]; let x3 = X[b + 3u];
   let x4 = X[b + 4u]; let x5 = X[b + 5u]; let x6 = X[b + 6u]; let x7 = X[b + 7u];
   let m4 = max(max(max(abs(x0), abs(x1)), max(abs(x2), abs(x3))), max(max(abs(x4), abs(x5)), max(abs(x6), abs(x7))));
@@ -705,26 +776,29 @@ _GROUP_OF_X = _EACH_ELEMENT + """
 # Activations to 8 bits for the matrix-vector kernel (as ggml's q8_1 does): per 32-element group,
 # codes q = round(x / d) with d = max|x| / 127, as 3 vec4: the 32 codes (int8, 4 a word), then
 # (d, sum of codes 0..15, sum of codes 16..31, sum of x). One thread a group.
-QUANT_X = """
-@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> XQ: array<vec4<u32>>;
-// 8: groups (M * K / 32)
-fn q4(v: vec4<f32>, id: f32) -> u32 { return pack4xI8(vec4<i32>(round(v * id))); }
+Q8_FNS = """fn q4(v: vec4<f32>, id: f32) -> u32 { return pack4xI8(vec4<i32>(round(v * id))); }
 fn s4(w: vec4<u32>) -> i32 {
   let one = 0x01010101u;
   return dot4I8Packed(w.x, one) + dot4I8Packed(w.y, one) + dot4I8Packed(w.z, one) + dot4I8Packed(w.w, one);
 }
-""" + _GROUP_OF_X + """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w)) / 127.0;
+"""
+# from a group's eight vec4s x0..x7 and their largest magnitudes m4: its codes lo, hi, scale d and sum sx
+Q8_GROUP = """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w)) / 127.0;
   let id = select(0.0, 1.0 / d, d > 0.0);
   let lo = vec4<u32>(q4(x0, id), q4(x1, id), q4(x2, id), q4(x3, id));
   let hi = vec4<u32>(q4(x4, id), q4(x5, id), q4(x6, id), q4(x7, id));
   let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, vec4<f32>(1.0));
-  let o = pu(1u) / 4u + i * 3u;
+"""
+QUANT_X = """
+@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> XQ: array<vec4<u32>>;
+""" + Q8_FNS + _GROUP_OF_X + Q8_GROUP + """  let o = off(1u) / 4u + i * 3u;
   XQ[o] = lo;
   XQ[o + 1u] = hi;
   XQ[o + 2u] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(s4(lo)), bitcast<u32>(s4(hi)), bitcast<u32>(sx));
 }
 """
+QUANT_X_PARAMS = Params("n")   # n: groups of x (M * K / 32)
 
 
 # the team's sums to its lane 0: in workgroup memory (a fixed tree, barriers)
@@ -772,9 +846,9 @@ def matvec(qtype: str, tpr: int, mm: int, r: int = 1, subgroup: bool = False, wg
             load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
     store = "\n".join(f"    if (M > {m}u && r0 + {k}u < N) {{ O[ob + {m}u * ld + {k}u] = a{m}_{k}; }}"
                       for m in range(mm) for k in range(r))
-    return HEADER + MATVEC.format(xdecl=X_Q8 if x8 else X_F32, deq=q_source(qtype), tpr=tpr, rpw=wg // tpr, wg=wg, red_decl=red_decl,
-                                         r=r, decl=decl, rows=rows, body="\n".join(body), reduce=reduce,
-                                         store=store)
+    return MATVEC_PARAMS.source(MATVEC.format(
+        xdecl=X_Q8 if x8 else X_F32, deq=q_source(qtype), tpr=tpr, rpw=wg // tpr, wg=wg, red_decl=red_decl, r=r,
+        decl=decl, rows=rows, body="\n".join(body), reduce=reduce, store=store))
 
 
 # Register-tiled matrix product (prefill): each thread computes a BM x BN block of outputs straight
@@ -785,30 +859,29 @@ MATMUL_REG = """
 @group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 {deq}
-// 8: N, 9: K, 10: M, 11: groups per row, 12: scale-plane offset, 13: output row stride,
-// 14: first output column of this chunk, 15: blocks along N
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  gpr = pu(11u); moff = pu(12u);
-  let N = pu(8u); let K4 = pu(9u) / 4u; let M = pu(10u);
-  let nbn = pu(15u);
+  gpr = U.gpr; moff = U.moff;
+  let N = U.n; let K4 = U.k / 4u; let M = U.m;
+  let nbn = U.nbn;
   let id = lin(w, nw) * 64u + li;
   let nb = id % nbn; let mb = id / nbn;
   let m0 = mb * {bm}u; let n0 = nb * {bn}u;
   if (m0 >= M) {{ return; }}
-  let x4 = pu(1u) / 4u;
+  let x4 = off(1u) / 4u;
 {decl}
   for (var g = 0u; g < gpr; g++) {{
     for (var j = 0u; j < 4u; j++) {{
 {body}
     }}
   }}
-  let ob = pu(2u) + pu(14u);
-  let ld = pu(13u);
+  let ob = off(2u) + U.col0;
+  let ld = U.ld;
 {store}
 }}
 """
+MATMUL_REG_PARAMS = Params("n k m gpr moff ld col0 nbn")   # MATVEC's, and nbn: blocks along N
 
 # Workgroup-memory tiled matrix product (prefill on a GPU): a workgroup computes a BM x BN tile of
 # outputs (BM rows of x, BN weight rows), each thread 4 x 4 of them (rows tm + i BM/4, columns
@@ -818,7 +891,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 # step's tiles into registers while this one is multiplied, hiding the global latency. Generated
 # unrolled: wgpu bounds every loop with a counter, which keeps the driver from unrolling, and a
 # dynamically indexed private vector would live in local memory. Split-K: workgroup s of S sums
-# groups [s GS, (s + 1) GS) and writes its partial tile to its own plane of O (stride word 18);
+# groups [s GS, (s + 1) GS) and writes its partial tile to its own plane of O (stride U.plane);
 # MATMUL_SPLIT_SUM adds the planes in a fixed order.
 MATMUL_TILE = """
 @group(0) @binding(2) var<storage, read> X: array<{xt}>;{xs_bind}
@@ -831,22 +904,19 @@ const RS: u32 = {rs}u;    // vec4 per padded row of a tile (one more than a row 
 const TN: u32 = BN / 4u;
 const NT: u32 = BM * BN / 16u;
 {shared}
-// 8: N, 9: K, 10: M, 11: groups per row, 12: scale-plane offset, 13: output row stride,
-// 14: first output column of this chunk, 15: tiles along N, 16: groups per split, 17: splits,
-// 18: stride of a split's plane in O (0 without split)
 @compute @workgroup_size({nt})
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  gpr = pu(11u); moff = pu(12u);
-  let N = pu(8u); let K4 = pu(9u) / 4u; let M = pu(10u);
-  let nbn = pu(15u);
+  gpr = U.gpr; moff = U.moff;
+  let N = U.n; let K4 = U.k / 4u; let M = U.m;
+  let nbn = U.nbn;
   let tiles = nbn * ((M + BM - 1u) / BM);
   let id = lin(w, nw);
   let s = id / tiles;
-  if (s >= pu(17u)) {{ return; }}
+  if (s >= U.splits) {{ return; }}
   let n0 = (id % tiles % nbn) * BN; let m0 = (id % tiles / nbn) * BM;
-  let g0 = s * pu(16u); let g1 = min(gpr, g0 + pu(16u));
-  let x4 = pu(1u) / 4u;
+  let g0 = s * U.gps; let g1 = min(gpr, g0 + U.gps);
+  let x4 = off(1u) / 4u;
   let tn = li % TN; let tm = li / TN;
 {regs}
 {fetch0}
@@ -860,11 +930,13 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     }}
 {mul}
   }}
-  let ob = pu(2u) + pu(14u) + s * pu(18u);
-  let ld = pu(13u);
+  let ob = off(2u) + U.col0 + s * U.plane;
+  let ld = U.ld;
 {store}
 }}
 """
+# MATVEC's, nbn tiles along N, gps groups per split, plane: a split's stride in O (0 without a split)
+MATMUL_TILE_PARAMS = Params("n k m gpr moff ld col0 nbn gps splits plane")
 
 # x's item e of a step (e < BM * 8 KG vec4): row e % BM, vec4 q = e / BM of the step's 8 KG; out of
 # the split's groups it reads a valid address and is zeroed. Weight item e (< BN * 4 KG): row e % BN,
@@ -908,7 +980,7 @@ TILE16_FETCH_X = """{{ let e = li + {l}u * NT; let q = e / BM; let gg = G + q / 
   let v = X[x4 + (min(m0 + e % BM, M - 1u) * gpr + min(gg, gpr - 1u)) * 5u + q % 4u];
   rx{l} = v; if (gg >= g1) {{ rx{l} = H8(vec4<f16>(0.0h), vec4<f16>(0.0h)); }} }}"""
 TILE16_FETCH_S = """{{ let e = li + {l}u * NT; let gg = G + e / BM;
-  let v = XS[pu(3u) / 4u + (min(m0 + e % BM, M - 1u) * gpr + min(gg, gpr - 1u)) * 5u + 4u];
+  let v = XS[off(3u) / 4u + (min(m0 + e % BM, M - 1u) * gpr + min(gg, gpr - 1u)) * 5u + 4u];
   rs{l} = select(vec4<f32>(0.0), v, gg < g1); }}"""
 TILE16_FETCH_W = """if (li + {l}u * NT < BN * KG) {{ let e = li + {l}u * NT; let gg = G + e / BN;
   rq{l} = grp(min(n0 + e % BN, N - 1u), min(gg, gpr - 1u));
@@ -926,14 +998,13 @@ TWO_SCALES = ("Q6_K",)    # types whose halves of a group have scales of their o
 HALF_X = """
 @group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> XH: array<vec4<u32>>;
-// 8: groups (M * K / 32)
 fn h8(u: vec4<f32>, v: vec4<f32>, id: f32) -> vec4<u32> {
   let a = u * id; let b = v * id;
   return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
 }
 """ + _GROUP_OF_X + """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w));
   let id = select(0.0, 1.0 / d, d > 0.0);
-  let o = pu(1u) / 4u + i * 5u;
+  let o = off(1u) / 4u + i * 5u;
   XH[o] = h8(x0, x1, id);
   XH[o + 1u] = h8(x2, x3, id);
   XH[o + 2u] = h8(x4, x5, id);
@@ -942,48 +1013,48 @@ fn h8(u: vec4<f32>, v: vec4<f32>, id: f32) -> vec4<u32> {
   XH[o + 4u] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(sx), 0u, 0u);
 }
 """
+HALF_X_PARAMS = Params("n")   # n: groups of x (M * K / 32)
 
 MATMUL_SPLIT_SUM = """
 @group(0) @binding(1) var<storage, read> P: array<f32>;
 @group(0) @binding(2) var<storage, read_write> O: array<f32>;
-// 8: N, 9: M, 10: splits, 11: plane stride (M * N), 12: output row stride, 13: first output column
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let i = lin(w, nw) * 256u + li;
-  let N = pu(8u);
-  if (i >= N * pu(9u)) { return; }
+  let N = U.n;
+  if (i >= N * U.m) { return; }
   var s = 0.0;
-  for (var p = 0u; p < pu(10u); p++) { s += P[pu(0u) + p * pu(11u) + i]; }
-  O[pu(1u) + pu(13u) + (i / N) * pu(12u) + i % N] = s;
+  for (var p = 0u; p < U.splits; p++) { s += P[off(0u) + p * U.plane + i]; }
+  O[off(1u) + U.col0 + (i / N) * U.ld + i % N] = s;
 }
 """
+MATMUL_SPLIT_SUM_PARAMS = Params("n m splits plane ld col0")   # plane: stride of a split (M * N)
 
 # Rows of a quantized weight (the token embedding): one thread per 8 values (4 of each half of a group)
 GET_ROWS_Q = """
 @group(0) @binding(2) var<storage, read> R: array<i32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 {deq}
-// 8: W (row width), 9: T, 10: first row of this chunk, 11: rows in this chunk, 12: groups per row,
-// 13: scale-plane offset
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  gpr = pu(12u); moff = pu(13u);
-  let Wd = pu(8u);
+  gpr = U.gpr; moff = U.moff;
+  let Wd = U.w;
   let pieces = Wd / 8u;
   let i = lin(w, nw) * 256u + li;
-  if (i >= pieces * pu(9u)) {{ return; }}
+  if (i >= pieces * U.t) {{ return; }}
   let t = i / pieces; let p = i % pieces;
-  let r = u32(R[pu(1u) + t]) - pu(10u);
-  if (r >= pu(11u)) {{ return; }}
+  let r = u32(R[off(1u) + t]) - U.row0;
+  if (r >= U.rows) {{ return; }}
   let j = p % 4u;
   let q = grp(r, p / 4u);
   let lo = deq_lo(q, j); let hi = deq_hi(q, j);
-  let o = pu(2u) + t * Wd + (p / 4u) * 32u + 4u * j;
+  let o = off(2u) + t * Wd + (p / 4u) * 32u + 4u * j;
   for (var k = 0u; k < 4u; k++) {{ O[o + k] = lo[k]; O[o + 16u + k] = hi[k]; }}
 }}
 """
+GET_ROWS_Q_PARAMS = Params("w t row0 rows gpr moff")   # GET_ROWS_F32's, gpr groups per row, moff the scale-plane offset
 
 
 def matmul_reg(qtype: str, bm: int = 4, bn: int = 4) -> str:
@@ -1002,8 +1073,8 @@ def matmul_reg(qtype: str, bm: int = 4, bn: int = 4) -> str:
     for m in range(bm):
         for n in range(bn):
             store.append(f"  if (m0 + {m}u < M && n0 + {n}u < N) {{ O[ob + (m0 + {m}u) * ld + n0 + {n}u] = a{m}_{n}; }}")
-    return HEADER + MATMUL_REG.format(deq=q_source(qtype), bm=bm, bn=bn, decl="\n".join(decl),
-                                      body="\n".join(body), store="\n".join(store))
+    return MATMUL_REG_PARAMS.source(MATMUL_REG.format(deq=q_source(qtype), bm=bm, bn=bn, decl="\n".join(decl),
+                                                     body="\n".join(body), store="\n".join(store)))
 
 
 def _indent(text: str, n: int) -> str:
@@ -1022,10 +1093,10 @@ def matmul_tile(qtype: str, bm: int, bn: int, kg: int, f16: bool = False) -> str
         f"  {{ let m = m0 + tm + {i}u * (BM / 4u); let n = n0 + tn + {j}u * TN;"
         f" if (m < M && n < N) {{ O[ob + m * ld + n] = a{i}{j}; }} }}" for i in range(4) for j in range(4))
     enable = "enable f16;\n" if f16 else ""
-    return enable + HEADER + MATMUL_TILE.format(
+    return MATMUL_TILE_PARAMS.source(MATMUL_TILE.format(
         deq=q_source(qtype), bm=bm, bn=bn, kg=kg, nt=nt, regs="\n".join(regs),
         fetch0=_indent(fetch.replace("G +", "g0 +"), 2), put=_indent(put, 4),
-        fetch=_indent(fetch.replace("G +", "gn +"), 6), mul=mul, store=store, **parts)
+        fetch=_indent(fetch.replace("G +", "gn +"), 6), mul=mul, store=store, **parts), before=enable)
 
 
 def _tile32_parts(qtype: str, bm: int, bn: int, kg: int, nt: int) -> dict:
@@ -1096,24 +1167,34 @@ def _tile16_parts(qtype: str, bm: int, bn: int, kg: int, nt: int) -> dict:
 
 
 def get_rows_q(qtype: str) -> str:
-    return HEADER + GET_ROWS_Q.format(deq=q_source(qtype))
+    return GET_ROWS_Q_PARAMS.source(GET_ROWS_Q.format(deq=q_source(qtype)))
 
 
 def get_rows_f(elem: str) -> str:
     load = LOAD_F16 if elem == "F16" else LOAD_F32
-    return HEADER + GET_ROWS_F32.format(elem="u32" if elem == "F16" else "f32", load=load)
+    return GET_ROWS_F32_PARAMS.source(GET_ROWS_F32.format(elem="u32" if elem == "F16" else "f32", load=load))
 
 
 def mul_mat_f(elem: str) -> str:
     load = LOAD_F16 if elem == "F16" else LOAD_F32
-    return HEADER + MUL_MAT_F.format(elem="u32" if elem == "F16" else "f32", load=load)
+    return MUL_MAT_F_PARAMS.source(MUL_MAT_F.format(elem="u32" if elem == "F16" else "f32", load=load))
 
 
-SIMPLE = {"binary": BINARY, "unary": UNARY, "glu": GLU, "rms_norm": RMS_NORM, "soft_max": SOFT_MAX,
-          "flash_attn": FLASH_ATTN, "flash_attn4": FLASH_ATTN4,
-          "flash_attn_split": FLASH_ATTN_SPLIT, "flash_combine": FLASH_COMBINE, "rope": ROPE, "set_rows": SET_ROWS, "cont": CONT,
-          "quant_x": QUANT_X, "half_x": HALF_X, "matmul_split_sum": MATMUL_SPLIT_SUM}
+# the kernels without variants: name -> (body, parameter block)
+SIMPLE = {"binary": (BINARY, BINARY_PARAMS), "unary": (UNARY, UNARY_PARAMS), "glu": (GLU, GLU_PARAMS),
+          "rms_norm": (RMS_NORM, RMS_NORM_PARAMS), "soft_max": (SOFT_MAX, SOFT_MAX_PARAMS),
+          "flash_attn": (FLASH_ATTN, FLASH_ATTN_PARAMS), "flash_attn4": (flash_attn4(), FLASH_ATTN_PARAMS),
+          "flash_attn_split": (flash_attn4(split=True), FLASH_SPLIT_PARAMS),
+          "flash_combine": (FLASH_COMBINE, FLASH_COMBINE_PARAMS), "rope": (ROPE, ROPE_PARAMS),
+          "set_rows": (SET_ROWS, SET_ROWS_PARAMS), "cont": (CONT, CONT_PARAMS), "quant_x": (QUANT_X, QUANT_X_PARAMS),
+          "half_x": (HALF_X, HALF_X_PARAMS), "matmul_split_sum": (MATMUL_SPLIT_SUM, MATMUL_SPLIT_SUM_PARAMS)}
+
+# every kernel family's parameter block, by the first word of its pipeline key (the lowering's emit)
+PARAMS = {name: params for name, (_, params) in SIMPLE.items()} | {
+    "get_rows_f": GET_ROWS_F32_PARAMS, "get_rows_q": GET_ROWS_Q_PARAMS, "mul_mat_f": MUL_MAT_F_PARAMS,
+    "matvec": MATVEC_PARAMS, "matmul_reg": MATMUL_REG_PARAMS, "matmul_tile": MATMUL_TILE_PARAMS}
 
 
 def simple(name: str) -> str:
-    return HEADER + SIMPLE[name]
+    body, params = SIMPLE[name]
+    return params.source(body)

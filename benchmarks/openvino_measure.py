@@ -1,19 +1,19 @@
 """The measurements behind the plugin's choices (docs/openvino.md), reproducible:
 
-    python -m framework.plugins.openvino_npu.measure fc          # compressed FullyConnected forms, 1 thread
-    python -m framework.plugins.openvino_npu.measure cpu-time    # decode and prefill CPU time per token,
-                                                                 # openvino:CPU and llama.cpp, 1 thread each
-    python -m framework.plugins.openvino_npu.measure precision   # INFERENCE_PRECISION_HINT f32 / bf16 / f16
-    python -m framework.plugins.openvino_npu.measure rope        # the pair swap of rope: Gather against Roll
-    python -m framework.plugins.openvino_npu.measure fused       # Q, K, V and gate, up as separate products
-                                                                 # or fused into two (SmolLM2's shapes)
-    python -m framework.plugins.openvino_npu.measure floor       # a decode step's time per kernel kind, from
-                                                                 # OpenVINO's profiler, and the ceiling that
-                                                                 # the FullyConnected kernels alone leave
-    python -m framework.plugins.openvino_npu.measure dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
-                                                                 # OpenVINO's default: a 4096x4096 int4 product,
-                                                                 # decode speed, and llama.cpp's reference
-                                                                 # bounds (tests/reference_checks.py)
+    python benchmarks/openvino_measure.py fc          # compressed FullyConnected forms, 1 thread
+    python benchmarks/openvino_measure.py cpu-time    # decode and prefill CPU time per token,
+                                                      # openvino:CPU and llama.cpp, 1 thread each
+    python benchmarks/openvino_measure.py precision   # INFERENCE_PRECISION_HINT f32 / bf16 / f16
+    python benchmarks/openvino_measure.py rope        # the pair swap of rope: Gather against Roll
+    python benchmarks/openvino_measure.py fused       # Q, K, V and gate, up as separate products
+                                                      # or fused into two (SmolLM2's shapes)
+    python benchmarks/openvino_measure.py floor       # a decode step's time per kernel kind, from
+                                                      # OpenVINO's profiler, and the ceiling that
+                                                      # the FullyConnected kernels alone leave
+    python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
+                                                      # OpenVINO's default: a 4096x4096 int4 product,
+                                                      # decode speed, and llama.cpp's reference
+                                                      # bounds (tests/reference_checks.py)
 
 CPU time (not wall time) on one thread is what other work on the machine disturbs least.
 Tokens per second against llama.cpp on two threads come from `framework bench --backends openvino:CPU`.
@@ -24,8 +24,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def fc(n: int = 1536, k: int = 576, layers: int = 30) -> None:
@@ -70,10 +73,10 @@ def _timed(fn, *args) -> float:
 
 
 def _openvino_cpu_time(name: str, ids: list[int], precision: str = "f32") -> tuple[float, float]:
-    from ...model.default import model_path
-    from ...model.model import Model
-    from ...runtime.session import Session
-    from .device import OpenVinoDevice
+    from framework.model.default import model_path
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.session import Session
 
     class OneThread(OpenVinoDevice):
         def compile_config(self):
@@ -107,7 +110,7 @@ def _llama_cpu_time(name: str, ids: list[int]) -> tuple[float, float] | None:
         from llama_cpp import Llama
     except ImportError:
         return None
-    from ...model.default import model_path
+    from framework.model.default import model_path
     path = model_path(name)
     llm = Llama(str(path), n_ctx=512, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False)
     times = _cpu_time_per_token(llm.reset, llm.eval, ids)
@@ -116,9 +119,9 @@ def _llama_cpu_time(name: str, ids: list[int]) -> tuple[float, float] | None:
 
 
 def _ids(name: str) -> list[int]:
-    from ...bench import prompt_ids
-    from ...model.default import model_path
-    from ...model.model import Model
+    from framework.bench import prompt_ids
+    from framework.model.default import model_path
+    from framework.model.model import Model
     return prompt_ids(Model(model_path(name)).tokenizer, 128)
 
 
@@ -149,7 +152,7 @@ def rope(t: int = 1, h: int = 9, d: int = 64, layers: int = 60) -> None:
     import openvino as ov
     from openvino import opset13 as ops
 
-    from .translate import rope_partner
+    from framework.plugins.openvino_npu.translate import rope_partner
 
     def i64(v):
         return ops.constant(np.array(v, dtype=np.int64))
@@ -217,10 +220,10 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     would allow if everything else cost nothing."""
     import collections
 
-    from ...model.default import model_path
-    from ...model.model import Model
-    from ...runtime.session import Session
-    from .device import OpenVinoDevice, OvProgram
+    from framework.model.default import model_path
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice, OvProgram
+    from framework.runtime.session import Session
 
     programs: list[OvProgram] = []
 
@@ -235,7 +238,7 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
             programs.append(program)
             return program
 
-    from ...bench import prompt_ids
+    from framework.bench import prompt_ids
 
     out = {}
     for name in names:
@@ -298,8 +301,7 @@ def _matvec(n: int, k: int, group_size: int | None, threads: int | None) -> tupl
 
 def _reference_bounds(session, name: str) -> str:
     """llama.cpp's bounds (tests/reference/README.md), measured: a checkout's tests/ folder is needed."""
-    from pathlib import Path
-    tests = Path(__file__).resolve().parents[3] / "tests"
+    tests = Path(__file__).resolve().parents[1] / "tests"
     if not (tests / "reference_checks.py").is_file():
         return f"reference bounds not measured: no {tests / 'reference_checks.py'} (run from a checkout)"
     sys.path.insert(0, str(tests))
@@ -307,7 +309,7 @@ def _reference_bounds(session, name: str) -> str:
 
     import reference_checks as R
 
-    from ...runtime.perplexity import perplexity
+    from framework.runtime.perplexity import perplexity
     ref = json.loads((tests / "reference" / f"{name}.json").read_text(encoding="utf-8"))
     arrays = dict(np.load(tests / "reference" / f"{name}.npz"))
     forced = R.teacher_forced(session, ref)
@@ -341,10 +343,10 @@ def dynquant(models: dict | None = None, rounds: int = 3) -> None:
     reference to meet)."""
     import openvino as ov
 
-    from ...model.default import model_path
-    from ...model.model import Model
-    from ...runtime.session import Session
-    from .device import OpenVinoDevice, cpu_isa
+    from framework.model.default import model_path
+    from framework.model.model import Model
+    from framework.runtime.session import Session
+    from framework.plugins.openvino_npu.device import OpenVinoDevice, cpu_isa
     c = ov.Core()
     default = c.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
     print(f"CPU: {c.get_property('CPU', 'FULL_DEVICE_NAME')}, {os.cpu_count()} threads; {cpu_isa()}; OpenVINO "
@@ -372,7 +374,7 @@ def dynquant(models: dict | None = None, rounds: int = 3) -> None:
     for name, model in models.items():
         tok = model.tokenizer if model.file.metadata.get("tokenizer.ggml.tokens") else None
         if tok is not None:
-            from ...bench import prompt_ids
+            from framework.bench import prompt_ids
             ids = prompt_ids(tok, 128)
         else:
             ids = [int(i) for i in np.random.default_rng(0).integers(10, 1000, 128)]

@@ -1,0 +1,149 @@
+"""Lowering the fused groups fusion.py found: each becomes a ROWVEC or ATTN_BLOCK dispatch (wgsl_fused.py),
+its bindings in the kernel's order of roles, its parameters by name."""
+
+from __future__ import annotations
+
+from . import wgsl, wgsl_fused
+from .fusion import AttnGroup, ProductGroup, Sources, shape_of
+from .kernel_shapes import SPLIT_ATTN_BELOW
+from .wgsl import GLU_CODE
+
+
+def emit(lw, g) -> None:
+    if isinstance(g, AttnGroup):
+        attn_block(lw, g)
+    else:
+        rowvec(lw, g)
+
+
+def _sources(lw, src: Sources) -> tuple[dict, dict]:
+    """The prologue's bindings by role and its parameters (write_y set per dispatch by the caller)."""
+    p = src.prologue
+    if p.src == "combine":
+        part, nc, d = lw.partials[id(src.fa)]
+        return {"P": ("ref", part)}, {"d4": d // 4, "nc": nc}
+    binds = {"A": src.a}
+    if p.src == "norm":
+        binds |= {"B": src.b, "Gn": src.g, "Gp": src.g1}
+    binds = {r: ("ref", lw.ref(t)) for r, t in binds.items() if t is not None}
+    for _, r in binds.values():
+        if r.kind == "arg":
+            lw.align4.add(r.idx)
+    params = {}
+    if p.src == "norm":
+        params["eps"] = src.eps
+        if p.pre == "prenorm":
+            params["eps1"] = src.eps1
+        if p.pre == "scale":
+            params["y_scale"] = src.scale
+        if p.write_y:
+            binds["Y"] = ("ref", lw.new_val(src.y))
+    return binds, params
+
+
+def _rw(roles: list[str]) -> tuple[bool, ...]:
+    return tuple(r not in wgsl_fused.WEIGHT_ROLES and wgsl_fused.ROLE_TYPES[r][0] == "read_write" for r in roles)
+
+
+def rowvec(lw, g: ProductGroup) -> None:
+    p = g.src.prologue
+    pair = len(g.muls) == 2
+    ws = [m.src[0] for m in g.muls]
+    qtypes = tuple(w.dtype.name for w in ws)
+    k = ws[0].shape[1]
+    sh = shape_of(lw.dev, g)
+    roles = wgsl_fused.rowvec_roles(p, pair, g.epilogue)
+    binds, params = _sources(lw, g.src)
+    out = lw.new_val(g.out)
+    binds["O"] = ("ref", out)
+    if g.residual is not None:
+        binds["R"] = ("ref", lw.ref(g.residual))
+    args = [lw.arg_of(w) for w in ws]
+    if pair:
+        binds["W1"] = ("chunk", args[1], 0)
+        params["moff1"] = ("moff", args[1], 0)
+    if g.epilogue == "glu":
+        params["op"] = GLU_CODE[g.out.params["op"]]
+    key = ("rowvec", qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
+    label = "+".join(filter(None, [{"norm": "NORM", "combine": "COMBINE"}.get(p.src), "MUL_MAT" + "x2" * pair,
+                                   {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
+    for ci, (row0, rows) in enumerate(lw.chunks(ws[0])):
+        binds["W0"] = ("chunk", args[0], ci)
+        step_params = params | {"n": rows, "col0": row0, "moff0": ("moff", args[0], ci)}
+        if p.write_y:
+            step_params["write_y"] = int(ci == 0)
+        lw.emit(f"{label} {g.out.name}", key,
+                lambda: wgsl_fused.rowvec(qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"]),
+                                          bool(sh["x8"])),
+                _rw(roles), [binds[r] for r in roles], step_params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])),
+                wgsl_fused.rowvec_params(p, pair, g.epilogue))
+
+
+def split_of(s: int, rows: int) -> tuple[int, int]:
+    """(chunks, keys per chunk) of flash decoding over s keys for `rows` query rows x heads."""
+    nc = min(-(-s // 64), max(2, SPLIT_ATTN_BELOW * 2 // rows))
+    per = -(-s // nc)
+    ch = -(-per // 64) * 64
+    return -(-s // ch), ch
+
+
+def attn_block(lw, g: AttnGroup) -> None:
+    fa = g.fa
+    _, h, d = fa.src[0].shape
+    s, hkv, _ = fa.src[1].shape
+    p = g.src.prologue
+    mask = len(fa.src) > 3
+    roles = wgsl_fused.attn_roles(p, g.q_norm is not None, g.k_norm is not None, mask)
+    binds, params = _sources(lw, g.src)
+    caches = []
+    for st in (g.k_set, g.v_set):
+        c = lw.ref(st.src[0])
+        if c.kind != "arg" or not c.contiguous or c.off:
+            raise ValueError(f"SET_ROWS writes a cache argument in place, not {st.src[0].describe()}")
+        lw.written_args.add(c.idx)
+        lw.align4.add(c.idx)
+        lw.refs[id(st)] = c
+        caches.append(c)
+    pos = lw.ref(g.rope.src[1])
+    if pos.kind != "arg":
+        raise ValueError(f"ROPE positions must be an argument of the fragment ({g.rope.src[1].describe()})")
+    rp = g.rope.params
+    n_dims = int(rp["n_dims"])
+    rope_key = (pos.idx, pos.off, n_dims, float(rp["freq_base"]), float(rp["freq_scale"]), 1)
+    if rope_key not in lw.ropes:
+        lw.ropes.append(rope_key)
+    nc, ch = split_of(s, h)
+    part = lw.scratch((h * (nc + 1) * (d + 4),))
+    args = [lw.arg_of(w) for w in (g.wq, g.wk, g.wv)]
+    binds |= {"Wq": ("chunk", args[0], 0), "Wk": ("chunk", args[1], 0), "Wv": ("chunk", args[2], 0),
+              "CS": ("rope", lw.ropes.index(rope_key)), "KR": ("ref", lw.ref(g.k_set.src[2])),
+              "Kc": ("ref", caches[0]), "Vc": ("ref", caches[1]), "PO": ("ref", part)}
+    if mask:
+        binds["Mk"] = ("ref", lw.ref(fa.src[3]))
+    if g.q_norm is not None:
+        binds["Gq"] = ("ref", lw.ref(g.q_norm[0]))
+        params["q_eps"] = g.q_norm[1]
+    if g.k_norm is not None:
+        binds["Gk"] = ("ref", lw.ref(g.k_norm[0]))
+        params["k_eps"] = g.k_norm[1]
+    if p.write_y:
+        params["write_y"] = 1
+    params |= {"h": h, "hkv": hkv, "s": s, "nc": nc, "chunk": ch, "cache_rows": g.k_set.src[0].shape[0],
+               "moffq": ("moff", args[0], 0), "moffk": ("moff", args[1], 0), "moffv": ("moff", args[2], 0),
+               "scale": float(fa.params["scale"]), "q_scale": g.q_scale}
+    qtypes = tuple(w.dtype.name for w in (g.wq, g.wk, g.wv))
+    k = g.wq.shape[1]
+    neox = rp["mode"] == "neox"
+    key = ("attn_block", qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None, mask)
+    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
+    lw.emit(f"{label} {fa.name}", key,
+            lambda: wgsl_fused.attn_block(qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None,
+                                          mask),
+            _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
+            wgsl_fused.attn_params(p, g.q_norm is not None, g.k_norm is not None, mask))
+    if g.combined:
+        o = lw.new_val(fa)
+        lw.emit(f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
+                (False, True), [("ref", part), ("ref", o)], {"rows": h, "d": d, "nc": nc + 1}, h)
+    else:                # the product reading the attention combines the partials in its prologue
+        lw.partials[id(fa)] = (part, nc + 1, d)

@@ -1,0 +1,124 @@
+"""Lowering MUL_MAT: the cooperative matrix-vector kernel (decode on a GPU), the workgroup-memory tiled
+product (prefill on a GPU) with its K split, the register-tiled product (a CPU adapter), float weights
+and activations; a weight split into chunks is multiplied chunk by chunk."""
+
+from __future__ import annotations
+
+from . import quant, wgsl
+from .kernel_shapes import MATVEC_MAX_ROWS, matmul_shape, matvec_shape, tile_for
+from .lower_ops import RW2, RW3, cont_params
+from .steps import Ref, pad4
+from .tensors import contig
+from .verdicts import is_weight
+
+
+def op_mul_mat(lw, n):
+    a, b = n.src
+    o = lw.new_val(n)
+    br = lw.ref(b)
+    if is_weight(a) and a.dtype.name in quant.QUANT_TYPES:
+        _quant_mul_mat(lw, n, a, br, o)
+        return
+    sa, sb = pad4(a.shape), pad4(b.shape)
+    nrows, k = a.shape[-2], a.shape[-1]
+    m = b.shape[-2]
+    if is_weight(a):
+        arg = lw.arg_of(a)
+        parts = [(("chunk", arg, ci), row0, rows) for ci, (row0, rows) in enumerate(lw.chunks(a))]
+        elem = a.dtype.name
+    else:
+        parts = [(("ref", lw.ref(a)), 0, nrows)]
+        elem = "F32"
+    for bind, row0, rows in parts:
+        total = sb[0] * sb[1] * m * rows
+        lw.emit(f"MUL_MAT {n.name}", ("mul_mat_f", elem), lambda elem=elem: wgsl.mul_mat_f(elem), RW3,
+                [bind, ("ref", br), ("ref", o)],
+                {"n": nrows, "m": m, "k": k, "a0": sa[0], "a1": sa[1], "b0": sb[0], "b1": sb[1], "row0": row0,
+                 "rows": rows, "ld": nrows}, -(-total // 256))
+
+
+def _quant_mul_mat(lw, n, a, br, o):
+    # x is read as vec4: its element offset must be a multiple of 4
+    if br.kind == "arg":
+        lw.align4.add(br.idx)
+        if br.off % 4:
+            raise ValueError(f"MUL_MAT operand {n.src[1].describe()} is a view at an odd offset")
+    elif br.off % 4:
+        moved = lw.scratch(br.shape)
+        lw.emit(f"CONT (align) {n.name}", ("cont",), lambda: wgsl.simple("cont"), RW2, [("ref", br), ("ref", moved)],
+                cont_params(pad4(br.shape), contig(pad4(br.shape))), -(-br.size // 256))
+        br = moved
+    qt = a.dtype.name
+    nrows, k = a.shape
+    m = b_rows = n.nelements // nrows
+    gpr = k // 32
+    arg = lw.arg_of(a)
+    for ci, (row0, rows) in enumerate(lw.chunks(a)):
+        params = {"n": rows, "k": k, "m": b_rows, "gpr": gpr, "moff": ("moff", arg, ci), "ld": nrows, "col0": row0}
+        binds = [("chunk", arg, ci), ("ref", br), ("ref", o)]
+        if m <= MATVEC_MAX_ROWS and not lw.dev.cpu_adapter:
+            mm = next(x for x in (1, 2, 4, 8) if x >= m)
+            sh = matvec_shape(lw.dev, gpr, mm, rows, rows * quant.row_bytes(qt, k))
+            if sh["x8"]:
+                binds[1] = ("ref", _quant_x(lw, br, b_rows, k))
+            key = ("matvec", qt, mm, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
+            lw.emit(f"MUL_MAT[matvec] {n.name}", key,
+                    lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
+                                                            bool(sh["x8"])),
+                    RW3, binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
+        elif m > MATVEC_MAX_ROWS and not (sh := matmul_shape(lw.dev, m, rows, gpr))["reg"]:
+            _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params)
+        else:
+            bm, bn = tile_for(m, rows, not lw.dev.cpu_adapter)
+            nbn = -(-rows // bn)
+            lw.emit(f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
+                    lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn), RW3, binds, params | {"nbn": nbn},
+                    -(-(nbn * -(-m // bm)) // 64))
+
+
+def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
+    """The workgroup-memory tiled product of one chunk; split over K, its parts go to a scratch value
+    of `split` planes of (m, rows), summed into the output by a second dispatch."""
+    bm, bn, kg, split, f16 = sh["bm"], sh["bn"], sh["kg"], sh["split"], sh["f16"]
+    nbn = -(-rows // bn)
+    rw = RW3
+    if f16:       # x scaled per group, in f16 (HALF_X); bound again for its f32 scales
+        xh = ("ref", _x_form(lw, binds[1][1], m, params["k"], "half_x", 20))
+        binds, rw = [binds[0], xh, binds[2], xh], rw + (False,)
+    params = params | {"nbn": nbn, "gps": sh["gps"], "splits": split, "plane": 0}
+    out, ld, col0 = binds[2], params["ld"], params["col0"]
+    if split > 1:
+        part = lw.scratch((split, m, rows))
+        binds = [binds[0], binds[1], ("ref", part)] + binds[3:]
+        params |= {"ld": rows, "col0": 0, "plane": m * rows}
+    lw.emit(f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}{'/f16' if f16 else ''}] {n.name}",
+            ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
+            rw, binds, params, split * nbn * -(-m // bm))
+    if split > 1:
+        lw.emit(f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"), RW2,
+                [("ref", part), out], {"n": rows, "m": m, "splits": split, "plane": m * rows, "ld": ld, "col0": col0},
+                -(-(m * rows) // 256))
+
+
+def _quant_x(lw, br: Ref, m: int, k: int) -> Ref:
+    """x (m rows of k) in 8 bits for the matrix-vector kernel, 12 words a 32-element group."""
+    return _x_form(lw, br, m, k, "quant_x", 12)
+
+
+def _x_form(lw, br: Ref, m: int, k: int, kernel: str, words: int) -> Ref:
+    """x (m rows of k) in another form, `words` words a 32-element group (QUANT_X: 8 bits, HALF_X:
+    f16 scaled per group); made once per computed value (Q, K and V of a layer share it); an
+    argument, which a step may write, each time."""
+    key = (br.idx, br.off, m, k, kernel)
+    if br.kind == "val" and key in lw.xq:
+        return lw.xq[key]
+    groups = m * k // 32
+    xq = lw.scratch((groups, words))
+    lw.emit(kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), RW2, [("ref", br), ("ref", xq)],
+            {"n": groups}, -(-groups // 256))
+    if br.kind == "val":
+        lw.xq[key] = xq
+    return xq
+
+
+LOWER = {"MUL_MAT": op_mul_mat}

@@ -1,0 +1,266 @@
+"""A compiled fragment and its runs: the arguments bound (host values copied straight into the
+program's own buffers), the rope tables made, the bind groups found, every dispatch recorded into one
+command encoder and one compute pass, and one submission per run.
+
+Pipelines are made once per device; bind groups once per set of buffers, and reused whole while a
+program's buffers stay the same (decode, step after step); parameter blocks once per program.
+FRAMEWORK_VULKAN_PROFILE=1 puts each dispatch in a pass of its own between GPU timestamps instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.graph import LeafKind
+from ...core.graph.reference import rope_cos_sin
+from . import memory
+from .lowering import Lowering
+from .tensors import VkTensor, VkWeight, contig
+from .uniforms import ParamBlocks
+
+BG_CACHE = 64             # bind groups kept per step (a program shared by fragments with other weights)
+
+
+class VkProgram:
+    def __init__(self, dev, fragment):
+        self.dev = dev
+        self.name = fragment.describe()
+        self.inputs = list(fragment.inputs)
+        self.outputs = list(fragment.outputs)
+        lowered = Lowering(dev, fragment)
+        self.refs, self.steps, self.ropes = lowered.refs, lowered.steps, lowered.ropes
+        self.val_sizes, self.written_args, self.align4 = lowered.val_sizes, lowered.written_args, lowered.align4
+        self.memory = memory.assign(self.steps, self.val_sizes, [self.refs[id(t)] for t in self.outputs])
+        self.params = ParamBlocks(dev, self.steps)
+        self.bg_cache: list[dict] = [{} for _ in self.steps]
+        self.host_buf, self.host_key, self.host_place = None, None, {}
+        # weights are the same handles run after run: taken as a block (see _bind_args)
+        self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
+        self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
+        self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
+        self.rope_bufs: list = [None] * len(self.ropes)
+        self.rope_keys: list = [None] * len(self.ropes)
+        self.last_sig, self.last_cmds = None, None
+        # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
+        self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
+                          for r in (self.refs[id(t)] for t in self.outputs)]
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self, args):
+        dev = self.dev
+        queue = dev.gpu.queue
+        bufs, offs, host_vals, weights = self._bind_args(args)
+        self.params.update(queue, offs, weights)
+        self._rope_tables(args, host_vals)
+        mem = self.memory
+        out_of_val = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
+                      if mem.val_out[v] >= 0}
+        slot_bufs = [dev.scratch(s, nb) for s, nb in enumerate(mem.slot_bytes)]
+        cmds = self._commands(bufs, weights, out_of_val, slot_bufs)
+        encoder = dev.gpu.create_command_encoder()
+        if dev.profile is not None:
+            self._run_profiled(encoder, cmds)
+            return self._results(args, bufs, out_of_val)
+        cpass = encoder.begin_compute_pass()
+        last_pipe = None
+        set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
+        for pipe, bg, (gx, gy, gz), _ in cmds:
+            if pipe is not last_pipe:
+                set_pipeline(pipe)
+                last_pipe = pipe
+            set_bind_group(0, bg)
+            dispatch(gx, gy, gz)
+        cpass.end()
+        queue.submit([encoder.finish()])
+        dev.submits += 1
+        return self._results(args, bufs, out_of_val)
+
+    def _bind_args(self, args):
+        """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
+        or for host values (and views a kernel cannot read in place) a place in the program's buffer for
+        them, all uploaded at once."""
+        dev = self.dev
+        offs: list = [0] * len(args)
+        host_vals: dict[int, np.ndarray] = {}
+        staged: list[tuple[int, np.ndarray]] = []
+        held = tuple(args[i] for i in self.weight_idx)
+        if held != self.last_weights or len(self.weight_bufs) != len(args):      # weights compared by identity
+            self._take_weights(held, len(args))
+        bufs: list = list(self.weight_bufs)
+        weights: dict[int, VkWeight] = dict(self.weight_map)
+        for i in (self.other_idx if self.weights_ok else range(len(args))):
+            h = args[i]
+            if isinstance(h, VkWeight):
+                weights[i] = h
+                bufs[i] = h.chunks[0].buffer
+                continue
+            if isinstance(h, np.ndarray):
+                h = dev.from_host(h)
+            if h.host is not None or not h.contiguous or (i in self.align4 and h.offset % 4):
+                data = np.ascontiguousarray(h.host if h.host is not None else dev.to_host(h))
+                host_vals[i] = data
+                if i in self.written_args:      # a cache handed over as values: it lives on here from now
+                    bufs[i] = dev.buffer_with(data)
+                else:
+                    staged.append((i, data))
+            else:
+                bufs[i] = h.buffer
+                offs[i] = h.offset
+        if staged:
+            self._upload(staged, bufs, offs)
+        return bufs, offs, host_vals, weights
+
+    def _take_weights(self, held: tuple, n_args: int) -> None:
+        """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
+        self.last_weights = held
+        self.weights_ok = all(isinstance(h, VkWeight) for h in held)
+        self.weight_map = dict(zip(self.weight_idx, held)) if self.weights_ok else {}
+        self.weight_bufs = [None] * n_args
+        for i, h in self.weight_map.items():
+            self.weight_bufs[i] = h.chunks[0].buffer
+
+    def _upload(self, staged, bufs, offs) -> None:
+        """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) in one buffer, each
+        at a 16-byte aligned place: one upload per run, and the places (the parameter blocks' offsets) the
+        same from run to run while the sizes are."""
+        key = tuple((i, data.nbytes) for i, data in staged)
+        if key != self.host_key:
+            self.host_place, total = {}, 0
+            for i, data in staged:
+                self.host_place[i] = total
+                total += max(16, -(-data.nbytes // 16) * 16)
+            self.host_total = total
+            if self.host_buf is None or self.host_buf.size < total:
+                self.host_buf = self.dev.new_buffer(total)
+            self.host_key = key
+        block = np.empty(self.host_total, np.uint8)
+        for i, data in staged:
+            at = self.host_place[i]
+            block[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
+            bufs[i], offs[i] = self.host_buf, at // 4
+        self.dev.gpu.queue.write_buffer(self.host_buf, 0, block)
+
+    def _rope_tables(self, args, host_vals) -> None:
+        """The (cos, sin) table of each rope, made on the host and uploaded when the positions change."""
+        dev = self.dev
+        rope_bufs = self.rope_bufs
+        for ti, (pa, poff, n_dims, base, scale, t) in enumerate(self.ropes):
+            pos = host_vals.get(pa)
+            if pos is None:
+                pos = dev.to_host(args[pa])
+            pos = np.asarray(pos).reshape(-1)[poff:poff + t]
+            key = (pos.tobytes(), n_dims, base, scale)
+            if key != self.rope_keys[ti]:
+                table = rope_table(pos, n_dims, base, scale)
+                if rope_bufs[ti] is None or rope_bufs[ti].size < table.nbytes:
+                    rope_bufs[ti] = dev.new_buffer(table.nbytes)
+                dev.gpu.queue.write_buffer(rope_bufs[ti], 0, table)
+                self.rope_keys[ti] = key
+
+    def _commands(self, bufs, weights, out_of_val, slot_bufs) -> list:
+        """(pipeline, bind group, workgroups, buffers) of every step; the same as last run's (no lookups)
+        when every buffer is the same (decode, step after step)."""
+        dev = self.dev
+        rope_bufs = self.rope_bufs
+        val_out, val_slot = self.memory.val_out, self.memory.val_slot
+        # the buffers themselves (compared by identity), and the weights, whose chunks are theirs for good
+        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), tuple(weights.values()),
+               tuple(rope_bufs))
+        if sig == self.last_sig:
+            return self.last_cmds
+        dummy = dev.dummy()
+
+        def buffer_of(b):
+            kind = b[0]
+            if kind == "ref":
+                r = b[1]
+                if r.kind == "arg":
+                    return bufs[r.idx]
+                return out_of_val[r.idx][0] if val_out[r.idx] >= 0 else slot_bufs[val_slot[r.idx]]
+            if kind == "chunk":
+                return weights[b[1]].chunks[b[2]].buffer
+            if kind == "rope":
+                return rope_bufs[b[1]]
+            return dummy
+
+        cmds = []
+        for si, st in enumerate(self.steps):
+            buffers = tuple(buffer_of(b) for b in st.binds)
+            key = tuple(id(b) for b in buffers)
+            cache = self.bg_cache[si]
+            hit = cache.get(key)
+            if hit is None:
+                entries = [self.params.entry(si)]
+                entries += [{"binding": j + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                            for j, b in enumerate(buffers)]
+                if len(cache) >= BG_CACHE:
+                    cache.clear()
+                hit = cache[key] = (dev.gpu.create_bind_group(layout=st.bgl, entries=entries), buffers)
+            cmds.append((st.pipe, hit[0], st.groups, hit[1]))   # [3] keeps the buffers (their ids) alive
+        self.last_sig, self.last_cmds = sig, cmds
+        return cmds
+
+    def _run_profiled(self, encoder, cmds):
+        """FRAMEWORK_VULKAN_PROFILE=1: one pass per dispatch, with GPU timestamps around it; the GPU time
+        of every kernel (by step name's first word) adds up in device.profile. Slower than a real run."""
+        import wgpu
+        dev = self.dev
+        gpu = dev.gpu
+        n = len(cmds)
+        qs = gpu.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+        for i, (pipe, bg, groups, _) in enumerate(cmds):
+            cp = encoder.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                                              "end_of_pass_write_index": 2 * i + 1})
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(*groups)
+            cp.end()
+        res = dev.new_buffer(16 * n, wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        encoder.resolve_query_set(qs, 0, 2 * n, res, 0)
+        gpu.queue.submit([encoder.finish()])
+        dev.submits += 1
+        ticks = np.frombuffer(gpu.queue.read_buffer(res, 0, 16 * n), dtype=np.uint64).reshape(n, 2)
+        for st, (t0, t1) in zip(self.steps, ticks):
+            key = st.name.split(" ")[0]
+            tot = dev.profile.setdefault(key, [0.0, 0])
+            tot[0] += (int(t1) - int(t0)) * 1e-9
+            tot[1] += 1
+
+    def _results(self, args, bufs, out_of_val):
+        """The fragment's outputs as handles: a value's own buffer, or (an argument, a written cache) the
+        argument's buffer seen through the output's view."""
+        dev = self.dev
+        results = []
+        for t, whole in zip(self.outputs, self.whole_arg):
+            r = self.refs[id(t)]
+            if whole:
+                h = args[r.idx]
+                if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
+                    results.append(h)
+                    continue
+            if r.kind == "arg":
+                h = args[r.idx]
+                if isinstance(h, np.ndarray):
+                    h = dev.from_host(h)
+                if r.idx in self.written_args and (h.host is not None or not h.contiguous):
+                    h = VkTensor(bufs[r.idx], 0, tuple(self.inputs[r.idx].shape), np.float32)
+                if r.off == 0 and r.contiguous and tuple(r.shape) == tuple(h.shape) and h.contiguous:
+                    results.append(h)
+                elif h.host is not None:
+                    flat = np.ascontiguousarray(h.host).reshape(-1)
+                    st_ = r.strides or contig(r.shape)
+                    view = np.lib.stride_tricks.as_strided(flat[r.off:], r.shape, tuple(s * flat.itemsize for s in st_))
+                    results.append(VkTensor(None, 0, r.shape, flat.dtype, host=np.array(view)))
+                else:
+                    results.append(VkTensor(h.buffer, h.offset + r.off, r.shape, h.dtype,
+                                            None if r.contiguous else r.strides, lease=h.lease))
+            else:
+                buf, lease = out_of_val[r.idx]
+                results.append(VkTensor(buf, r.off, r.shape, np.float32, None if r.contiguous else r.strides,
+                                        lease=lease))
+        return results
+
+
+def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
+    """(T, n_dims/2) pairs of (cos, sin): the reference's rope table, interleaved."""
+    return np.stack(rope_cos_sin(pos, n_dims, base, scale), axis=-1)

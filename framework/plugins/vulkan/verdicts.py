@@ -1,0 +1,83 @@
+"""What the Vulkan kernels cover: each node gets a verdict, yes or no with a code and a sentence, so the
+scheduler places what they do not cover elsewhere."""
+
+from __future__ import annotations
+
+from ...contract import Verdict
+from ...core.graph import VIEW_OPS, LeafKind, Tensor, ops
+from . import quant
+from .wgsl import UNARY_CODE
+
+# the ops this plugin has kernels for (names checked against the op table)
+OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT")
+VIEWS = VIEW_OPS
+MAX_ATTN_HEAD = 256
+
+
+def is_weight(t: Tensor) -> bool:
+    return t.is_leaf and t.kind == LeafKind.WEIGHT
+
+
+def verdict(dev, n: Tensor) -> Verdict:
+    op = n.op
+    if op not in OPS:
+        return Verdict.no("unsupported_op", f"the Vulkan plugin has no kernel for {op}")
+    if op in dev.disabled:
+        return Verdict.no("refused_by_profile", f"{op} is disabled on {dev.name} by FRAMEWORK_VULKAN_DISABLE_OPS")
+    if op in VIEWS:
+        if any(is_weight(s) for s in n.src):
+            return Verdict.no("unsupported_buffer", f"{dev.name} does not take views of weights ({n.src[0].describe()})")
+        return Verdict.yes()
+    if any(len(t.shape) > 4 for t in (n, *n.src)):
+        return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most 4 axes ({n.describe()})")
+    for i, s in enumerate(n.src):
+        if is_weight(s):
+            if s.dtype.name not in quant.SUPPORTED:
+                return Verdict.no("unsupported_dtype", f"{dev.name} has no kernels for {s.dtype.name} weights "
+                                  f"({s.describe()}); it reads {', '.join(sorted(quant.SUPPORTED))}")
+            in_kernel = op in ("GET_ROWS", "MUL_MAT") and i == 0
+            if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
+                return Verdict.no("unsupported_dtype", f"{op} reads weight {s.describe()} as plain float32 values; "
+                                  f"{dev.name} does that only for F32 weights within one storage binding")
+            continue
+        if s.dtype.name not in ("F32", "I32"):
+            return Verdict.no("unsupported_dtype", f"{dev.name} computes on F32 (and I32 indices) only, not "
+                              f"{s.describe()}")
+        if s.nbytes > dev.max_binding:
+            return Verdict.no("unsupported_shape", f"{s.describe()} is {s.nbytes} bytes, more than one storage "
+                              f"binding of {dev.name} ({dev.max_binding} bytes)")
+        if op != "CONT" and not s.contiguous:
+            return Verdict.no("unsupported_shape", f"{op} on {dev.name} needs contiguous operands; "
+                              f"{s.describe()} is a permuted view (CONT it first)")
+    if n.nbytes > dev.max_binding:
+        return Verdict.no("unsupported_shape", f"the result {n.describe()} is {n.nbytes} bytes, more than one storage "
+                          f"binding of {dev.name} ({dev.max_binding} bytes); use smaller batches")
+    if n.dtype.name != "F32":
+        return Verdict.no("unsupported_dtype", f"{dev.name} writes F32 results only, not {n.describe()}")
+    if op == "MUL_MAT":
+        a, b = n.src
+        if b.dtype.name != "F32" or (not is_weight(a) and a.dtype.name != "F32"):
+            return Verdict.no("unsupported_dtype", f"MUL_MAT of {a.describe()} by {b.describe()}")
+        if is_weight(a) and len(a.shape) != 2:
+            return Verdict.no("unsupported_shape", f"{dev.name} multiplies by 2-D weights only ({a.describe()})")
+    if op == "FLASH_ATTN_EXT" and n.src[0].shape[2] > MAX_ATTN_HEAD:
+        return Verdict.no("unsupported_shape", f"head size {n.src[0].shape[2]} is over the {MAX_ATTN_HEAD} the "
+                          f"attention kernel of {dev.name} holds")
+    if op == "UNARY" and n.params["op"] not in UNARY_CODE:
+        return Verdict.no("unsupported_op", f"{dev.name} has no {n.params['op']} kernel "
+                          f"(it has {', '.join(UNARY_CODE)})")
+    if op == "ROPE":
+        if len(n.src) > 2:
+            return Verdict.no("unsupported_op", f"{dev.name} computes rope tables from positions alone; ROPE with "
+                              f"frequency factors ({n.src[2].name}) is not implemented")
+        if n.shape[2] % 2:
+            return Verdict.no("unsupported_shape", f"ROPE of an odd head size ({n.describe()})")
+        if not n.src[1].is_leaf:
+            return Verdict.no("unsupported_shape", f"{dev.name} takes ROPE positions from an input leaf only, not "
+                              f"{n.src[1].describe()}")
+    if op == "GET_ROWS" and is_weight(n.src[0]) and n.src[0].dtype.name in quant.QUANT_TYPES and n.shape[1] % 8:
+        return Verdict.no("unsupported_shape", f"GET_ROWS of {n.src[0].describe()}")
+    if op == "SET_ROWS" and n.src[0].dtype.name != "F32":
+        return Verdict.no("unsupported_dtype", f"{dev.name} writes F32 caches only ({n.src[0].describe()})")
+    return Verdict.yes()

@@ -1,0 +1,459 @@
+"""WGSL of the fused decode kernels (one row of x), generated from what fusion.py found in a fragment.
+
+* ROWVEC: a matrix-vector product whose x is made in workgroup memory by a prologue, over one weight
+  or a pair of weights (gate and up), with an epilogue:
+  - prologue ``plain``: x = A; ``norm``: x = rms_norm(y) * Gn, where y = A, A + B, rms_norm(A) * Gp + B
+    (a post-norm and the residual add before it) or A * scale, and y is written to Y by the first
+    workgroup where other nodes read it; ``combine``: x = the split attention's chunks combined (the
+    combine pass's arithmetic, in the same order);
+  - x quantized to 8 bits in workgroup memory where the weight takes 8-bit x (x8);
+  - epilogue: out = acc, acc + R (the residual add), or act(acc_gate) * acc_up (GLU).
+* ATTN_BLOCK: one workgroup per (head, chunk of keys) and one per head for the new key: each makes x
+  by the prologue, projects its head's q (a per-head RMS norm, rope from the host's table, the scale),
+  and attends over its chunk of cached keys; the new key's workgroups also project k and v, write them
+  to the caches (the first head of a group of heads sharing them) and attend over the new key alone.
+  The partials are (acc, m, l) per (head, chunk), as the split attention kernel's.
+
+Every kernel's bindings come from a list of roles (``*_roles``), the one order both the kernel and the
+lowering use; its parameter block is a wgsl.Params built here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import wgsl
+from .wgsl import NEG_BIG, Params
+
+# role -> (access, element type) of a tensor binding
+ROLE_TYPES = {
+    "A": ("read", "vec4<f32>"), "B": ("read", "vec4<f32>"), "Gn": ("read", "vec4<f32>"), "Gp": ("read", "vec4<f32>"),
+    "Y": ("read_write", "vec4<f32>"), "P": ("read", "vec4<f32>"), "R": ("read", "f32"), "O": ("read_write", "f32"),
+    "Gq": ("read", "f32"), "Gk": ("read", "f32"), "CS": ("read", "vec2<f32>"), "KR": ("read", "i32"),
+    "Kc": ("read_write", "vec4<f32>"), "Vc": ("read_write", "vec4<f32>"), "Mk": ("read", "f32"),
+    "PO": ("read_write", "vec4<f32>"),
+}
+WEIGHT_ROLES = ("W0", "W1", "Wq", "Wk", "Wv")
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """How a fused kernel makes its x (see the module docstring)."""
+    src: str                 # "plain" | "norm" | "combine"
+    pre: str = ""            # norm's y: "" (A) | "add" | "prenorm" | "scale"
+    write_y: bool = False
+
+    def roles(self) -> list[str]:
+        if self.src == "combine":
+            return ["P"]
+        if self.src == "plain":
+            return ["A"]
+        return ["A"] + (["B"] if self.pre in ("add", "prenorm") else []) + (["Gp"] if self.pre == "prenorm" else []) \
+            + ["Gn"] + (["Y"] if self.write_y else [])
+
+    def fields(self) -> str:
+        """Its parameter fields."""
+        if self.src == "combine":
+            return "d4 nc"
+        if self.src == "plain":
+            return ""
+        return "eps:f32" + {"prenorm": " eps1:f32", "scale": " y_scale:f32"}.get(self.pre, "") + \
+            (" write_y" if self.write_y else "")
+
+
+def _decl(roles: list[str]) -> str:
+    """Binding declarations of the non-weight roles (the weights' come with their accessors)."""
+    out = []
+    for i, r in enumerate(roles):
+        if r in WEIGHT_ROLES:
+            continue
+        access, elem = ROLE_TYPES[r]
+        out.append(f"@group(0) @binding({i + 1}) var<storage, {access}> {r}: array<{elem}>;")
+    return "\n".join(out) + "\n"
+
+
+def _off(roles: list[str], role: str) -> str:
+    return f"off({roles.index(role)}u)"
+
+
+ROW_SUM = """var<workgroup> rsum: array<f32, WG>;
+var<workgroup> rsum8: array<f32, 8>;
+// a workgroup's sum of v, in a fixed order (the same every run): eight threads each add WG / 8 of the
+// values in turn, then every thread adds the eight (two barriers, not a tree's log2(WG) + 1)
+fn row_sum(v: f32, li: u32) -> f32 {
+  rsum[li] = v;
+  workgroupBarrier();
+  if (li < 8u) {
+    var s = 0.0;
+    for (var j = 0u; j < WG / 8u; j++) { s += rsum[li * (WG / 8u) + j]; }
+    rsum8[li] = s;
+  }
+  workgroupBarrier();
+  return ((rsum8[0] + rsum8[1]) + (rsum8[2] + rsum8[3])) + ((rsum8[4] + rsum8[5]) + (rsum8[6] + rsum8[7]));
+}
+"""
+
+
+def prologue_source(p: Prologue, roles: list[str]) -> str:
+    """WGSL lines of main() filling xs (K4 vec4) with x; `wid` is the workgroup's index, `li` the thread's."""
+    o = {r: f"{_off(roles, r)} / 4u" for r in ("A", "B", "Gn", "Gp", "Y", "P") if r in roles}
+    if p.src == "plain":
+        return f"  for (var c = li; c < K4; c += WG) {{ xs[c] = A[{o['A']} + c]; }}\n  workgroupBarrier();\n"
+    if p.src == "combine":        # FLASH_COMBINE's arithmetic, per vec4 of the heads' outputs
+        return f"""  let D4 = U.d4; let NC = U.nc;
+  for (var c4 = li; c4 < K4; c4 += WG) {{
+    let base = {o['P']} + (c4 / D4) * NC * (D4 + 1u);
+    var m = {NEG_BIG};
+    for (var c = 0u; c < NC; c++) {{ m = max(m, P[base + c * (D4 + 1u) + D4].x); }}
+    var l = 0.0;
+    var acc = vec4<f32>(0.0);
+    for (var c = 0u; c < NC; c++) {{
+      let pc = base + c * (D4 + 1u);
+      let ml = P[pc + D4];
+      let f = exp(ml.x - m);
+      l += ml.y * f;
+      acc += P[pc + c4 % D4] * f;
+    }}
+    xs[c4] = acc / l;
+  }}
+  workgroupBarrier();
+"""
+    lines = []
+    if p.pre == "prenorm":        # y = rms_norm(A) * Gp + B
+        lines.append(f"""  var s1 = 0.0;
+  for (var c = li; c < K4; c += WG) {{ let a = A[{o['A']} + c]; s1 += dot(a, a); }}
+  let r1 = 1.0 / sqrt(row_sum(s1, li) * (1.0 / f32(K4 * 4u)) + U.eps1);""")
+        y = f"A[{o['A']} + c] * r1 * Gp[{o['Gp']} + c] + B[{o['B']} + c]"
+    elif p.pre == "add":
+        y = f"A[{o['A']} + c] + B[{o['B']} + c]"
+    elif p.pre == "scale":
+        y = f"A[{o['A']} + c] * U.y_scale"
+    else:
+        y = f"A[{o['A']} + c]"
+    write = f" if (U.write_y == 1u && wid == 0u) {{ Y[{o['Y']} + c] = y; }}" if p.write_y else ""
+    lines.append(f"""  var ss = 0.0;
+  for (var c = li; c < K4; c += WG) {{ let y = {y}; xs[c] = y; ss += dot(y, y);{write} }}
+  let rn = 1.0 / sqrt(row_sum(ss, li) * (1.0 / f32(K4 * 4u)) + U.eps);
+  for (var c = li; c < K4; c += WG) {{ xs[c] = xs[c] * rn * Gn[{o['Gn']} + c]; }}
+  workgroupBarrier();
+""")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------
+# ROWVEC
+# ------------------------------------------------------------------------------------------------------
+
+def rowvec_roles(p: Prologue, pair: bool, epilogue: str) -> list[str]:
+    return ["W0"] + (["W1"] if pair else []) + p.roles() + (["R"] if epilogue == "add" else []) + ["O"]
+
+
+def rowvec_params(p: Prologue, pair: bool, epilogue: str) -> Params:
+    fields = "n col0 moff0" + (" moff1" if pair else "") + (" op" if epilogue == "glu" else "") + " " + p.fields()
+    return Params(fields, bindings=len(rowvec_roles(p, pair, epilogue)))
+
+
+def rowvec(qtypes: tuple[str, ...], k: int, p: Prologue, epilogue: str, tpr: int, r: int, wg: int, subgroup: bool,
+           x8: bool) -> str:
+    """qtypes: the weight's type, or gate's and up's (epilogue "glu"); k: the row length."""
+    pair = len(qtypes) == 2
+    roles = rowvec_roles(p, pair, epilogue)
+    weights = "".join(wgsl.weight_source(q, f"_{i}", roles.index(f"W{i}") + 1) for i, q in enumerate(qtypes))
+    gpr = k // 32
+    nw = len(qtypes)
+    accs = [f"a{i}_{j}" for i in range(nw) for j in range(r)]
+    rows = "\n".join(f"    let row{j} = min(r0 + {j}u, N - 1u);" for j in range(r))
+    if x8:
+        load = "let xa = xq[3u * g]; let xb = xq[3u * g + 1u]; let xc = xq[3u * g + 2u];"
+        dots = " ".join(f"a{i}_{j} += dot32q_{i}(row{j}, g, xa, xb, xc);" for i in range(nw) for j in range(r))
+    else:
+        load = "let x = xsg(g);"
+        dots = " ".join(f"a{i}_{j} += dot32_{i}(row{j}, g, x);" for i in range(nw) for j in range(r))
+    if subgroup:
+        red_decl = ""
+        reduce = wgsl.RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
+    else:
+        red_decl = f"var<workgroup> red: array<f32, {wg * len(accs)}>;"
+        reduce = wgsl.RED_SHARED.format(
+            store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
+            step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(len(accs))),
+            load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+    res = _off(roles, "R") if epilogue == "add" else ""
+    value = {"": "a0_{j}", "add": "a0_{j} + R[" + res + " + U.col0 + r0 + {j}u]",
+             "glu": "act(U.op, a0_{j}) * a1_{j}"}[epilogue]
+    store = "\n".join(f"    if (r0 + {j}u < N) {{ O[ob + {j}u] = {value.format(j=j)}; }}" for j in range(r))
+    quant = ""
+    if x8:
+        quant = """  for (var g = li; g < GPR; g += WG) {
+    let b = g * 8u;
+    let x0 = xs[b]; let x1 = xs[b + 1u]; let x2 = xs[b + 2u]; let x3 = xs[b + 3u];
+    let x4 = xs[b + 4u]; let x5 = xs[b + 5u]; let x6 = xs[b + 6u]; let x7 = xs[b + 7u];
+    let m4 = max(max(max(abs(x0), abs(x1)), max(abs(x2), abs(x3))), max(max(abs(x4), abs(x5)), max(abs(x6), abs(x7))));
+""" + "\n".join("  " + line for line in wgsl.Q8_GROUP.rstrip("\n").split("\n")) + """
+    xq[3u * g] = lo; xq[3u * g + 1u] = hi;
+    xq[3u * g + 2u] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(s4(lo)), bitcast<u32>(s4(hi)), bitcast<u32>(sx));
+  }
+  workgroupBarrier();
+"""
+    moffs = " ".join(f"gpr_{i} = GPR; moff_{i} = U.moff{i};" for i in range(nw))
+    body = f"""
+{_decl(roles)}{wgsl.Q_GROUP}{wgsl.Q_CONSTS}{weights}{wgsl.ACT if epilogue == "glu" else ""}{wgsl.Q8_FNS if x8 else ""}
+const WG: u32 = {wg}u;
+const TPR: u32 = {tpr}u;
+const RPW: u32 = {wg // tpr}u;
+const K4: u32 = {k // 4}u;
+const GPR: u32 = {gpr}u;
+var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+{f"var<workgroup> xq: array<vec4<u32>, {3 * gpr}>;" if x8 else ""}
+{red_decl}
+{ROW_SUM}
+fn xsg(g: u32) -> array<vec4<f32>, 8> {{
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}}
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+  {moffs}
+  let wid = lin(w, nw);
+{prologue_source(p, roles)}{quant}  let N = U.n;
+  let rl = li / TPR; let lane = li % TPR;
+  let r0 = (wid * RPW + rl) * {r}u;
+{chr(10).join(f"  var {a} = 0.0;" for a in accs)}
+  if (r0 < N) {{
+{rows}
+    for (var g = lane; g < GPR; g += TPR) {{
+      {load} {dots}
+    }}
+  }}
+{reduce}
+  if (lane == 0u && r0 < N) {{
+    let ob = {_off(roles, "O")} + U.col0 + r0;
+{store}
+  }}
+}}
+"""
+    return rowvec_params(p, pair, epilogue).source(body)
+
+
+# ------------------------------------------------------------------------------------------------------
+# ATTN_BLOCK
+# ------------------------------------------------------------------------------------------------------
+
+ATTN_WG = 256
+
+
+def attn_roles(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> list[str]:
+    return p.roles() + ["Wq", "Wk", "Wv"] + (["Gq"] if q_norm else []) + (["Gk"] if k_norm else []) + \
+        ["CS", "KR", "Kc", "Vc"] + (["Mk"] if mask else []) + ["PO"]
+
+
+def attn_params(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> Params:
+    """h, hkv heads; s keys; nc chunks of `chunk` keys (and one more workgroup a head: the new key);
+    cache_rows: rows of the caches; q_scale: the SCALE of q; scale: the attention's."""
+    fields = ("h hkv s nc chunk cache_rows moffq moffk moffv scale:f32 q_scale:f32"
+              + (" q_eps:f32" if q_norm else "") + (" k_eps:f32" if k_norm else "") + " " + p.fields())
+    return Params(fields, bindings=len(attn_roles(p, q_norm, k_norm, mask)))
+
+
+PROJECT_UNROLL = 4     # a thread's groups of a row, this many a loop iteration (their loads in flight together)
+
+
+def _project(w: str, dst: str, gpr: int, tpr: int) -> str:
+    """Rows (rowbase + j, j < D) of weight w times xs into dst[j]: TPR threads a row, their sums in a
+    fixed tree. A thread's groups go PROJECT_UNROLL to an iteration: with D = 256 a thread has a whole
+    row, and one group at a time would wait for each load in turn (wgpu's loop counters keep a driver
+    from unrolling); a whole row unrolled made lavapipe twice as slow."""
+    n, u = -(-gpr // tpr), PROJECT_UNROLL
+    blocks = gpr // tpr // u           # in these every lane has its groups: no bounds to check
+    dots = lambda g: f"acc += dot32_{w}(row, {g}, xsg({g}));"          # noqa: E731
+    lines = []
+    if blocks:
+        block = " ".join(dots(f"g + {j}u * TPR") for j in range(u))
+        lines.append(f"    for (var b = 0u; b < {blocks}u; b++) {{ let g = lane + b * {u}u * TPR; {block} }}")
+    for j in range(blocks * u, n):
+        g = f"lane + {j}u * TPR"
+        lines.append(f"    {dots(g)}" if (j + 1) * tpr <= gpr else f"    if ({g} < GPR) {{ {dots(g)} }}")
+    body = "\n".join(lines)
+    return f"""  {{
+    var acc = 0.0;
+    let row = rowbase{w} + li / TPR;
+    let lane = li % TPR;
+{body}
+    tsum[li] = acc;
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {{
+      if (lane < s) {{ tsum[li] += tsum[li + s]; }}
+      workgroupBarrier();
+    }}
+    if (lane == 0u) {{ {dst}[li / TPR] = tsum[li]; }}
+    workgroupBarrier();
+  }}
+"""
+
+
+def _head_norm(v: str, gain: str, eps: str, roles: list[str]) -> str:
+    """v (D values) times rms_norm's scale and the gain, in place."""
+    return f"""  {{
+    var ss = 0.0;
+    for (var j = li; j < D; j += WG) {{ ss += {v}[j] * {v}[j]; }}
+    let rn = 1.0 / sqrt(row_sum(ss, li) * (1.0 / f32(D)) + {eps});
+    for (var j = li; j < D; j += WG) {{ {v}[j] = {v}[j] * rn * {gain}[{_off(roles, gain)} + j]; }}
+    workgroupBarrier();
+  }}
+"""
+
+
+def _rope(v: str, roles: list[str]) -> str:
+    """ROPE's rotation of v's first ND values in place (the one query row's table entries)."""
+    return f"""  for (var j = li; j < ND / 2u; j += WG) {{
+    let cs = CS[{_off(roles, "CS")} + j];
+    var i0 = 2u * j; var i1 = 2u * j + 1u;
+    if (NEOX) {{ i0 = j; i1 = j + ND / 2u; }}
+    let x0 = {v}[i0]; let x1 = {v}[i1];
+    {v}[i0] = x0 * cs.x - x1 * cs.y;
+    {v}[i1] = x0 * cs.y + x1 * cs.x;
+  }}
+  workgroupBarrier();
+"""
+
+
+def attn_block(qtypes: tuple[str, str, str], k: int, d: int, n_dims: int, neox: bool, p: Prologue, q_norm: bool,
+               k_norm: bool, mask: bool) -> str:
+    """qtypes: Wq's, Wk's, Wv's; k: x's length; d: the head size (dividing ATTN_WG); n_dims: roped dims."""
+    roles = attn_roles(p, q_norm, k_norm, mask)
+    weights = "".join(wgsl.weight_source(q, f"_{s}", roles.index(f"W{s}") + 1) for q, s in zip(qtypes, "qkv"))
+    o = {r: _off(roles, r) for r in roles}
+    mk = f"max(Mk[{o['Mk']} + {{s}}], {NEG_BIG})" if mask else ""
+    score_mask = (lambda s: f" + {mk.format(s=s)}") if mask else (lambda s: "")
+    gpr, tpr = k // 32, ATTN_WG // d
+    q_head = (_project("q", "qf", gpr, tpr) + (_head_norm("qf", "Gq", "U.q_eps", roles) if q_norm else "")
+              + _rope("qf", roles))
+    kv_heads = (_project("k", "kf", gpr, tpr) + _project("v", "vf", gpr, tpr)
+                + (_head_norm("kf", "Gk", "U.k_eps", roles) if k_norm else "") + _rope("kf", roles))
+    body = f"""
+{_decl(roles)}{wgsl.Q_GROUP}{wgsl.Q_CONSTS}{weights}
+const WG: u32 = {ATTN_WG}u;
+const TPR: u32 = {ATTN_WG // d}u;
+const K4: u32 = {k // 4}u;
+const GPR: u32 = {k // 32}u;
+const D: u32 = {d}u;
+const D4: u32 = {d // 4}u;
+const ND: u32 = {n_dims}u;
+const NEOX: bool = {"true" if neox else "false"};
+var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+var<workgroup> tsum: array<f32, WG>;
+var<workgroup> qf: array<f32, {d}>;
+var<workgroup> kf: array<f32, {d}>;
+var<workgroup> vf: array<f32, {d}>;
+var<workgroup> q4: array<vec4<f32>, {d // 4}>;
+var<workgroup> ps: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+{ROW_SUM}
+fn xsg(g: u32) -> array<vec4<f32>, 8> {{
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}}
+@compute @workgroup_size({ATTN_WG})
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+  gpr_q = GPR; moff_q = U.moffq; gpr_k = GPR; moff_k = U.moffk; gpr_v = GPR; moff_v = U.moffv;
+  let wid = lin(w, nw);
+  let NC = U.nc; let H = U.h; let S = U.s;
+  if (wid >= H * (NC + 1u)) {{ return; }}
+  let h = wid / (NC + 1u); let c = wid % (NC + 1u);
+  let hk = h / (H / U.hkv);
+  let kr = u32(KR[{o['KR']}]);          // the new key's row (a negative index: none)
+  let scale = U.scale;
+{prologue_source(p, roles)}  let rowbaseq = h * D;
+{q_head}\
+  for (var i = li; i < D4; i += WG) {{
+    q4[i] = vec4<f32>(qf[4u * i], qf[4u * i + 1u], qf[4u * i + 2u], qf[4u * i + 3u]) * U.q_scale;
+  }}
+  workgroupBarrier();
+  let pb = {o['PO']} / 4u + wid * (D4 + 1u);
+  if (c == NC) {{
+    // the new key: k and v of this step, into the caches (the first head of those sharing them)
+    let rowbasek = hk * D; let rowbasev = hk * D;
+{kv_heads}\
+    if (h % (H / U.hkv) == 0u && kr < U.cache_rows) {{
+      let cb = kr * U.hkv * D4 + hk * D4;
+      for (var i = li; i < D4; i += WG) {{
+        Kc[{o['Kc']} / 4u + cb + i] = vec4<f32>(kf[4u * i], kf[4u * i + 1u], kf[4u * i + 2u], kf[4u * i + 3u]);
+        Vc[{o['Vc']} / 4u + cb + i] = vec4<f32>(vf[4u * i], vf[4u * i + 1u], vf[4u * i + 2u], vf[4u * i + 3u]);
+      }}
+    }}
+    if (li == 0u) {{
+      var m = {NEG_BIG};
+      var l = 0.0;
+      if (kr < S) {{
+        var dd = vec4<f32>(0.0);
+        for (var i = 0u; i < D4; i++) {{
+          dd += q4[i] * vec4<f32>(kf[4u * i], kf[4u * i + 1u], kf[4u * i + 2u], kf[4u * i + 3u]);
+        }}
+        m = dot(dd, vec4<f32>(1.0)) * scale{score_mask("kr")};
+        l = 1.0;
+      }}
+      PO[pb + D4] = vec4<f32>(m, l, 0.0, 0.0);
+    }}
+    for (var i = li; i < D4; i += WG) {{
+      var v = vec4<f32>(vf[4u * i], vf[4u * i + 1u], vf[4u * i + 2u], vf[4u * i + 3u]);
+      if (kr >= S) {{ v = vec4<f32>(0.0); }}
+      PO[pb + i] = v;
+    }}
+    return;
+  }}
+  // a chunk of cached keys, the new key's row left out (another workgroup attends to it)
+  let c0 = c * U.chunk; let c1 = min(S, c0 + U.chunk);
+  let kstride = U.hkv * D4;
+  let kb = {o['Kc']} / 4u + hk * D4;
+  let vb = {o['Vc']} / 4u + hk * D4;
+  var m = {NEG_BIG};
+  var l = 0.0;
+  var acc = vec4<f32>(0.0);
+  for (var s0 = c0; s0 < c1; s0 += 64u) {{
+    let s = s0 + li;
+    let live = li < 64u && s < c1 && s != kr;
+    var sc = {NEG_BIG};
+    if (live) {{
+      var d0 = vec4<f32>(0.0);
+      var d1 = vec4<f32>(0.0);
+      let kr0 = kb + s * kstride;
+      var d = 0u;
+      for (; d + 1u < D4; d += 2u) {{ d0 += q4[d] * Kc[kr0 + d]; d1 += q4[d + 1u] * Kc[kr0 + d + 1u]; }}
+      if (d < D4) {{ d0 += q4[d] * Kc[kr0 + d]; }}
+      sc = dot(d0 + d1, vec4<f32>(1.0)) * scale{score_mask("s")};
+    }}
+    if (li < 64u) {{ red[li] = sc; }}
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
+      workgroupBarrier();
+    }}
+    let mn = max(m, red[0]);
+    workgroupBarrier();
+    var p = 0.0;
+    if (live) {{ p = exp(sc - mn); }}
+    if (li < 64u) {{ ps[li] = p; red[li] = p; }}
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] += red[li + k]; }}
+      workgroupBarrier();
+    }}
+    let alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    acc = acc * alpha;
+    let nv = min(64u, c1 - s0);
+    if (li < D4) {{
+      for (var j = 0u; j < nv; j++) {{
+        if (s0 + j != kr) {{ acc += ps[j] * Vc[vb + (s0 + j) * kstride + li]; }}
+      }}
+    }}
+    m = mn;
+    workgroupBarrier();
+  }}
+  if (li < D4) {{ PO[pb + li] = acc; }}
+  if (li == 0u) {{ PO[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }}
+}}
+"""
+    return attn_params(p, q_norm, k_norm, mask).source(body)
