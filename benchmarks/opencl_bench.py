@@ -45,6 +45,7 @@ from gguf import GGMLQuantizationType as Q
 log = vb.log
 MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"
 MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"
+QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 
 def guarded(what: str, fn, *args, **kwargs):
@@ -123,49 +124,101 @@ def opencl_copy_bandwidth(dev, twin, nbytes: int = 2 << 30) -> dict:
     return out
 
 
-def matvec_bandwidth(dev, twin, qtype: str, target_bytes: int, rng, reps: int, m: int = 1,
-                     variants: tuple[str, ...] = ("",), env: str = MATVEC_ENV) -> list[dict]:
-    """Weight bytes read a second by one MUL_MAT of an (n, 4096) weight and m rows of x, for each
-    setting of `env`: wall time over `reps` back-to-back runs, and device time from profiling events."""
-    from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
-    k = 4096
+def matvec_rows(qtype: str, target_bytes: int, k: int = 4096) -> int:
     per, size = GGML_QUANT_SIZES[Q[qtype]]
-    n = max(64, target_bytes // (k // per * size) // 64 * 64)
+    return max(64, target_bytes // (k // per * size) // 64 * 64)
+
+
+def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: int = 1,
+                     variants: tuple[str, ...] = ("",), env: str = MATVEC_ENV, wall: bool = True,
+                     check_rows: int = 1024) -> list[dict]:
+    """Weight bytes read a second by one MUL_MAT of an (n, k) weight and m rows of x, for each setting of
+    `env` (the weight uploaded once per device, the program rebuilt per setting): wall time over `reps`
+    back-to-back runs (unless wall=False) and device time from profiling events; and each setting's
+    result against numpy's (gguf's dequantization) on the first and last `check_rows` rows. A setting
+    that fails is reported and the others still run."""
+    from gguf.quants import dequantize
+
+    from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
+    from framework.plugins.opencl import kernels, layout
     raw = vb.random_raw(rng, qtype, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
+    sel = np.unique(np.r_[0:min(n, check_rows), max(0, n - check_rows):n])
+    per, size = GGML_QUANT_SIZES[Q[qtype]]
+    want = x.astype(np.float64) @ dequantize(raw.reshape(n, k // per * size)[sel], Q[qtype]).astype(np.float64).T
+    b = GraphBuilder()
+    wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
+    graph = b.build([b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))])
+    setups = []
+    for d in ((dev, twin) if wall else (twin,)):
+        _plan, ex, frag, _prog = vb.program_for(d, graph, lambda t: raw)
+        setups.append((d, ex, frag, [ex.weights[(d.name, id(wt))], d.from_host(x)]))
     out = []
     for var in variants:
         os.environ[env] = var
-        b = GraphBuilder()
-        wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
-        y = b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))
-        graph = b.build([y])
         row = {"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes)}
-        for d in (dev, twin):
-            _plan, ex, _frag, prog = vb.program_for(d, graph, lambda t: raw)
-            args = [ex.weights[(d.name, id(wt))], d.from_host(x)]
-            prog.run(args)
-            d.queue.finish()
-            if d is dev:
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    prog.run(args)
-                d.queue.finish()
-                row["seconds"] = (time.perf_counter() - t0) / reps
-                row["kernel"] = " + ".join(s.name.split(" ")[0] for s in prog.steps)
-            else:
-                d.profile.clear()
-                for _ in range(5):
-                    prog.run(args)
-                row["device_seconds"] = sum(v[0] for v in d.profile.values()) / 5
-            del ex, prog, args
-            gc.collect()
-        row["read_GBps"] = raw.nbytes / row["seconds"] / 1e9
+        try:
+            if env == MATVEC_ENV:
+                row["shape"] = kernels.matvec_shape(twin, k // 32, m, n, n * layout.row_bytes(qtype, k))
+            for d, _ex, frag, args in setups:
+                prog = d.compile(frag)
+                (y,) = prog.run(args)
+                got = d.to_host(y).reshape(m, n)[:, sel]
+                row["nmse_vs_numpy"] = float(np.sum((got - want) ** 2) / np.sum(want ** 2))
+                row["kernel"] = " + ".join(st.name.split(" ")[0] for st in prog.steps)
+                if d is dev:
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        prog.run(args)
+                    d.queue.finish()
+                    row["seconds"] = (time.perf_counter() - t0) / reps
+                else:
+                    d.profile.clear()
+                    for _ in range(5):
+                        prog.run(args)
+                    row["device_seconds"] = sum(v[0] for v in d.profile.values()) / 5
+                del prog
+        except Exception as e:  # noqa: BLE001  (one setting the driver refuses must not cost the others)
+            row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"
+            log(f"matvec {qtype} {n}x{k} [{var}] FAILED: {row['error']}")
+            out.append(row)
+            continue
+        if wall:
+            row["read_GBps"] = raw.nbytes / row["seconds"] / 1e9
+            row["TFLOPs"] = 2 * n * k * m / row["seconds"] / 1e12
         row["device_read_GBps"] = raw.nbytes / row["device_seconds"] / 1e9
-        row["TFLOPs"] = 2 * n * k * m / row["seconds"] / 1e12
         out.append(row)
     os.environ.pop(env, None)
+    del setups
+    gc.collect()
     return out
+
+
+def model_matvec_shapes(specs: dict, names: list[str]) -> list[tuple[str, str, int, int]]:
+    """(model, type, rows, columns) of each model's output head (the token embedding, tied) and its two
+    largest layer weights: the matrix-vector products of a decode step, at their real sizes."""
+    out = []
+    for name in names:
+        mats = {(t, tuple(sh)): tn for tn, t, sh in specs[name]["tensors"] if len(sh) == 2 and t in QUANT}
+        by_size = sorted(mats, key=lambda ts: -ts[1][0] * ts[1][1])
+        head = [ts for ts in by_size if mats[ts] == "token_embd.weight"]
+        layers = [ts for ts in by_size if mats[ts] != "token_embd.weight"][:2]
+        out += [(name, t, sh[0], sh[1]) for t, sh in head + layers]
+    return out
+
+
+def log_matvec(r: dict, copy: dict, torch_copy) -> None:
+    tag = f" [{r['variant']}]" if r["variant"] else " [default]"
+    if "error" in r:
+        return
+    shape = ",".join(f"{k}={v}" for k, v in r.get("shape", {}).items())
+    check = f"nmse vs numpy {r['nmse_vs_numpy']:.1e}" + ("  WRONG" if r["nmse_vs_numpy"] > 1e-3 else "")
+    wall = f"wall {r['seconds'] * 1e6:.0f} us, {r['read_GBps']:.0f} GB/s; " if "seconds" in r else ""
+    shares = f"{r['share_of_opencl_copy']:.0%} of OpenCL's copy" + (
+        f", {r['share_of_torch_copy']:.0%} of PyTorch's" if r.get("share_of_torch_copy") else "")
+    log(f"matvec {r['type']}{tag}: {r['rows']}x{r['cols']} ({r['weight_bytes'] / 2**20:.1f} MiB): {wall}device "
+        f"{r['device_seconds'] * 1e6:.1f} us, {r['device_read_GBps']:.0f} GB/s ({shares}); {check}  [{r['kernel']}] "
+        f"({shape})")
 
 
 def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict:
@@ -254,6 +307,10 @@ def main() -> None:
     ap.add_argument("--skip-vulkan", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--matvec-only", action="store_true", help="only the copies and the matrix kernels")
+    ap.add_argument("--skip-matmul", action="store_true", help="leave out the tiled product (prefill)")
+    ap.add_argument("--model-matvecs", action="store_true",
+                    help="also each --variants setting on the models' output heads and largest layer weights "
+                         "(device time)")
     ap.add_argument("--allow-cpu-device", action="store_true")
     ap.add_argument("--expect-device", default="NVIDIA", help="refuse an OpenCL device whose name lacks this")
     args = ap.parse_args()
@@ -301,33 +358,47 @@ def main() -> None:
         log(f"PyTorch device-to-device copy: {torch_copy:.0f} GB/s (read + written)")
     result["torch_copy_GBps"] = torch_copy
 
+    from framework.plugins.opencl.kernels import ptx
+    feats = ptx(dev)
+    result["inline_ptx"] = dev.data.get("inline_ptx")
+    log(f"inline PTX on opencl:0: {dev.data.get('inline_ptx')} (twin: {ptx(twin)})")
     result["matvec"] = []
     variants = tuple(args.variants.split(";")) if args.variants else ("",)
-    for qt in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
-        for r in guarded(f"matvec {qt}", matvec_bandwidth, dev, twin, qt, args.matvec_bytes, rng, args.reps,
+    for qt in QUANT:
+        n = matvec_rows(qt, args.matvec_bytes)
+        for r in guarded(f"matvec {qt}", matvec_bandwidth, dev, twin, qt, n, 4096, rng, args.reps,
                          variants=variants) or []:
-            r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
-            r["share_of_torch_copy"] = r["device_read_GBps"] / torch_copy if torch_copy else None
-            shares = f"{r['share_of_opencl_copy']:.0%} of OpenCL's copy" + (
-                f", {r['share_of_torch_copy']:.0%} of PyTorch's" if torch_copy else "")
-            log(f"matvec {qt}{' [' + r['variant'] + ']' if r['variant'] else ''}: {r['rows']}x{r['cols']} "
-                f"({r['weight_bytes'] / 2**20:.0f} MiB): wall {r['seconds'] * 1e6:.0f} us, {r['read_GBps']:.0f} GB/s; "
-                f"device {r['device_seconds'] * 1e6:.0f} us, {r['device_read_GBps']:.0f} GB/s ({shares})  "
-                f"[{r['kernel']}]")
+            if "error" not in r:
+                r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
+                r["share_of_torch_copy"] = r["device_read_GBps"] / torch_copy if torch_copy else None
+                log_matvec(r, copy, torch_copy)
             result["matvec"].append(r)
+    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
+    result["model_matvec"] = []
+    if args.model_matvecs:
+        for name, qt, n, k in model_matvec_shapes(specs, [m for m in args.models.split(",") if m]):
+            for r in guarded(f"matvec {name} {qt} {n}x{k}", matvec_bandwidth, dev, twin, qt, n, k, rng, 0,
+                             variants=variants, wall=False) or []:
+                r["model"] = name
+                if "error" not in r:
+                    r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
+                    log_matvec(r, copy, None)
+                result["model_matvec"].append(r)
     result["matmul"] = []
-    for qt in ("Q8_0", "Q4_K", "Q6_K"):
-        for r in guarded(f"tiled matmul {qt}", matvec_bandwidth, dev, twin, qt, 64 << 20, rng, 10, m=256,
-                         env=MATMUL_ENV) or []:
+    for qt in () if args.skip_matmul else ("Q8_0", "Q4_K", "Q6_K"):
+        for r in guarded(f"tiled matmul {qt}", matvec_bandwidth, dev, twin, qt, matvec_rows(qt, 64 << 20), 4096, rng,
+                         10, m=256, env=MATMUL_ENV) or []:
+            if "error" in r:
+                continue
             r["device_TFLOPs"] = 2 * r["rows"] * r["cols"] * 256 / r["device_seconds"] / 1e12
             log(f"tiled matmul {qt}: {r['rows']}x{r['cols']} by 256 rows: {r['seconds'] * 1e3:.2f} ms wall, "
-                f"{r['TFLOPs']:.1f} TFLOP/s; device {r['device_TFLOPs']:.1f} TFLOP/s  [{r['kernel']}]")
+                f"{r['TFLOPs']:.1f} TFLOP/s; device {r['device_TFLOPs']:.1f} TFLOP/s; nmse vs numpy "
+                f"{r['nmse_vs_numpy']:.1e}  [{r['kernel']}]")
             result["matmul"].append(r)
     if args.matvec_only:
         args.models = ""
 
     from framework.model.model import Model
-    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     result["models"] = {}
     for name, spec in specs.items():
         if name not in args.models.split(","):
