@@ -6,8 +6,11 @@
   second: the bandwidth ceilings;
 * each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
   about 512 MiB by one row of x): weight bytes read a second over wall time of back-to-back runs and
-  over device time (OpenCL profiling events), and their shares of both copies (goal: 60%);
-  --variants compares kernel shapes (FRAMEWORK_OPENCL_MATVEC settings, "" the plugin's choice);
+  over device time (OpenCL profiling events), and their shares of both copies (goal: 60%), each result
+  checked against numpy on its first and last 1024 rows; --variants compares kernels and shapes
+  (FRAMEWORK_OPENCL_MATVEC settings, "" the plugin's choice) in one run, --model-matvecs adds each on
+  the models' output heads and two largest layer weights (device time); which inline PTX opencl:0
+  takes (kernels.ptx's probes);
 * the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
 * both model architectures at their real sizes and tensor types with random weights (GGUF files
   written here from benchmarks/vulkan_models.json): prefill of --prompt tokens and decode tok/s,

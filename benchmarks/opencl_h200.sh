@@ -11,8 +11,12 @@
 #     wgpu==0.32.0 cffi==2.1.1 pycparser==3.12 rendercanvas==2.7.2 sniffio==1.3.1 gguf==0.19.0
 # Then, through the device tool: run(command="bash benchmarks/opencl_h200.sh", carry=[".gl", ".whl"],
 # kind="nvidia-h200"). It prints the figures and leaves $OUT/opencl_h200.json. Arguments go to
-# opencl_bench.py (--variants "x8=0;x8=1;tpr=16,r=2" compares matrix-vector shapes; --matvec-only,
-# --models smollm2, --skip-vulkan, --skip-torch, --skip-check shorten the run).
+# opencl_bench.py (--variants "v=0;;x8=0" compares matrix-vector settings, "" the plugin's choice, and
+# --model-matvecs adds them on the models' heads and largest layer weights; --matvec-only,
+# --models smollm2, --skip-vulkan, --skip-torch, --skip-matmul, --skip-check shorten the run).
+# The sweep of the matrix-vector kernels with both models' decode (docs/opencl.md, about 5 minutes):
+#   bash benchmarks/opencl_h200.sh --skip-vulkan --skip-torch --skip-matmul --model-matvecs \
+#     --variants 'v=0;;x8=0;x8=0,xl=0;x8=0,shfl=0;shfl=0;dp4a=0;r=2;r=8;wg=128'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in .gl/*.deb; do dpkg -x "$f" /; done

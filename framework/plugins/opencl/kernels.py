@@ -101,7 +101,7 @@ def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int
     fits = mm * xg * 144 <= min(MATVEC_XL_BYTES, _local_bytes(dev) - red)
     shape["xl"] = env.get("xl", int(v == 1 and not shape["x8"] and fits))
     shape["xg"] = xg if shape["xl"] else 0
-    _check_matvec(dev, shape, env, fits, xg)
+    _check_matvec(dev, shape, fits, xg, red)
     return shape
 
 
@@ -127,7 +127,7 @@ def matvec_settings(dev) -> dict[str, int]:
     return out
 
 
-def _check_matvec(dev, shape: dict, env: dict, fits: bool, xg: int) -> None:
+def _check_matvec(dev, shape: dict, fits: bool, xg: int, red: int) -> None:
     """Settings the kernel cannot take on this device or matrix: a ValueError that says which and why."""
     feats = ptx(dev) if shape["v"] else {}
     problems = []
@@ -141,6 +141,9 @@ def _check_matvec(dev, shape: dict, env: dict, fits: bool, xg: int) -> None:
         elif shape[key] and not feats.get(key):
             problems.append(f"{key}=1, but {dev.name} does not take PTX's {key} "
                             f"({dev.data.get('inline_ptx', 'not probed')})")
+    if red > _local_bytes(dev):
+        problems.append(f"the sums' tree in local memory (r x rows of x x wg x 4 = {red} bytes) is over "
+                        f"{dev.name}'s {_local_bytes(dev)} bytes")
     if shape["shfl"] and shape["wg"] % 32:
         problems.append(f"shfl=1 needs work-groups of whole warps (wg={shape['wg']})")
     if shape["xl"] and (not shape["v"] or shape["x8"]):
