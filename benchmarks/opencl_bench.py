@@ -45,7 +45,16 @@ import vulkan_bench as vb
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-log = vb.log
+T0 = time.perf_counter()
+_log = vb.log
+
+
+def log(*a):
+    """vb.log with the seconds since the start (the run has a time limit on the lent machine)."""
+    _log(f"[{time.perf_counter() - T0:4.0f} s]", *a)
+
+
+vb.log = log                   # vulkan_bench's own lines too
 MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"
 MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"
 QUANT = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
@@ -134,12 +143,16 @@ def matvec_rows(qtype: str, target_bytes: int, k: int = 4096) -> int:
 
 def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: int = 1,
                      variants: tuple[str, ...] = ("",), env: str = MATVEC_ENV, wall: bool = True,
-                     check_rows: int = 1024) -> list[dict]:
+                     check_rows: int = 1024, flush=None, deadline: float | None = None) -> list[dict]:
     """Weight bytes read a second by one MUL_MAT of an (n, k) weight and m rows of x, for each setting of
     `env` (the weight uploaded once per device, the program rebuilt per setting): wall time over `reps`
-    back-to-back runs (unless wall=False) and device time from profiling events; and each setting's
-    result against numpy's (gguf's dequantization) on the first and last `check_rows` rows. A setting
-    that fails is reported and the others still run."""
+    back-to-back runs (unless wall=False) and device time from profiling events (5 runs; with `flush`,
+    a device buffer larger than the L2 cache, that buffer is overwritten before each, so the weight comes
+    from DRAM as in a decode step, not from the cache the previous run filled), with its split by kernel
+    (x's quantization, the product); and each setting's result against numpy's (gguf's dequantization)
+    on the first and last `check_rows` rows. A setting that fails is reported and the others still run;
+    settings left once time.perf_counter() passes `deadline` are not measured."""
+    import pyopencl as cl
     from gguf.quants import dequantize
 
     from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
@@ -158,6 +171,9 @@ def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: i
         setups.append((d, ex, frag, [ex.weights[(d.name, id(wt))], d.from_host(x)]))
     out = []
     for var in variants:
+        if deadline is not None and time.perf_counter() > deadline:
+            out.append({"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "skipped": "out of time"})
+            continue
         os.environ[env] = var
         row = {"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes)}
         try:
@@ -178,8 +194,11 @@ def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: i
                 else:
                     d.profile.clear()
                     for _ in range(5):
+                        if flush is not None:
+                            cl.enqueue_fill_buffer(d.queue, flush, np.uint32(0), 0, flush.size)
                         prog.run(args)
                     row["device_seconds"] = sum(v[0] for v in d.profile.values()) / 5
+                    row["device_us_by_kernel"] = {key: round(v[0] / 5 * 1e6, 2) for key, v in d.profile.items()}
                 del prog
         except Exception as e:  # noqa: BLE001  (one setting the driver refuses must not cost the others)
             row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"
@@ -197,16 +216,46 @@ def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: i
     return out
 
 
-def model_matvec_shapes(specs: dict, names: list[str]) -> list[tuple[str, str, int, int]]:
-    """(model, type, rows, columns) of each model's output head (the token embedding, tied) and its two
-    largest layer weights: the matrix-vector products of a decode step, at their real sizes."""
+def decode_matvecs(specs: dict, names: list[str]) -> list[tuple[str, str, int, int, int]]:
+    """(model, type, rows, columns, count) of every matrix-vector product of a decode step, at the models'
+    real sizes and types: each distinct quantized 2-D weight with how many a step reads (the layers'
+    weights, the output head: output.weight, else the token embedding, tied), largest first."""
     out = []
     for name in names:
-        mats = {(t, tuple(sh)): tn for tn, t, sh in specs[name]["tensors"] if len(sh) == 2 and t in QUANT}
-        by_size = sorted(mats, key=lambda ts: -ts[1][0] * ts[1][1])
-        head = [ts for ts in by_size if mats[ts] == "token_embd.weight"]
-        layers = [ts for ts in by_size if mats[ts] != "token_embd.weight"][:2]
-        out += [(name, t, sh[0], sh[1]) for t, sh in head + layers]
+        tensors = {tn: (t, tuple(sh)) for tn, t, sh in specs[name]["tensors"] if len(sh) == 2}
+        head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+        count: dict[tuple[str, tuple], int] = {}
+        for tn, ts in tensors.items():
+            if ts[0] in QUANT and (tn.startswith("blk.") or tn == head):
+                count[ts] = count.get(ts, 0) + 1
+        for (t, sh), c in sorted(count.items(), key=lambda kv: -kv[0][1][0] * kv[0][1][1]):
+            out.append((name, t, sh[0], sh[1], c))
+    return out
+
+
+def decode_matvec_summary(rows: list[dict], copy_GBps: float) -> dict:
+    """Per model and setting: the device time of a decode step's matrix-vector products (each measured
+    product times how many a step makes), the weight bytes they read and the rate, and whether every
+    product was measured and matched numpy; per model, the setting with the least time."""
+    out: dict = {}
+    for r in rows:
+        m = out.setdefault(r["model"], {}).setdefault(r["variant"], {"us": 0.0, "bytes": 0, "measured": 0,
+                                                                      "products": 0, "all_ok": True})
+        m["products"] += 1
+        if "device_seconds" not in r:
+            m["all_ok"] = False
+            continue
+        m["measured"] += 1
+        m["us"] += r["count"] * r["device_seconds"] * 1e6
+        m["bytes"] += r["count"] * r["weight_bytes"]
+        m["all_ok"] &= r["nmse_vs_numpy"] <= 1e-3
+    for model in out.values():
+        for m in model.values():
+            m["GBps"] = m["bytes"] / m["us"] / 1e3 if m["us"] else None
+            m["share_of_opencl_copy"] = m["GBps"] / copy_GBps if m["GBps"] else None
+        complete = {v: m for v, m in model.items() if m["all_ok"] and m["measured"] == m["products"]}
+        if complete:
+            model["best"] = min(complete, key=lambda v: complete[v]["us"])
     return out
 
 
@@ -219,9 +268,12 @@ def log_matvec(r: dict, copy: dict, torch_copy) -> None:
     wall = f"wall {r['seconds'] * 1e6:.0f} us, {r['read_GBps']:.0f} GB/s; " if "seconds" in r else ""
     shares = f"{r['share_of_opencl_copy']:.0%} of OpenCL's copy" + (
         f", {r['share_of_torch_copy']:.0%} of PyTorch's" if r.get("share_of_torch_copy") else "")
-    log(f"matvec {r['type']}{tag}: {r['rows']}x{r['cols']} ({r['weight_bytes'] / 2**20:.1f} MiB): {wall}device "
-        f"{r['device_seconds'] * 1e6:.1f} us, {r['device_read_GBps']:.0f} GB/s ({shares}); {check}  [{r['kernel']}] "
-        f"({shape})")
+    split = r.get("device_us_by_kernel", {})
+    split = f" = {' + '.join(f'{k} {v:.1f}' for k, v in split.items())}" if len(split) > 1 else ""
+    what = f"{r['model']} x{r['count']} " if "model" in r else ""
+    log(f"matvec {what}{r['type']}{tag}: {r['rows']}x{r['cols']} ({r['weight_bytes'] / 2**20:.2f} MiB): {wall}device "
+        f"{r['device_seconds'] * 1e6:.1f} us{split}, {r['device_read_GBps']:.0f} GB/s ({shares}); {check}  "
+        f"[{r['kernel']}] ({shape})")
 
 
 def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict:
@@ -267,7 +319,7 @@ def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict
             "bound_by": "host (enqueueing)" if host[0] / n_steps > device else "device"}
 
 
-def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int) -> dict:
+def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int, bounds: bool = True) -> dict:
     from framework.runtime.session import Session
     prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
     s = Session(model, [dev], n_ctx=1024, n_batch=n_prompt)
@@ -291,8 +343,132 @@ def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int) 
     out = {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
            "decode_runs": decode, "decode_ms_per_token": 1e3 / decode["median"], "first_prefill_s": first,
            "prefill_kernels": sorted({st.name.split(" ")[0] for p in vb._programs(s, n_prompt) for st in p.steps})}
-    out["decode_bounds"] = guarded("decode bounds", decode_bounds, dev, twin, model, prompt, tok)
+    out["decode_bounds"] = guarded("decode bounds", decode_bounds, dev, twin, model, prompt, tok) if bounds else None
     return out
+
+
+def log_model(name: str, to: dict, tag: str) -> None:
+    b = to["decode_bounds"] or {}
+    log(f"{name}: opencl:0{tag} prefill {to['prefill_tok_s']:.0f} tok/s ({to['prefill_runs']['min']:.0f}.."
+        f"{to['prefill_runs']['max']:.0f}), decode {to['decode_tok_s']:.1f} tok/s ({to['decode_runs']['min']:.1f}.."
+        f"{to['decode_runs']['max']:.1f}; {to['decode_ms_per_token']:.2f} ms/token); prefill kernels "
+        f"{to['prefill_kernels']}")
+    if b:
+        log(f"  decode step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms "
+            f"({b['host_us_per_enqueue']:.1f} us an enqueue), device {b['device_ms_per_step']:.2f} ms, wall "
+            f"{b['wall_ms_per_step']:.2f} ms: bound by the {b['bound_by']}; device us by kernel "
+            f"{b['device_us_per_step_by_kernel']}")
+
+
+def models_section(args, result, specs, dev, twin, vk, rng, work: Path, save) -> None:
+    """Both models (random weights, real shapes and types): the check against the CPU plugin, prefill and
+    decode on opencl:0 with each --decode-variants setting (the first with what bounds decode), vulkan:0
+    and PyTorch eager."""
+    from framework.model.model import Model
+    result["models"] = {}
+    decode_variants = args.decode_variants.split(";")
+    for name, spec in specs.items():
+        if name not in args.models.split(","):
+            continue
+        path = vb.write_model(name, spec, work / f"{name}-random.gguf", rng)
+        model = Model(path)
+        entry = result["models"][name] = {"arch": model.hp.arch}
+        if not args.skip_check:
+            entry["check"] = guarded(f"{name} check", vb.check_models_against_cpu, dev, model)
+            log(f"{name}: opencl:0 vs cpu plugin on random weights: {entry['check']}")
+        for i, var in enumerate(decode_variants):
+            os.environ[MATVEC_ENV] = var
+            tag = f" [{MATVEC_ENV}={var}]" if var else ""
+            to = guarded(f"{name} on opencl:0{tag}", model_speed, dev, twin, model, args.prompt, args.decode, rng,
+                         args.runs, bounds=i == 0)
+            os.environ.pop(MATVEC_ENV)
+            entry["opencl" if i == 0 else f"opencl[{var}]"] = to
+            if to is not None:
+                log_model(name, to, tag)
+        to = entry.get("opencl")
+        if to is not None and len(decode_variants) > 1:
+            for var in decode_variants[1:]:
+                other = entry.get(f"opencl[{var}]")
+                if other:
+                    log(f"{name}: decode [{decode_variants[0] or 'default'}] / [{var}]: "
+                        f"{to['decode_tok_s'] / other['decode_tok_s']:.2f}x")
+        if vk is not None and to is not None:
+            try:
+                entry["vulkan"] = tv = vb.model_speed(vk, model, args.prompt, args.decode, rng, args.runs)
+                log(f"{name}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s, decode {tv['decode_tok_s']:.1f} tok/s "
+                    f"({tv['dispatches_per_decode_step']} dispatches a step) -> opencl/vulkan: prefill "
+                    f"{to['prefill_tok_s'] / tv['prefill_tok_s']:.2f}x, decode "
+                    f"{to['decode_tok_s'] / tv['decode_tok_s']:.2f}x")
+            except Exception as e:  # noqa: BLE001  (report, keep the rest)
+                log(f"{name}: vulkan:0 failed: {type(e).__name__}: {e}")
+        if not args.skip_torch and to is not None:
+            try:
+                entry["torch_eager_bf16"] = tt = vb.torch_model_speed(model.hp, model.hp.arch, args.prompt,
+                                                                      args.decode, args.runs)
+                log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s, decode "
+                    f"{tt['decode_tok_s']:.1f} tok/s -> opencl/torch: prefill "
+                    f"{to['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
+                    f"decode {to['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
+            except Exception as e:  # noqa: BLE001
+                log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
+        del model
+        path.unlink()
+        gc.collect()
+        save()
+
+
+def flush_buffer(twin):
+    """A device buffer of twice the L2 cache (at least 256 MiB): overwritten before a timed product, so
+    its weight is read from DRAM, as in a decode step whose weights are many times the cache."""
+    l2 = int(twin.cl_device.global_mem_cache_size or 0)
+    return twin.new_buffer(min(twin.max_alloc, max(256 << 20, 2 * l2)) // 4 * 4)
+
+
+def sweep_section(args, result, specs, dev, twin, copy, torch_copy, rng, deadline: float, save) -> None:
+    """The matrix-vector kernels: each --big-variants setting on an (N, 4096) weight of --matvec-bytes per
+    type (the goal's figure), then each --variants setting on every product of both models' decode steps
+    (device time, L2 flushed before each run), settings left at the deadline skipped and listed."""
+    result["matvec"] = []
+    big = tuple(args.big_variants.split(";"))
+    for qt in () if args.skip_big else QUANT:
+        n = matvec_rows(qt, args.matvec_bytes)
+        for r in guarded(f"matvec {qt}", matvec_bandwidth, dev, twin, qt, n, 4096, rng, args.reps, variants=big,
+                         deadline=deadline) or []:
+            if "device_seconds" in r:
+                r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
+                r["share_of_torch_copy"] = r["device_read_GBps"] / torch_copy if torch_copy else None
+                log_matvec(r, copy, torch_copy)
+            result["matvec"].append(r)
+        save()
+    result["model_matvec"] = []
+    if not args.model_matvecs:
+        return
+    flush = flush_buffer(twin)
+    log(f"every matrix-vector product of a decode step, device time, the L2 cache flushed before each run "
+        f"({flush.size >> 20} MiB overwritten; L2 {twin.cl_device.global_mem_cache_size >> 20} MiB):")
+    variants = tuple(args.variants.split(";"))
+    for name, qt, n, k, count in decode_matvecs(specs, [m for m in args.models.split(",") if m]):
+        for r in guarded(f"matvec {name} {qt} {n}x{k}", matvec_bandwidth, dev, twin, qt, n, k, rng, 0,
+                         variants=variants, wall=False, flush=flush, deadline=deadline) or []:
+            r["model"], r["count"] = name, count
+            if "device_seconds" in r:
+                r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
+                log_matvec(r, copy, None)
+            result["model_matvec"].append(r)
+        save()
+    skipped = [f"{r['model']} {r['type']} {r['rows']}x{r['cols']} [{r['variant']}]" for r in result["model_matvec"]
+               + result["matvec"] if r.get("skipped")]
+    if skipped:
+        log(f"not measured (past the deadline, --deadline {args.deadline:.0f} s): {len(skipped)}: {skipped}")
+    result["decode_matvec_summary"] = summary = decode_matvec_summary(result["model_matvec"], copy["device"])
+    for model, by_var in summary.items():
+        log(f"{model}: a decode step's matrix-vector products, device time by setting (L2 flushed; "
+            f"best: [{by_var.get('best', 'none complete')}]):")
+        for var, m in sorted(((v, m) for v, m in by_var.items() if v != "best"), key=lambda vm: vm[1]["us"] or 1e30):
+            rate = f"{m['GBps']:.0f} GB/s, {m['share_of_opencl_copy']:.0%} of the copy" if m["GBps"] else "-"
+            log(f"  [{var or 'default'}] {m['us']:.0f} us ({rate}); {m['measured']}/{m['products']} products measured"
+                f"{'' if m['all_ok'] else ', NOT all measured or matching numpy'}")
+    save()
 
 
 def main() -> None:
@@ -304,23 +480,40 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="timed prefill runs per model (decode: runs // 2 + 1)")
     ap.add_argument("--matvec-bytes", type=int, default=512 << 20)
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--variants", default="", help="';'-separated FRAMEWORK_OPENCL_MATVEC settings to compare")
+    ap.add_argument("--big-variants", default="",
+                    help="';'-separated FRAMEWORK_OPENCL_MATVEC settings on the --matvec-bytes weights")
+    ap.add_argument("--variants", default="",
+                    help="';'-separated FRAMEWORK_OPENCL_MATVEC settings on the models' products (--model-matvecs)")
+    ap.add_argument("--decode-variants", default="",
+                    help="';'-separated FRAMEWORK_OPENCL_MATVEC settings for the models' runs, the first reported as "
+                         "opencl:0's (with what bounds decode); '' is the plugin's choice")
+    ap.add_argument("--deadline", type=float, default=1e9,
+                    help="seconds from the start after which no further matrix-vector setting is measured")
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-vulkan", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--skip-big", action="store_true", help="leave out the --matvec-bytes weights")
     ap.add_argument("--matvec-only", action="store_true", help="only the copies and the matrix kernels")
     ap.add_argument("--skip-matmul", action="store_true", help="leave out the tiled product (prefill)")
     ap.add_argument("--model-matvecs", action="store_true",
-                    help="also each --variants setting on the models' output heads and largest layer weights "
+                    help="also each --variants setting on every matrix-vector product of the models' decode steps "
                          "(device time)")
     ap.add_argument("--allow-cpu-device", action="store_true")
+    ap.add_argument("--gpu-kernels", action="store_true",
+                    help="a CPU device (PoCL) takes the GPU kernels: to try this script without a GPU (its "
+                         "timings are not GPU figures)")
     ap.add_argument("--expect-device", default="NVIDIA", help="refuse an OpenCL device whose name lacks this")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    result: dict = {}
+    result: dict = {"args": vars(args)}
+    out = Path(args.out) / "opencl_h200.json"
+
+    def save():                      # after every part: a run stopped at its limit keeps what it measured
+        result["elapsed_s"] = time.perf_counter() - T0
+        out.write_text(json.dumps(result, indent=1, default=str))
 
     import pyopencl as cl
     log(f"pyopencl {cl.VERSION_TEXT}; platforms: {[p.name for p in cl.get_platforms()]}")
@@ -335,6 +528,9 @@ def main() -> None:
         raise SystemExit("opencl:0 is a CPU device: its timings are not GPU figures")
     if not dev.is_cpu and args.expect_device.lower() not in dev.data["device"].lower():
         raise SystemExit(f"opencl:0 is {dev.data['device']!r}, not the expected {args.expect_device!r} GPU")
+    if args.gpu_kernels:
+        dev.is_cpu = twin.is_cpu = False
+        log("--gpu-kernels: the CPU device takes the GPU kernels (timings are not GPU figures)")
 
     vk = None
     if not args.skip_vulkan and not args.matvec_only:
@@ -346,7 +542,7 @@ def main() -> None:
         except SystemExit as e:        # report, and keep the OpenCL figures
             log(f"vulkan:0 not measured: {e}")
 
-    if not args.skip_check and not args.matvec_only:
+    if not args.skip_check:
         t0 = time.perf_counter()
         result["conformance"] = conformance(dev)
         log(f"conformance on opencl:0: {result['conformance']} ({time.perf_counter() - t0:.0f} s)")
@@ -362,31 +558,14 @@ def main() -> None:
     result["torch_copy_GBps"] = torch_copy
 
     from framework.plugins.opencl.kernels import ptx
-    feats = ptx(dev)
+    ptx(dev)
     result["inline_ptx"] = dev.data.get("inline_ptx")
     log(f"inline PTX on opencl:0: {dev.data.get('inline_ptx')} (twin: {ptx(twin)})")
-    result["matvec"] = []
-    variants = tuple(args.variants.split(";")) if args.variants else ("",)
-    for qt in QUANT:
-        n = matvec_rows(qt, args.matvec_bytes)
-        for r in guarded(f"matvec {qt}", matvec_bandwidth, dev, twin, qt, n, 4096, rng, args.reps,
-                         variants=variants) or []:
-            if "error" not in r:
-                r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
-                r["share_of_torch_copy"] = r["device_read_GBps"] / torch_copy if torch_copy else None
-                log_matvec(r, copy, torch_copy)
-            result["matvec"].append(r)
+    save()
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
-    result["model_matvec"] = []
-    if args.model_matvecs:
-        for name, qt, n, k in model_matvec_shapes(specs, [m for m in args.models.split(",") if m]):
-            for r in guarded(f"matvec {name} {qt} {n}x{k}", matvec_bandwidth, dev, twin, qt, n, k, rng, 0,
-                             variants=variants, wall=False) or []:
-                r["model"] = name
-                if "error" not in r:
-                    r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
-                    log_matvec(r, copy, None)
-                result["model_matvec"].append(r)
+    if not args.matvec_only:       # the models first: their figures must not depend on the sweep's time
+        models_section(args, result, specs, dev, twin, vk, rng, work, save)
+
     result["matmul"] = []
     for qt in () if args.skip_matmul else ("Q8_0", "Q4_K", "Q6_K"):
         for r in guarded(f"tiled matmul {qt}", matvec_bandwidth, dev, twin, qt, matvec_rows(qt, 64 << 20), 4096, rng,
@@ -398,60 +577,9 @@ def main() -> None:
                 f"{r['TFLOPs']:.1f} TFLOP/s; device {r['device_TFLOPs']:.1f} TFLOP/s; nmse vs numpy "
                 f"{r['nmse_vs_numpy']:.1e}  [{r['kernel']}]")
             result["matmul"].append(r)
-    if args.matvec_only:
-        args.models = ""
-
-    from framework.model.model import Model
-    result["models"] = {}
-    for name, spec in specs.items():
-        if name not in args.models.split(","):
-            continue
-        path = vb.write_model(name, spec, work / f"{name}-random.gguf", rng)
-        model = Model(path)
-        entry = {"arch": model.hp.arch}
-        if not args.skip_check:
-            entry["check"] = guarded(f"{name} check", vb.check_models_against_cpu, dev, model)
-            log(f"{name}: opencl:0 vs cpu plugin on random weights: {entry['check']}")
-        entry["opencl"] = to = guarded(f"{name} on opencl:0", model_speed, dev, twin, model, args.prompt,
-                                       args.decode, rng, args.runs)
-        if to is None:
-            result["models"][name] = entry
-            continue
-        b = to["decode_bounds"] or {}
-        log(f"{name}: opencl:0 prefill {to['prefill_tok_s']:.0f} tok/s ({to['prefill_runs']['min']:.0f}.."
-            f"{to['prefill_runs']['max']:.0f}), decode {to['decode_tok_s']:.1f} tok/s ({to['decode_runs']['min']:.1f}.."
-            f"{to['decode_runs']['max']:.1f}; {to['decode_ms_per_token']:.2f} ms/token); prefill kernels "
-            f"{to['prefill_kernels']}")
-        if b:
-            log(f"  decode step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms "
-                f"({b['host_us_per_enqueue']:.1f} us an enqueue), device {b['device_ms_per_step']:.2f} ms, wall "
-                f"{b['wall_ms_per_step']:.2f} ms: bound by the {b['bound_by']}; device us by kernel "
-                f"{b['device_us_per_step_by_kernel']}")
-        if vk is not None:
-            try:
-                entry["vulkan"] = tv = vb.model_speed(vk, model, args.prompt, args.decode, rng, args.runs)
-                log(f"{name}: vulkan:0 prefill {tv['prefill_tok_s']:.0f} tok/s, decode {tv['decode_tok_s']:.1f} tok/s "
-                    f"({tv['dispatches_per_decode_step']} dispatches a step) -> opencl/vulkan: prefill "
-                    f"{to['prefill_tok_s'] / tv['prefill_tok_s']:.2f}x, decode "
-                    f"{to['decode_tok_s'] / tv['decode_tok_s']:.2f}x")
-            except Exception as e:  # noqa: BLE001  (report, keep the rest)
-                log(f"{name}: vulkan:0 failed: {type(e).__name__}: {e}")
-        if not args.skip_torch:
-            try:
-                entry["torch_eager_bf16"] = tt = vb.torch_model_speed(model.hp, model.hp.arch, args.prompt,
-                                                                      args.decode, args.runs)
-                log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s, decode "
-                    f"{tt['decode_tok_s']:.1f} tok/s -> opencl/torch: prefill "
-                    f"{to['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
-                    f"decode {to['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
-            except Exception as e:  # noqa: BLE001
-                log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
-        result["models"][name] = entry
-        path.unlink()
-        gc.collect()
-
-    out = Path(args.out) / "opencl_h200.json"
-    out.write_text(json.dumps(result, indent=1, default=str))
+    save()
+    sweep_section(args, result, specs, dev, twin, copy, torch_copy, rng, T0 + args.deadline, save)
+    save()
     log(f"wrote {out}")
 
 

@@ -16,7 +16,7 @@
 # --models smollm2, --skip-vulkan, --skip-torch, --skip-matmul, --skip-check shorten the run).
 # The sweep of the matrix-vector kernels with both models' decode (docs/opencl.md, about 5 minutes):
 #   bash benchmarks/opencl_h200.sh --skip-vulkan --skip-torch --skip-matmul --model-matvecs \
-#     --variants 'v=0;;x8=0;x8=0,xl=0;x8=0,shfl=0;shfl=0;dp4a=0;r=2;r=8;wg=128'
+#     --variants 'v=0;;x8=0;x8=0,xl=0;x8=0,shfl=0;shfl=0;x8=1,dp4a=0;r=2;r=8;wg=128'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in .gl/*.deb; do dpkg -x "$f" /; done
