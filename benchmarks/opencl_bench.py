@@ -1,28 +1,35 @@
 """Speed of the OpenCL plugin on a real GPU, next to the Vulkan plugin and PyTorch eager on the same GPU
-(benchmarks/opencl_h200.sh runs it on the nvidia-h200 machine). Prints, in one run:
+(benchmarks/opencl_h200.sh runs it on the nvidia-h200 machine). Prints, in one run, in this order:
 
 * the OpenCL devices, and opencl:0's data (it must be a GPU whose name holds --expect-device);
+* a correctness check on that GPU: the op conformance cases on opencl:0 (and, with each model below,
+  the random-weight model's logits against the CPU plugin);
 * device-to-device copies: OpenCL's (enqueue_copy on opencl:0) and PyTorch's, bytes read + written a
-  second: the bandwidth ceilings;
-* each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
-  about 512 MiB by one row of x): weight bytes read a second over wall time of back-to-back runs and
-  over device time (OpenCL profiling events), and their shares of both copies (goal: 60%), each result
-  checked against numpy on its first and last 1024 rows; --variants compares kernels and shapes
-  (FRAMEWORK_OPENCL_MATVEC settings, "" the plugin's choice) in one run, --model-matvecs adds each on
-  the models' output heads and two largest layer weights (device time); which inline PTX opencl:0
-  takes (kernels.ptx's probes);
-* the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
+  second: the bandwidth ceilings; which inline PTX opencl:0 takes (kernels.ptx's probes);
 * both model architectures at their real sizes and tensor types with random weights (GGUF files
   written here from benchmarks/vulkan_models.json): prefill of --prompt tokens and decode tok/s,
-  medians of timed runs after warm-up, on opencl:0, on vulkan:0 and in PyTorch bf16 eager;
-* what bounds decode on opencl:0: kernels a decode step, host time a step inside the program runs
-  (enqueueing, no waiting) and per kernel enqueue, device time a step (profiling events, with the
-  kernels that take it), and wall time a step;
-* a correctness check on that GPU: the op conformance cases on opencl:0, and the random-weight
-  models' logits against the CPU plugin.
+  medians of timed runs after warm-up, on opencl:0 (with each --decode-variants setting of
+  FRAMEWORK_OPENCL_MATVEC, the first the one reported; "" is the plugin's choice), on vulkan:0 and in
+  PyTorch bf16 eager; what bounds decode on opencl:0: kernels a decode step, host time a step inside
+  the program runs (enqueueing, no waiting) and per kernel enqueue, device time a step (profiling
+  events, with the kernels that take it), and wall time a step;
+* the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
+* each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
+  --matvec-bytes by one row of x) with each --big-variants setting: weight bytes read a second over
+  wall time of back-to-back runs and over device time (OpenCL profiling events), and their shares of
+  both copies (goal: 60%);
+* with --model-matvecs, each --variants setting on every matrix-vector product of both models' decode
+  steps at their real sizes and types (device time, the L2 cache overwritten before each run, as in a
+  decode step whose weights are many times the cache), and per model and setting the device time of a
+  decode step's products (each product's time by how many a step makes): which setting is best.
+
+Every matrix-vector result is checked against numpy (gguf's dequantization) on its first and last
+1024 rows. Settings not yet measured --deadline seconds after the start are listed as skipped (the
+models come first, so their figures never depend on the sweep's length), and the JSON (--out) is
+written after each part, so a run stopped at its limit keeps what it measured.
 
 Figures of a CPU OpenCL device (PoCL) are not GPU figures: the script refuses one unless told
-(--allow-cpu-device).
+(--allow-cpu-device; --gpu-kernels makes it take the GPU kernels, to try the script without a GPU).
 """
 
 from __future__ import annotations
@@ -141,51 +148,62 @@ def matvec_rows(qtype: str, target_bytes: int, k: int = 4096) -> int:
     return max(64, target_bytes // (k // per * size) // 64 * 64)
 
 
-def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: int = 1,
-                     variants: tuple[str, ...] = ("",), env: str = MATVEC_ENV, wall: bool = True,
-                     check_rows: int = 1024, flush=None, deadline: float | None = None) -> list[dict]:
-    """Weight bytes read a second by one MUL_MAT of an (n, k) weight and m rows of x, for each setting of
-    `env` (the weight uploaded once per device, the program rebuilt per setting): wall time over `reps`
-    back-to-back runs (unless wall=False) and device time from profiling events (5 runs; with `flush`,
-    a device buffer larger than the L2 cache, that buffer is overwritten before each, so the weight comes
-    from DRAM as in a decode step, not from the cache the previous run filled), with its split by kernel
-    (x's quantization, the product); and each setting's result against numpy's (gguf's dequantization)
-    on the first and last `check_rows` rows. A setting that fails is reported and the others still run;
-    settings left once time.perf_counter() passes `deadline` are not measured."""
-    import pyopencl as cl
-    from gguf.quants import dequantize
+class MatvecCase:
+    """One MUL_MAT of an (n, k) weight (random, of `qtype`) by m rows of x, uploaded once per device (the
+    profiling twin; dev too where wall=True), with numpy's result (gguf's dequantization) on its first
+    and last `check_rows` rows; measure() times it with one setting of `env`, the program rebuilt."""
 
-    from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
-    from framework.plugins.opencl import kernels, layout
-    raw = vb.random_raw(rng, qtype, (n, k))
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    sel = np.unique(np.r_[0:min(n, check_rows), max(0, n - check_rows):n])
-    per, size = GGML_QUANT_SIZES[Q[qtype]]
-    want = x.astype(np.float64) @ dequantize(raw.reshape(n, k // per * size)[sel], Q[qtype]).astype(np.float64).T
-    b = GraphBuilder()
-    wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
-    graph = b.build([b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))])
-    setups = []
-    for d in ((dev, twin) if wall else (twin,)):
-        _plan, ex, frag, _prog = vb.program_for(d, graph, lambda t: raw)
-        setups.append((d, ex, frag, [ex.weights[(d.name, id(wt))], d.from_host(x)]))
-    out = []
-    for var in variants:
+    def __init__(self, dev, twin, qtype: str, n: int, k: int, rng, m: int = 1, env: str = MATVEC_ENV,
+                 wall: bool = True, check_rows: int = 1024, extra: dict | None = None):
+        from gguf.quants import dequantize
+
+        from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
+        self.twin, self.qtype, self.n, self.k, self.m, self.env, self.wall = twin, qtype, n, k, m, env, wall
+        self.extra = extra or {}
+        raw = vb.random_raw(rng, qtype, (n, k))
+        self.nbytes = int(raw.nbytes)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        self.sel = np.unique(np.r_[0:min(n, check_rows), max(0, n - check_rows):n])
+        per, size = GGML_QUANT_SIZES[Q[qtype]]
+        deq = dequantize(raw.reshape(n, k // per * size)[self.sel], Q[qtype]).astype(np.float64)
+        self.want = x.astype(np.float64) @ deq.T
+        b = GraphBuilder()
+        wt = leaf("w", Q[qtype], (n, k), LeafKind.WEIGHT)
+        graph = b.build([b.mul_mat(b.use(wt), b.input("x", F32, (m, k)))])
+        self.setups = []
+        for d in ((dev, twin) if wall else (twin,)):
+            _plan, ex, frag, _prog = vb.program_for(d, graph, lambda t: raw)
+            self.setups.append((d, ex, frag, [ex.weights[(d.name, id(wt))], d.from_host(x)]))
+
+    def row(self, var: str) -> dict:
+        return {"type": self.qtype, "variant": var, "rows": self.n, "cols": self.k, "m": self.m,
+                "weight_bytes": self.nbytes, **self.extra}
+
+    def measure(self, var: str, reps: int, flush=None, deadline: float | None = None) -> dict:
+        """Wall time over `reps` back-to-back runs (where wall=True) and device time from profiling events
+        (5 runs; with `flush`, a device buffer larger than the L2 cache, that buffer is overwritten before
+        each, so that the weight comes from DRAM as in a decode step, not from the cache the previous run
+        filled), with its split by kernel (x's quantization, the product); the result against numpy's. A
+        setting that fails gives its error (the others still run); none is measured past `deadline`."""
+        import pyopencl as cl
+
+        from framework.plugins.opencl import kernels, layout
+        row = self.row(var)
         if deadline is not None and time.perf_counter() > deadline:
-            out.append({"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "skipped": "out of time"})
-            continue
-        os.environ[env] = var
-        row = {"type": qtype, "variant": var, "rows": n, "cols": k, "m": m, "weight_bytes": int(raw.nbytes)}
+            row["skipped"] = "out of time"
+            return row
+        n, k, m = self.n, self.k, self.m
+        os.environ[self.env] = var
         try:
-            if env == MATVEC_ENV:
-                row["shape"] = kernels.matvec_shape(twin, k // 32, m, n, n * layout.row_bytes(qtype, k))
-            for d, _ex, frag, args in setups:
+            if self.env == MATVEC_ENV:
+                row["shape"] = kernels.matvec_shape(self.twin, k // 32, m, n, n * layout.row_bytes(self.qtype, k))
+            for d, _ex, frag, args in self.setups:
                 prog = d.compile(frag)
                 (y,) = prog.run(args)
-                got = d.to_host(y).reshape(m, n)[:, sel]
-                row["nmse_vs_numpy"] = float(np.sum((got - want) ** 2) / np.sum(want ** 2))
+                got = d.to_host(y).reshape(m, n)[:, self.sel]
+                row["nmse_vs_numpy"] = float(np.sum((got - self.want) ** 2) / np.sum(self.want ** 2))
                 row["kernel"] = " + ".join(st.name.split(" ")[0] for st in prog.steps)
-                if d is dev:
+                if d is not self.twin:
                     t0 = time.perf_counter()
                     for _ in range(reps):
                         prog.run(args)
@@ -202,16 +220,24 @@ def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: i
                 del prog
         except Exception as e:  # noqa: BLE001  (one setting the driver refuses must not cost the others)
             row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:1500]}"
-            log(f"matvec {qtype} {n}x{k} [{var}] FAILED: {row['error']}")
-            out.append(row)
-            continue
-        if wall:
-            row["read_GBps"] = raw.nbytes / row["seconds"] / 1e9
+            log(f"matvec {self.qtype} {n}x{k} [{var}] FAILED: {row['error'][:400]}")
+            return row
+        finally:
+            os.environ.pop(self.env, None)
+        if self.wall:
+            row["read_GBps"] = self.nbytes / row["seconds"] / 1e9
             row["TFLOPs"] = 2 * n * k * m / row["seconds"] / 1e12
-        row["device_read_GBps"] = raw.nbytes / row["device_seconds"] / 1e9
-        out.append(row)
-    os.environ.pop(env, None)
-    del setups
+        row["device_read_GBps"] = self.nbytes / row["device_seconds"] / 1e9
+        return row
+
+
+def matvec_bandwidth(dev, twin, qtype: str, n: int, k: int, rng, reps: int, m: int = 1,
+                     variants: tuple[str, ...] = ("",), env: str = MATVEC_ENV, deadline: float | None = None
+                     ) -> list[dict]:
+    """MatvecCase's figures for each setting of `env` in turn."""
+    case = MatvecCase(dev, twin, qtype, n, k, rng, m, env)
+    out = [case.measure(var, reps, deadline=deadline) for var in variants]
+    del case
     gc.collect()
     return out
 
@@ -441,30 +467,45 @@ def sweep_section(args, result, specs, dev, twin, copy, torch_copy, rng, deadlin
             result["matvec"].append(r)
         save()
     result["model_matvec"] = []
-    if not args.model_matvecs:
-        return
+    if args.model_matvecs:
+        decode_sweep(args, result, specs, dev, twin, copy, rng, deadline, save)
+    skipped = [f"{r.get('model', '')} {r['type']} {r['rows']}x{r['cols']} [{r['variant']}]".strip()
+               for r in result["matvec"] + result["model_matvec"] if r.get("skipped")]
+    if skipped:
+        log(f"not measured (past the deadline, --deadline {args.deadline:.0f} s): {len(skipped)}: {skipped}")
+    save()
+
+
+def decode_sweep(args, result, specs, dev, twin, copy, rng, deadline: float, save) -> None:
+    """Each --variants setting on every matrix-vector product of both models' decode steps, and per model
+    and setting a decode step's product time (decode_matvec_summary)."""
     flush = flush_buffer(twin)
     log(f"every matrix-vector product of a decode step, device time, the L2 cache flushed before each run "
         f"({flush.size >> 20} MiB overwritten; L2 {twin.cl_device.global_mem_cache_size >> 20} MiB):")
     variants = tuple(args.variants.split(";"))
+    cases = []
     for name, qt, n, k, count in decode_matvecs(specs, [m for m in args.models.split(",") if m]):
-        for r in guarded(f"matvec {name} {qt} {n}x{k}", matvec_bandwidth, dev, twin, qt, n, k, rng, 0,
-                         variants=variants, wall=False, flush=flush, deadline=deadline) or []:
-            r["model"], r["count"] = name, count
+        case = guarded(f"matvec {name} {qt} {n}x{k}", MatvecCase, dev, twin, qt, n, k, rng, wall=False,
+                       extra={"model": name, "count": count})
+        if case is not None:
+            cases.append(case)
+    # setting by setting over every product: a run cut short by the deadline still has whole settings
+    for var in variants:
+        for case in cases:
+            r = case.measure(var, 0, flush=flush, deadline=deadline)
             if "device_seconds" in r:
                 r["share_of_opencl_copy"] = r["device_read_GBps"] / copy["device"]
                 log_matvec(r, copy, None)
             result["model_matvec"].append(r)
         save()
-    skipped = [f"{r['model']} {r['type']} {r['rows']}x{r['cols']} [{r['variant']}]" for r in result["model_matvec"]
-               + result["matvec"] if r.get("skipped")]
-    if skipped:
-        log(f"not measured (past the deadline, --deadline {args.deadline:.0f} s): {len(skipped)}: {skipped}")
+    del cases
+    gc.collect()
     result["decode_matvec_summary"] = summary = decode_matvec_summary(result["model_matvec"], copy["device"])
     for model, by_var in summary.items():
         log(f"{model}: a decode step's matrix-vector products, device time by setting (L2 flushed; "
             f"best: [{by_var.get('best', 'none complete')}]):")
-        for var, m in sorted(((v, m) for v, m in by_var.items() if v != "best"), key=lambda vm: vm[1]["us"] or 1e30):
+        complete_first = lambda vm: (not vm[1]["all_ok"] or vm[1]["measured"] < vm[1]["products"], vm[1]["us"])  # noqa: E731
+        for var, m in sorted(((v, m) for v, m in by_var.items() if v != "best"), key=complete_first):
             rate = f"{m['GBps']:.0f} GB/s, {m['share_of_opencl_copy']:.0%} of the copy" if m["GBps"] else "-"
             log(f"  [{var or 'default'}] {m['us']:.0f} us ({rate}); {m['measured']}/{m['products']} products measured"
                 f"{'' if m['all_ok'] else ', NOT all measured or matching numpy'}")
