@@ -512,6 +512,38 @@ def decode_sweep(args, result, specs, dev, twin, copy, rng, deadline: float, sav
     save()
 
 
+def final_summary(result: dict) -> None:
+    """The run's figures in a few lines at its end (the device tool returns the output's tail)."""
+    copy = (result.get("opencl_copy_GBps") or {}).get("device")
+    log(f"SUMMARY: OpenCL device copy {copy:.0f} GB/s; inline PTX: {result.get('inline_ptx')}; conformance "
+        f"{result.get('conformance', {}).get('passed', '-')} passed, failed {result.get('conformance', {}).get('failed')}")
+    for name, e in result.get("models", {}).items():
+        runs = {k: v for k, v in e.items() if k.startswith("opencl") and v}
+        parts = [f"{k} {v['decode_tok_s']:.1f} tok/s decode, {v['prefill_tok_s']:.0f} prefill" for k, v in runs.items()]
+        if "vulkan" in e:
+            parts.append(f"vulkan:0 {e['vulkan']['decode_tok_s']:.1f} decode")
+        b = (e.get("opencl") or {}).get("decode_bounds") or {}
+        if b:
+            parts.append(f"step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms, device "
+                         f"{b['device_ms_per_step']:.2f} ms, bound by the {b['bound_by']}")
+        log(f"SUMMARY {name}: check {e.get('check')}; " + "; ".join(parts))
+    by_type: dict = {}
+    for r in result.get("matvec", []):
+        if "device_read_GBps" in r:
+            by_type.setdefault(r["type"], []).append(r)
+    for qt, rows in by_type.items():
+        best = max(rows, key=lambda r: r["device_read_GBps"])
+        cells = ", ".join(f"[{r['variant'] or 'default'}] {r['device_read_GBps']:.0f}"
+                          + ("!" if r["nmse_vs_numpy"] > 1e-3 else "") for r in rows)
+        log(f"SUMMARY matvec {qt} {rows[0]['rows']}x{rows[0]['cols']}: GB/s {cells}; best [{best['variant'] or 'default'}] "
+            f"{best['share_of_opencl_copy']:.0%} of the copy (goal 60%)")
+    for model, by_var in result.get("decode_matvec_summary", {}).items():
+        ranked = sorted(((v, m) for v, m in by_var.items() if v != "best" and m["all_ok"]
+                         and m["measured"] == m["products"]), key=lambda vm: vm[1]["us"])
+        cells = ", ".join(f"[{v or 'default'}] {m['us']:.0f}" for v, m in ranked)
+        log(f"SUMMARY {model} decode-step products, us (complete settings, fastest first): {cells}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -621,6 +653,7 @@ def main() -> None:
     save()
     sweep_section(args, result, specs, dev, twin, copy, torch_copy, rng, T0 + args.deadline, save)
     save()
+    guarded("summary", final_summary, result)
     log(f"wrote {out}")
 
 
