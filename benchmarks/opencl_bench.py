@@ -502,8 +502,9 @@ def decode_sweep(args, result, specs, dev, twin, copy, rng, deadline: float, sav
     gc.collect()
     result["decode_matvec_summary"] = summary = decode_matvec_summary(result["model_matvec"], copy["device"])
     for model, by_var in summary.items():
-        log(f"{model}: a decode step's matrix-vector products, device time by setting (L2 flushed; "
-            f"best: [{by_var.get('best', 'none complete')}]):")
+        best = by_var.get("best")
+        best = "none complete" if best is None else f"[{best or 'default'}]"
+        log(f"{model}: a decode step's matrix-vector products, device time by setting (L2 flushed; best: {best}):")
         complete_first = lambda vm: (not vm[1]["all_ok"] or vm[1]["measured"] < vm[1]["products"], vm[1]["us"])  # noqa: E731
         for var, m in sorted(((v, m) for v, m in by_var.items() if v != "best"), key=complete_first):
             rate = f"{m['GBps']:.0f} GB/s, {m['share_of_opencl_copy']:.0%} of the copy" if m["GBps"] else "-"
