@@ -68,7 +68,7 @@ def ocl(registry):
 @pytest.fixture
 def variant(ocl):
     """The device with some settings changed for one test (restored after): its programs stay built."""
-    saved = {k: getattr(ocl, k) for k in ("is_cpu", "max_alloc", "disabled", "int_dot")}
+    saved = {k: getattr(ocl, k) for k in ("is_cpu", "max_alloc", "disabled", "int_dot", "ptx")}
     yield ocl
     for k, v in saved.items():
         setattr(ocl, k, v)
@@ -200,14 +200,56 @@ def _mul_mat(qtype: str, n: int, k: int, m: int):
 
 @pytest.mark.parametrize("shape,m", [("x8=0", 1), ("x8=1,tpr=4,r=2,wg=64", 3)])
 def test_gpu_matvec_kernels(variant, monkeypatch, shape, m):
-    """The cooperative matrix-vector kernel (teams of threads share a row's groups, sums meet in local
-    memory), with x in f32 and in 8 bits (QUANT_X, integer dot products: cl_khr_integer_dot_product's
-    where the device has it, else the same sums in integer arithmetic), one and several rows of x, every
-    weight type (one build each: PoCL compiles slowly)."""
+    """The cooperative matrix-vector kernel (teams of threads share a row's groups, x staged in local
+    memory, sums meeting in local memory: PoCL has no PTX), with x in f32 and in 8 bits (QUANT_X, integer
+    dot products: cl_khr_integer_dot_product's where the device has it, else the same sums in integer
+    arithmetic), one and several rows of x, every weight type (one build each: PoCL compiles slowly)."""
     monkeypatch.setenv("FRAMEWORK_OPENCL_MATVEC", shape)
     variant.is_cpu = False
     for q in ALL_TYPES[:6]:
         _check_case(variant, _mul_mat(q, 70, 512, m))
+
+
+@pytest.mark.parametrize("shape,q,n,k,m", [("xl=0,tpr=8,r=1", "Q6_K", 33, 768, 8), ("v=0", "Q4_K", 70, 512, 3),
+                                           ("tpr=32,wg=32,r=3", "Q5_0", 40, 576, 2)])
+def test_gpu_matvec_other_shapes(variant, monkeypatch, shape, q, n, k, m):
+    """The same kernel with x read from global memory (what rows of x too many for local memory take) and
+    a row of groups that is no power of two, the first version (v=0, kept for comparison), and teams of
+    a whole work-group with a partial last one (the code does not depend on the weight type: one each)."""
+    monkeypatch.setenv("FRAMEWORK_OPENCL_MATVEC", shape)
+    variant.is_cpu = False
+    _check_case(variant, _mul_mat(q, n, k, m))
+
+
+def test_matvec_shape_choice_and_settings(variant, monkeypatch):
+    """matvec_shape's documented choices (x in 8 bits with dp4a from 4 MiB, f32 x staged in local memory
+    where it fits, warp shuffles where PTX is found), and settings it cannot take named as errors.
+    PoCL takes no PTX: the probe is not even tried there."""
+    from framework.plugins.opencl import kernels
+    variant.is_cpu = False
+    variant.ptx = None
+    assert kernels.ptx(variant) == {"dp4a": False, "shfl": False}
+    assert variant.data["inline_ptx"] == "no: not NVIDIA's OpenCL platform"
+    small = kernels.matvec_shape(variant, 20, 1, 2048, 1 << 20)
+    assert (small["v"], small["x8"], small["xl"], small["xg"], small["dp4a"], small["shfl"]) == (1, 0, 1, 32, 0, 0)
+    variant.ptx = {"dp4a": True, "shfl": True}            # as on an NVIDIA GPU whose probes passed
+    big = kernels.matvec_shape(variant, 128, 1, 232960, 512 << 20)
+    assert {k: big[k] for k in ("v", "tpr", "r", "wg", "x8", "xl", "dp4a", "shfl")} == \
+        {"v": 1, "tpr": 32, "r": 4, "wg": 256, "x8": 1, "xl": 0, "dp4a": 1, "shfl": 1}
+    assert kernels.matvec_shape(variant, 128, 8, 4096, 1 << 20)["xl"] == 0       # 8 rows of 4096: 147 KB
+    assert kernels.matvec_shape(variant, 128, 2, 4096, 1 << 20)["xl"] == 1
+    variant.ptx = {"dp4a": False, "shfl": False}
+    for setting, says in (("r=3,foo=1", "'foo=1' is not a setting"), ("tpr=3", "'tpr=3' is not a setting"),
+                          ("x8", "'x8' is not a setting"), ("dp4a=1", "does not take PTX's dp4a"),
+                          ("v=0,shfl=1", "shfl=1 needs v=1"), ("x8=1,xl=1", "xl=1 stages f32 x"),
+                          ("wg=64,tpr=32,r=8", None), ("wg=2048", "not a setting")):
+        monkeypatch.setenv("FRAMEWORK_OPENCL_MATVEC", setting)
+        if says is None:
+            kernels.matvec_shape(variant, 16, 1, 100, 1000)
+            continue
+        with pytest.raises(ValueError, match="FRAMEWORK_OPENCL_MATVEC") as e:
+            kernels.matvec_shape(variant, 16, 1, 100, 1000)
+        assert says in str(e.value) and variant.name in str(e.value), str(e.value)
 
 
 def test_gpu_kernel_names(variant, monkeypatch):

@@ -111,6 +111,7 @@ class OpenCLDevice(Device):
         self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(layout.SUPPORTED))
         self.fp64 = self.data["fp64"]
         self.int_dot = self.data["integer_dot_product"]
+        self.ptx = None                   # inline PTX found by kernels.ptx() on first use (NVIDIA only)
         soft = (" -- PoCL, OpenCL on the host CPU: its timings are not GPU figures"
                 if "portable computing language" in platform.name.lower() else "")
         self.description = (f"{self.data['device']} ({platform.name}, {self.data['version']}), "

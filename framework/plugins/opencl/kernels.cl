@@ -23,7 +23,49 @@
 
 #define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
 
-#ifndef QT_WPB   // the base build: every kernel that reads no quantized weight
+// ------------------------------------------------------------------------------------------------
+// inline PTX, on NVIDIA's OpenCL only (its compiler takes CUDA's asm statements; the device lists no
+// subgroup or integer dot product extension, but its GPUs have both): PTX_DP4A, a 4-way byte dot
+// product (dp4a: unsigned bytes of u times signed bytes of s, plus c); PTX_SHFL, a butterfly exchange
+// between the lanes of a warp (32 threads of consecutive local ids; every lane must take part).
+// kernels.py builds ptx_probe first and compares its results with the values they must give, so a
+// device that refuses or miscomputes either gets kernels without it.
+// ------------------------------------------------------------------------------------------------
+
+#if PTX_ASM_PLAIN   // the statement's spelling: GNU's reserved one, else plain asm (as kernels.ptx found)
+#define PTX_ASM asm
+#else
+#define PTX_ASM __asm__
+#endif
+#if PTX_DP4A
+inline int dp4a_us(uint u, uint s, int c) {
+  int r;
+  PTX_ASM("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(s), "r"(c));
+  return r;
+}
+#endif
+#if PTX_SHFL
+inline float shfl_xor(float v, uint m) {
+  uint r;
+  PTX_ASM volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=r"(r) : "r"(as_uint(v)), "r"(m));
+  return as_float(r);
+}
+#endif
+
+#ifdef PTX_PROBE
+// one warp: o[i] = dp4a_us(p[i], p[32 + i], i) (PTX_DP4A), o[32 + i] = i ^ 5, lane i ^ 5's value (PTX_SHFL)
+__kernel __attribute__((reqd_work_group_size(32, 1, 1))) void ptx_probe(ARGS_ptx_probe) {
+  uint i = get_local_id(0);
+#if PTX_DP4A
+  o[o_off + i] = (float)dp4a_us((uint)p[p_off + i], (uint)p[p_off + 32u + i], (int)i);
+#endif
+#if PTX_SHFL
+  o[o_off + 32u + i] = shfl_xor((float)i, 5u);
+#endif
+}
+#endif
+
+#if !defined(QT_WPB) && !defined(PTX_PROBE)   // the base build: every kernel that reads no quantized weight
 
 // ------------------------------------------------------------------------------------------------
 // element-wise
@@ -513,9 +555,8 @@ inline float4 deq_hi(grp_t q, uint j) { return f4(pick(q.hi, j)) * q.b + q.m; }
 
 // a group's dot product with 32 values of x (8 float4), the scales factored out of the sums, as four
 // partial sums (lanes of a float4: no horizontal sums until the caller's last)
-inline float4 dot32v(grp_t q, __global const float* restrict x) {
-  float4 x0 = vload4(0, x), x1 = vload4(1, x), x2 = vload4(2, x), x3 = vload4(3, x);
-  float4 x4 = vload4(4, x), x5 = vload4(5, x), x6 = vload4(6, x), x7 = vload4(7, x);
+inline float4 dot32r(grp_t q, float4 x0, float4 x1, float4 x2, float4 x3, float4 x4, float4 x5, float4 x6,
+                     float4 x7) {
   float4 lo = f4(q.lo.s0) * x0 + f4(q.lo.s1) * x1 + f4(q.lo.s2) * x2 + f4(q.lo.s3) * x3;
   float4 hi = f4(q.hi.s0) * x4 + f4(q.hi.s1) * x5 + f4(q.hi.s2) * x6 + f4(q.hi.s3) * x7;
   float4 r = q.a * lo + q.b * hi;
@@ -525,14 +566,20 @@ inline float4 dot32v(grp_t q, __global const float* restrict x) {
   return r;
 }
 
+inline float4 dot32v(grp_t q, __global const float* restrict x) {
+  return dot32r(q, vload4(0, x), vload4(1, x), vload4(2, x), vload4(3, x), vload4(4, x), vload4(5, x),
+                vload4(6, x), vload4(7, x));
+}
+
 inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 inline float dot32(grp_t q, __global const float* restrict x) { return hsum(dot32v(q, x)); }
 
 // the same with x in 8 bits (quant_x's 12 words): integer dot products of 4 byte pairs, the zero point
-// taken out through the sums of x's codes. DOT4 is cl_khr_integer_dot_product's where the device
-// lists it and its compiler declares it (the extension's macro), else the same sum in plain integer
-// arithmetic.
+// taken out through the sums of x's codes. DOT4A(u, s, c) is c plus the dot product of u's unsigned
+// and s's signed bytes: PTX's dp4a where the build has it (PTX_DP4A: NVIDIA), else
+// cl_khr_integer_dot_product's where the device lists it and its compiler declares it (the
+// extension's macro), else the same sum in plain integer arithmetic.
 #if defined(HAS_DOT4) && defined(cl_khr_integer_dot_product)
 #define DOT4(u, s) dot_4x8packed_us_int((u), (s))
 #else
@@ -541,16 +588,25 @@ inline int DOT4(uint u, uint s) {
        + (int)((u >> 16) & 0xFFu) * (int)(char)((s >> 16) & 0xFFu) + (int)(u >> 24) * (int)(char)(s >> 24);
 }
 #endif
+#if PTX_DP4A
+#define DOT4A(u, s, c) dp4a_us((u), (s), (c))
+#else
+#define DOT4A(u, s, c) ((c) + DOT4((u), (s)))
+#endif
 
-inline float dot32q(grp_t q, __global const uint* restrict xq) {
-  uint4 xa = vload4(0, xq), xb = vload4(1, xq), xc = vload4(2, xq);
-  int s0 = DOT4(q.lo.s0, xa.s0) + DOT4(q.lo.s1, xa.s1) + DOT4(q.lo.s2, xa.s2) + DOT4(q.lo.s3, xa.s3);
-  int s1 = DOT4(q.hi.s0, xb.s0) + DOT4(q.hi.s1, xb.s1) + DOT4(q.hi.s2, xb.s2) + DOT4(q.hi.s3, xb.s3);
+// xa, xb: x's 32 codes; xc: (d, sum of codes 0..15, of 16..31, sum of x)
+inline float dot32w(grp_t q, uint4 xa, uint4 xb, uint4 xc) {
+  int s0 = DOT4A(q.lo.s3, xa.s3, DOT4A(q.lo.s2, xa.s2, DOT4A(q.lo.s1, xa.s1, DOT4A(q.lo.s0, xa.s0, 0))));
+  int s1 = DOT4A(q.hi.s3, xb.s3, DOT4A(q.hi.s2, xb.s2, DOT4A(q.hi.s1, xb.s1, DOT4A(q.hi.s0, xb.s0, 0))));
   float r = as_float(xc.s0) * (q.a * (float)(s0 - QZ * (int)xc.s1) + q.b * (float)(s1 - QZ * (int)xc.s2));
 #if HAS_MIN
   r += q.m * as_float(xc.s3);
 #endif
   return r;
+}
+
+inline float dot32q(grp_t q, __global const uint* restrict xq) {
+  return dot32w(q, vload4(0, xq), vload4(1, xq), vload4(2, xq));
 }
 
 #if !defined(MV_WG) && !defined(MM_BM) && !defined(MR_TM)   // the build of one weight type's GET_ROWS
@@ -570,12 +626,17 @@ __kernel void get_rows_q(ARGS_get_rows_q) {
 }
 #endif
 
-// Matrix-vector product (decode; M <= MV_MM rows of x): teams of MV_TPR threads share the groups of
-// MV_R weight rows, each thread taking every MV_TPR-th group; a team's sums meet in local memory by a
-// fixed tree. The output is (M, ld); this chunk's rows are columns col0 .. col0 + N.
+// Matrix-vector products (decode; M <= MV_MM rows of x). The output is (M, ld); this chunk's rows are
+// columns col0 .. col0 + N. Teams of MV_TPR threads (a power of two, at most a warp: a team never
+// straddles two warps) share the groups of MV_R weight rows, each thread taking every MV_TPR-th group.
 #ifdef MV_WG
 #define MV_TEAMS (MV_WG / MV_TPR)
 #define MV_ACC (MV_R * MV_MM)
+
+#if MV_V == 0
+// The first version, kept for comparison (FRAMEWORK_OPENCL_MATVEC=v=0): x read from global memory for
+// each weight row, the team's sums meeting in local memory by a fixed tree.
+
 
 // the team's sums to its lane 0, which stores them (plus the residual where the product is fused with
 // the ADD that reads it: rb is the residual's element at the output's first, the same layout)
@@ -637,7 +698,137 @@ __kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_
   mv_finish(acc, red, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
 }
 #endif
+
+#else
+// Each thread loads a group of x once for its MV_R rows and keeps its sums in registers until the end,
+// where the team's sums meet once: by warp shuffles (PTX_SHFL), else in local memory by a fixed tree.
+// f32 x: staged once per work-group in local memory (MV_XL: MV_XG groups a row, each padded to 36
+// floats, so the lanes of a team, reading consecutive groups as float4s 144 bytes apart, hit distinct
+// banks; from global memory, a warp's float4 load of x touches 32 cache lines); the first groups'
+// weights are requested before the staging, so their latency overlaps it. x in 8 bits (MV_X8): its
+// groups of 12 words, 48 bytes apart, read from global memory as uint4s (the few lines they span are
+// shared by the warp).
+
+// the team's sums (acc[k * MV_MM + m]: row r0 + k, row m of x) to lane 0, which stores them, plus the
+// residual where the product is fused with the ADD that reads it (rb: the residual's element at the
+// output's first, the same layout)
+inline void mv_store(float acc[MV_ACC], __local float* red, uint li, uint lane, uint r0, uint N, uint M,
+                     __global float* restrict o, uint ob, uint ld, __global const float* restrict r, uint rb,
+                     uint has_r) {
+#if PTX_SHFL
+#pragma unroll
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (uint a = 0; a < MV_ACC; a++) acc[a] += shfl_xor(acc[a], s);
+  }
+#else
+#pragma unroll
+  for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] = acc[a];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+    if (lane < s) {
+#pragma unroll
+      for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] += red[a * MV_WG + li + s];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+#pragma unroll
+  for (uint a = 0; a < MV_ACC; a++) acc[a] = red[a * MV_WG + li];
 #endif
+  if (lane == 0) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) {
+#pragma unroll
+      for (uint m = 0; m < MV_MM; m++)
+        if (m < M && r0 + k < N)
+          o[ob + m * ld + r0 + k] = acc[k * MV_MM + m] + (has_r ? r[rb + m * ld + r0 + k] : 0.0f);
+    }
+  }
+}
+
+#if PTX_SHFL
+#define MV_RED_DECL
+#define MV_RED ((__local float*)0)
+#else
+#define MV_RED_DECL __local float red[MV_ACC * MV_WG];
+#define MV_RED red
+#endif
+
+#if !MV_X8
+__kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_matvec_q) {
+  MV_RED_DECL
+#if MV_XL
+  __local float4 xs[MV_MM * MV_XG * 9];
+#endif
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  float acc[MV_ACC];
+#pragma unroll
+  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
+  uint g = lane;
+  grp_t q[MV_R];
+#pragma unroll
+  for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), min(g, gpr - 1u));
+#if MV_XL
+  __local float* xsf = (__local float*)xs;
+  for (uint m = 0; m < M; m++)
+    for (uint c = li; c < K; c += MV_WG) xsf[(m * MV_XG + (c >> 5)) * 36u + (c & 31u)] = x[x_off + m * K + c];
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+  while (g < gpr) {
+#pragma unroll
+    for (uint m = 0; m < MV_MM; m++) {
+      if (m < M) {
+#if MV_XL
+        __local const float4* xg = xs + (m * MV_XG + g) * 9u;
+        float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
+#else
+        __global const float* xg = x + x_off + m * K + g * 32u;
+        float4 x0 = vload4(0, xg), x1 = vload4(1, xg), x2 = vload4(2, xg), x3 = vload4(3, xg);
+        float4 x4 = vload4(4, xg), x5 = vload4(5, xg), x6 = vload4(6, xg), x7 = vload4(7, xg);
+#endif
+#pragma unroll
+        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += hsum(dot32r(q[k], x0, x1, x2, x3, x4, x5, x6, x7));
+      }
+    }
+    g += MV_TPR;
+    if (g < gpr) {
+#pragma unroll
+      for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
+    }
+  }
+  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
+}
+
+#else
+// xq: quant_x's groups (12 words each, M rows of gpr groups); xq_off is a multiple of 4 (lower.py)
+__kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_matvec_q8) {
+  MV_RED_DECL
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  __global const uint4* restrict xw = (__global const uint4*)(xq + xq_off);
+  float acc[MV_ACC];
+#pragma unroll
+  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
+  grp_t q[MV_R];
+  for (uint g = lane; g < gpr; g += MV_TPR) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);
+#pragma unroll
+    for (uint m = 0; m < MV_MM; m++) {
+      if (m < M) {
+        uint xi = (m * gpr + g) * 3u;
+        uint4 xa = xw[xi], xb = xw[xi + 1u], xc = xw[xi + 2u];
+#pragma unroll
+        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += dot32w(q[k], xa, xb, xc);
+      }
+    }
+  }
+  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
+}
+#endif
+#endif  // MV_V
+#endif  // MV_WG
 
 // Tiled matrix product (prefill): a work-group computes an MM_BM x MM_BN tile of outputs (rows of x by
 // weight rows), each of its threads MM_TM x MM_TN of them (rows tm + i MM_BM / MM_TM, columns

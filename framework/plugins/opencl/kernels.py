@@ -25,8 +25,9 @@ AWG = 64                 # work-group of attention
 EWG = 256                # work-group of the one-thread-an-element kernels (fewer where the device allows fewer)
 MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix-vector one
 MATVEC_MIN_GROUPS = 264  # work-groups a matrix-vector product should make at least (2 an SM on an H200)
-MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits where the device has integer dot products
-MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"   # tuning / tests: "tpr=8,r=2,wg=64,x8=1"
+MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits where the device has a 4-way byte dot product
+MATVEC_XL_BYTES = 36 << 10  # local memory the matrix-vector kernel may take to stage f32 x (rows x groups x 144 B)
+MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"   # tuning / tests: "v=1,tpr=8,r=2,wg=64,x8=1,xl=0,dp4a=0,shfl=0"
 MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"   # tuning / tests: "bm=32,bn=64,tm=4,tn=4"
 SPLIT_ATTN_BELOW = 64    # query rows x heads under which attention splits its keys over work-groups (GPUs)
 
@@ -61,11 +62,27 @@ def quant_options(dev, dtype: str) -> dict[str, int]:
 
 
 def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int]:
-    """The matrix-vector kernel's shape: threads a team (a power of two, at most 32 and at most the
-    row's groups), weight rows a team (4 for one row of x, fewer where the matrix would make fewer
-    than MATVEC_MIN_GROUPS work-groups), the work-group size, rows of x (MM, a power of two), and x8:
-    x in 8 bits with integer dot products (weights of MATVEC_X8_BYTES and more, on devices with
-    cl_khr_integer_dot_product)."""
+    """The matrix-vector kernel and its shape (kernels.cl, "Matrix-vector products"), what
+    FRAMEWORK_OPENCL_MATVEC may override (checked by matvec_settings):
+
+    * v: 1, the kernel of record (x loaded once a group for all of a thread's rows, sums in registers
+      until one reduction at the end); 0, the first version (x re-read from global memory for every
+      weight row; its sums meet by a tree in local memory), kept for comparison;
+    * tpr: threads a team, the largest power of two up to 32 and the row's groups; r: weight rows a
+      team, 4 for one row of x (4 // rows of x), halved while the matrix would make fewer than
+      MATVEC_MIN_GROUPS work-groups; wg: the work-group, 256 (or the device's largest), halved likewise
+      down to 64;
+    * dp4a, shfl: PTX's dp4a and warp shuffles (the team's sums meet without local memory or barriers),
+      on where the device takes them (ptx(): NVIDIA's OpenCL, checked by a probe);
+    * x8: x in 8 bits (QUANT_X) and 4-way byte dot products, for weights of MATVEC_X8_BYTES and more on
+      devices with one (dp4a, or cl_khr_integer_dot_product): the extra launch costs more than it saves
+      on smaller matrices, whose time is mostly latency;
+    * xl: f32 x staged once per work-group in local memory (where its MATVEC_XL_BYTES allow: x's rows
+      of groups padded to 36 floats, xg groups a row, a power of two from 32), so that a team's float4
+      loads of x are free of bank conflicts instead of each touching 32 cache lines.
+
+    mm (rows of x, a power of two) is not a setting."""
+    env = matvec_settings(dev)
     mm = next(x for x in (1, 2, 4, 8) if x >= m)
     tpr = min(32, 1 << max(0, gpr.bit_length() - 1))
     wg = min(256, dev.max_wg)
@@ -74,9 +91,148 @@ def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int
         r //= 2
     while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_GROUPS:
         wg //= 2
-    shape = {"tpr": tpr, "r": r, "wg": wg, "mm": mm, "x8": int(dev.int_dot and nbytes >= MATVEC_X8_BYTES)}
-    shape.update(_env(MATVEC_ENV))
+    v = env.get("v", 1)
+    feats = ptx(dev) if v else {"dp4a": False, "shfl": False}
+    shape = {"v": v, "tpr": tpr, "r": r, "wg": wg, "mm": mm, "dp4a": int(feats["dp4a"]), "shfl": int(feats["shfl"])}
+    shape.update({k: env[k] for k in ("tpr", "r", "wg", "dp4a", "shfl") if k in env})
+    shape["x8"] = env.get("x8", int((dev.int_dot or bool(shape["dp4a"])) and nbytes >= MATVEC_X8_BYTES))
+    xg = max(32, 1 << (gpr - 1).bit_length())
+    red = 0 if shape["shfl"] else 4 * shape["r"] * mm * shape["wg"]      # the tree's local memory
+    fits = mm * xg * 144 <= min(MATVEC_XL_BYTES, _local_bytes(dev) - red)
+    shape["xl"] = env.get("xl", int(v == 1 and not shape["x8"] and fits))
+    shape["xg"] = xg if shape["xl"] else 0
+    _check_matvec(dev, shape, fits, xg, red)
     return shape
+
+
+MATVEC_KEYS = {"v": (0, 1), "tpr": (1, 2, 4, 8, 16, 32), "r": tuple(range(1, 9)),
+               "wg": (32, 64, 128, 256, 512, 1024), "x8": (0, 1), "xl": (0, 1), "dp4a": (0, 1), "shfl": (0, 1)}
+
+
+def matvec_settings(dev) -> dict[str, int]:
+    """FRAMEWORK_OPENCL_MATVEC's settings, each a known key with one of its values (a ValueError naming
+    the variable, the item and what it may be, otherwise)."""
+    raw = os.environ.get(MATVEC_ENV, "")
+    out = {}
+    for item in filter(None, raw.replace(" ", "").split(",")):
+        key, eq, value = item.partition("=")
+        allowed = MATVEC_KEYS.get(key)
+        if not eq or allowed is None or not value.lstrip("-").isdigit() or int(value) not in allowed:
+            known = "; ".join(f"{k}: {'/'.join(map(str, v)) if len(v) < 7 else f'{v[0]}..{v[-1]}'}"
+                              for k, v in MATVEC_KEYS.items())
+            raise ValueError(f"{MATVEC_ENV}={raw!r} ({dev.name}): {item!r} is not a setting of the matrix-vector "
+                             f"kernel; settings are key=value, separated by commas ({known}); unset the variable "
+                             f"for the plugin's choice")
+        out[key] = int(value)
+    return out
+
+
+def _check_matvec(dev, shape: dict, fits: bool, xg: int, red: int) -> None:
+    """Settings the kernel cannot take on this device or matrix: a ValueError that says which and why."""
+    feats = ptx(dev) if shape["v"] else {}
+    problems = []
+    if shape["wg"] > dev.max_wg:
+        problems.append(f"wg={shape['wg']} is over {dev.name}'s largest work-group ({dev.max_wg})")
+    if shape["wg"] % shape["tpr"]:
+        problems.append(f"wg={shape['wg']} is not a multiple of tpr={shape['tpr']}")
+    for key in ("dp4a", "shfl"):
+        if shape[key] and not shape["v"]:
+            problems.append(f"{key}=1 needs v=1 (the first kernel has no PTX)")
+        elif shape[key] and not feats.get(key):
+            problems.append(f"{key}=1, but {dev.name} does not take PTX's {key} "
+                            f"({dev.data.get('inline_ptx', 'not probed')})")
+    if red > _local_bytes(dev):
+        problems.append(f"the sums' tree in local memory (r x rows of x x wg x 4 = {red} bytes) is over "
+                        f"{dev.name}'s {_local_bytes(dev)} bytes")
+    if shape["shfl"] and shape["wg"] % 32:
+        problems.append(f"shfl=1 needs work-groups of whole warps (wg={shape['wg']})")
+    if shape["xl"] and (not shape["v"] or shape["x8"]):
+        problems.append("xl=1 stages f32 x: it needs v=1 and x8=0")
+    elif shape["xl"] and not fits:
+        problems.append(f"xl=1: {shape['mm']} rows of x of {xg} padded groups ({shape['mm'] * xg * 144} bytes) do not "
+                        f"fit the {MATVEC_XL_BYTES}-byte budget and {dev.name}'s {_local_bytes(dev)} bytes of local "
+                        f"memory (less the reduction's, without shfl)")
+    if problems:
+        raise ValueError(f"{MATVEC_ENV}={os.environ.get(MATVEC_ENV, '')!r} ({dev.name}): {'; '.join(problems)}; "
+                         f"change or unset the variable")
+
+
+def _local_bytes(dev) -> int:
+    return int(dev.data.get("local_mem_bytes") or 32768)
+
+
+def ptx(dev) -> dict[str, bool]:
+    """Which of PTX's dp4a and warp shuffles dev's compiler takes, as inline assembly, and computes right:
+    on NVIDIA's OpenCL platform only (other drivers have no PTX), each checked once per device by
+    building and running ptx_probe against the values it must give, the statement spelt __asm__, else
+    asm. dev.data["inline_ptx"] says what was found, with the errors where a probe failed."""
+    found = getattr(dev, "ptx", None)
+    if found is not None:
+        return found
+    if dev.is_cpu or "nvidia" not in str(dev.data.get("platform", "")).lower():
+        found, said = {"dp4a": False, "shfl": False}, "no: not NVIDIA's OpenCL platform"
+    else:
+        found, notes = {}, []
+        for feature in ("dp4a", "shfl"):
+            errors = []
+            for plain in (0, 1):
+                error = _probe(dev, feature, plain)
+                if error is None:
+                    found[feature] = True
+                    found["plain_asm"] = found.get("plain_asm", 0) | plain
+                    notes.append(f"{feature}: yes (built with {'asm' if plain else '__asm__'}, ran, matched)")
+                    break
+                errors.append(f"{'asm' if plain else '__asm__'}: {error}")
+            else:
+                found[feature] = False
+                notes.append(f"{feature}: no ({'; '.join(errors)})")
+        said = "; ".join(notes)
+    dev.ptx = found
+    dev.data["inline_ptx"] = said
+    return found
+
+
+def ptx_options(dev) -> dict[str, int]:
+    """Build options of a kernel that uses inline PTX: the spelling of the statement the probes found."""
+    return {"PTX_ASM_PLAIN": 1} if ptx(dev).get("plain_asm") else {}
+
+
+def _probe(dev, feature: str, plain: int) -> str | None:
+    """None where ptx_probe's `feature` builds, runs and gives the expected values; else what failed."""
+    import numpy as np
+    import pyopencl as cl
+    rng = np.random.default_rng(7)
+    p = rng.integers(0, 2**32, size=64, dtype=np.uint64).astype(np.uint32)
+    try:
+        opts = {"PTX_PROBE": 1, f"PTX_{feature.upper()}": 1}
+        if plain:
+            opts["PTX_ASM_PLAIN"] = 1
+        prog = build(dev, opts)
+        pb, ob = dev.buffer_with(p.view(np.int32)), dev.new_buffer(64 * 4)
+        cl.enqueue_fill_buffer(dev.queue, ob, np.float32(-1.0), 0, 64 * 4)
+        kernel = cl.Kernel(prog, "ptx_probe")
+        kernel.set_args(pb, np.uint32(0), ob, np.uint32(0))
+        cl.enqueue_nd_range_kernel(dev.queue, kernel, (32,), (32,))
+        out = np.empty(64, np.float32)
+        cl.enqueue_copy(dev.queue, out, ob, is_blocking=True)
+    except Exception as e:  # noqa: BLE001  (the driver's own error, reported in device data)
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    want, got = probe_expected(p, feature), out[:32] if feature == "dp4a" else out[32:]
+    if not np.array_equal(got.astype(np.int64), want):
+        return f"the probe ran but computed {got[:4].tolist()}... where {want[:4].tolist()}... were due"
+    return None
+
+
+def probe_expected(p, feature: str):
+    """What ptx_probe must give for its inputs p (64 words): dp4a of p[i]'s unsigned and p[32 + i]'s
+    signed bytes plus i; lane i ^ 5's own index."""
+    import numpy as np
+    if feature == "shfl":
+        return np.arange(32) ^ 5
+    shifts = np.arange(0, 32, 8, dtype=np.uint32)
+    u = (p[:32, None] >> shifts & 0xFF).astype(np.int64)
+    s = (p[32:, None] >> shifts & 0xFF).astype(np.int64)
+    return (u * np.where(s > 127, s - 256, s)).sum(1) + np.arange(32)
 
 
 def matmul_shape(dev, m: int, n: int) -> dict[str, int]:

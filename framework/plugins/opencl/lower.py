@@ -329,10 +329,13 @@ class Lowering:
                 continue
             if m <= kernels.MATVEC_MAX_ROWS:
                 sh = kernels.matvec_shape(self.dev, gpr, m, rows, rows * layout.row_bytes(qt, k))
-                opts = dict(kernels.quant_options(self.dev, qt), MV_WG=sh["wg"], MV_TPR=sh["tpr"], MV_R=sh["r"],
-                            MV_MM=sh["mm"], MV_X8=sh["x8"])
+                opts = dict(kernels.quant_options(self.dev, qt), MV_V=sh["v"], MV_WG=sh["wg"], MV_TPR=sh["tpr"],
+                            MV_R=sh["r"], MV_MM=sh["mm"], MV_X8=sh["x8"], MV_XL=sh["xl"], MV_XG=sh["xg"],
+                            PTX_DP4A=sh["dp4a"] * sh["x8"], PTX_SHFL=sh["shfl"])
+                if opts["PTX_DP4A"] or opts["PTX_SHFL"]:
+                    opts.update(kernels.ptx_options(self.dev))
                 groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
-                tag = f"matvec{'-x8' if sh['x8'] else ''}"
+                tag = f"matvec{'-x8' if sh['x8'] else ''}{'-v0' if not sh['v'] else ''}"
                 if sh["x8"]:
                     self.launch(f"MUL_MAT[{tag}]{plus} {n.name}", "matvec_q8", opts, groups * sh["wg"], sh["wg"],
                                 xq=self._quant_x(x, m, k), **common)
@@ -355,7 +358,7 @@ class Lowering:
         if x.kind == "val" and key in self.xq:
             return self.xq[key]
         groups = m * k // layout.GROUP
-        xq = self.new_val(size=groups * 12)
+        xq = self.new_val(size=groups * 12)     # at element 0 of its buffer: matvec_q8 reads it as uint4s
         self.launch("QUANT_X", "quant_x", kernels.base_options(self.dev), groups, self.ewg, x=x, xq=xq, groups=groups)
         if x.kind == "val":
             self.xq[key] = xq

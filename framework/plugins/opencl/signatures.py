@@ -39,6 +39,7 @@ SIGNATURES = {
     "matvec_q8": "w a, in xq, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matmul_reg": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "ptx_probe": "ini p, out o",
 }
 
 TENSOR_KINDS = ("in", "ini", "el", "out")
