@@ -210,6 +210,24 @@ sys.meta_path.insert(0, _OtherInstall)
 """
 
 
+def test_framework_run_spans_two_nodes_from_the_command_line(cluster, registry, models, tmp_path, capsys):
+    """`framework run --ray-address ... --backends ray:n1/cpu,ray:n2/cpu --device-memory ray:n1/cpu=SIZE`: the
+    summary shows each node's network bytes per token and time, and the --plan record keeps them."""
+    from framework.cli import main
+    model, ref, _ = models["llama"]
+    cap = _split_session(model, registry.select("ray:n1/cpu,ray:n2/cpu"), n_ctx=64, n_batch=16).budgets["ray:n1/cpu"]
+    plan = tmp_path / "plan.json"
+    rc = main(["run", "The capital of France is", "-m", str(model.file.path), "--ray-address", cluster.address,
+               "--backends", "ray:n1/cpu,ray:n2/cpu", "--device-memory", f"ray:n1/cpu={cap.nbytes}", "-n", "4",
+               "--ctx", "64", "--batch", "16", "--plan", str(plan)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "ray:n1/cpu" in err and "ray:n2/cpu" in err and "/token over the network" in err, err
+    figures = json.loads(plan.read_text())["device_figures"]
+    assert set(figures) == {"ray:n1/cpu", "ray:n2/cpu"}
+    assert all(f["network_bytes"] > 0 and f["node_seconds"] > 0 and f["tokens"] > 0 for f in figures.values())
+
+
 def test_a_node_with_another_framework_version_is_refused_naming_both(cluster, tmp_path):
     """A third node whose framework installation reports another version (its workers find a framework 9.9.9
     distribution's metadata first, through a sitecustomize on their PYTHONPATH, as a node with another install

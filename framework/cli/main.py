@@ -270,6 +270,10 @@ def _write_plans(session, path: Path) -> None:
     from ..runtime.session import _phase_name
     record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
               "plans": {_phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
+    tokens = session.prefill.tokens + session.decode.tokens
+    figures = {d.name: {**f, "tokens": tokens} for d in session.devices if (f := d.run_figures())}
+    if figures:             # what devices measured themselves (a remote device: network bytes, time on its node)
+        record["device_figures"] = figures
     path.write_text(json.dumps(record, indent=1))
     err.print(f"plans written to {path}")
 
