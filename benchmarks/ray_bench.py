@@ -10,8 +10,8 @@ remote devices counted (Device.run_figures: step inputs sent, results read back,
     .venv/bin/python benchmarks/ray_bench.py --model smollm2 --prompt-tokens 64 --decode-tokens 16
 
 Every device computes on one thread (OMP_NUM_THREADS=1 and its kin, set here and inherited by the local
-cluster's workers). On one machine the nodes share its cores: the figures show the cost of the hops, not a speed-up (a pipeline of
-whole layers runs its nodes one after another; docs/distributed.md).
+cluster's workers). On one machine the nodes share its cores: the figures show the cost of the hops, not a
+speed-up (a pipeline of whole layers runs its nodes one after another; docs/distributed.md).
 """
 
 from __future__ import annotations

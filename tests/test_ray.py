@@ -25,11 +25,11 @@ import pytest
 # a cluster on loopback only: Ray would otherwise put its nodes on this machine's network address (read when
 # ray is imported; the raylets started here inherit it)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-import ray  # noqa: E402
-from conftest import REF_DIR
-from ray.cluster_utils import Cluster  # noqa: E402
-
+import ray
 import tiny_models
+from conftest import REF_DIR
+from ray.cluster_utils import Cluster
+
 from framework.conformance.cases import nmse
 from framework.core.registry import BLOCK_ENV, default_registry
 from framework.core.scheduler.errors import DeviceRunError, DeviceSelectionError
@@ -44,7 +44,7 @@ TIMEOUT = 6.0                       # FRAMEWORK_RAY_TIMEOUT for the fault tests
 
 
 def _raylets(session_dir: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line for line in ps.splitlines() if "raylet" in line and session_dir in line]
 
 
@@ -214,7 +214,7 @@ def test_framework_run_spans_two_nodes_from_the_command_line(cluster, registry, 
     """`framework run --ray-address ... --backends ray:n1/cpu,ray:n2/cpu --device-memory ray:n1/cpu=SIZE`: the
     summary shows each node's network bytes per token and time, and the --plan record keeps them."""
     from framework.cli import main
-    model, ref, _ = models["llama"]
+    model = models["llama"][0]
     cap = _split_session(model, registry.select("ray:n1/cpu,ray:n2/cpu"), n_ctx=64, n_batch=16).budgets["ray:n1/cpu"]
     plan = tmp_path / "plan.json"
     rc = main(["run", "The capital of France is", "-m", str(model.file.path), "--ray-address", cluster.address,
@@ -247,7 +247,8 @@ def test_a_node_with_another_framework_version_is_refused_naming_both(cluster, t
             registry.select(old[0].name)
         text = str(err.value)
         here = version("framework")
-        assert here != "9.9.9" and "framework 9.9.9" in text and f"framework {here}" in text and "node old" in text, text
+        assert here != "9.9.9" and "framework 9.9.9" in text and f"framework {here}" in text, text
+        assert "node old" in text, text
         assert {d.name for d in registry.devices() if d.available and d.name.startswith("ray")} == \
             {"ray:n1/cpu", "ray:n2/cpu"}
     finally:

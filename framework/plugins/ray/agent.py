@@ -52,8 +52,9 @@ def file_sha256(path: str) -> str:
 
 class NodeAgent:
     def __init__(self, plugins: list[str] | None):
-        from ...core.registry import BLOCK_ENV, default_registry
         from importlib.metadata import entry_points
+
+        from ...core.registry import BLOCK_ENV, default_registry
         names = {ep.name for ep in entry_points(group=contract.ENTRY_POINT_GROUP)}
         keep = (set(plugins) if plugins else names) - {SELF_PLUGIN}
         os.environ[BLOCK_ENV] = ",".join(sorted(names - keep))
@@ -65,6 +66,7 @@ class NodeAgent:
 
     def describe(self) -> dict:
         import ray
+
         from .wire import describe_device
         return {"framework": framework_version(), "contract": contract_version(), "host": socket.gethostname(),
                 "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),

@@ -23,7 +23,7 @@ DEFAULT_TIMEOUT = 60.0
 RESOURCE = "framework:"
 MIN_RAY = "2.40"
 
-_links: dict[tuple[str, str], "NodeLink"] = {}    # (Ray node id, node name) -> its link
+_links: dict[tuple[str, str], NodeLink] = {}    # (Ray node id, node name) -> its link
 
 
 class RemoteNodeError(RuntimeError):

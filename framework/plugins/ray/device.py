@@ -9,7 +9,6 @@ it node to node (``from_device``); only the inputs of a step and the results ask
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +135,7 @@ class RayDevice(Device):
         return array
 
     # -- work -----------------------------------------------------------------------------------
-    def compile(self, fragment: Fragment) -> "RayProgram":
+    def compile(self, fragment: Fragment) -> RayProgram:
         self._loaded()
         key = f"p{next(_keys)}"
         self.node.call(f"compiling {fragment.describe()}", "compile", self.remote, key,

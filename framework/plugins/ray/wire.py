@@ -55,7 +55,7 @@ def describe_device(d: Device) -> dict:
     """A node's device as data: what a RayDevice needs to stand for it here."""
     try:
         free = d.free_memory() if d.available else None
-    except Exception:       # a driver that cannot say: as if not reported
+    except Exception:       # noqa: BLE001 -- a driver that cannot say: as if not reported
         free = None
     return {"name": d.name, "type": d.type.value, "physical_id": d.physical_id, "description": d.description,
             "available": d.available, "unavailable_reason": d.unavailable_reason, "limits": d.limits,
