@@ -184,6 +184,28 @@ def test_two_nodes_give_what_one_process_gives(registry, models, arch):
     assert all(e["node_seconds"] > s["node_seconds"] for s, e in zip(start, end))
 
 
+def test_weights_a_node_cannot_read_from_its_own_file_are_shipped_once(registry, models):
+    """A model whose bytes are in this process's memory (no file a node could open) ships each weight once
+    through the object store, and gives the same logits; a node whose file has another sha256 is told so."""
+    model, ref, _ = models["llama"]
+    devices = registry.select("ray:n1/cpu,ray:n2/cpu")
+    why = devices[0].node.call("checking a file", "open_file", str(model.file.path), "0" * 64)
+    assert "sha256" in why and str(model.file.path) in why, why
+    local = _follow(Session(model, registry.select("cpu"), n_ctx=64, n_batch=16), ref["prompts"][0])
+    in_memory = Model(model.file.path)
+    in_memory.file.data = np.array(in_memory.file.data)          # read into memory: not a mapped file any more
+    session = _split_session(in_memory, devices, n_ctx=64, n_batch=16)
+    start = [d.run_figures() for d in devices]
+    remote = _follow(session, ref["prompts"][0])                  # a prefill plan and a decode plan
+    assert all(nmse(a, b) < 1e-9 for a, b in zip(remote, local))
+    for d, s in zip(devices, start):
+        shipped = d.run_figures()["weight_network_bytes"] - s["weight_network_bytes"]
+        weights = {id(t): t for plan, _ in session.plans.values() for f in plan.fragments if f.device == d.name
+                   for t in f.inputs if t.is_leaf and t.kind.value == "weight"}
+        assert shipped == sum(t.nbytes for t in weights.values()) > 0, d.name     # each once, over both plans
+        assert d.run_figures()["weights_from_file"] == s["weights_from_file"]
+
+
 def test_run_summary_shows_network_bytes_and_node_time(registry, models):
     from framework.cli.report import placement_rows
     model, ref, _ = models["llama"]

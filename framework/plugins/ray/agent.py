@@ -83,14 +83,13 @@ class NodeAgent:
 
     def open_file(self, path: str, sha256: str) -> str:
         """'' when this node holds ``path`` with that sha256 (then weights load from it), else why not."""
-        if path in self.files:
-            return ""
         if not os.path.isfile(path):
             return f"no file {path} on this node"
         mine = file_sha256(path)
         if mine != sha256:
             return f"{path} on this node has sha256 {mine[:16]}..., the model's is {sha256[:16]}..."
-        self.files[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        if path not in self.files:
+            self.files[path] = np.memmap(path, dtype=np.uint8, mode="r")
         return ""
 
     def load(self, device: str, key: str, tensor, source: tuple) -> None:

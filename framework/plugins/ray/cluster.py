@@ -21,7 +21,7 @@ PLUGINS_ENV = "FRAMEWORK_RAY_PLUGINS"     # which plugins the agents load (defau
 TIMEOUT_ENV = "FRAMEWORK_RAY_TIMEOUT"     # seconds any wait for a node may take
 DEFAULT_TIMEOUT = 60.0
 RESOURCE = "framework:"
-MIN_RAY = "2.40"
+MIN_RAY = "2.60"
 
 _links: dict[tuple[str, str], NodeLink] = {}    # (Ray node id, node name) -> its link
 
