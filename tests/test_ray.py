@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from importlib.metadata import version
@@ -114,6 +115,24 @@ def _follow(session: Session, p: dict) -> list[np.ndarray]:
     for tok in p["greedy_ids"]:
         rows.append(session.eval([tok]))
     return rows
+
+
+def test_without_a_cluster_the_ray_device_says_why(monkeypatch):
+    """No address, or one where nothing answers: one unavailable device 'ray' with the reason, at once (Ray's
+    own connection would wait without end). Runs before the module's cluster is connected."""
+    monkeypatch.setenv(BLOCK_ENV, "cpu,opencl,openvino,vulkan,xdna,example")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    (dev,) = default_registry().devices()
+    assert dev.name == "ray" and not dev.available and "--ray-address" in dev.unavailable_reason
+    with socket.socket() as s:                   # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    t0 = time.monotonic()
+    (dev,) = default_registry().devices()
+    assert not dev.available and f"nothing answers at 127.0.0.1:{port}" in dev.unavailable_reason, dev.describe()
+    assert time.monotonic() - t0 < 10
+    assert not ray.is_initialized()
 
 
 def test_nodes_devices_are_listed_with_their_own_answers(registry):
