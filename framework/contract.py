@@ -161,6 +161,12 @@ class Device:
         """A numpy array holding the handle's values. Default: ``np.asarray(handle)``."""
         return np.asarray(handle)
 
+    def from_device(self, handle: Any, source: "Device") -> Any:
+        """A handle of this device for a value ``source`` holds, taken without reading it back to this process
+        (devices of two machines: from one node's object store to the other's). The executor asks before it
+        copies a value between two devices. Default: None (the value goes through host memory)."""
+        return None
+
     # -- work (required) ------------------------------------------------------------------------
     def compile(self, fragment: "Fragment") -> Program:
         """*Required.* Compile a fragment into a program. Called once per distinct ``fragment.program``
@@ -188,6 +194,12 @@ class Device:
         """Wait until the work submitted so far has finished. The executor calls it before it stops a
         fragment's clock, so that the time reported for a device includes the time until its results are
         ready. Default: nothing to wait for (``Program.run`` returns when its results are ready)."""
+
+    def run_figures(self) -> dict[str, float]:
+        """What the device measured itself since it was made, shown under its row of the run summary:
+        ``network_bytes`` (values it moved over a network), ``weight_network_bytes`` (weights sent over one),
+        ``node_seconds`` (time its own machine computed, where that is not the time seen here). Default: {}."""
+        return {}
 
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"

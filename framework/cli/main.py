@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
 
-    sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
+    backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
+    _ray_address(backends)
     sub.add_parser("models", help="the packaged models -m accepts by name, with their files and sizes")
 
     info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-m", "--model", "--models", dest="model", default="smollm2,gemma3", metavar="MODEL",
                        help="comma-separated packaged model names or GGUF files (default: smollm2,gemma3)")
     bench.add_argument("--backends", default="cpu")
+    _ray_address(bench)
     bench.add_argument("--prompt-tokens", type=positive_int, default=256)
     bench.add_argument("--decode-tokens", type=positive_int, default=32)
     bench.add_argument("--repeats", type=positive_int, default=3)
@@ -125,8 +127,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     _device_args(p)
 
 
+def _ray_address(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ray-address", metavar="HOST:PORT", help="a Ray cluster whose nodes lend their devices, listed as "
+                   "ray:NODE/DEVICE (sets RAY_ADDRESS; needs framework[ray]; docs/distributed.md)")
+
+
 def _device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", default="cpu", help="priority list of devices or aliases (cpu, gpu, npu)")
+    _ray_address(p)
     p.add_argument("--device-profile", metavar="NAME", help="emulate the hardware NAME (npu37xx, npu40xx on openvino "
                    "devices; xdna, xdna2 on xdna:0's host arm): planning and execution under its limits, labelled "
                    "EMULATION in every report")
@@ -149,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)} (a model is named with -m: -m {files[0]})")
         parser.parse_args(argv)                       # the usual usage error, exit status 2
     args.pytest_args = extra
+    if getattr(args, "ray_address", None):     # read by the ray plugin, as Ray itself reads it
+        os.environ["RAY_ADDRESS"] = args.ray_address
     start_output()
     from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
     from ..model.chat import ChatTemplateError
@@ -260,6 +270,10 @@ def _write_plans(session, path: Path) -> None:
     from ..runtime.session import _phase_name
     record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
               "plans": {_phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
+    tokens = session.prefill.tokens + session.decode.tokens
+    figures = {d.name: {**f, "tokens": tokens} for d in session.devices if (f := d.run_figures())}
+    if figures:             # what devices measured themselves (a remote device: network bytes, time on its node)
+        record["device_figures"] = figures
     path.write_text(json.dumps(record, indent=1))
     err.print(f"plans written to {path}")
 

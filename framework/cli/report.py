@@ -20,11 +20,26 @@ def placement_rows(session) -> tuple[list[str], list[Row]]:
         if not any(u["nodes"] for u in use.values()):
             continue
         st = stats.get(dev.name, {})
+        notes = [f"EMULATION of {dev.emulation}"] if dev.emulation else []
+        notes += _figures(dev.run_figures(), session.prefill.tokens + session.decode.tokens)
         rows.append(Row([dev.name, _pair(use, "nodes"), _pair(use, "fragments"), str(st.get("compiles", 0)),
                          f"{st.get('seconds', 0.0):.2f} s", human_bytes(st.get("bytes_copied", 0)),
-                         _memory(by_phase, dev.name)],
-                        f"EMULATION of {dev.emulation}" if dev.emulation else "", "yellow" if dev.emulation else ""))
+                         _memory(by_phase, dev.name)], "; ".join(notes), "yellow" if dev.emulation else ""))
     return ["device", "nodes pre/dec", "fragments pre/dec", "programs", "time", "copied in", "memory pre/dec"], rows
+
+
+def _figures(figures: dict, tokens: int) -> list[str]:
+    """What a device measured itself (Device.run_figures): a remote device's network bytes per token (prefill
+    and decode together) and the time its node computed."""
+    out = []
+    if "network_bytes" in figures:
+        per = figures["network_bytes"] / tokens if tokens else 0
+        out.append(f"{human_bytes(per)}/token over the network")
+        if figures.get("weight_network_bytes"):
+            out.append(f"weights sent once: {human_bytes(figures['weight_network_bytes'])}")
+    if "node_seconds" in figures:
+        out.append(f"{figures['node_seconds']:.2f} s computed on its node")
+    return out
 
 
 def _memory(by_phase: dict, device: str) -> str:
