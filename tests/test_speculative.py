@@ -333,10 +333,10 @@ def test_run_reports_the_speculation_and_writes_it_in_the_plan(capsys, tmp_path,
 
 def test_check_and_split_show_the_shared_kv_error(capsys, tmp_path, tiny_qwen2, vk):
     path = tiny_qwen2.file.path
-    args = (path, "--backends", "vulkan:0,cpu", "--draft", "layers:1", "--draft-backends", "cpu", "--ctx", 64, "-n", 4,
+    args = ("-m", path, "--backends", "vulkan:0,cpu", "--draft", "layers:1", "--draft-backends", "cpu", "--ctx", 64, "-n", 4,
             "--prompt-tokens", 6)
     code, out, err = run_cli(capsys, "check", *args)
-    assert code == 2 and "error: [buffer_not_usable] pre-allocated tensor 'cache_k_l0'" in err
+    assert code == 1 and "error: [buffer_not_usable] pre-allocated tensor 'cache_k_l0'" in err
     assert "list vulkan:0 first in --draft-backends" in err
     dot = tmp_path / "split.dot"
     code, out, err = run_cli(capsys, "split", *args, "-o", dot)
@@ -349,6 +349,6 @@ def test_check_and_split_show_the_shared_kv_error(capsys, tmp_path, tiny_qwen2, 
     assert "cache_k_l0, cache_v_l0 (buffer 'vulkan:0' on vulkan:0)" in draft
     target = out[out.index("\ndecode["):out.index("draft decode[")]
     assert "<-- ERROR" not in target          # the same node name in the target's plan is not the error
-    code, out, err = run_cli(capsys, "check", path, "--backends", "vulkan:0,cpu", "--draft", "layers:1", "--ctx", 64,
-                             "-n", 4, "--prompt-tokens", 6)
+    code, out, err = run_cli(capsys, "check", "-m", path, "--backends", "vulkan:0,cpu", "--draft", "layers:1",
+                             "--ctx", 64, "-n", 4, "--prompt-tokens", 6)
     assert code == 0 and "draft layers:1" in out and "draft decode[tokens=1,kv=64]" in out

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..contract import Device
-from ..core.scheduler import Reservation
+from ..core.scheduler import Reservation, Residence
 from ..model.model import Model
 from .generate import Piece
 from .sampling import Sampler
@@ -101,7 +101,6 @@ class Draft:
 
     kind = ""
     session: Session
-    shares_cache = False
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -121,7 +120,7 @@ class Draft:
     def accepted(self, n: int) -> None:
         """After the target's verification step, n drafts having been accepted."""
 
-    def shared(self) -> dict[str, object]:
+    def shared(self) -> dict[str, Residence]:
         """The target's tensors the draft's kept plans use in place: name -> residence."""
         s, out = self.session, {}
         for plan, _ in s.plans.values():
@@ -140,7 +139,6 @@ class LayersDraft(Draft):
     """The target's first K layers and its head, on the target's cache (self-speculative decoding)."""
 
     kind = "layers"
-    shares_cache = True
 
     def __init__(self, target: Session, devices: list[Device], k: int):
         n_layer = target.model.hp.n_layer
@@ -203,7 +201,7 @@ class ModelDraft(Draft):
     def propose(self, history, token, n, pick):
         s = self.session
         s.rewind(min(s.n_past, len(history)))
-        logits = s.eval(history[s.n_past:] + [token])
+        logits = s.eval(history[s.n_past:] + [token], prompt=False)
         out, dists = [], []
         for i in range(n):
             tok, q = pick(logits)
@@ -248,15 +246,15 @@ class AssistantDraft(Draft):
     """Gemma 4's MTP assistant (gemma4-assistant) over its gemma4 target's cache."""
 
     kind = "assistant"
-    shares_cache = True
 
     def __init__(self, target: Session, model: Model, devices: list[Device]):
         check_vocabulary(target.model, model)
-        if target.graphs:
+        if target.plans:
             raise SpeculationError("the assistant needs the target's hidden state: make its draft before the "
                                    "target plans any step")
         model.arch.bind_target(target.model)         # names the mismatch (architecture, widths, heads)
         target.hidden = True
+        target.graphs.clear()                        # graphs the memory fit built, without the hidden output
         self.target, self.model = target, model
         self.session = AssistantSession(model, devices, n_batch=1, strict=target.strict, share_kv_with=target,
                                         hidden=True)
@@ -269,6 +267,9 @@ class AssistantDraft(Draft):
 
     def borrowed(self) -> list:
         return self.model.arch.borrowed_weights()
+
+    def keys(self, n_prompt, positions, n_draft):
+        return [self.session._key(1, p, 1) for p in positions]       # every draft at the same position
 
     def start(self, prompt):
         self.pending_h = self.target.hidden_rows[-1]
@@ -290,7 +291,6 @@ class AssistantDraft(Draft):
 def place_borrowed(draft: Session, target: Session, target_plans) -> None:
     """The residence of every weight the draft borrows (Session.borrowed): the devices whose fragments of
     the target's plans read it, the target as its owner."""
-    from ..core.scheduler import Residence
     holders: dict[int, list[str]] = {}
     for plan in target_plans:
         for f in plan.fragments:
@@ -464,7 +464,7 @@ class SpeculativeDecoder:
         drafts, dists = self.draft.propose(history, token, n, pick) if n > 0 else ([], [])
         t1 = time.perf_counter()
         base = t.n_past
-        rows = t.eval([token] + drafts, all_logits=True)
+        rows = t.eval([token] + drafts, all_logits=True, prompt=False)
         if sampler.greedy:
             n_ok, new = accept_greedy(rows, drafts)
         else:
