@@ -44,7 +44,7 @@ from framework.runtime.session import Session  # noqa: E402
 from framework.runtime.speculative import SpeculativeDecoder, make_draft  # noqa: E402
 
 SWEEP_K = {"smollm2": (4, 8, 12, 16, 20, 24, 28), "gemma3": (2, 4, 6, 9, 12, 15, 17)}
-SWEEP_N = (1, 2, 3, 4, 6)
+SWEEP_N = (1, 2, 3, 4)
 
 
 def log(*a):
@@ -220,7 +220,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--random-weights", action="store_true")
     ap.add_argument("--acceptance", help="read part 1 from this JSON instead of measuring it")
-    ap.add_argument("--acceptance-out", default=str(ROOT / "benchmarks" / "speculative_acceptance.json"))
+    ap.add_argument("--acceptance-out", default=str(ROOT / "benchmarks" / "speculative_acceptance.json"),
+                    help="where part 1 is written (and read from when it holds the model, unless --remeasure)")
+    ap.add_argument("--remeasure", action="store_true", help="measure part 1 even when the file has it")
     ap.add_argument("--out", help="write every figure as JSON here")
     args = ap.parse_args()
     backends = args.backends or ["cpu", "openvino:CPU,cpu"]
@@ -229,15 +231,20 @@ def main() -> None:
         raise SystemExit("--random-weights needs --acceptance FILE (acceptance is a property of the real weights)")
     models = load_models(names, args.random_weights)
     result: dict = {"backends": backends, "tokens": args.tokens, "prompts": args.prompts, "models": {}}
-    acc_all = json.loads(Path(args.acceptance).read_text()) if args.acceptance else {}
+    acc_file = Path(args.acceptance or args.acceptance_out)
+    acc_all = json.loads(acc_file.read_text()) if acc_file.is_file() and not args.remeasure else {}
     for name in names:
         model = models[name]
         ids_list = prompts(name, args.prompts, model, args.random_weights)
         sweep_k = [k for k in SWEEP_K.get(name, ()) if k < model.hp.n_layer]
+        if name in acc_all:
+            sweep_k = [int(k) for k in acc_all[name]]
         res = result["models"][name] = {"n_layer": model.hp.n_layer}
         if name not in acc_all:
             log(f"{name}: acceptance of layers:K drafts, greedy, {len(ids_list)} prompts x {args.tokens} tokens")
             acc_all[name] = acceptance(model, devices("cpu"), ids_list, args.tokens, sweep_k)
+            Path(args.acceptance_out).write_text(json.dumps(acc_all, indent=1) + "\n")
+            log(f"  written to {args.acceptance_out}")
         res["acceptance"] = acc_all[name]
         for spec in backends:
             devs = devices(spec)
@@ -260,9 +267,6 @@ def main() -> None:
                     f"{m['tokens_per_step']:.2f} tokens per target step, {m['tok_s']:.2f} tok/s against "
                     f"{m['target_alone_tok_s']:.2f} for the target alone: x{m['speedup']:.2f}, speculation {verdict}")
             res[spec] = entry
-    if not args.acceptance and not args.random_weights:
-        Path(args.acceptance_out).write_text(json.dumps(acc_all, indent=1) + "\n")
-        log(f"acceptance written to {args.acceptance_out}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         log(f"figures written to {args.out}")
