@@ -329,6 +329,7 @@ def test_run_reports_the_speculation_and_writes_it_in_the_plan(capsys, tmp_path,
     assert all(k.startswith("draft decode[") for k in record["plans"])
     text = view.read_text()
     assert "draft decode[" in text and "shared with the target, in place: cache_k_l2" in text
+    assert "note: speculative: drafted" in text
 
 
 def test_check_and_split_show_the_shared_kv_error(capsys, tmp_path, tiny_qwen2, vk):

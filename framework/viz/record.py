@@ -95,6 +95,7 @@ class PlanView:
     all_plans: dict[str, Plan] = field(default_factory=dict)            # every phase, for the budgets
     # a draft's tensors that are its target's, used in place: name -> (owner's device, buffer)
     shared: dict[str, tuple[str, str]] = field(default_factory=dict)
+    speculative: dict | None = None          # a run's speculative decoding figures (SpecStats.to_dict)
 
     def is_shared(self, t: Tensor, plan: Plan) -> bool:
         """t, read or written by a draft's plan, is its target's (by identity: names may repeat, as the
@@ -167,6 +168,8 @@ class PlanView:
         for s in (decoder.target, decoder.draft.session):
             plans.update({s.phase_name(k): plan for k, (plan, _) in s.plans.items()})
         view = cls._of_pair(decoder, plans)
+        view.speculative = decoder.stats.to_dict()
+        view.notes.append(decoder.stats.line())
         for s in (decoder.target, decoder.draft.session):
             for dev, st in s.executor.stats.items():
                 view.device_seconds[dev] = view.device_seconds.get(dev, 0.0) + st.get("seconds", 0.0)
@@ -286,6 +289,8 @@ class PlanView:
             rec["device_seconds"] = self.device_seconds
         if self.shared:
             rec["shared"] = {name: {"device": d, "buffer": b} for name, (d, b) in self.shared.items()}
+        if self.speculative is not None:
+            rec["speculative"] = self.speculative
         return rec
 
     def fragment_extras(self, phase: str) -> list[dict]:
