@@ -315,7 +315,8 @@ def test_run_reports_the_speculation_and_writes_it_in_the_plan(capsys, tmp_path,
     code, out, err = run_cli(capsys, "run", "Hello there", "-m", target, "--draft", assistant, "--draft-n", 3, "-n", 10,
                              "--ctx", 128, "--plan", plan, "--plan-view", view)
     assert code == 0 and out.startswith("Hello there")
-    assert "draft tiny-gemma4-assistant.gguf (gemma4-assistant, 2 layers reading the target's cache of layers 2, 3)" in err
+    assert ("draft tiny-gemma4-assistant.gguf (gemma4-assistant, 2 layers reading the target's cache of layers "
+            "2, 3)") in err
     assert "uses the target's KV cache of layers 2-3 and token_embd.weight in place (on cpu)" in err
     assert "speculative: drafted" in err and "tokens per target step" in err and "for the target alone" in err
     assert "draft placement" in err
@@ -334,8 +335,8 @@ def test_run_reports_the_speculation_and_writes_it_in_the_plan(capsys, tmp_path,
 
 def test_check_and_split_show_the_shared_kv_error(capsys, tmp_path, tiny_qwen2, vk):
     path = tiny_qwen2.file.path
-    args = ("-m", path, "--backends", "vulkan:0,cpu", "--draft", "layers:1", "--draft-backends", "cpu", "--ctx", 64, "-n", 4,
-            "--prompt-tokens", 6)
+    args = ("-m", path, "--backends", "vulkan:0,cpu", "--draft", "layers:1", "--draft-backends", "cpu", "--ctx", 64,
+            "-n", 4, "--prompt-tokens", 6)
     code, out, err = run_cli(capsys, "check", *args)
     assert code == 1 and "error: [buffer_not_usable] pre-allocated tensor 'cache_k_l0'" in err
     assert "list vulkan:0 first in --draft-backends" in err

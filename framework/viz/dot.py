@@ -86,7 +86,8 @@ def _shared_node(view: PlanView, plan, p: int) -> list[str]:
     users = {}
     for f in plan.fragments:
         names = {t.name for t in f.inputs if t.is_leaf and view.is_shared(t, plan)}
-        names |= {s.storage.name for n in f.nodes for s in n.src if s.storage.is_leaf and view.is_shared(s.storage, plan)}
+        names |= {s.storage.name for n in f.nodes for s in n.src
+                  if s.storage.is_leaf and view.is_shared(s.storage, plan)}
         if names:
             users[f.index] = sorted(names)
     if not users:

@@ -103,7 +103,8 @@ def read_layer_shapes(meta: dict, shared_kv: bool) -> tuple[HParams, tuple[Layer
                                 f"kv heads {src.n_head_kv}/{lay.n_head_kv})")
     full = next((lay for lay in layers if not lay.swa), layers[0])
     n_vocab = len(meta.get("tokenizer.ggml.tokens", ())) or _get(meta, p + "vocab_size", cast=int)
-    hp = HParams(arch=arch, n_vocab=n_vocab, n_ctx_train=_get(meta, p + "context_length", cast=int), n_embd=n_embd, n_layer=n_layer,
+    hp = HParams(arch=arch, n_vocab=n_vocab, n_ctx_train=_get(meta, p + "context_length", cast=int), n_embd=n_embd,
+                 n_layer=n_layer,
                  n_ff=n_ff[0], n_head=n_head[0], n_head_kv=full.n_head_kv, head_dim=d_full,
                  rms_eps=_get(meta, p + "attention.layer_norm_rms_epsilon"), rope_base=base, rope_base_swa=base_swa,
                  n_rot=rot_full, sliding_window=_get(meta, p + "attention.sliding_window", cast=int) if any(swa) else 0,
