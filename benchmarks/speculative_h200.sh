@@ -7,7 +7,7 @@
 #
 # Set up once as benchmarks/vulkan_h200.sh says (.gl and .whl), then through the device tool:
 #   run(command="bash benchmarks/speculative_h200.sh", carry=[".gl", ".whl"], kind="nvidia-h200")
-# It prints the figures and leaves $OUT/speculative_h200.json (about 2 minutes).
+# It prints the figures and leaves $OUT/speculative_h200.json (a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in .gl/*.deb; do dpkg -x "$f" /; done
