@@ -17,6 +17,14 @@ llama.cpp's greedy tokens (argmax) over a prefill and DECODE_STEPS decode steps,
 prefill position of the first prompt. vocab-<family>.json holds the token ids of the strings under the
 full real vocabulary, with and without special-token parsing, and the chat templates' renderings by
 llama.cpp's llama_chat_apply_template.
+
+gemma4-assistant.json holds llama.cpp's MTP drafting (common/speculative.cpp's draft-mtp, driven here
+through its low-level API) of the tiny Gemma 4 assistant over the tiny Gemma 4 target: per prompt, the
+target's greedy first token, N_DRAFT greedy draft tokens of the assistant (every one at the position after
+the target's context, each from the previous step's h_nextn), then the target's verification of that token
+and the drafts (its greedy acceptance), the rollback of the rejected ones, and a second round of drafts
+from the hidden state of the last accepted token; the assistant's logits of every draft step are in
+gemma4-assistant.npz.
 """
 
 from __future__ import annotations
@@ -136,6 +144,114 @@ def model_reference(arch: str, work: Path) -> tuple[dict, dict]:
     return ref, arrays
 
 
+N_DRAFT = 4
+
+
+class MTP:
+    """llama.cpp's Gemma 4 target and assistant contexts (the assistant reads the target's cache)."""
+
+    def __init__(self, target: Path, assistant: Path):
+        import llama_cpp as L
+        self.L = L
+        lib = L.llama_cpp._lib
+        # llama-ext.h's staging API (C++ linkage): h_nextn, the hidden state after the output norm
+        self.set_nextn = getattr(lib, "_Z26llama_set_embeddings_nextnP13llama_contextbb")
+        self.set_nextn.argtypes, self.set_nextn.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
+        self.nextn_ith = getattr(lib, "_Z30llama_get_embeddings_nextn_ithP13llama_contexti")
+        self.nextn_ith.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+        self.nextn_ith.restype = ctypes.POINTER(ctypes.c_float)
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        self.models = [L.llama_model_load_from_file(str(p).encode(), mp) for p in (target, assistant)]
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.models[0]))
+        self.n_embd = L.llama_model_n_embd(self.models[0])
+        self.ctx_t = L.llama_init_from_model(self.models[0], self._params())
+        self.set_nextn(self.ctx_t, True, False)
+        cp = self._params()
+        cp.ctx_type, cp.ctx_other = L.LLAMA_CONTEXT_TYPE_MTP, self.ctx_t
+        self.ctx_a = L.llama_init_from_model(self.models[1], cp)
+        self.set_nextn(self.ctx_a, True, True)
+
+    def _params(self):
+        cp = self.L.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = 256
+        cp.n_threads = cp.n_threads_batch = N_THREADS
+        return cp
+
+    def process(self, ctx, tokens: list[int], pos: list[int], embd=None) -> None:
+        L = self.L
+        batch = L.llama_batch_ext_init(ctx)
+        keep = []
+        for i, (t, p) in enumerate(zip(tokens, pos)):
+            idx = L.llama_batch_ext_add_token(batch, 0, t)
+            L.llama_batch_ext_set_pos(batch, idx, (L.llama_pos * 1)(p))
+            if embd is not None:
+                row = np.ascontiguousarray(embd[i], dtype=np.float32)
+                keep.append(row)
+                L.llama_batch_ext_set_embd_token(batch, idx, L.llama_embd(
+                    row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, row.shape[0]))
+            L.llama_batch_ext_set_output_logits(batch, idx, True)
+        rc = L.llama_process(ctx, L.LLAMA_PROCESS_TYPE_DECODE, batch)
+        L.llama_batch_ext_free(batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_process returned {rc}")
+
+    def logits(self, ctx, i: int) -> np.ndarray:
+        return np.ctypeslib.as_array(self.L.llama_get_logits_ith(ctx, i), shape=(self.n_vocab,)).copy()
+
+    def hidden(self, ctx, i: int) -> np.ndarray:
+        return np.ctypeslib.as_array(self.nextn_ith(ctx, i), shape=(self.n_embd,)).copy()
+
+    def draft(self, token: int, h: np.ndarray, pos0: int) -> tuple[list[int], list[np.ndarray]]:
+        """draft-mtp's loop for a shared-memory (Gemma 4) assistant: every draft at pos0, greedy."""
+        out, rows = [], []
+        for _ in range(N_DRAFT):
+            self.process(self.ctx_a, [token], [pos0], [h])
+            rows.append(self.logits(self.ctx_a, 0))
+            h = self.hidden(self.ctx_a, 0)
+            token = int(np.argmax(rows[-1]))
+            out.append(token)
+        return out, rows
+
+    def clear(self) -> None:
+        self.L.llama_memory_seq_rm(self.L.llama_get_memory(self.ctx_t), 0, -1, -1)
+
+    def rewind(self, n: int) -> None:
+        self.L.llama_memory_seq_rm(self.L.llama_get_memory(self.ctx_t), 0, n, -1)
+
+
+def assistant_reference(work: Path) -> tuple[dict, dict]:
+    target = tiny_models.write("gemma4", work / "tiny-gemma4.gguf")
+    assistant = tiny_models.write("gemma4-assistant", work / "tiny-gemma4-assistant.gguf")
+    mtp = MTP(target, assistant)
+    ref = {"target_sha256": sha256(target), "assistant_sha256": sha256(assistant), "n_draft": N_DRAFT,
+           "prompts": []}
+    arrays = {}
+    gemma4 = json.loads((OUT / "gemma4.json").read_text(encoding="utf-8"))
+    for i, p in enumerate(gemma4["prompts"]):
+        mtp.clear()
+        ids, n = p["ids"], len(p["ids"])
+        mtp.process(mtp.ctx_t, ids, list(range(n)))
+        first = int(np.argmax(mtp.logits(mtp.ctx_t, n - 1)))
+        drafts, rows = mtp.draft(first, mtp.hidden(mtp.ctx_t, n - 1), n)
+        # the target verifies [first, *drafts] at n..n+N_DRAFT; greedy acceptance, then rollback
+        mtp.process(mtp.ctx_t, [first] + drafts, list(range(n, n + N_DRAFT + 1)))
+        verify = [mtp.logits(mtp.ctx_t, j) for j in range(N_DRAFT + 1)]
+        accepted = 0
+        while accepted < N_DRAFT and int(np.argmax(verify[accepted])) == drafts[accepted]:
+            accepted += 1
+        after = int(np.argmax(verify[accepted]))
+        h = mtp.hidden(mtp.ctx_t, accepted)
+        mtp.rewind(n + 1 + accepted)
+        drafts2, rows2 = mtp.draft(after, h, n + 1 + accepted)
+        arrays[f"p{i}_draft1"] = np.stack(rows).astype(np.float16)
+        arrays[f"p{i}_verify"] = np.stack(verify).astype(np.float16)
+        arrays[f"p{i}_draft2"] = np.stack(rows2).astype(np.float16)
+        ref["prompts"].append({"ids": ids, "first": first, "drafts": drafts, "accepted": accepted, "next": after,
+                               "drafts2": drafts2, "keys": [f"p{i}_draft1", f"p{i}_verify", f"p{i}_draft2"]})
+    return ref, arrays
+
+
 def vocab_reference(family: str, vocab_file: str, src: Path, work: Path) -> dict:
     """Token ids under the full real vocabulary, from a vocabulary-only GGUF llama.cpp loads."""
     from gguf import GGUFReader, GGUFWriter
@@ -194,6 +310,12 @@ def main() -> int:
             (OUT / f"{arch}.json").write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
             np.savez_compressed(OUT / f"{arch}.npz", **arrays)
             print(arch, "greedy", [q["greedy_ids"] for q in ref["prompts"]])
+        if not args.only or "gemma4-assistant" in args.only:
+            ref, arrays = assistant_reference(work)
+            ref["llama_cpp_python"] = llama_cpp.__version__
+            (OUT / "gemma4-assistant.json").write_text(json.dumps(ref, indent=1) + "\n", encoding="utf-8")
+            np.savez_compressed(OUT / "gemma4-assistant.npz", **arrays)
+            print("gemma4-assistant drafts", [(q["drafts"], q["accepted"], q["drafts2"]) for q in ref["prompts"]])
         for family, vocab_file in (("qwen2", "ggml-vocab-qwen2.gguf"), ("qwen35", "ggml-vocab-qwen35.gguf"),
                                    ("llama3", "ggml-vocab-llama-bpe.gguf")):
             if args.only and family not in args.only:

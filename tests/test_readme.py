@@ -109,6 +109,12 @@ def check_run_plan(capsys, command):
     assert record["devices"] == ["cpu"] and record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+def check_run_draft(capsys, command):
+    code, out, err = run_framework(capsys, command, "-n", "4", "--ctx", "128")
+    assert code == 0 and "draft layers:24 (the first 24 of 30 layers of the target)" in err
+    assert "speculative: drafted" in err and "draft placement" in err
+
+
 def check_models(capsys, command):
     code, out, _ = run_framework(capsys, command)
     assert code == 0
@@ -215,6 +221,7 @@ COMMANDS = {
     '.venv/bin/framework run "Once upon a time" -n 64': check_run_gemma3,
     '.venv/bin/framework run -m smollm2 "Why is the sky blue?" --chat': check_run_chat,
     ".venv/bin/framework run -m smollm2 --backends cpu --plan plan.json": check_run_plan,
+    ".venv/bin/framework run -m smollm2 --draft layers:24 --draft-n 3 -n 8": check_run_draft,
     ".venv/bin/framework models": check_models,
     ".venv/bin/framework serve -m smollm2 --parallel 2": check_serve,
     ".venv/bin/framework backends": check_backends,

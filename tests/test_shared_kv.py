@@ -38,7 +38,8 @@ def test_draft_on_a_device_that_cannot_use_the_kv_buffer_fails_at_reservation(de
     assert e.devices == ("example:0", "cpu")
     text = str(e)
     for part in ("cache_k_l0", "example_private", "example:0", "k_cache_write-0", "SET_ROWS", "cpu",
-                 "same physical device", "fix: place the graph that uses 'cache_k_l0' on example:0"):
+                 "same physical device", "the target's, shared with the draft", "of the draft",
+                 "fix: place the draft with the target: list example:0 first in --draft-backends"):
         assert part in text, part
     assert draft.executor.weights == {} and draft.executor.programs == {}   # nothing loaded or compiled
 
@@ -95,7 +96,7 @@ def test_draft_on_opencl_of_a_vulkan_cache_fails_naming_the_one_physical_device(
     text = str(e)
     for part in ("cache_k_l0", "buffer 'vulkan:0'", "opencl:0", "SET_ROWS",
                  f"same physical device ({vk.physical_id}) reached through two plugins",
-                 "fix: place the graph that uses 'cache_k_l0' on vulkan:0"):
+                 "fix: place the draft with the target: list vulkan:0 first in --draft-backends"):
         assert part in text, part
     assert draft.executor.weights == {} and draft.executor.programs == {}   # nothing loaded or compiled
 

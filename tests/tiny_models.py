@@ -71,7 +71,7 @@ def _to_bf16_bytes(x: np.ndarray) -> np.ndarray:
     return rounded.view(np.uint8).reshape(*x.shape[:-1], x.shape[-1] * 2)
 
 
-def random_weight(rnd: Random, dtype: str, shape: tuple[int, int], std: float):
+def rnd_weight(rnd: Random, dtype: str, shape: tuple[int, int], std: float):
     """(data, raw dtype) of a weight of numpy shape (rows, cols): values of about std."""
     if dtype == "F32":
         return rnd.normal(shape, std), None
@@ -88,6 +88,9 @@ def random_weight(rnd: Random, dtype: str, shape: tuple[int, int], std: float):
     for offset, value in SCALE_FIELDS[dtype]:
         raw[:, offset:offset + 2] = np.frombuffer(np.float16(value * unit).tobytes(), np.uint8)
     return raw.reshape(rows, cols // per_block * block_bytes), qt
+
+
+random_weight = rnd_weight
 
 
 @dataclass
@@ -147,6 +150,11 @@ SPECS = {
                   template="meta-llama-Llama-3.2-3B-Instruct.jinja"),
 }
 
+
+# Gemma 4 (tests/tiny_models.py's gemma4 section below): six layers, sliding and full alternating, the
+# last two reading the K and V of layers 2 and 3; per-layer embeddings, output scales, soft-capped logits
+SPECS["gemma4"] = Spec("gemma4", "qwen2", n_layer=6, n_embd=128, n_head=4, n_special=22, embd_type="Q8_0",
+                       embd_std=0.09, seed=6, template="Qwen-Qwen2.5-7B-Instruct.jinja")
 
 # the same qwen35 model with every matrix in F32: llama.cpp multiplies F32 weights without rounding the
 # activations, so this one checks the graph and the ops exactly, apart from the weight types
@@ -226,6 +234,8 @@ def _tensors(spec: Spec, n_vocab: int) -> list[tuple[str, object, object]]:
 
 def write(arch: str, path: Path) -> Path:
     """Write the tiny model of `arch` to path; return path."""
+    if arch in GEMMA4:
+        return write_gemma4(arch, path)
     spec = SPECS[arch]
     vocab = vocab_metadata(spec.vocab, N_BASE, spec.n_special)
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
@@ -270,6 +280,136 @@ def write(arch: str, path: Path) -> Path:
     return path
 
 
+# -- Gemma 4 and its MTP assistant ------------------------------------------------------------------------
+# Shapes as llama.cpp's gemma4.cpp and gemma4-assistant.cpp read them. Sliding layers: 4 heads of 32, 2 kv
+# heads, 16 of 32 dimensions turned (partial rope); full layers: 4 heads of 64, 1 kv head, rope_freqs
+# turning 8 of 32 pairs (Gemma 4's "proportional" rope); a window of 8 tokens, so the prompts outrun it.
+# Layer 1 has no attn_v (V is K's projection), layers 4 and 5 have no K or V of their own; the last two
+# feed-forward blocks are twice as wide (use_double_wide_mlp). The assistant: 64 wide, one sliding and
+# one full Q-only layer over the target's cache, in F16 and F32 (its draft tokens are compared exactly).
+# The attention matrices take the low-bit types, the feed-forward F16 and BF16: llama.cpp rounds a product's
+# activations to 8 bits for a quantized weight, and rounding GeGLU's heavy-tailed output so moves these random
+# logits some 20 times more (to 4e-4 NMSE at some positions) than rounding the attention's inputs does.
+GEMMA4 = {
+    "gemma4": dict(n_embd=128, n_layer=6, swa=(True, False, True, False, True, False), n_ff=(256,) * 4 + (512,) * 2,
+                   shared_kv=2, per_layer=16, softcap=30.0, seed=6,
+                   types=("Q4_1", "Q5_0", "F16", "BF16", "F16", "Q8_0", "Q5_1")),
+    "gemma4-assistant": dict(n_embd=64, n_layer=2, swa=(True, False), n_ff=(128, 128), shared_kv=2, per_layer=0,
+                             softcap=0.0, seed=7, backbone=128, types=("F16", "F32", "F16", "F32", "F16", "F16",
+                                                                       "F32")),
+}
+POST_GAIN = 0.2
+G4_HEADS, G4_SWA_DIM, G4_FULL_DIM, G4_SWA_KV, G4_FULL_KV, G4_SWA_ROT, G4_WINDOW = 4, 32, 64, 2, 1, 16, 8
+
+
+def gemma4_rope_freqs(head_dim: int = G4_FULL_DIM, partial: float = 0.25) -> np.ndarray:
+    """The converter's rope_freqs for Gemma 4's full layers: 1 for the pairs that turn, 1e30 for the rest."""
+    n_rot = int(head_dim * partial / 2)
+    return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), dtype=np.float32)
+
+
+def _gemma4_tensors(arch: str, n_vocab: int, f32: bool = False) -> list[tuple[str, object, object]]:
+    g = GEMMA4[arch]
+    rnd = Random(g["seed"])
+    if f32:         # every matrix in F32: llama.cpp then rounds no activation
+        def random_weight(rnd, dtype, shape, std):     # noqa: F811
+            return rnd_weight(rnd, "F32", shape, std)
+    else:
+        random_weight = rnd_weight
+    e, h = g["n_embd"], G4_HEADS
+    norm = lambda n: (1.0 + rnd.normal((n,), 0.1), None)     # noqa: E731
+    assistant = arch == "gemma4-assistant"
+    embd_type = "F16" if assistant else SPECS["gemma4"].embd_type
+    # the embedded input (scaled by sqrt(n_embd)) of about unit size, like the twelve blocks' contributions
+    # together, so the layers matter; the target's own output head, so its choices are not its input token
+    out = [("token_embd.weight", *random_weight(rnd, embd_type, (n_vocab, e), SPECS["gemma4"].embd_std)),
+           ("output_norm.weight", *norm(e)), ("rope_freqs.weight", gemma4_rope_freqs(), None)]
+    if not assistant:
+        out.append(("output.weight", *random_weight(rnd, "F16", (n_vocab, e), 3.0 / np.sqrt(e))))
+    n_pl, n_layer = g["per_layer"], g["n_layer"]
+    if n_pl:
+        out += [("per_layer_token_embd.weight", *random_weight(rnd, "Q8_0", (n_vocab, n_layer * n_pl), 1.0)),
+                ("per_layer_model_proj.weight", *random_weight(rnd, "F16", (n_layer * n_pl, e), 1.0 / np.sqrt(e))),
+                ("per_layer_proj_norm.weight", *norm(n_pl))]
+    if assistant:
+        b = g["backbone"]
+        out += [("nextn.pre_projection.weight", *random_weight(rnd, "F32", (e, 2 * b), 1.0 / np.sqrt(2 * b))),
+                ("nextn.post_projection.weight", *random_weight(rnd, "F32", (b, e), 1.0 / np.sqrt(e)))]
+    kv_start = n_layer - (0 if assistant else g["shared_kv"])
+    for il in range(n_layer):
+        p, swa, ff = f"blk.{il}.", g["swa"][il], g["n_ff"][il]
+        d, hk = (G4_SWA_DIM, G4_SWA_KV) if swa else (G4_FULL_DIM, G4_FULL_KV)
+        t = g["types"]
+        shapes = [("attn_q", t[0], (h * d, e)), ("attn_output", t[1], (e, h * d)), ("ffn_gate", t[2], (ff, e)),
+                  ("ffn_up", t[3], (ff, e)), ("ffn_down", t[4] if ff % 32 == 0 else "F16", (e, ff))]
+        if not assistant and il < kv_start:
+            shapes += [("attn_k", t[5], (hk * d, e))] + ([] if il == 1 else [("attn_v", t[6], (hk * d, e))])
+        for name, dtype, (rows, cols) in shapes:
+            out.append((p + name + ".weight", *random_weight(rnd, dtype, (rows, cols), 1.0 / np.sqrt(cols))))
+        # Q and K norm gains of d^-1/4 each: unscaled attention (Gemma 4's scale is 1) then sees logits of
+        # about unit spread, as trained gains give, not a near one-hot softmax that amplifies every rounding
+        qk_norm = lambda n: (norm(n)[0] * n ** -0.25, None)     # noqa: E731
+        # small gains after attention and feed-forward: each block moves the residual stream a little, so
+        # six random layers stay smooth enough that llama.cpp's 8-bit activations shift the logits a little
+        post_norm = lambda n: (norm(n)[0] * POST_GAIN, None)     # noqa: E731
+        out += [(p + "attn_norm.weight", *norm(e)), (p + "attn_q_norm.weight", *qk_norm(d)),
+                (p + "post_attention_norm.weight", *post_norm(e)), (p + "ffn_norm.weight", *norm(e)),
+                (p + "post_ffw_norm.weight", *post_norm(e)),
+                (p + "layer_output_scale.weight", np.array([0.5 + 0.5 * rnd.uniform(1)[0]], dtype=np.float32), None)]
+        if not assistant and il < kv_start:
+            out.append((p + "attn_k_norm.weight", *qk_norm(d)))
+        if n_pl:
+            out += [(p + "inp_gate.weight", *random_weight(rnd, "F16", (n_pl, e), 1.0 / np.sqrt(e))),
+                    (p + "proj.weight", *random_weight(rnd, "F16", (e, n_pl), 1.0 / np.sqrt(n_pl))),
+                    (p + "post_norm.weight", *norm(e))]
+    return out
+
+
+def write_gemma4(arch: str, path: Path, f32: bool = False) -> Path:
+    """The tiny Gemma 4 target (arch "gemma4") or its MTP assistant ("gemma4-assistant"), one vocabulary."""
+    g = GEMMA4[arch]
+    vocab = vocab_metadata("qwen2", N_BASE, SPECS["gemma4"].n_special)
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    w = GGUFWriter(str(path), arch)
+    a, n_layer = arch, g["n_layer"]
+    w.add_name(f"tiny-{arch}")
+    for key, value in (("context_length", 4096), ("embedding_length", g["n_embd"]), ("block_count", n_layer),
+                       ("attention.head_count", G4_HEADS), ("attention.key_length", G4_FULL_DIM),
+                       ("attention.value_length", G4_FULL_DIM), ("attention.key_length_swa", G4_SWA_DIM),
+                       ("attention.value_length_swa", G4_SWA_DIM), ("rope.dimension_count", G4_FULL_DIM),
+                       ("rope.dimension_count_swa", G4_SWA_ROT), ("attention.sliding_window", G4_WINDOW),
+                       ("attention.shared_kv_layers", g["shared_kv"]),
+                       ("embedding_length_per_layer_input", g["per_layer"])):
+        w.add_uint32(f"{a}.{key}", value)
+    w.add_array(f"{a}.feed_forward_length", list(g["n_ff"]))
+    w.add_array(f"{a}.attention.head_count_kv", [G4_SWA_KV if s else G4_FULL_KV for s in g["swa"]])
+    w.add_array(f"{a}.attention.sliding_window_pattern", list(g["swa"]))
+    w.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    w.add_float32(f"{a}.rope.freq_base_swa", 10_000.0)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    if g["softcap"]:
+        w.add_float32(f"{a}.final_logit_softcapping", g["softcap"])
+    if arch == "gemma4-assistant":
+        w.add_uint32(f"{a}.embedding_length_out", g["backbone"])
+        w.add_uint32(f"{a}.nextn_predict_layers", n_layer)
+    w.add_string("tokenizer.ggml.model", vocab["tokenizer.ggml.model"])
+    w.add_string("tokenizer.ggml.pre", vocab["tokenizer.ggml.pre"])
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
+    w.add_token_types(vocab["tokenizer.ggml.token_type"])
+    w.add_token_merges(vocab["tokenizer.ggml.merges"])
+    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
+    w.add_pad_token_id(vocab["tokenizer.ggml.padding_token_id"])
+    w.add_chat_template((TEMPLATES / SPECS["gemma4"].template).read_text(encoding="utf-8"))
+    for name, data, raw_dtype in _gemma4_tensors(arch, n_vocab, f32):
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -277,6 +417,6 @@ def digest(path: Path) -> str:
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     out.mkdir(parents=True, exist_ok=True)
-    for name in SPECS:
+    for name in [*SPECS, "gemma4-assistant"]:
         p = write(name, out / f"tiny-{name}.gguf")
         print(p, p.stat().st_size, digest(p)[:16])

@@ -30,6 +30,7 @@ from .common import (
     start_output,
     weight_progress,
 )
+from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
 
 SAMPLE_PROMPT = "The capital of France is"
 
@@ -51,12 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan", metavar="FILE", help="write the plans that ran as JSON")
     run.add_argument("--plan-view", metavar="FILE", help="write the view of the plans that ran, with the time each "
                      "fragment took (.html, .svg, .dot, .json or .txt)")
+    add_draft_args(run)
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
     _model_args(check)
     check.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
     check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
+    add_draft_args(check)
 
     split = sub.add_parser("split", help="show where every node of the plan runs, why, and what it costs")
     _model_args(split)
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     split.add_argument("-o", "--output", metavar="FILE", help=".html, .svg, .dot, .json or .txt (default: the "
                        "summary on the terminal)")
+    add_draft_args(split)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)")
     serve.add_argument("-m", "--model", action="append", metavar="MODEL", help="a GGUF file or a short name ("
@@ -194,33 +198,41 @@ def cmd_run(args) -> int:
                     f"is nothing to continue: give a prompt")
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
                       kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
-    session.reserve(len(ids), args.n_predict)           # every check before anything is loaded
+    decoder = speculative_decoder(args, session, devices)
+    (decoder or session).reserve(len(ids), args.n_predict)     # every check before anything is loaded
     with weight_progress() as progress:
-        session.progress = progress
-        session.plan(min(len(ids), args.batch), 0)     # load and compile before the clock starts
-        if args.n_predict > 1:
-            session.plan(1, len(ids))                  # the decode step's program too
+        if decoder is not None:
+            decoder.prepare(progress)                  # every reserved plan of target and draft
+        else:
+            session.progress = progress
+            session.plan(min(len(ids), args.batch), 0)     # load and compile before the clock starts
+            if args.n_predict > 1:
+                session.plan(1, len(ids))                  # the decode step's program too
     session.progress = None
     out(args.prompt if not args.chat else "")
     interrupted, generated = False, 0
+    stream = (decoder.generate(ids, args.n_predict, sampler, tok.eog_ids) if decoder is not None else
+              generate(session, ids, args.n_predict, sampler, tok.eog_ids))
     try:
-        for piece in generate(session, ids, args.n_predict, sampler, tok.eog_ids):
+        for piece in stream:
             out(piece.text)
             generated += 1
     except KeyboardInterrupt:
         interrupted = True
     out("\n")
-    _summary(model, session, generated, interrupted)
-    for line in fallback_lines(session):
+    _summary(model, session, generated, interrupted, decoder)
+    for line in fallback_lines(session) + (fallback_lines(decoder.draft.session) if decoder else []):
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     for line in memory_fit_lines(session):
         err.print(escape(line), soft_wrap=True)
     print_table(err, *placement_rows(session), right=(1, 2, 3, 4, 5, 6), title="placement")
+    if decoder is not None:
+        print_table(err, *placement_rows(decoder.draft.session), right=(1, 2, 3, 4, 5, 6), title="draft placement")
     if args.plan:
-        _write_plans(session, Path(args.plan))
+        _write_plans(session, Path(args.plan), decoder)
     if args.plan_view:
         from .split import write_run_view
-        write_run_view(session, Path(args.plan_view))
+        write_run_view(session, Path(args.plan_view), decoder)
     return EXIT_INTERRUPTED if interrupted else 0
 
 
@@ -247,14 +259,21 @@ def _speed(stats) -> str:
     return f" at {stats.tokens_per_second:.1f} tok/s" if stats.tokens else ""
 
 
-def _summary(model, session, generated: int, interrupted: bool) -> None:
+def _summary(model, session, generated: int, interrupted: bool, decoder=None) -> None:
     names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in session.devices)
     pre, dec = session.prefill, session.decode
     err.print(f"model {model.name} ({model.arch.name}, {model.file.path.name}) on {names}"
               + (" - interrupted" if interrupted else ""), soft_wrap=True)
-    err.print(f"prefill {_tokens(pre.tokens)}{_speed(pre)}, decode {_tokens(dec.tokens)}{_speed(dec)}; "
-              f"{_tokens(generated)} generated (the first from the prefill)",
-              soft_wrap=True)
+    if decoder is not None:
+        st = decoder.stats
+        err.print(escape(draft_line(decoder)), soft_wrap=True)
+        err.print(f"prefill {_tokens(st.prompt_tokens)} at {st.prompt_tokens / max(st.prompt_seconds, 1e-9):.1f} "
+                  f"tok/s; {_tokens(generated)} generated (the first from the prefill)", soft_wrap=True)
+        err.print(escape(st.line()), soft_wrap=True)
+    else:
+        err.print(f"prefill {_tokens(pre.tokens)}{_speed(pre)}, decode {_tokens(dec.tokens)}{_speed(dec)}; "
+                  f"{_tokens(generated)} generated (the first from the prefill)",
+                  soft_wrap=True)
     for d in session.devices:                 # compiled-model count, compile time, on-disk cache hits
         line = getattr(d, "compile_summary", None)
         if callable(line) and session.executor.stats.get(d.name, {}).get("compiles"):
@@ -266,7 +285,7 @@ def _devices(args):
     return select_devices(args.backends, getattr(args, "device_profile", None))
 
 
-def _write_plans(session, path: Path) -> None:
+def _write_plans(session, path: Path, decoder=None) -> None:
     from ..runtime.session import _phase_name
     record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
               "plans": {_phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
@@ -274,6 +293,8 @@ def _write_plans(session, path: Path) -> None:
     figures = {d.name: {**f, "tokens": tokens} for d in session.devices if (f := d.run_figures())}
     if figures:             # what devices measured themselves (a remote device: network bytes, time on its node)
         record["device_figures"] = figures
+    if decoder is not None:
+        record["draft"] = draft_record(decoder)
     path.write_text(json.dumps(record, indent=1))
     err.print(f"plans written to {path}")
 
@@ -285,14 +306,17 @@ def cmd_check(args) -> int:
     t0 = time.perf_counter()
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
                       kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
-    reservation = session.reserve(args.prompt_tokens, args.n_predict)
+    decoder = speculative_decoder(args, session, devices)
+    reservation = (decoder or session).reserve(args.prompt_tokens, args.n_predict)
     seconds = time.perf_counter() - t0
     names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in devices)
     out(f"reservation of {model.name} on {names}: {len(reservation.plans)} graph shapes planned and checked in "
         f"{seconds * 1000:.0f} ms; nothing was loaded or compiled\n")
+    if decoder is not None:
+        out(draft_line(decoder) + "\n")
     out("\n".join(reservation.summary()) + "\n")
     if args.plan:
-        _write_plans(session, Path(args.plan))
+        _write_plans(session, Path(args.plan), decoder)
     return 0
 
 
@@ -397,7 +421,7 @@ def cmd_info(args) -> int:
     lines = [f"file          {file.path}", f"name          {meta.get('general.name', file.path.name)}",
              f"architecture  {arch or '(none)'}, {support}"]
     try:
-        hp = read_hparams(meta, cls.swa_pattern if cls else 0, cls.rope_base_swa if cls else None)
+        hp = cls.read_hparams(meta) if cls else read_hparams(meta)
         lines += [
             f"layers        {hp.n_layer}, embedding {hp.n_embd}, feed-forward {hp.n_ff}",
             f"attention     {hp.n_head} heads, {hp.n_head_kv} kv heads, head size {hp.head_dim}"

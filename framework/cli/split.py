@@ -29,7 +29,10 @@ def run_split(args) -> int:
     model = load_model(args.model)
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
                       kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
-    view = PlanView.from_session(session, args.prompt_tokens, args.n_predict, args.phase)
+    from .draft import speculative_decoder
+    decoder = speculative_decoder(args, session, devices)
+    view = (PlanView.from_decoder(decoder, args.prompt_tokens, args.n_predict, args.phase) if decoder is not None
+            else PlanView.from_session(session, args.prompt_tokens, args.n_predict, args.phase))
     if target is None:
         out(render_text(view))
     else:
@@ -47,10 +50,10 @@ def run_split(args) -> int:
     return 0
 
 
-def write_run_view(session, path: Path) -> None:
+def write_run_view(session, path: Path, decoder=None) -> None:
     """The view of the plans that ran, with the time measured per fragment (or per device)."""
     from ..viz import GraphvizMissing, PlanView, write_view
-    view = PlanView.after_run(session)
+    view = PlanView.after_run(session) if decoder is None else PlanView.after_run_pair(decoder)
     try:
         write_view(view, path)
     except GraphvizMissing as e:

@@ -29,10 +29,19 @@ class Sampler:
         self.params = params.check()
         self.rng = np.random.default_rng(params.seed)
 
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature == 0
+
     def __call__(self, logits: np.ndarray) -> int:
-        p = self.params
-        if p.temperature == 0:
+        if self.greedy:
             return int(np.argmax(logits))
+        idx, probs = self.candidates(logits)
+        return int(idx[self.rng.choice(len(idx), p=probs)])
+
+    def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids sampling can pick (temperature, then top-k, then top-p) and their probabilities."""
+        p = self.params
         logits = logits.astype(np.float64) / p.temperature
         idx = np.argsort(-logits)
         if p.top_k:
@@ -42,4 +51,14 @@ class Sampler:
         if p.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
             idx, probs = idx[:keep], probs[:keep] / probs[:keep].sum()
-        return int(idx[self.rng.choice(len(idx), p=probs)])
+        return idx, probs
+
+    def distribution(self, logits: np.ndarray) -> np.ndarray:
+        """The probability of every token id under this sampler (what __call__ draws from), float64."""
+        out = np.zeros(logits.shape[-1], dtype=np.float64)
+        if self.greedy:
+            out[int(np.argmax(logits))] = 1.0
+            return out
+        idx, probs = self.candidates(logits)
+        out[idx] = probs
+        return out

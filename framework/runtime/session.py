@@ -15,18 +15,24 @@ loaded; a shape met later (a longer run than reserved) is planned and checked on
 Sessions of one model can share its weights and compiled programs (`share_model_with`), each
 keeping its own KV cache: a server's parallel slots. A shared program is one object, so steps of
 such sessions must not run at the same time; the caller serialises them.
+
+A draft session (speculative decoding, runtime/speculative.py) is made with `draft_of=target`: it
+shares the target's loaded weights and compiled programs, and with `share_kv_with=target` also the
+target's cache tensors, in place. Its plans are checked together with the target's (`partners`), since
+both draw on the same devices' budgets. `rewind(n)` drops the context after n tokens: the cache is
+indexed by position and the mask hides rows past n_past, so nothing is cleared.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..contract import Device
 from ..core.graph import Graph, LeafKind, ops
-from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve
+from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve, reserve_together
 from ..core.scheduler.memory import Fit, fit_layers, fit_needed, memory_budgets
 from ..model.model import Model
 
@@ -51,11 +57,19 @@ class Session:
     def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512, progress=None,
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
                  share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None,
-                 share_model_with: "Session | None" = None, max_plans: int | None = None):
+                 share_model_with: "Session | None" = None, max_plans: int | None = None,
+                 draft_of: "Session | None" = None, hidden: bool = False):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
         self.progress, self.strict, self.n_layers = progress, strict, n_layers
+        self.hidden = hidden                # graphs also return the hidden state the head reads (hidden_rows)
+        self.hidden_rows: np.ndarray | None = None
+        draft_of = draft_of or share_kv_with
+        self.role = "draft" if draft_of is not None else None
+        self.partners: list[Session] = []   # sessions of this process whose plans are checked with these
+        self.borrowed: dict[int, object] = {}    # a draft's weights that are its target's, used in place
+        self._unchecked: dict[tuple, Plan] = {}
         self.static = any(d.limits.static_shapes for d in self.devices)
         unknown = sorted(set(memory_caps or ()) - {d.name for d in self.devices})
         if unknown:
@@ -71,7 +85,8 @@ class Session:
                              f"cannot share with its target: run the draft with its own cache")
         if share_kv_with is not None:
             # a draft that reads and writes the target's cache tensors where the target keeps them
-            self.n_ctx, self.cache, self.residence = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.residence
+            self.n_ctx, self.cache = share_kv_with.n_ctx, share_kv_with.cache
+            self.residence = {k: replace(r, owner="the target") for k, r in share_kv_with.residence.items()}
             self.fit = share_kv_with.fit
             caches = share_kv_with.executor.caches
         else:
@@ -82,9 +97,11 @@ class Session:
         other, names = share_model_with, [d.name for d in self.devices]
         if other is not None and (other.model is not model or [d.name for d in other.devices] != names):
             raise ValueError("share_model_with needs a session of the same model on the same devices")
-        # another session of the model (a server's parallel slot): its weights and programs, a cache of our own
+        # another session of the model (a server's parallel slot: a cache of our own) or a draft's target:
+        # its weights and programs
+        lender = draft_of if draft_of is not None else other
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches,
-                                 other.executor if other is not None else None)
+                                 lender.executor if lender is not None else None)
         self.n_past = 0
         self.prefill = StepStats()
         self.decode = StepStats()
@@ -124,8 +141,19 @@ class Session:
     def reset(self) -> None:
         self.n_past = 0
 
+    def rewind(self, n_past: int) -> None:
+        """Keep the first n_past tokens of the context (speculative decoding drops rejected ones)."""
+        if not 0 <= n_past <= self.n_past:
+            raise ValueError(f"cannot rewind to {n_past} tokens: the context holds {self.n_past}")
+        if n_past < self.n_past and self.model.arch.recurrent:
+            raise ValueError(f"{self.model.name} ({self.model.arch.name}) keeps recurrent state that the last "
+                             f"{self.n_past - n_past} tokens have already changed; it cannot be rewound")
+        self.n_past = n_past
+
     # -- shapes and plans -----------------------------------------------------------------
     def _key(self, n_tokens: int, n_past: int, n_out: int | None) -> tuple:
+        if n_tokens == 1:
+            n_out = 1               # the logits of every token of a one-token step are its last token's
         if self.static:
             return (1 if n_tokens == 1 else self.n_batch), self.n_ctx, (None if n_out is None else 1)
         return n_tokens, min(self.n_ctx, -(-(n_past + n_tokens) // KV_PAD) * KV_PAD), n_out
@@ -133,8 +161,10 @@ class Session:
     def _graph(self, key: tuple) -> tuple[Graph, object]:
         if key not in self.graphs:
             n_tokens, n_kv, n_out = key
-            graph, inp = self.model.build_step(n_tokens, n_kv, n_out, self.cache, self.n_layers)
+            graph, inp = self.model.build_step(n_tokens, n_kv, n_out, self.cache, self.n_layers, self.hidden)
             graph.meta["phase"] = "decode" if n_tokens == 1 else "prefill"
+            if self.role:
+                graph.meta["role"] = self.role
             self.graphs[key] = (graph, inp)
         return self.graphs[key]
 
@@ -156,6 +186,8 @@ class Session:
     def reserve(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> Reservation:
         """Plan and check every shape the run will use; nothing is loaded or compiled."""
         keys = self.shapes_for(n_prompt, n_predict, all_logits)
+        if self.partners:
+            return self.reserve_keys(keys)
         phases = {_phase_name(k): self.plans[k][0] if k in self.plans else self._graph(k)[0] for k in keys}
         known = {_phase_name(k): p for k, (p, _) in self.plans.items() if _phase_name(k) not in phases}
         result = reserve({**known, **phases}, self.devices, self.residence, self.strict,
@@ -164,9 +196,45 @@ class Session:
             self._remember(k, self.plans.get(k) or (result.plans[_phase_name(k)], self._graph(k)[1]))
         return result
 
+    def make_plans(self, keys) -> dict[tuple, Plan]:
+        """Plans of these step shapes (kept ones, or new ones), not yet checked or kept."""
+        out = {}
+        for k in dict.fromkeys(keys):
+            if k in self.plans:
+                out[k] = self.plans[k][0]
+            else:
+                if k not in self._unchecked:
+                    self._unchecked[k] = make_plan(self._graph(k)[0], self.devices, self.residence, self.fit)
+                out[k] = self._unchecked[k]
+        return out
+
+    def reserve_keys(self, keys, partner_keys: dict | None = None) -> Reservation:
+        """Plan these shapes (and partner_keys: {partner session: its shapes}) and check them with every plan
+        this session and its partners keep, as the budgets of one process; keep them when the check passes."""
+        new = {self: self.make_plans(keys)}
+        for other, other_keys in (partner_keys or {}).items():
+            new[other] = other.make_plans(other_keys)
+        groups, devices = [], {}
+        for s in [self, *self.partners]:
+            plans = {k: p for k, (p, _) in s.plans.items()}
+            plans.update(new.get(s, {}))
+            groups.append(({s.phase_name(k): p for k, p in plans.items()}, s.residence))
+            devices.update({d.name: d for d in s.devices})
+        result = reserve_together(groups, list(devices.values()), self.strict, self.executor.programs_per_device())
+        for s, plans in new.items():
+            for k, p in plans.items():
+                s._remember(k, s.plans.get(k) or (p, s._graph(k)[1]))
+                s._unchecked.pop(k, None)
+        return result
+
+    def phase_name(self, key: tuple) -> str:
+        return _phase_name(key) if self.role is None else f"{self.role} {_phase_name(key)}"
+
     def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
         key = self._key(n_tokens, n_past, n_out)
-        if key not in self.plans:
+        if key not in self.plans and self.partners:
+            self.reserve_keys([key])
+        elif key not in self.plans:
             graph, inp = self._graph(key)
             plan = make_plan(graph, self.devices, self.residence, self.fit)
             known = {_phase_name(k): p for k, (p, _) in self.plans.items()}
@@ -227,8 +295,10 @@ class Session:
         if inp.out_ids is not None:
             values[id(inp.out_ids)] = np.array([n - 1], dtype=np.int32)
         values.update(self.model.arch.step_values(inp, n, self.n_past))
-        (logits,) = self.executor.run(plan, values)
-        logits = logits[:n] if inp.out_ids is None else logits
+        outputs = self.executor.run(plan, values)
+        logits = outputs[0][:n] if inp.out_ids is None else outputs[0]
+        if self.hidden:
+            self.hidden_rows = outputs[1][:n] if inp.out_ids is None else outputs[1]
         self.n_past += n
         stats = self.prefill if prompt else self.decode
         stats.tokens += n

@@ -58,6 +58,8 @@ def render_dot(view: PlanView) -> str:
             attrs["label"] = label
             out.append(f"    p{p}f{f.index} [" + ", ".join(f"{k}={_q(v)}" for k, v in attrs.items()) + "];")
         frag_of = {id(n): f.index for f in plan.fragments for n in f.nodes}
+        if plan.graph.meta.get("role") == "draft" and view.shared:
+            out += _shared_node(view, plan, p)
         edges: dict[tuple[int, int], list] = {}
         for f in plan.fragments:
             for t in f.inputs:
@@ -76,6 +78,31 @@ def render_dot(view: PlanView) -> str:
         out.append("  }")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def _shared_node(view: PlanView, plan, p: int) -> list[str]:
+    """The target's tensors a draft's fragments use in place: one box, a dashed edge to every fragment
+    that reads or writes one of them."""
+    users = {}
+    for f in plan.fragments:
+        names = {t.name for t in f.inputs if t.is_leaf and view.is_shared(t, plan)}
+        names |= {s.storage.name for n in f.nodes for s in n.src
+                  if s.storage.is_leaf and view.is_shared(s.storage, plan)}
+        if names:
+            users[f.index] = sorted(names)
+    if not users:
+        return []
+    held = sorted({d for d, _ in view.shared.values()})
+    caches = sorted({n for names in users.values() for n in names if n.startswith("cache_")})
+    weights = sorted({n for names in users.values() for n in names if not n.startswith("cache_")})
+    label = (f"the target's, shared in place\\non {', '.join(held)}\\n{len(caches)} cache tensors, "
+             f"{len(weights)} weights")
+    out = [f"    p{p}shared [shape=cylinder, style=\"dashed,filled\", fillcolor=\"#ffffff\", label={_q(label)}, "
+           f"tooltip={_q(_e(', '.join(caches + weights)))}];"]
+    for idx, names in users.items():
+        out.append(f"    p{p}shared -> p{p}f{idx} [style=dashed, dir=both, color=\"#e15759\", "
+                   f"tooltip={_q(_e(', '.join(names)))}];")
+    return out
 
 
 def dot_program() -> str | None:

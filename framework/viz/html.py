@@ -34,7 +34,7 @@ def view_data(view: PlanView) -> dict:
         phases.append({
             "name": phase, "meta": rec["graph"], "nodes": rec["nodes"], "fragments": rec["fragments"],
             "copies": rec["copies"], "per_device": rec["per_device"], "programs": rec["programs"],
-            "fallbacks": rec["fallbacks"], "marks": view.error_marks(plan), "leaves": leaf_records(plan),
+            "fallbacks": rec["fallbacks"], "marks": view.error_marks(plan), "leaves": leaf_records(plan, view),
             "memory": rec["memory"], "fit_lines": plan.fit.lines() if plan.fit is not None else [],
             "fallback_groups": [{"op": g.op, "device": g.device, "count": g.count, "first": g.first,
                                  "reasons": g.reasons} for g in group_fallbacks([plan])],

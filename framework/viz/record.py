@@ -93,6 +93,15 @@ class PlanView:
     device_seconds: dict[str, float] = field(default_factory=dict)       # measured, per device
     notes: list[str] = field(default_factory=list)
     all_plans: dict[str, Plan] = field(default_factory=dict)            # every phase, for the budgets
+    # a draft's tensors that are its target's, used in place: name -> (owner's device, buffer)
+    shared: dict[str, tuple[str, str]] = field(default_factory=dict)
+    speculative: dict | None = None          # a run's speculative decoding figures (SpecStats.to_dict)
+
+    def is_shared(self, t: Tensor, plan: Plan) -> bool:
+        """t, read or written by a draft's plan, is its target's (by identity: names may repeat, as the
+        token_embd.weight of an MTP assistant and of its target)."""
+        home = self.residence.get(id(t))
+        return plan.graph.meta.get("role") == "draft" and home is not None and bool(home.owner)
 
     def __post_init__(self):
         self.all_plans = self.all_plans or dict(self.plans)
@@ -115,6 +124,61 @@ class PlanView:
         view = cls(model=model, devices=list(session.devices), plans=plans, residence=session.residence,
                    reservation=reservation, error=error)
         return view.only_phase(phase)
+
+    @classmethod
+    def from_decoder(cls, decoder, n_prompt: int, n_predict: int, phase: str | None = None) -> PlanView:
+        """A target and its draft (speculative decoding), reserved together: the target's phases, then the
+        draft's ("draft ..."), and the target's tensors the draft uses in place, marked shared. On a
+        CapabilityError, every shape of both is planned anyway and the error kept."""
+        target, draft = decoder.target, decoder.draft.session
+        try:
+            reservation = decoder.reserve(n_prompt, n_predict)
+            plans, error = dict(reservation.plans), None
+        except CapabilityError as e:
+            reservation, error = None, e
+            plans = {}
+            for s, keys in zip((target, draft), decoder.keys(n_prompt, n_predict)):
+                for key in keys:
+                    plans[s.phase_name(key)] = plan_with_unplaced(s._graph(key)[0], s.devices, s.residence)
+        view = cls._of_pair(decoder, plans)
+        view.reservation, view.error = reservation, error
+        return view.only_phase(phase)
+
+    @classmethod
+    def _of_pair(cls, decoder, plans: dict[str, Plan]) -> PlanView:
+        target, draft = decoder.target, decoder.draft.session
+        devices = list({d.name: d for d in [*target.devices, *draft.devices]}.values())
+        view = cls(model=str(target.model.file.path), devices=devices, plans=plans,
+                   residence={**target.residence, **draft.residence})
+        for name, plan in plans.items():
+            if plan.graph.meta.get("role") != "draft":
+                continue
+            for t in plan.graph.leaves:
+                home = draft.residence.get(id(t))
+                if home is not None and home.owner:
+                    view.shared[t.name] = (home.device, home.buffer.name)
+        view.notes.append(f"draft: {decoder.draft.describe()}; {len(view.shared)} of the target's tensors used in "
+                          f"place by it")
+        return view
+
+    @classmethod
+    def after_run_pair(cls, decoder) -> PlanView:
+        """The plans a target and its draft ran, with the time each executor measured."""
+        plans = {}
+        for s in (decoder.target, decoder.draft.session):
+            plans.update({s.phase_name(k): plan for k, (plan, _) in s.plans.items()})
+        view = cls._of_pair(decoder, plans)
+        view.speculative = decoder.stats.to_dict()
+        view.notes.append(decoder.stats.line())
+        for s in (decoder.target, decoder.draft.session):
+            for dev, st in s.executor.stats.items():
+                view.device_seconds[dev] = view.device_seconds.get(dev, 0.0) + st.get("seconds", 0.0)
+            for k, (plan, _) in s.plans.items():
+                got = {f.index: dict(s.executor.fragment_stats[(id(plan), f.index)]) for f in plan.fragments
+                       if (id(plan), f.index) in s.executor.fragment_stats}
+                if got:
+                    view.measured[s.phase_name(k)] = got
+        return view
 
     @classmethod
     def after_run(cls, session) -> PlanView:
@@ -188,6 +252,9 @@ class PlanView:
         e = self.error
         if e is None:
             return {}
+        failed = self.all_plans.get(e.phase) if e.phase else None
+        if failed is not None and failed.graph.meta.get("role") != plan.graph.meta.get("role"):
+            return {}           # a draft's error is not the target's (their node names are alike)
         by_name = {n.name: n for n in plan.graph.nodes}
         touching: list[str] = []         # the nodes that read or write the tensor the error names
         if e.tensor:
@@ -220,6 +287,10 @@ class PlanView:
             rec["measured"] = {ph: {str(i): v for i, v in m.items()} for ph, m in self.measured.items()}
         if self.device_seconds:
             rec["device_seconds"] = self.device_seconds
+        if self.shared:
+            rec["shared"] = {name: {"device": d, "buffer": b} for name, (d, b) in self.shared.items()}
+        if self.speculative is not None:
+            rec["speculative"] = self.speculative
         return rec
 
     def fragment_extras(self, phase: str) -> list[dict]:
@@ -257,10 +328,16 @@ def _memory_without_limits(plans: dict[str, Plan], devices: list[Device], reside
     return check_memory(plans, by_name, residence, enforce=False)
 
 
-def leaf_records(plan: Plan) -> dict[str, list]:
-    """name -> [kind, shape, dtype, bytes] of every leaf the plan reads (weights, inputs, caches)."""
-    return {t.name: [t.kind.value if isinstance(t.kind, LeafKind) else "leaf", list(t.shape), t.dtype.name, t.nbytes]
-            for t in plan.graph.leaves}
+def leaf_records(plan: Plan, view: PlanView | None = None) -> dict[str, list]:
+    """name -> [kind, shape, dtype, bytes] of every leaf the plan reads (weights, inputs, caches); the kind of
+    a draft's leaf that is its target's says so."""
+    out = {}
+    for t in plan.graph.leaves:
+        kind = t.kind.value if isinstance(t.kind, LeafKind) else "leaf"
+        if view is not None and view.is_shared(t, plan):
+            kind += f", the target's, shared in place on {view.residence[id(t)].device}"
+        out[t.name] = [kind, list(t.shape), t.dtype.name, t.nbytes]
+    return out
 
 
 def human_bytes(n: float) -> str:

@@ -16,6 +16,25 @@ def _limit(used: int, limit: int | None, fmt=str) -> str:
     return f"{fmt(used)} of {fmt(limit) if limit is not None else 'no limit'}"
 
 
+def _shared_here(view: PlanView, plan) -> str:
+    """The target's tensors a draft plan reads or writes, by where they are held."""
+    if plan.graph.meta.get("role") != "draft":
+        return ""
+    by_home: dict[tuple, list[str]] = {}
+    for t in plan.graph.leaves:
+        if view.is_shared(t, plan):
+            home = view.residence[id(t)]
+            by_home.setdefault((home.device, home.buffer.name), []).append(t.name)
+    parts = []
+    for (dev, buf), names in sorted(by_home.items(), key=lambda kv: not kv[1][0].startswith("cache_")):
+        caches = [n for n in names if n.startswith("cache_")]
+        weights = len(names) - len(caches)
+        what = ", ".join(caches) + (f"{', ' if caches else ''}{weights} weight{'s' if weights > 1 else ''}"
+                                    if weights else "")
+        parts.append(f"{what} (buffer '{buf}' on {dev})")
+    return "; ".join(parts)
+
+
 def render_text(view: PlanView) -> str:
     lines: list[str] = []
     names = ", ".join(d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "") for d in view.devices)
@@ -87,6 +106,9 @@ def _phase_lines(view: PlanView, phase: str) -> list[str]:
                           else f"no device accepts {x['fallbacks']} ({', '.join(ops)})")
         if detail:
             lines.append(f"  {'':<4} {'':<{width}} " + " | ".join(detail))
+    shared = _shared_here(view, plan)
+    if shared:
+        lines.append(f"  shared with the target, in place: {shared}")
     budgets = view.budgets()
     lines.append("  per device: " + "; ".join(
         f"{dev} {count(u['nodes'], 'node')}, {count(u['fragments'], 'fragment')}, "

@@ -12,11 +12,14 @@ class CapabilityError(RuntimeError):
     devices: the devices involved, by name
     limit:   the limit that was exceeded, as text ("max_live_programs=255")
     fix:     what the user can do about it
+    phase:   the plan it was found in ("decode[tokens=1,kv=256]", "draft decode[...]"), when one plan
     """
 
     def __init__(self, code: str, message: str, *, tensor: str | None = None, node: str | None = None,
-                 devices: tuple[str, ...] = (), limit: str | None = None, fix: str | None = None):
+                 devices: tuple[str, ...] = (), limit: str | None = None, fix: str | None = None,
+                 phase: str | None = None):
         self.code, self.tensor, self.node, self.devices, self.limit, self.fix = code, tensor, node, devices, limit, fix
+        self.phase = phase
         text = f"[{code}] {message}"
         if fix:
             text += f"\n  fix: {fix}"
@@ -24,7 +27,7 @@ class CapabilityError(RuntimeError):
 
     def to_dict(self) -> dict:
         return {"code": self.code, "message": str(self), "tensor": self.tensor, "node": self.node,
-                "devices": list(self.devices), "limit": self.limit, "fix": self.fix}
+                "devices": list(self.devices), "limit": self.limit, "fix": self.fix, "phase": self.phase}
 
 
 class DeviceSelectionError(ValueError):

@@ -21,10 +21,12 @@ Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fra
 class Executor:
     def __init__(self, devices: list[Device], weight_bytes: WeightBytes, residence: dict | None = None,
                  caches: dict | None = None, share_with: "Executor | None" = None):
+        """share_with: another session's executor in this process (a draft's target, a server's other slot): its
+        loaded weights and compiled programs are this one's too, so a weight or a program structure both use
+        exists once."""
         self.devices = {d.name: d for d in devices}
         self.weight_bytes = weight_bytes
         self.residence = residence if residence is not None else {}
-        # weights and programs of one model are loaded and compiled once for every session that runs it
         self.weights: dict[tuple[str, int], Any] = share_with.weights if share_with is not None else {}
         # pre-allocated tensors: id -> (device, handle); shared with another executor for a shared KV cache
         self.caches: dict[int, tuple[str, Any]] = caches if caches is not None else {}

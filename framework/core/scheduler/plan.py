@@ -1,8 +1,9 @@
 """Planning: which device runs every node, and why; fragments, copies, programs, fallbacks.
 
 The assignment is a sequence of numbered passes (after ggml's scheduler):
-  1. nodes that read or write a pre-allocated tensor (a KV cache), directly or through views,
-     are pinned to the device whose buffer holds it, when that device accepts them;
+  1. nodes that read or write a pre-allocated tensor (a KV cache, or a tensor another session of the
+     process holds: a draft reading its target's cache or borrowing its embedding), directly or through
+     views, are pinned to the device whose buffer holds it, when that device accepts them;
   2. memory: the nodes of a layer (or of the input or output part) that the memory fit gave to a
      later device, because the devices before it cannot hold it beside what they keep, go to the
      first device from that one on that accepts them; each keeps the numbers (Placement.memory).
@@ -41,6 +42,11 @@ class Residence:
     device: str
     buffer: BufferType
     physical_id: str = ""    # of the owning device, to recognise one chip reached through two plugins
+    copies: tuple[str, ...] = ()   # other devices holding the same bytes (a weight loaded on two devices)
+    owner: str = ""          # the session that holds it, when it is not the one planned ("the target")
+
+    def held_on(self, device: str) -> bool:
+        return device == self.device or device in self.copies
 
 
 @dataclass
@@ -157,28 +163,31 @@ def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residenc
                 budgets=budgets, fit=fit)
 
 
-def _preallocated_sources(n: Tensor) -> list[Tensor]:
+def preallocated_sources(n: Tensor, residence: dict[int, Residence]) -> list[Tensor]:
     """Pre-allocated tensors n reads or writes, directly or through views of them (attention reads
-    the cache through a VIEW of the SET_ROWS result)."""
+    the cache through a VIEW of the SET_ROWS result): cache leaves, and any leaf with a residence."""
     out: list[Tensor] = []
     for s in n.src:
         t = s.storage
-        if t.is_leaf and t.kind == LeafKind.CACHE and all(t is not o for o in out):
+        if t.is_leaf and (t.kind == LeafKind.CACHE or id(t) in residence) and all(t is not o for o in out):
             out.append(t)
     return out
 
 
 def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:
-    """Pass 1: a node that touches a pre-allocated tensor runs where that tensor lives."""
+    """Pass 1: a node that touches a pre-allocated tensor runs where that tensor lives (or where a
+    copy of it is held)."""
     by_name = {d.name: d for d in devices}
     for n in graph.nodes:
         if n.op in VIEW_OPS:
             continue
-        for t in _preallocated_sources(n):
+        for t in preallocated_sources(n, residence):
             home = residence.get(id(t))
-            dev = by_name.get(home.device) if home else None
-            if dev is not None and ask(dev, n).ok:
-                placement[id(n)] = Placement(dev.name, f"pinned: reads or writes '{t.name}', held on {dev.name}")
+            held = [by_name[d] for d in ((home.device, *home.copies) if home else ()) if d in by_name]
+            dev = next((d for d in held if ask(d, n).ok), None)
+            if dev is not None:
+                whose = f"{home.owner} holds it" if home.owner else "held"
+                placement[id(n)] = Placement(dev.name, f"pinned: reads or writes '{t.name}', {whose} on {dev.name}")
                 break
 
 

@@ -13,6 +13,9 @@ Checks, in order:
 
 `check_together` repeats checks 3 and 5 for several reservations that live in one process at once
 (a server's models, each with its parallel sessions), counting them all together.
+
+`reserve_together` checks the plans of sessions that share a process (a draft and its target) as one:
+each against its own residences, the budgets over all of them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
 from .fallbacks import count, group_fallbacks
 from .memory import Budget, Fit
-from .plan import Plan, Residence, make_plan
+from .plan import Plan, Residence, make_plan, preallocated_sources
 
 
 @dataclass
@@ -71,44 +74,78 @@ def reserve(phases: dict[str, Graph | Plan], devices: list[Device], residence: d
     plans = {}
     for phase, graph in phases.items():
         plan = graph if isinstance(graph, Plan) else make_plan(graph, devices, residence, fit)
-        check_preallocated(plan, residence, by_name)
-        if strict:
-            check_strict(plan, phase)
+        _check_plan(phase, plan, residence, by_name, strict)
         plans[phase] = plan
     programs = check_program_budget(plans, by_name, held or {})
     memory = check_memory(plans, by_name, residence)
     return Reservation(plans=plans, programs=programs, memory=memory)
 
 
-def _preallocated(t: Tensor) -> Tensor | None:
-    s = t.storage
-    return s if s.is_leaf and s.kind == LeafKind.CACHE else None
+def _check_plan(phase: str, plan: Plan, residence, by_name, strict: bool) -> None:
+    """Checks 1 and 2 of one plan; the error keeps the phase it was found in."""
+    try:
+        check_preallocated(plan, residence, by_name)
+        if strict:
+            check_strict(plan, phase)
+    except CapabilityError as e:
+        e.phase = phase
+        raise
+
+
+def reserve_together(groups: list[tuple[dict[str, Plan], dict[int, Residence]]], devices: list[Device],
+                     strict: bool = False, held: dict[str, int] | None = None) -> Reservation:
+    """Re-check the plans of several sessions that run in one process (a target and its draft): each
+    group's plans against its own residences (check 1, and 2 with strict), then the programs and memory of
+    all of them together (checks 3 to 5), since they share the devices' budgets. Phase names must be
+    unique over the groups."""
+    by_name = {d.name: d for d in devices}
+    plans: dict[str, Plan] = {}
+    for phases, residence in groups:
+        for phase, plan in phases.items():
+            _check_plan(phase, plan, residence, by_name, strict)
+            plans[phase] = plan
+    residence = {k: v for _, r in groups for k, v in r.items()}
+    programs = check_program_budget(plans, by_name, held or {})
+    memory = check_memory(plans, by_name, residence)
+    return Reservation(plans=plans, programs=programs, memory=memory)
 
 
 def check_preallocated(plan: Plan, residence: dict[int, Residence], by_name: dict[str, Device]) -> None:
-    """1. A device that reads or writes a pre-allocated tensor must use that tensor's buffer in place."""
-    for n in plan.graph.nodes:
-        if n.op in VIEW_OPS:
-            continue
+    """1. A device that reads or writes a pre-allocated tensor must use that tensor's buffer in place.
+    Caches are checked before the weights another session lends (a draft borrowing its target's), so
+    the error names the cache a draft writes."""
+    uses = [(n, t) for n in plan.graph.nodes if n.op not in VIEW_OPS for t in preallocated_sources(n, residence)]
+    uses.sort(key=lambda use: use[1].kind != LeafKind.CACHE)
+    for n, t in uses:
         dev = by_name[plan.device_of(n)]
-        for s in n.src:
-            t = _preallocated(s)
-            home = residence.get(id(t)) if t is not None else None
-            if home is None or home.device == dev.name:
-                continue
-            verdict = dev.supports_buffer(home.buffer)
-            if verdict.ok:
-                continue
-            same = (f"; {home.device} and {dev.name} are the same physical device ({dev.physical_id}) reached "
-                    f"through two plugins" if home.physical_id and home.physical_id == dev.physical_id else "")
-            raise CapabilityError(
-                "buffer_not_usable",
-                f"pre-allocated tensor '{t.name}' is held in buffer '{home.buffer.name}' on device {home.device}, "
-                f"but node '{n.name}' ({n.op}) that reads or writes it is placed on {dev.name}, which cannot use "
-                f"that buffer ({verdict.code}: {verdict.reason}){same}",
-                tensor=t.name, node=n.name, devices=(home.device, dev.name), limit=f"buffer={home.buffer.name}",
-                fix=f"place the graph that uses '{t.name}' on {home.device} (list it first in --backends), or keep "
-                    f"'{t.name}' in a buffer both {home.device} and {dev.name} can use")
+        home = residence.get(id(t))
+        if home is None or home.held_on(dev.name):
+            continue
+        verdict = dev.supports_buffer(home.buffer)
+        if not verdict.ok:
+            raise _buffer_error(plan, n, t, home, dev, verdict)
+
+
+def _buffer_error(plan: Plan, n: Tensor, t: Tensor, home: Residence, dev: Device, verdict) -> CapabilityError:
+    role = plan.graph.meta.get("role")
+    same = (f"; {home.device} and {dev.name} are the same physical device ({dev.physical_id}) reached "
+            f"through two plugins" if home.physical_id and home.physical_id == dev.physical_id else "")
+    whose = f" ({home.owner}'s, shared with the {role})" if home.owner and role else ""
+    of = f" of the {role}" if role else ""
+    kind = "pre-allocated tensor" if t.kind == LeafKind.CACHE else "weight"
+    if role == "draft":
+        fix = (f"place the draft with the target: list {home.device} first in --draft-backends, or keep "
+               f"'{t.name}' in a buffer both {home.device} and {dev.name} can use (a draft model file with a "
+               f"cache of its own shares nothing)")
+    else:
+        fix = (f"place the graph that uses '{t.name}' on {home.device} (list it first in --backends), or keep "
+               f"'{t.name}' in a buffer both {home.device} and {dev.name} can use")
+    return CapabilityError(
+        "buffer_not_usable",
+        f"{kind} '{t.name}'{whose} is held in buffer '{home.buffer.name}' on device {home.device}, but node "
+        f"'{n.name}' ({n.op}){of} that reads or writes it is placed on {dev.name}, which cannot use that buffer "
+        f"({verdict.code}: {verdict.reason}){same}",
+        tensor=t.name, node=n.name, devices=(home.device, dev.name), limit=f"buffer={home.buffer.name}", fix=fix)
 
 
 def check_strict(plan: Plan, phase: str) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...core.graph import F32, I32, GraphBuilder, LeafKind, Tensor, leaf
 from ..gguf_file import ModelFile
-from ..hparams import HParams
+from ..hparams import HParams, read_hparams
 
 
 class MissingWeightError(KeyError):
@@ -27,6 +27,7 @@ class StepInputs:
     mask_swa: Tensor | None   # (T, n_kv) causal and within the sliding window
     out_ids: Tensor | None    # (n_out,) int32 rows whose logits are wanted; None: all
     extra: dict[str, Tensor] = field(default_factory=dict)   # an architecture's own inputs (recurrent state)
+    hidden: Tensor | None = None   # set by build: the hidden rows the output head reads (an output on request)
 
     def all(self) -> list[Tensor]:
         fixed = [t for t in (self.tokens, self.pos, self.kv_rows, self.mask, self.mask_swa, self.out_ids) if t]
@@ -66,6 +67,15 @@ class Architecture:
         self.file = file
         self.hp = hparams
         self._weights: dict[str, Tensor] = {}
+
+    @classmethod
+    def read_hparams(cls, meta: dict) -> HParams:
+        """The hyper-parameters from the file's metadata (an architecture with per-layer shapes reads more)."""
+        return read_hparams(meta, cls.swa_pattern, cls.rope_base_swa)
+
+    def tensor_bytes(self, t: Tensor) -> np.ndarray:
+        """The file bytes of a weight leaf this architecture made (one it borrows from another model, its own)."""
+        return self.file.tensor_bytes(t.name)
 
     def weight(self, name: str) -> Tensor:
         """The leaf for a tensor of the file (one Tensor object per name, shared by every graph)."""
@@ -167,7 +177,7 @@ class Architecture:
     def logits(self, b: GraphBuilder, x: Tensor, inp: StepInputs) -> Tensor:
         if inp.out_ids is not None:
             x = b.get_rows(x, inp.out_ids, name="out_rows")
-        x = self.norm(b, x, "output_norm.weight", "result_norm")
+        x = inp.hidden = self.norm(b, x, "output_norm.weight", "result_norm")
         if not self.has_weight("output.weight"):        # tied to the token embedding
             return b.mul_mat(self.weight("token_embd.weight"), x, name="result_output")
         return self.linear(b, x, "output", "result_output")

@@ -1,0 +1,82 @@
+"""--draft, --draft-backends, --draft-n: speculative decoding in `framework run`, `check` and `split`.
+
+    framework run -m gemma-4.gguf --draft gemma-4-assistant.gguf --backends vulkan:0
+    framework run --draft layers:6 --draft-n 3            # the target's first 6 layers as its draft
+    framework check --backends vulkan:0 --draft layers:2 --draft-backends cpu   # the shared-KV error
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import positive_int, select_devices
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    from ..runtime.speculative import DEFAULT_DRAFT_N
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--draft", metavar="SPEC", help="a draft that proposes tokens the target checks in one step: "
+                   "layers:K (the target's first K layers and head, on the target's cache), a GGUF file with the "
+                   "target's vocabulary (its own cache), or a Gemma 4 assistant GGUF (MTP, on the target's cache)")
+    g.add_argument("--draft-backends", metavar="LIST", help="the draft's devices (default: --backends)")
+    g.add_argument("--draft-n", type=positive_int, default=DEFAULT_DRAFT_N,
+                   help=f"tokens drafted per target step (default {DEFAULT_DRAFT_N})")
+
+
+def speculative_decoder(args, session, devices):
+    """The decoder --draft asks for, or None. Made before the target plans anything (an MTP draft needs the
+    target's graphs to return their hidden state)."""
+    from ..runtime.speculative import DEFAULT_DRAFT_N, SpeculativeDecoder, make_draft
+    if not getattr(args, "draft", None):
+        if getattr(args, "draft_backends", None) or getattr(args, "draft_n", DEFAULT_DRAFT_N) != DEFAULT_DRAFT_N:
+            raise ValueError("--draft-backends and --draft-n need --draft SPEC (layers:K or a draft GGUF file)")
+        return None
+    draft_devices = select_devices(args.draft_backends) if args.draft_backends else devices
+    spec = args.draft
+    if not spec.startswith("layers:"):
+        from .common import model_path
+        spec = str(model_path(spec))
+    from .common import load_model
+    return SpeculativeDecoder(session, make_draft(spec, session, draft_devices, load=load_model), args.draft_n)
+
+
+def shared_summary(decoder) -> str:
+    """The target's tensors the draft uses in place, in a line: caches by layer, weights counted."""
+    shared = decoder.draft.shared()
+    if not shared:
+        return "shares nothing with the target (its own weights and cache)"
+    caches = sorted({int(n.rsplit("_l", 1)[1]) for n in shared if n.startswith("cache_")})
+    weights = [n for n in shared if not n.startswith("cache_")]
+    where = sorted({r.device for r in shared.values()})
+    parts = []
+    if caches:
+        parts.append(f"KV cache of layer{'s' if len(caches) > 1 else ''} {_ranges(caches)}")
+    if weights:
+        parts.append(weights[0] if len(weights) == 1 else f"{len(weights)} weights")
+    return f"uses the target's {' and '.join(parts)} in place (on {', '.join(where)})"
+
+
+def _ranges(values: list[int]) -> str:
+    out, start = [], values[0]
+    for a, b in zip(values, values[1:] + [None]):
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out)
+
+
+def draft_line(decoder) -> str:
+    d = decoder.draft
+    names = ", ".join(x.name for x in d.session.devices)
+    return f"draft {d.describe()} on {names}, {decoder.n_draft} tokens a step; {shared_summary(decoder)}"
+
+
+def draft_record(decoder) -> dict:
+    """The draft in a --plan record: what it is, its devices, the tensors it shares, its plans, the run's figures."""
+    d = decoder.draft
+    return {"kind": d.kind, "draft": d.describe(), "devices": [x.name for x in d.session.devices],
+            "n_draft": decoder.n_draft,
+            "shared": {name: {"owner": r.owner, "device": r.device, "buffer": r.buffer.name, "copies": list(r.copies)}
+                       for name, r in d.shared().items()},
+            "plans": {d.session.phase_name(k): plan.to_dict() for k, (plan, _) in d.session.plans.items()},
+            "stats": decoder.stats.to_dict()}

@@ -1,0 +1,493 @@
+"""Speculative decoding: a draft proposes tokens, the target checks them all in one multi-token step.
+
+Drafts (``--draft SPEC``):
+
+- ``layers:K``: self-speculative decoding. The target's first K layers, its output norm and head, as a
+  session on the target's own model (``n_layers=K``) that reads and writes the target's cache tensors of
+  those layers in place: no copy, no second cache. What it writes at a position is what the target's
+  first K layers write there, so the target's verification step overwrites it with the same values.
+- a GGUF file with the target's vocabulary: its own cache, kept in step with the accepted tokens.
+- a Gemma 4 MTP assistant (architecture ``gemma4-assistant``): Q-only attention layers that read the
+  target's cache of the layers llama.cpp maps them to, the target's token embedding, and the hidden
+  state the target's head read for the last accepted token (``Session(hidden=True)``); every draft token
+  is placed at the position of the first one, as llama.cpp's draft-mtp does for Gemma 4.
+
+Every round: the draft proposes n tokens after the last sampled one; the target evaluates that token and
+the n drafts in one step with the logits of every row; the drafts are accepted left to right and the first
+refused one is replaced by the target's own choice (after n accepted, the target's next token is added).
+Greedy: a draft is accepted when it is the target's argmax, so the output is token for token the target's
+own greedy output. Sampling: standard speculative rejection sampling (Leviathan et al. 2023, Chen et al.
+2023): a draft d drawn from the draft's distribution q is accepted with probability min(1, p(d) / q(d)),
+p being the target's (both after temperature, top-k and top-p), and a refused one is replaced by a draw
+from max(0, p - q), normalised; the tokens produced are distributed as the target's own samples.
+
+Rejected tokens are dropped by rewinding: the KV cache is indexed by position and rows past n_past are
+masked, so rollback sets n_past (``Session.rewind``). A target (or a draft with its own cache) that keeps
+recurrent state (qwen35) cannot be rewound cheaply, and is refused with SpeculationError.
+
+Reservation plans target and draft together (``Session.reserve_keys`` with partners): each plan against
+its own session's residences (the draft's include the target's cache and the weights it borrows, with
+the target as their owner, so a draft node on a device that cannot use their buffer is a capability error
+naming the tensor, the buffer, both devices and the fix), and the programs and memory of both against
+the devices' budgets of the one process (the draft's executor shares the target's weights and programs).
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..contract import Device
+from ..core.scheduler import Reservation, Residence
+from ..model.model import Model
+from .generate import Piece
+from .sampling import Sampler
+from .session import KV_PAD, Session
+
+BASELINE_STEPS = 8          # target-alone decode steps measured after the prompt (the first is a warm-up)
+DEFAULT_DRAFT_N = 4
+ASSISTANT_ARCH = "gemma4-assistant"
+
+
+class SpeculationError(ValueError):
+    """Speculative decoding cannot be set up as asked (draft spec, vocabulary, architecture, state)."""
+
+
+# -- accepting drafts --------------------------------------------------------------------------------
+def accept_greedy(rows: np.ndarray, drafts: list[int]) -> tuple[int, int]:
+    """(drafts accepted, the target's next token) for a greedy target: rows[i] are the logits after
+    the i-th token of [last, *drafts]."""
+    for i, d in enumerate(drafts):
+        best = int(np.argmax(rows[i]))
+        if best != d:
+            return i, best
+    return len(drafts), int(np.argmax(rows[len(drafts)]))
+
+
+def accept_sampled(p_rows: list[np.ndarray], q_rows: list[np.ndarray], drafts: list[int],
+                   rng: np.random.Generator) -> tuple[int, int]:
+    """Speculative rejection sampling: p_rows the target's distributions after each of [last, *drafts]
+    (one more than drafts), q_rows the draft's distributions each draft was drawn from. Returns (drafts
+    accepted, the next token), the tokens so produced being distributed as draws from p."""
+    for i, d in enumerate(drafts):
+        p, q = p_rows[i], q_rows[i]
+        if rng.random() * q[d] < p[d]:          # with probability min(1, p(d) / q(d))
+            continue
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        return i, int(rng.choice(len(p), p=residual / total if total > 0 else p))
+    p = p_rows[len(drafts)]
+    return len(drafts), int(rng.choice(len(p), p=p))
+
+
+def picker(sampler: Sampler):
+    """How a draft chooses: the argmax when greedy, else a draw from its distribution, which is kept."""
+    def pick(logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        if sampler.greedy:
+            return int(np.argmax(logits)), None
+        q = sampler.distribution(logits)
+        return int(sampler.rng.choice(len(q), p=q)), q
+    return pick
+
+
+# -- drafts ---------------------------------------------------------------------------------------------
+class Draft:
+    """What proposes tokens. ``session`` is the draft's session (its plans, executor and devices)."""
+
+    kind = ""
+    session: Session
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def keys(self, n_prompt: int, positions: range, n_draft: int) -> list[tuple]:
+        """The step shapes drafting will use, the target's next token being at each of positions."""
+        s = self.session
+        return [s._key(1, p + i, 1) for p in positions for i in range(n_draft)]
+
+    def start(self, prompt: list[int]) -> None:
+        """After the target's prefill of the prompt."""
+
+    def propose(self, history: list[int], token: int, n: int, pick) -> tuple[list[int], list]:
+        """n draft tokens after `token` (at position len(history)), with the distributions drawn from."""
+        raise NotImplementedError
+
+    def accepted(self, n: int) -> None:
+        """After the target's verification step, n drafts having been accepted."""
+
+    def shared(self) -> dict[str, Residence]:
+        """The target's tensors the draft's kept plans use in place: name -> residence."""
+        s, out = self.session, {}
+        for plan, _ in s.plans.values():
+            for t in plan.graph.leaves:
+                home = s.residence.get(id(t))
+                if home is not None and home.owner:
+                    out[t.name] = home
+        return out
+
+    def borrowed(self) -> list:
+        """The target's weights the draft reads (their residences follow the target's plans)."""
+        return []
+
+
+class LayersDraft(Draft):
+    """The target's first K layers and its head, on the target's cache (self-speculative decoding)."""
+
+    kind = "layers"
+
+    def __init__(self, target: Session, devices: list[Device], k: int):
+        n_layer = target.model.hp.n_layer
+        if not 1 <= k < n_layer:
+            raise SpeculationError(f"--draft layers:{k}: K must be between 1 and {n_layer - 1} for "
+                                   f"{target.model.name} ({n_layer} layers)")
+        self.target, self.k = target, k
+        self.session = Session(target.model, devices, n_batch=target.n_batch, strict=target.strict, n_layers=k,
+                               share_kv_with=target)
+        self.session.borrowed = {id(t): t for t in self.borrowed()}
+
+    def describe(self) -> str:
+        return f"layers:{self.k} (the first {self.k} of {self.target.model.hp.n_layer} layers of the target)"
+
+    def borrowed(self) -> list:
+        """Every weight the draft reads is the target's own leaf."""
+        graph, _ = self.session.model.build_step(1, min(KV_PAD, self.target.n_ctx), 1, self.session.cache, self.k)
+        return [t for t in graph.leaves if t.kind.value == "weight"]
+
+    def propose(self, history, token, n, pick):
+        s = self.session
+        s.n_past = self.target.n_past
+        out, dists = [], []
+        for _ in range(n):
+            tok, q = pick(s.eval([token]))
+            out.append(tok)
+            dists.append(q)
+            token = tok
+        return out, dists
+
+
+class ModelDraft(Draft):
+    """A separate model with the target's vocabulary and a cache of its own."""
+
+    kind = "model"
+
+    def __init__(self, target: Session, model: Model, devices: list[Device]):
+        check_vocabulary(target.model, model)
+        if model.arch.recurrent:
+            raise SpeculationError(f"draft {model.name} ({model.arch.name}) keeps recurrent state, which cannot "
+                                   f"be rewound after rejected tokens; use a draft whose state is its KV cache")
+        self.target, self.model = target, model
+        self.session = Session(model, devices, n_ctx=target.n_ctx, n_batch=target.n_batch, strict=target.strict,
+                               draft_of=target)
+
+    def describe(self) -> str:
+        return f"{self.model.file.path.name} ({self.model.arch.name}, {self.model.hp.n_layer} layers, own cache)"
+
+    def keys(self, n_prompt, positions, n_draft):
+        s = self.session
+        keys = s.shapes_for(n_prompt, 0)                                   # its own prefill of the prompt
+        for p in positions:                                                # catching up 1 or 2 tokens, then
+            keys += [s._key(2, p - 1, 1)] + [s._key(1, p + i, 1) for i in range(n_draft)]
+        return keys
+
+    def start(self, prompt):
+        self.session.reset()
+        self.session.eval(prompt)
+
+    def propose(self, history, token, n, pick):
+        s = self.session
+        s.rewind(min(s.n_past, len(history)))
+        logits = s.eval(history[s.n_past:] + [token], prompt=False)
+        out, dists = [], []
+        for i in range(n):
+            tok, q = pick(logits)
+            out.append(tok)
+            dists.append(q)
+            if i + 1 < n:
+                logits = s.eval([tok])
+        return out, dists
+
+
+class AssistantSession(Session):
+    """Gemma 4's MTP assistant: one token at a time at the position after the target's context, over the
+    target's cache (rows before that position), from a hidden state instead of the previous layers'."""
+
+    def draft_step(self, token: int, h: np.ndarray, pos0: int) -> tuple[np.ndarray, np.ndarray]:
+        plan, inp = self.plan(1, pos0, 1)
+        n_kv = inp.mask.shape[1]
+        pos = np.array([pos0], dtype=np.int32)
+        values = {id(inp.tokens): np.array([token], dtype=np.int32), id(inp.pos): pos,
+                  id(inp.kv_rows): pos, id(inp.extra["inp_h"]): h.reshape(1, -1).astype(np.float32),
+                  id(inp.mask): prior_mask(pos0, n_kv, 0), id(inp.out_ids): np.zeros(1, dtype=np.int32)}
+        if inp.mask_swa is not None:
+            values[id(inp.mask_swa)] = prior_mask(pos0, n_kv, self.model.hp.sliding_window)
+        t0 = time.perf_counter()
+        logits, hidden = self.executor.run(plan, values)
+        self.decode.tokens += 1
+        self.decode.seconds += time.perf_counter() - t0
+        return logits[0], hidden[0]
+
+
+def prior_mask(pos0: int, n_kv: int, window: int) -> np.ndarray:
+    """(1, n_kv): 0 on the cache rows before pos0 (within the window when windowed), else -inf: what the
+    assistant's query at pos0 sees of the target's cache, which holds nothing at pos0 yet."""
+    s = np.arange(n_kv, dtype=np.int64)
+    visible = s < pos0
+    if window:
+        visible &= (pos0 - s) < window
+    return np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)[None, :]
+
+
+class AssistantDraft(Draft):
+    """Gemma 4's MTP assistant (gemma4-assistant) over its gemma4 target's cache."""
+
+    kind = "assistant"
+
+    def __init__(self, target: Session, model: Model, devices: list[Device]):
+        check_vocabulary(target.model, model)
+        if target.plans:
+            raise SpeculationError("the assistant needs the target's hidden state: make its draft before the "
+                                   "target plans any step")
+        model.arch.bind_target(target.model)         # names the mismatch (architecture, widths, heads)
+        target.hidden = True
+        target.graphs.clear()                        # graphs the memory fit built, without the hidden output
+        self.target, self.model = target, model
+        self.session = AssistantSession(model, devices, n_batch=1, strict=target.strict, share_kv_with=target,
+                                        hidden=True)
+        self.session.borrowed = {id(t): t for t in self.borrowed()}
+        self.pending_h: np.ndarray | None = None
+
+    def describe(self) -> str:
+        return (f"{self.model.file.path.name} ({ASSISTANT_ARCH}, {self.model.hp.n_layer} layers reading the "
+                f"target's cache of layers {', '.join(map(str, self.model.arch.target_layers()))})")
+
+    def borrowed(self) -> list:
+        return self.model.arch.borrowed_weights()
+
+    def keys(self, n_prompt, positions, n_draft):
+        return [self.session._key(1, p, 1) for p in positions]       # every draft at the same position
+
+    def start(self, prompt):
+        self.pending_h = self.target.hidden_rows[-1]
+
+    def propose(self, history, token, n, pick):
+        h, pos0 = self.pending_h, self.target.n_past
+        out, dists = [], []
+        for _ in range(n):
+            logits, h = self.session.draft_step(token, h, pos0)
+            token, q = pick(logits)
+            out.append(token)
+            dists.append(q)
+        return out, dists
+
+    def accepted(self, n):
+        self.pending_h = self.target.hidden_rows[n]
+
+
+def place_borrowed(draft: Session, target: Session, target_plans) -> None:
+    """The residence of every weight the draft borrows (Session.borrowed): the devices whose fragments of
+    the target's plans read it, the target as its owner."""
+    holders: dict[int, list[str]] = {}
+    for plan in target_plans:
+        for f in plan.fragments:
+            for t in f.inputs:
+                if id(t) in draft.borrowed and f.device not in holders.setdefault(id(t), []):
+                    holders[id(t)].append(f.device)
+    by_name = {d.name: d for d in target.devices}
+    for key, devices in holders.items():
+        first = by_name[devices[0]]
+        draft.residence[key] = Residence(first.name, first.weight_buffer_type or first.buffer_type,
+                                         first.physical_id, tuple(devices[1:]), "the target")
+
+
+def check_vocabulary(target: Model, draft: Model) -> None:
+    a = target.file.metadata.get("tokenizer.ggml.tokens")
+    b = draft.file.metadata.get("tokenizer.ggml.tokens")
+    if target.hp.n_vocab != draft.hp.n_vocab or (a is not None and b is not None and list(a) != list(b)):
+        first = next((i for i, (x, y) in enumerate(zip(a or (), b or ())) if x != y), None)
+        where = f"; they first differ at token {first}" if first is not None else ""
+        raise SpeculationError(f"draft {draft.file.path.name} has a vocabulary of {draft.hp.n_vocab} tokens, the "
+                               f"target {target.file.path.name} {target.hp.n_vocab}{where}: a draft must share the "
+                               f"target's vocabulary (use layers:K for a draft made of the target itself)")
+
+
+def make_draft(spec: str, target: Session, devices: list[Device], load=Model) -> Draft:
+    """The draft a --draft SPEC names: layers:K, or a GGUF file (a gemma4-assistant one is an MTP draft)."""
+    if target.model.arch.recurrent:
+        raise SpeculationError(f"{target.model.name} ({target.model.arch.name}) keeps recurrent state that rejected "
+                               f"draft tokens would already have changed, and it cannot be rolled back: speculative "
+                               f"decoding needs a target whose state is its KV cache; run it without --draft")
+    if spec.startswith("layers:"):
+        try:
+            k = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise SpeculationError(f"--draft {spec}: K must be a whole number of layers (layers:K)") from None
+        return LayersDraft(target, devices, k)
+    path = Path(spec)
+    if not path.is_file():
+        raise SpeculationError(f"--draft {spec}: not a file; a draft is layers:K (the target's first K layers) "
+                               f"or a GGUF file with the target's vocabulary (a Gemma 4 assistant for MTP)")
+    model = load(path)
+    if model.arch.name == ASSISTANT_ARCH:
+        return AssistantDraft(target, model, devices)
+    return ModelDraft(target, model, devices)
+
+
+# -- decoding ---------------------------------------------------------------------------------------------
+@dataclass
+class SpecStats:
+    rounds: int = 0                 # target steps of the speculative loop
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0                 # tokens the loop produced (the first token, from the prefill, not counted)
+    seconds: float = 0.0            # the loop's time: drafting, verification, acceptance
+    draft_seconds: float = 0.0
+    baseline_tokens: int = 0        # target-alone decode steps timed in the same run
+    prompt_tokens: int = 0          # the target's prefill of the prompt
+    prompt_seconds: float = 0.0
+    baseline_seconds: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def baseline_tokens_per_second(self) -> float:
+        return self.baseline_tokens / self.baseline_seconds if self.baseline_seconds else 0.0
+
+    @property
+    def speedup(self) -> float:
+        base = self.baseline_tokens_per_second
+        return self.tokens_per_second / base if base else 0.0
+
+    def to_dict(self) -> dict:
+        return {"prompt": {"tokens": self.prompt_tokens, "seconds": self.prompt_seconds},
+                "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance": round(self.acceptance, 4), "tokens": self.tokens,
+                "tokens_per_target_step": round(self.tokens_per_step, 4), "seconds": self.seconds,
+                "draft_seconds": self.draft_seconds, "tokens_per_second": self.tokens_per_second,
+                "baseline": {"tokens": self.baseline_tokens, "seconds": self.baseline_seconds,
+                             "tokens_per_second": self.baseline_tokens_per_second,
+                             "how": "decode steps of the target alone right after the prompt, the first not "
+                                    "timed, then rolled back"},
+                "speedup": round(self.speedup, 4)}
+
+    def line(self) -> str:
+        return (f"speculative: drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance:.1f}%), "
+                f"{self.tokens_per_step:.2f} tokens per target step; decode {self.tokens_per_second:.1f} tok/s "
+                f"against {self.baseline_tokens_per_second:.1f} tok/s for the target alone "
+                f"({self.baseline_tokens} steps timed in this run): x{self.speedup:.2f}")
+
+
+class SpeculativeDecoder:
+    def __init__(self, target: Session, draft: Draft, n_draft: int = DEFAULT_DRAFT_N, baseline: int = BASELINE_STEPS):
+        """baseline: decode steps of the target alone timed after the prompt (0: none), for the speed-up."""
+        if n_draft < 1:
+            raise SpeculationError(f"--draft-n must be at least 1, got {n_draft}")
+        self.target, self.draft, self.n_draft, self.baseline = target, draft, n_draft, baseline
+        target.partners, draft.session.partners = [draft.session], [target]
+        self.stats = SpecStats()
+
+    # -- reservation ----------------------------------------------------------------------------------
+    def keys(self, n_prompt: int, n_predict: int) -> tuple[list[tuple], list[tuple]]:
+        """The target's and the draft's step shapes: the prompt's chunks, the baseline's decode steps, and
+        for every position of the generation a verification of 1 to n_draft + 1 tokens and the drafting."""
+        t = self.target
+        end = n_prompt + n_predict
+        keys = t.shapes_for(n_prompt, n_predict)
+        keys += [t._key(1, n_prompt + i, 1) for i in range(self.baseline_steps(n_prompt))]
+        positions = range(n_prompt, end)
+        for p in positions:
+            keys += [t._key(n, p, None) for n in range(2, min(self.n_draft + 1, end - p) + 1)]
+        return list(dict.fromkeys(keys)), list(dict.fromkeys(self.draft.keys(n_prompt, positions, self.n_draft)))
+
+    def baseline_steps(self, n_prompt: int) -> int:
+        return max(0, min(self.baseline, self.target.n_ctx - n_prompt))
+
+    def reserve(self, n_prompt: int, n_predict: int) -> Reservation:
+        """Plan and check target and draft together; nothing is loaded or compiled."""
+        target_keys, draft_keys = self.keys(n_prompt, n_predict)
+        d = self.draft.session
+        if d.borrowed:
+            place_borrowed(d, self.target, self.target.make_plans(target_keys).values())
+        return self.target.reserve_keys(target_keys, {d: draft_keys})
+
+    def prepare(self, progress=None) -> None:
+        """Load weights and compile programs of every reserved plan, before any clock starts."""
+        for s in (self.target, self.draft.session):
+            for plan, _ in s.plans.values():
+                s.executor.prepare(plan, progress)
+
+    # -- generation -----------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[int], n_predict: int, sampler: Sampler,
+                 stop_ids: frozenset[int] = frozenset()) -> Iterator[Piece]:
+        t, st = self.target, self.stats
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        tok = t.model.tokenizer
+        logits = t.eval(prompt_ids)
+        st.prompt_tokens, st.prompt_seconds = t.prefill.tokens, t.prefill.seconds
+        hidden = t.hidden_rows
+        self._baseline(int(np.argmax(logits)), len(prompt_ids))
+        t.hidden_rows = hidden
+        self.draft.start(prompt_ids)
+        token = sampler(logits)
+        if token in stop_ids:
+            return
+        yield Piece(token, decoder.decode(tok.token_bytes(token)))
+        history, done, pick = list(prompt_ids), 1, picker(sampler)
+        while done < n_predict and t.n_past < t.n_ctx:
+            produced = self._round(history, token, min(self.n_draft, n_predict - done - 1,
+                                                       t.n_ctx - t.n_past - 1), sampler, pick)
+            for new in produced:
+                if new in stop_ids:
+                    return
+                yield Piece(new, decoder.decode(tok.token_bytes(new)))
+                done += 1
+            token = produced[-1]
+
+    def _round(self, history: list[int], token: int, n: int, sampler: Sampler, pick) -> list[int]:
+        """One draft and verification: appends the accepted tokens to history; returns the new tokens."""
+        t, st = self.target, self.stats
+        t0 = time.perf_counter()
+        drafts, dists = self.draft.propose(history, token, n, pick) if n > 0 else ([], [])
+        t1 = time.perf_counter()
+        base = t.n_past
+        rows = t.eval([token] + drafts, all_logits=True, prompt=False)
+        if sampler.greedy:
+            n_ok, new = accept_greedy(rows, drafts)
+        else:
+            n_ok, new = accept_sampled([sampler.distribution(r) for r in rows], dists, drafts, sampler.rng)
+        t.rewind(base + 1 + n_ok)
+        history += [token] + drafts[:n_ok]
+        self.draft.accepted(n_ok)
+        st.rounds += 1
+        st.drafted += len(drafts)
+        st.accepted += n_ok
+        st.tokens += n_ok + 1
+        st.draft_seconds += t1 - t0
+        st.seconds += time.perf_counter() - t0
+        return drafts[:n_ok] + [new]
+
+    def _baseline(self, token: int, n_prompt: int) -> None:
+        """Decode steps of the target alone from the prompt (the first one not timed), then rolled back."""
+        t, st = self.target, self.stats
+        for i in range(self.baseline_steps(n_prompt)):
+            t0 = time.perf_counter()
+            token = int(np.argmax(t.eval([token])))
+            if i:
+                st.baseline_tokens += 1
+                st.baseline_seconds += time.perf_counter() - t0
+        t.rewind(n_prompt)
+        t.decode.tokens = t.decode.seconds = 0
