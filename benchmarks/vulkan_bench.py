@@ -354,9 +354,13 @@ def conformance(dev, select=lambda case_id: True, deadline: float = math.inf) ->
             refused += 1
             continue
         outs = []
-        for d in (dev, cpu):
-            plan = make_plan(b.graph, [d])
-            outs.append([np.array(o) for o in Executor([d], b.weight_bytes).run(plan, b.fresh_inputs())])
+        try:
+            for d in (dev, cpu):
+                plan = make_plan(b.graph, [d])
+                outs.append([np.array(o) for o in Executor([d], b.weight_bytes).run(plan, b.fresh_inputs())])
+        except Exception as e:       # the case failed on the device: count it, go on  # noqa: BLE001
+            failed.append((case.id, f"{type(e).__name__}: {e}"))
+            continue
         errs = [nmse(o, r) for o, r in zip(*outs)]
         if all(e <= b.tolerance for e in errs):
             ok += 1
@@ -527,6 +531,21 @@ def torch_model_speed(hp, arch: str, n_prompt: int, n_decode: int, runs: int = 5
 
 # ------------------------------------------------------------------------------------------------------
 
+def attempt(result: dict, what: str, fn, *a):
+    """fn(*a), or None where it raises: the error (with its traceback) goes to the log and to the run's
+    "errors", and the run goes on to the next measurement, so that one run tells everything it can."""
+    import traceback
+    try:
+        return fn(*a)
+    except Exception as e:  # noqa: BLE001
+        log(f"ERROR in {what}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        result.setdefault("errors", []).append(f"{what}: {type(e).__name__}: {e}")
+        return None
+
+
+MAX_CHECK_NMSE = 1e-3   # logits of a random-weight model against the CPU plugin (lavapipe: 5e-6 to 3e-5)
+
+
 def summary(result: dict) -> list[str]:
     """The table a run ends with: each model's prefill and decode on vulkan:0 with each fusion setting and
     in PyTorch, dispatches a decode step, and the ratios; goal 1 (decode at least 400 tok/s in at most
@@ -566,7 +585,19 @@ def summary(result: dict) -> list[str]:
         checked = [f"{v} NMSE {c['nmse_vs_cpu']:.1e}, decode steps {c['nmse_decode_vs_cpu']:.1e}"
                    for v, c in checks.items() if c]
         line += f"; logits vs cpu plugin: {'; '.join(checked)}" if checked else "; logits not checked"
+        bad = [v for v, c in checks.items() if c and max(c["nmse_vs_cpu"], c["nmse_decode_vs_cpu"]) > MAX_CHECK_NMSE]
+        if bad:
+            line += f"; CHECK FAILED (NMSE above {MAX_CHECK_NMSE:g}): {', '.join(bad)}"
         notes.append(line)
+    for key in ("conformance_decode_steps", "conformance"):
+        if key in result:
+            c = result[key]
+            notes.append(f"{key}: {c['passed']} passed, {c['refused']} refused, {len(c['failed'])} failed"
+                         + (f" {c['failed']}" if c["failed"] else "")
+                         + (f", {c['not_run_past_the_deadline']} not run (past --deadline-s)"
+                            if c.get("not_run_past_the_deadline") else ""))
+    if result.get("errors"):
+        notes.append(f"ERRORS ({len(result['errors'])}): " + "; ".join(result["errors"]))
     return rows + notes
 
 
@@ -602,7 +633,8 @@ def main() -> None:
                          "after them ('decode': only those)")
     ap.add_argument("--deadline-s", type=float, default=math.inf,
                     help="seconds from the start after which the conformance cases left are counted, not run")
-    ap.add_argument("--summary-of", metavar="JSON", help="print the SUMMARY of a run's vulkan_h200.json, measure nothing")
+    ap.add_argument("--summary-of", metavar="JSON",
+                    help="print the SUMMARY of a run's vulkan_h200.json, measure nothing")
     args = ap.parse_args()
     if args.summary_of:
         print("\n".join(["SUMMARY of " + args.summary_of, *summary(json.loads(Path(args.summary_of).read_text()))]))
@@ -694,10 +726,11 @@ def main() -> None:
                     f"{r['max']:.0f}); GPU us/token {r.get('gpu_us_per_token_all')}: {r.get('gpu_us_per_token')}")
         reference = None
         if not args.skip_check:
-            reference = cpu_reference(model)
-            entry["check"] = check_models_against_cpu(dev, model, reference)
+            reference = attempt(result, f"{name}: the CPU plugin's logits", cpu_reference, model)
+            entry["check"] = attempt(result, f"{name}: check", check_models_against_cpu, dev, model, reference)
             log(f"{name}: vulkan vs cpu plugin on random weights: {entry['check']}")
-            entry["prefill_check"] = check_prefill_against_cpu(dev, model, mm_variants)
+            entry["prefill_check"] = attempt(result, f"{name}: prefill check", check_prefill_against_cpu, dev, model,
+                                             mm_variants)
             log(f"{name}: prefill of 64 tokens (tiled products) vs cpu plugin, per --matmul-variants setting: "
                 f"{entry['prefill_check']}")
             save()
@@ -709,10 +742,14 @@ def main() -> None:
             if var is not None:
                 os.environ[UNFUSE_ENV] = var
                 if not args.skip_check and var:      # "" is every fusion on: the check above
-                    check = check_models_against_cpu(dev, model, reference)
+                    check = attempt(result, f"{name}{label}: check", check_models_against_cpu, dev, model, reference)
                     entry.setdefault("check_by_unfuse", {})[var] = check
                     log(f"{name}{label}: vulkan vs cpu plugin on random weights: {check}")
-            tv = model_speed(dev, model, args.prompt, args.decode, rng, args.runs)
+            tv = attempt(result, f"{name}{label}: speed", model_speed, dev, model, args.prompt, args.decode, rng,
+                         args.runs)
+            save()
+            if tv is None:
+                continue
             entry.setdefault("vulkan", tv)
             if var is not None:
                 entry.setdefault("vulkan_by_unfuse", {})[var] = tv
@@ -728,19 +765,17 @@ def main() -> None:
             save()
         os.environ.pop(UNFUSE_ENV, None)
         if not args.skip_torch:
-            try:
-                entry["torch_eager_bf16"] = torch_model_speed(model.hp, model.hp.arch, args.prompt, args.decode,
-                                                              args.runs)
-            except Exception as e:       # report, and keep the Vulkan figures  # noqa: BLE001
-                log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
-                entry["torch_error"] = f"{type(e).__name__}: {e}"
-            else:
-                tv, tt = entry["vulkan"], entry["torch_eager_bf16"]
+            tt = attempt(result, f"{name}: PyTorch eager bf16", torch_model_speed, model.hp, model.hp.arch, args.prompt,
+                         args.decode, args.runs)
+            if tt is not None:
+                entry["torch_eager_bf16"] = tt
                 pre, dec = tt["prefill_runs"], tt["decode_runs"]
+                tv = entry.get("vulkan")
+                ratios = (f" -> vulkan/torch (medians): prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
+                          f"decode {tv['decode_tok_s'] / tt['decode_tok_s']:.2f}x") if tv else ""
                 log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s ({pre['min']:.0f}.."
-                    f"{pre['max']:.0f}), decode {tt['decode_tok_s']:.1f} tok/s ({dec['min']:.1f}..{dec['max']:.1f}) "
-                    f"-> vulkan/torch (medians): prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, decode "
-                    f"{tv['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
+                    f"{pre['max']:.0f}), decode {tt['decode_tok_s']:.1f} tok/s ({dec['min']:.1f}..{dec['max']:.1f})"
+                    f"{ratios}")
         save()
         del model
         path.unlink()
@@ -755,6 +790,9 @@ def main() -> None:
     dry = " (DRY RUN on a CPU adapter: not GPU figures)" if result.get("dry_run_on_cpu_adapter") else ""
     log("\n".join(["", f"SUMMARY{dry}", *result["summary"]]))
     log(f"wrote {out}")
+    if result.get("errors") or any("CHECK FAILED" in line for line in result["summary"]) or any(
+            result.get(k, {}).get("failed") for k in ("conformance_decode_steps", "conformance")):
+        sys.exit(3)
 
 
 if __name__ == "__main__":
