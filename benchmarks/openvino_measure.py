@@ -345,8 +345,8 @@ def dynquant(models: dict | None = None, rounds: int = 3) -> None:
 
     from framework.model.default import model_path
     from framework.model.model import Model
-    from framework.runtime.session import Session
     from framework.plugins.openvino_npu.device import OpenVinoDevice, cpu_isa
+    from framework.runtime.session import Session
     c = ov.Core()
     default = c.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
     print(f"CPU: {c.get_property('CPU', 'FULL_DEVICE_NAME')}, {os.cpu_count()} threads; {cpu_isa()}; OpenVINO "

@@ -47,8 +47,12 @@ F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": 
               "Q5_1": (0, 2), "Q2_K": (80, 82), "Q3_K": (108,), "Q5_K": (0, 2)}
 
 
+T0 = time.monotonic()
+
+
 def log(*a):
-    print(*a, flush=True)
+    """A line of the run's output, after the seconds since the start (a run must fit in its time)."""
+    print(f"[{time.monotonic() - T0:5.0f} s]", *a, flush=True)
 
 
 def random_raw(rng, qtype: str, shape) -> np.ndarray:
@@ -283,12 +287,25 @@ def _programs(session, n_tokens):
     return out
 
 
-def check_models_against_cpu(dev, model) -> dict:
+CHECK_IDS = (1, 50, 300, 7000, 12, 99, 4000, 5)
+
+
+def cpu_reference(model) -> np.ndarray:
+    """The CPU plugin's logits of every row of CHECK_IDS: the reference of each check of a model."""
     from framework.plugins.cpu.device import CpuDevice
     from framework.runtime.session import Session
-    ids = [1, 50, 300, 7000 % model.hp.n_vocab, 12, 99, 4000 % model.hp.n_vocab, 5]
+    ids = [t % model.hp.n_vocab for t in CHECK_IDS]
+    return Session(model, [CpuDevice()], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
+
+
+def check_models_against_cpu(dev, model, b: np.ndarray | None = None) -> dict:
+    """vulkan:0 against the CPU plugin (`b`, from cpu_reference): one prefill of CHECK_IDS, and its last
+    four rows again as decode steps after the first four (the decode kernels, fused where they are)."""
+    from framework.runtime.session import Session
+    ids = [t % model.hp.n_vocab for t in CHECK_IDS]
+    if b is None:
+        b = cpu_reference(model)
     a = Session(model, [dev], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
-    b = Session(model, [CpuDevice()], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
     s = Session(model, [dev], n_ctx=256, n_batch=8)
     s.eval(ids[:4])
     steps = np.stack([s.eval([t]) for t in ids[4:]])
@@ -296,7 +313,8 @@ def check_models_against_cpu(dev, model) -> dict:
     nmse = float(np.sum((a - b) ** 2) / np.sum(b ** 2))
     nmse_decode = float(np.sum((steps - b[4:]) ** 2) / np.sum(b[4:] ** 2))
     return {"min_corr_vs_cpu": corr, "nmse_vs_cpu": nmse, "nmse_decode_vs_cpu": nmse_decode,
-            "argmax_agree": float(np.mean(a.argmax(1) == b.argmax(1)))}
+            "argmax_agree": float(np.mean(a.argmax(1) == b.argmax(1))),
+            "decode_argmax_agree": float(np.mean(steps.argmax(1) == b[4:].argmax(1)))}
 
 
 def check_prefill_against_cpu(dev, model, variants) -> dict:
@@ -316,28 +334,47 @@ def check_prefill_against_cpu(dev, model, variants) -> dict:
     return out
 
 
-def conformance(dev) -> dict:
+def conformance(dev, select=lambda case_id: True, deadline: float = math.inf) -> dict:
+    """The op conformance cases `select` takes, on `dev` against the CPU plugin (ggml's NMSE thresholds),
+    until time.monotonic() passes `deadline`: the cases left then are counted, not run."""
     from framework.conformance.cases import all_cases, nmse
     from framework.core.scheduler import Executor, make_plan
     from framework.plugins.cpu.device import CpuDevice
     cpu = CpuDevice()
-    ok = refused = 0
+    ok = refused = left = 0
     failed = []
     for case in all_cases():
+        if not select(case.id):
+            continue
+        if time.monotonic() > deadline:
+            left += 1
+            continue
         b = case.build()
         if not all(dev.supports_op(n).ok for n in b.graph.nodes):
             refused += 1
             continue
         outs = []
-        for d in (dev, cpu):
-            plan = make_plan(b.graph, [d])
-            outs.append([np.array(o) for o in Executor([d], b.weight_bytes).run(plan, b.fresh_inputs())])
+        try:
+            for d in (dev, cpu):
+                plan = make_plan(b.graph, [d])
+                outs.append([np.array(o) for o in Executor([d], b.weight_bytes).run(plan, b.fresh_inputs())])
+        except Exception as e:       # the case failed on the device: count it, go on  # noqa: BLE001
+            failed.append((case.id, f"{type(e).__name__}: {e}"))
+            continue
         errs = [nmse(o, r) for o, r in zip(*outs)]
         if all(e <= b.tolerance for e in errs):
             ok += 1
         else:
             failed.append((case.id, max(errs)))
-    return {"passed": ok, "refused": refused, "failed": failed}
+    out = {"passed": ok, "refused": refused, "failed": failed}
+    if left:
+        out["not_run_past_the_deadline"] = left
+    return out
+
+
+def is_decode_case(case_id: str) -> bool:
+    """The conformance cases of whole decode steps: those the fused kernels run on a GPU."""
+    return case_id.startswith("DECODE-")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -494,6 +531,76 @@ def torch_model_speed(hp, arch: str, n_prompt: int, n_decode: int, runs: int = 5
 
 # ------------------------------------------------------------------------------------------------------
 
+def attempt(result: dict, what: str, fn, *a):
+    """fn(*a), or None where it raises: the error (with its traceback) goes to the log and to the run's
+    "errors", and the run goes on to the next measurement, so that one run tells everything it can."""
+    import traceback
+    try:
+        return fn(*a)
+    except Exception as e:  # noqa: BLE001
+        log(f"ERROR in {what}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        result.setdefault("errors", []).append(f"{what}: {type(e).__name__}: {e}")
+        return None
+
+
+MAX_CHECK_NMSE = 1e-3   # logits of a random-weight model against the CPU plugin (lavapipe: 5e-6 to 3e-5)
+
+
+def summary(result: dict) -> list[str]:
+    """The table a run ends with: each model's prefill and decode on vulkan:0 with each fusion setting and
+    in PyTorch, dispatches a decode step, and the ratios; goal 1 (decode at least 400 tok/s in at most
+    150 dispatches a step, prefill not slower than unfused) read off the figures."""
+    head = (f"{'model':<9} {'run':<42} {'prefill tok/s':>13} {'decode tok/s':>12} {'ms/token':>8} "
+            f"{'dispatches/step':>15} {'GPU ms/token':>12}")
+    rows = [head]
+    notes = []
+    for name, e in result.get("models", {}).items():
+        runs = e.get("vulkan_by_unfuse") or ({"": e["vulkan"]} if "vulkan" in e else {})
+        for var, tv in runs.items():
+            label = "vulkan:0 fused" if var == "" else f"vulkan:0 UNFUSE={var}"
+            gpu = tv.get("gpu_ms_per_decode_token")
+            rows.append(f"{name:<9} {label:<42} {tv['prefill_tok_s']:>13.0f} {tv['decode_tok_s']:>12.1f} "
+                        f"{tv['decode_ms_per_token']:>8.2f} {tv['dispatches_per_decode_step']:>15} "
+                        f"{'' if gpu is None else f'{gpu:.3f}':>12}")
+        tt = e.get("torch_eager_bf16")
+        if tt:
+            rows.append(f"{name:<9} {'PyTorch eager bf16':<42} {tt['prefill_tok_s']:>13.0f} "
+                        f"{tt['decode_tok_s']:>12.1f} {1e3 / tt['decode_tok_s']:>8.2f}")
+        fused = runs.get("") or e.get("vulkan")
+        if not fused:
+            continue
+        unfused = [tv for var, tv in runs.items() if var]
+        line = (f"{name}: fused decode {fused['decode_tok_s']:.1f} tok/s in "
+                f"{fused['dispatches_per_decode_step']} dispatches a step")
+        if unfused:
+            u = unfused[0]
+            line += (f"; fused/unfused decode {fused['decode_tok_s'] / u['decode_tok_s']:.2f}x, prefill "
+                     f"{fused['prefill_tok_s'] / u['prefill_tok_s']:.2f}x")
+        if tt:
+            line += (f"; vulkan fused/PyTorch decode {fused['decode_tok_s'] / tt['decode_tok_s']:.2f}x, prefill "
+                     f"{fused['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x")
+        met = fused["decode_tok_s"] >= 400 and fused["dispatches_per_decode_step"] <= 150
+        line += f"; goal 1 (decode >= 400 tok/s, <= 150 dispatches): {'met' if met else 'NOT met'}"
+        checks = {"fused": e.get("check"), **e.get("check_by_unfuse", {})}
+        checked = [f"{v} NMSE {c['nmse_vs_cpu']:.1e}, decode steps {c['nmse_decode_vs_cpu']:.1e}"
+                   for v, c in checks.items() if c]
+        line += f"; logits vs cpu plugin: {'; '.join(checked)}" if checked else "; logits not checked"
+        bad = [v for v, c in checks.items() if c and max(c["nmse_vs_cpu"], c["nmse_decode_vs_cpu"]) > MAX_CHECK_NMSE]
+        if bad:
+            line += f"; CHECK FAILED (NMSE above {MAX_CHECK_NMSE:g}): {', '.join(bad)}"
+        notes.append(line)
+    for key in ("conformance_decode_steps", "conformance"):
+        if key in result:
+            c = result[key]
+            notes.append(f"{key}: {c['passed']} passed, {c['refused']} refused, {len(c['failed'])} failed"
+                         + (f" {c['failed']}" if c["failed"] else "")
+                         + (f", {c['not_run_past_the_deadline']} not run (past --deadline-s)"
+                            if c.get("not_run_past_the_deadline") else ""))
+    if result.get("errors"):
+        notes.append(f"ERRORS ({len(result['errors'])}): " + "; ".join(result["errors"]))
+    return rows + notes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -504,7 +611,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
-    ap.add_argument("--allow-cpu-adapter", action="store_true")
+    ap.add_argument("--allow-cpu-adapter", action="store_true",
+                    help="measure on a CPU (software) adapter, lavapipe: a dry run, its timings are not GPU figures")
+    ap.add_argument("--gpu-kernels", action="store_true",
+                    help="a CPU adapter takes a GPU's kernels and fusions (as the tests do; with --allow-cpu-adapter)")
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--skip-matvec", action="store_true", help="no matrix-vector kernel figures")
     ap.add_argument("--skip-matmul", action="store_true", help="no figure of the tiled product on (N, 4096) x 256")
@@ -518,11 +628,26 @@ def main() -> None:
     ap.add_argument("--unfuse-variants", default="",
                     help="';'-separated FRAMEWORK_VULKAN_UNFUSE settings ('' every fusion on, 'all' none): the models' "
                          "prefill, decode, dispatches a step and GPU profile with each, and the decode check")
+    ap.add_argument("--conformance", choices=("all", "decode", "none"), default="all",
+                    help="conformance cases run: the whole decode steps (DECODE-*) before the models, the rest "
+                         "after them ('decode': only those)")
+    ap.add_argument("--deadline-s", type=float, default=math.inf,
+                    help="seconds from the start after which the conformance cases left are counted, not run")
+    ap.add_argument("--summary-of", metavar="JSON",
+                    help="print the SUMMARY of a run's vulkan_h200.json, measure nothing")
     args = ap.parse_args()
+    if args.summary_of:
+        print("\n".join(["SUMMARY of " + args.summary_of, *summary(json.loads(Path(args.summary_of).read_text()))]))
+        return
+    deadline = time.monotonic() + args.deadline_s
     rng = np.random.default_rng(0)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    result: dict = {}
+    out = Path(args.out) / "vulkan_h200.json"
+    result: dict = {"args": {k: None if v == math.inf else v for k, v in vars(args).items()}}
+
+    def save():                      # after each stage: a run cut short keeps what it measured
+        out.write_text(json.dumps(result, indent=1, default=str))
 
     import wgpu
     log(f"wgpu {wgpu.__version__}; VK_DRIVER_FILES={os.environ.get('VK_DRIVER_FILES', '')}")
@@ -537,11 +662,21 @@ def main() -> None:
         raise SystemExit("the adapter is a CPU (software) one: its timings are not GPU figures")
     if not dev.cpu_adapter and args.expect_adapter.lower() not in str(dev.data["adapter"]).lower():
         raise SystemExit(f"the adapter is {dev.data['adapter']!r}, not the expected {args.expect_adapter!r} GPU")
+    if dev.cpu_adapter:
+        log("DRY RUN on a CPU adapter: no figure below is a GPU figure"
+            + (" (a GPU's kernels and fusions forced)" if args.gpu_kernels else ""))
+        result["dry_run_on_cpu_adapter"] = True
+        if args.gpu_kernels:
+            dev.cpu_adapter = False
+    save()
 
-    if not args.skip_check and not args.matvec_only:
+    check_conformance = not args.skip_check and not args.matvec_only and args.conformance != "none"
+    if check_conformance:
         t0 = time.perf_counter()
-        result["conformance"] = conformance(dev)
-        log(f"conformance on {dev.name}: {result['conformance']} ({time.perf_counter() - t0:.0f} s)")
+        result["conformance_decode_steps"] = conformance(dev, is_decode_case)
+        log(f"conformance on {dev.name}, whole decode steps (the fused kernels): "
+            f"{result['conformance_decode_steps']} ({time.perf_counter() - t0:.0f} s)")
+        save()
 
     copy = None
     if not args.skip_torch:
@@ -570,6 +705,7 @@ def main() -> None:
             log(f"tiled matmul {qt} [{r['variant'] or 'default'}]: {r['rows']}x{r['cols']} by 256 rows: "
                 f"{r['seconds'] * 1e3:.2f} ms, {r['TFLOPs']:.1f} TFLOP/s{gpu}  [{r['kernel']}]")
             result["matmul"].append(r)
+    save()
     if args.matvec_only:
         args.models = ""
 
@@ -581,21 +717,24 @@ def main() -> None:
             continue
         path = write_model(name, spec, work / f"{name}-random.gguf", rng)
         model = Model(path)
-        entry = {"arch": model.hp.arch, "file_bytes": path.stat().st_size}
+        entry = result["models"][name] = {"arch": model.hp.arch, "file_bytes": path.stat().st_size}
         if args.matmul_variants:
             entry["prefill_variants"] = prefill_variants(dev, model, args.prompt, rng,
                                                          args.matmul_variants.split(";"), args.runs)
             for r in entry["prefill_variants"]:
                 log(f"{name}: prefill [{r['variant'] or 'default'}] {r['median']:.0f} tok/s (runs {r['min']:.0f}.."
                     f"{r['max']:.0f}); GPU us/token {r.get('gpu_us_per_token_all')}: {r.get('gpu_us_per_token')}")
+        reference = None
         if not args.skip_check:
-            entry["check"] = check_models_against_cpu(dev, model)
+            reference = attempt(result, f"{name}: the CPU plugin's logits", cpu_reference, model)
+            entry["check"] = attempt(result, f"{name}: check", check_models_against_cpu, dev, model, reference)
             log(f"{name}: vulkan vs cpu plugin on random weights: {entry['check']}")
-            entry["prefill_check"] = check_prefill_against_cpu(dev, model, mm_variants)
+            entry["prefill_check"] = attempt(result, f"{name}: prefill check", check_prefill_against_cpu, dev, model,
+                                             mm_variants)
             log(f"{name}: prefill of 64 tokens (tiled products) vs cpu plugin, per --matmul-variants setting: "
                 f"{entry['prefill_check']}")
+            save()
         if args.prefill_only:
-            result["models"][name] = entry
             continue
         fusion_variants = args.unfuse_variants.split(";") if args.unfuse_variants else [None]
         for var in fusion_variants:          # the first is the one compared with PyTorch
@@ -603,10 +742,14 @@ def main() -> None:
             if var is not None:
                 os.environ[UNFUSE_ENV] = var
                 if not args.skip_check and var:      # "" is every fusion on: the check above
-                    check = check_models_against_cpu(dev, model)
+                    check = attempt(result, f"{name}{label}: check", check_models_against_cpu, dev, model, reference)
                     entry.setdefault("check_by_unfuse", {})[var] = check
                     log(f"{name}{label}: vulkan vs cpu plugin on random weights: {check}")
-            tv = model_speed(dev, model, args.prompt, args.decode, rng, args.runs)
+            tv = attempt(result, f"{name}{label}: speed", model_speed, dev, model, args.prompt, args.decode, rng,
+                         args.runs)
+            save()
+            if tv is None:
+                continue
             entry.setdefault("vulkan", tv)
             if var is not None:
                 entry.setdefault("vulkan_by_unfuse", {})[var] = tv
@@ -619,27 +762,37 @@ def main() -> None:
                 if f"gpu_profile_{phase}" in tv:
                     log(f"  {phase}: GPU {tv[f'gpu_ms_per_{phase}_token']:.3f} ms/token; per kernel (us/token): "
                         f"{tv[f'gpu_profile_{phase}']}")
+            save()
         os.environ.pop(UNFUSE_ENV, None)
-        tv = entry["vulkan"]
         if not args.skip_torch:
-            try:
-                entry["torch_eager_bf16"] = torch_model_speed(model.hp, model.hp.arch, args.prompt, args.decode,
-                                                              args.runs)
-            except Exception as e:       # report, and keep the Vulkan figures  # noqa: BLE001
-                log(f"{name}: PyTorch baseline failed: {type(e).__name__}: {e}")
-                result["models"][name] = entry
-                continue
-            tv, tt = entry["vulkan"], entry["torch_eager_bf16"]
-            log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s ({tt['prefill_runs']['min']:.0f}.."
-                f"{tt['prefill_runs']['max']:.0f}), decode {tt['decode_tok_s']:.1f} tok/s ({tt['decode_runs']['min']:.1f}.."
-                f"{tt['decode_runs']['max']:.1f}) -> vulkan/torch (medians): prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, decode "
-                f"{tv['decode_tok_s'] / tt['decode_tok_s']:.2f}x")
-        result["models"][name] = entry
+            tt = attempt(result, f"{name}: PyTorch eager bf16", torch_model_speed, model.hp, model.hp.arch, args.prompt,
+                         args.decode, args.runs)
+            if tt is not None:
+                entry["torch_eager_bf16"] = tt
+                pre, dec = tt["prefill_runs"], tt["decode_runs"]
+                tv = entry.get("vulkan")
+                ratios = (f" -> vulkan/torch (medians): prefill {tv['prefill_tok_s'] / tt['prefill_tok_s']:.2f}x, "
+                          f"decode {tv['decode_tok_s'] / tt['decode_tok_s']:.2f}x") if tv else ""
+                log(f"{name}: PyTorch eager bf16 prefill {tt['prefill_tok_s']:.0f} tok/s ({pre['min']:.0f}.."
+                    f"{pre['max']:.0f}), decode {tt['decode_tok_s']:.1f} tok/s ({dec['min']:.1f}..{dec['max']:.1f})"
+                    f"{ratios}")
+        save()
+        del model
         path.unlink()
 
-    out = Path(args.out) / "vulkan_h200.json"
-    out.write_text(json.dumps(result, indent=1, default=str))
+    if check_conformance and args.conformance == "all":
+        t0 = time.perf_counter()
+        result["conformance"] = conformance(dev, lambda case_id: not is_decode_case(case_id), deadline)
+        log(f"conformance on {dev.name}, every other case: {result['conformance']} "
+            f"({time.perf_counter() - t0:.0f} s)")
+    result["summary"] = summary(result)
+    save()
+    dry = " (DRY RUN on a CPU adapter: not GPU figures)" if result.get("dry_run_on_cpu_adapter") else ""
+    log("\n".join(["", f"SUMMARY{dry}", *result["summary"]]))
     log(f"wrote {out}")
+    if result.get("errors") or any("CHECK FAILED" in line for line in result["summary"]) or any(
+            result.get(k, {}).get("failed") for k in ("conformance_decode_steps", "conformance")):
+        sys.exit(3)
 
 
 if __name__ == "__main__":

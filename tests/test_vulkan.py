@@ -115,6 +115,7 @@ def test_unavailable_without_driver(monkeypatch):
 
 def test_non_vulkan_adapters_are_refused(monkeypatch):
     import wgpu
+    import wgpu.backends.wgpu_native  # noqa: F401  (which replaces wgpu.gpu: patch the one discovery uses)
 
     class FakeAdapter:
         info = {"device": "Some GL renderer", "backend_type": "OpenGL", "adapter_type": "IntegratedGPU"}  # noqa: RUF012
