@@ -37,6 +37,7 @@ from framework.core.scheduler import (
     Executor,
     make_plan,
 )
+from framework.core.scheduler.verdicts import ask
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import weights as W
 from framework.plugins.openvino_npu.device import (
@@ -105,10 +106,10 @@ def test_profile_is_an_emulation_with_the_profile_limits(ov_cpu, npu):
     assert "EMULATION of npu37xx" in npu.describe()
     assert ov_cpu.emulation is None and ov_cpu.limits.max_live_programs is None    # the original is untouched
     gdn = Tensor(name="gdn-0", dtype=F32, shape=(4, 8), op="GATED_DELTA_NET", src=(leaf("x", F32, (4, 8), LeafKind.INPUT),))
-    verdict = npu.supports_op(gdn)
+    verdict = ask(npu, gdn)            # refused_ops, applied by the framework's one check
     assert isinstance(verdict, Verdict) and not verdict and verdict.code == "refused_by_profile"
     assert "npu37xx" in verdict.reason and "GatedDeltaNet" in verdict.reason
-    assert ov_cpu.supports_op(gdn).code == "unsupported_op"
+    assert ask(ov_cpu, gdn).code == "unsupported_op"
     assert ov_cpu.with_options(profile="npu40xx").emulation == "npu40xx"
     with pytest.raises(UnknownProfileError, match="npu37xx"):
         ov_cpu.with_options(profile="npu99")
