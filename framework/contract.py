@@ -31,7 +31,8 @@ from typing import Any, Protocol
 import numpy as np
 import pluggy
 
-from .core.graph import DType, Fragment, LeafKind, Tensor, ops
+from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
+from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
 from .core.physical import HOST_CPU, pci_physical_id
@@ -283,5 +284,6 @@ class BackendSpec:
 __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSIONS", "VERSION_ATTRIBUTE", "hookspec",
            "hookimpl", "DeviceType", "Verdict", "BufferType", "HOST_BUFFER", "Limits", "Program", "Device",
            "UnknownProfileError", "lookup_profile", "BackendSpec", "NPU_REFUSED_OPS", "HOST_CPU", "pci_physical_id",
-           # the graph a device receives, and the op table with its reference kernels
-           "DType", "Fragment", "LeafKind", "Tensor", "ops", "ReferenceProgram", "dequantize"]
+           # the graph a device receives, the op table and its reference kernels, GGUF's sizes and decoder
+           "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
+           "row_bytes", "dequantize"]

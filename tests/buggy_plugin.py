@@ -62,7 +62,8 @@ class BuggyDevice(Device):
         self.mistake = mistake or os.environ.get("FRAMEWORK_BUGGY", "shape")
         self.take = re.compile(take or os.environ.get("FRAMEWORK_BUGGY_TAKE", "^result_output$"))
         if self.mistake not in MISTAKES:
-            self.available, self.unavailable_reason = False, f"FRAMEWORK_BUGGY={self.mistake!r} is not one of {MISTAKES}"
+            self.available = False
+            self.unavailable_reason = f"FRAMEWORK_BUGGY={self.mistake!r} is not one of {MISTAKES}"
 
     def supports_op(self, node):
         if self.mistake == "bool":

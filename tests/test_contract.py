@@ -146,8 +146,8 @@ def test_an_exception_in_supports_buffer_is_a_named_error_at_reservation():
     s = session([owner, buggy, cpu], kv_device="example:0")
     with pytest.raises(PluginContractError) as info:
         s.reserve(len(PROMPT), 2)
-    assert_names(str(info.value), "plugin buggy (buggy-plugin 0.1)", "device buggy:0", "supports_buffer('example_private')",
-                 "raised AttributeError", "supports_buffer never raises")
+    assert_names(str(info.value), "plugin buggy (buggy-plugin 0.1)", "device buggy:0",
+                 "supports_buffer('example_private')", "raised AttributeError", "supports_buffer never raises")
 
 
 # -- at fragment boundaries --------------------------------------------------------------------------------
@@ -272,3 +272,46 @@ def test_the_cli_stops_with_the_names_and_a_failing_exit_status(tmp_path):
     assert_names(text, "device buggy:0 (plugin buggy (buggy-plugin 0.1))", "node 'result_norm' (MUL", "not finite",
                  "fix:")
     assert "Traceback" not in res.stderr and "decode" not in res.stderr, textwrap.shorten(res.stderr, 2000)
+
+
+# -- what a plugin imports ---------------------------------------------------------------------------------
+
+def _framework_imports(path: Path, package: str) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import of a framework module in a file of `package`, relative ones resolved."""
+    import ast
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = parts[: len(parts) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+    return [(m, names) for m, names in found if m == "framework" or m.startswith("framework.")]
+
+
+def test_plugins_reach_the_framework_only_through_the_contract():
+    """Every built-in plugin and the example distribution import from framework.contract only (besides
+    their own package), and only names contract.__all__ lists: that module is the whole contract."""
+    root = Path(__file__).resolve().parents[1]
+    folders = [(p, f"framework.plugins.{p.name}") for p in (root / "framework" / "plugins").iterdir() if p.is_dir()
+               and (p / "__init__.py").exists()]
+    folders.append((root / "examples" / "plugin-example" / "framework_plugin_example", "framework_plugin_example"))
+    checked = 0
+    for folder, package in folders:
+        for path in folder.glob("*.py"):
+            if path.name == "measure.py":       # a benchmark of the OpenVINO runtime kept beside its plugin
+                continue
+            for imported, names in _framework_imports(path, package):
+                if imported.startswith(package):
+                    continue
+                checked += 1
+                assert imported == "framework.contract", f"{path.relative_to(root)} imports {imported}"
+                missing = set(names) - set(contract.__all__)
+                assert not missing, f"{path.relative_to(root)} imports {missing}, which contract.__all__ does not list"
+    assert checked > 10
+    assert all(hasattr(contract, name) for name in contract.__all__)
