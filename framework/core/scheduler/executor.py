@@ -110,7 +110,7 @@ class Executor:
             for st in (self.stats[f.device], self.fragment_stats[(id(plan), f.index)]):
                 st["seconds"] += seconds
                 st["runs"] += 1
-            self._check_outputs(f, results, values, hosted, inputs)
+            self._check_outputs(f, results, values, hosted)
             for t, h in zip(f.outputs, results):
                 values[id(t)] = (f.device, h)
                 made_by[id(t)] = f
@@ -120,7 +120,7 @@ class Executor:
         for t in plan.graph.outputs:            # the answer itself is always checked: never NaN logits
             host = hosted[id(t)] if id(t) in hosted else self._to_host(values[id(t)])
             if id(t) not in hosted:
-                self._check_finite(made_by[id(t)], t, host, values, inputs)
+                self._check_finite(made_by[id(t)], t, host, values)
             outputs.append(host)
         return outputs
 
@@ -140,8 +140,8 @@ class Executor:
                 self.stats[dev_name]["bytes_copied"] += t.nbytes
                 return taken
             host = self._to_host(held)
-            if held[0] in self.value_checked and id(t) in made_by:     # a cache write, read elsewhere
-                self._check_finite(made_by[id(t)], t, host, values, inputs)
+            if held[0] in self.value_checked and id(t) in made_by:   # one the check skipped: a view of a cache
+                self._check_finite(made_by[id(t)], t, host, values)
         self.stats[dev_name]["bytes_copied"] += host.nbytes
         t0 = time.perf_counter()
         handle = self.devices[dev_name].from_host(host)
@@ -149,7 +149,7 @@ class Executor:
         return handle
 
     # -- the checks at fragment boundaries ------------------------------------------------------------
-    def _check_outputs(self, f, results, values: dict, hosted: dict, inputs: dict) -> None:
+    def _check_outputs(self, f, results, values: dict, hosted: dict) -> None:
         """What a program returned against what its fragment holds: the count, every shape and dtype,
         and (for value-checked devices) finite values."""
         dev = self.devices[f.device]
@@ -176,27 +176,27 @@ class Executor:
             if checked and not ops.writes_source(t.op) and not t.storage.is_leaf:   # views of leaves: theirs
                 host = self._to_host((f.device, h))
                 hosted[id(t)] = host
-                self._check_finite(f, t, host, values, inputs)
+                self._check_finite(f, t, host, values)
 
-    def _check_finite(self, f, t: Tensor, host: np.ndarray, values: dict, inputs: dict) -> None:
+    def _check_finite(self, f, t: Tensor, host: np.ndarray, values: dict) -> None:
         if host.dtype.kind != "f" or t.storage.kind == LeafKind.INPUT or np.isfinite(host).all():
             return
         # before blaming this device: did a value it read arrive non-finite? (a device whose values are
         # not checked may have made it)
         for s in f.inputs:
-            src = self._source_values(s, f.device, values, inputs)
+            src = self._source_values(s, f.device, values)
             if src is not None and src[1].dtype.kind == "f" and not np.isfinite(src[1]).all():
                 producer, arr = src
                 raise DeviceRunError(
                     f"{_where(self.devices[producer])}: node {s.describe()}: {_bad(arr)}; it reached fragment "
-                    f"{f.index} on {f.device} that way (fix: the kernel or weight loading that made "
-                    f"'{s.name}' on {producer}; --check-values checks every device's outputs)",
+                    f"{f.index} on {f.device} that way\n  fix: the kernel (or the weight loading) that made "
+                    f"'{s.name}' on {producer}; --check-values checks every device's outputs where they are made",
                     device=producer, plugin=plugin_of(self.devices[producer]), fragment=f.index, node=s.name)
         raise self._boundary_error(f, t, f"{_bad(host)}, from finite inputs",
                                    f"the kernel for {t.op} in {type(self.devices[f.device]).__qualname__} "
                                    f"(its inputs were finite)")
 
-    def _source_values(self, s: Tensor, dev_name: str, values: dict, inputs: dict):
+    def _source_values(self, s: Tensor, dev_name: str, values: dict):
         """(device, host values) of a fragment input, for the error path only."""
         try:
             if s.is_leaf and s.kind == LeafKind.WEIGHT:
