@@ -315,3 +315,34 @@ def test_plugins_reach_the_framework_only_through_the_contract():
                 assert not missing, f"{path.relative_to(root)} imports {missing}, which contract.__all__ does not list"
     assert checked > 10
     assert all(hasattr(contract, name) for name in contract.__all__)
+
+
+def test_the_conformance_suite_and_the_planner_give_one_answer_from_declared_data():
+    """A device that relies on Limits.dtypes and refused_ops alone (its supports_op accepts everything):
+    the suite asks through the same check as the planner, so it skips what a run would not give it."""
+    from framework.conformance.cases import all_cases
+    from framework.conformance.test_ops import verdicts
+    from framework.contract import Limits
+
+    class Declared(CpuDevice):
+        name = "declared"
+        limits = Limits(dtypes=frozenset({"F32", "Q8_0"}))
+        refused_ops = {"ROPE": Verdict.no("refused_by_profile", "declared refuses ROPE")}
+
+    case = next(c for c in all_cases() if c.id.startswith("MUL_MAT-Q4_0-decode"))
+    graph = case.build().graph
+    (node, v), = verdicts(Declared(), graph)
+    assert v.code == "unsupported_dtype" and "Q4_0" in v.reason
+    from framework.core.scheduler import make_plan
+    plan = make_plan(graph, [Declared(), CpuDevice()])
+    assert plan.device_of(node) == "cpu" and plan.placement[id(node)].refusals["declared"].startswith("unsupported_dtype")
+    rope = next(c for c in all_cases() if c.op == "ROPE").build().graph
+    assert {v.code for _, v in verdicts(Declared(), rope) if not v.ok} == {"refused_by_profile"}
+
+
+@pytest.mark.parametrize("command", ["run", "perplexity", "bench"])
+def test_check_values_is_an_option_of_the_commands_that_run(command):
+    from framework.cli.main import build_parser
+    extra = ["-f", "x.txt"] if command == "perplexity" else []
+    assert build_parser().parse_args([command, *extra, "--check-values"]).check_values is True
+    assert build_parser().parse_args([command, *extra]).check_values is False
