@@ -35,7 +35,7 @@ from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
-from .core.physical import HOST_CPU, pci_physical_id
+from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 
 PROJECT = "framework"
 ENTRY_POINT_GROUP = "framework.backends"
@@ -283,7 +283,9 @@ class BackendSpec:
 
 __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSIONS", "VERSION_ATTRIBUTE", "hookspec",
            "hookimpl", "DeviceType", "Verdict", "BufferType", "HOST_BUFFER", "Limits", "Program", "Device",
-           "UnknownProfileError", "lookup_profile", "BackendSpec", "NPU_REFUSED_OPS", "HOST_CPU", "pci_physical_id",
+           "UnknownProfileError", "lookup_profile", "BackendSpec", "NPU_REFUSED_OPS",
+           # physical ids, spelled once: the host's CPU, a PCI device
+           "HOST_CPU", "pci_address", "pci_ids_at", "pci_physical_id",
            # the graph a device receives, the op table and its reference kernels, GGUF's sizes and decoder
            "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
            "row_bytes", "dequantize"]
