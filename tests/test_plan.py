@@ -1,6 +1,7 @@
-"""The planner's passes 3 (smoothing) and 4 (views follow their memory) on small hand-built graphs,
-with devices whose abilities are declared as data (supported_ops, refused_ops). Each plan is also run,
-and must give the reference kernels' result."""
+"""The planner's smoothing pass and its views-follow-their-memory pass (passes 4 and 5 of plan.py,
+3 and 4 before the memory pass came) on small hand-built graphs, with devices whose abilities are
+declared as data (supported_ops, refused_ops). Each plan is also run, and must give the reference
+kernels' result."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def where(plan, *nodes) -> list[str]:
     return [plan.device_of(n) for n in nodes]
 
 
-# -- pass 3: smoothing ---------------------------------------------------------------------------------------
+# -- smoothing (pass 4) ---------------------------------------------------------------------------------
 
 def chain(run: int, weight: bool = False):
     """all: silu -> picky: `run` ADDs (or a MUL_MAT by a weight) -> all: scale."""
@@ -133,7 +134,7 @@ def test_a_pinned_node_is_never_smoothed_away():
     assert plan.device_of(first) == "all" and plan.device_of(last) == "all"
 
 
-# -- pass 4: views follow their memory ---------------------------------------------------------------------
+# -- views follow their memory (pass 5) -------------------------------------------------------------------
 
 def test_views_of_a_computed_tensor_stay_with_it_and_views_of_views_too():
     b = GraphBuilder()
