@@ -19,11 +19,10 @@ from conftest import load_model, model_path
 
 import buggy_plugin
 from framework import contract
-from framework.contract import Device, DeviceType, Verdict, hookimpl
+from framework.contract import Device, Verdict, hookimpl
 from framework.core.registry import Registry
-from framework.core.scheduler import CapabilityError, DeviceRunError
+from framework.core.scheduler import DeviceRunError
 from framework.core.scheduler.errors import PluginContractError
-from framework.core.scheduler.verdicts import ask
 from framework.plugins import cpu as cpu_plugin
 from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.session import Session

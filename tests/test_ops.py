@@ -199,8 +199,8 @@ def test_mul_mat_2d_weight_3d_activations(rng):
     check(out, ref_mul_mat(a, b), NMSE_MATMUL)
 
 
-@pytest.mark.parametrize("a_batch,b_batch", [((2,), (6,)), ((1,), (3,)), ((4,), (4,)), ((1, 2), (3, 4)), ((2, 2), (4, 6)),
-                                             ((2,), (3, 4))])
+@pytest.mark.parametrize("a_batch,b_batch", [((2,), (6,)), ((1,), (3,)), ((4,), (4,)), ((1, 2), (3, 4)),
+                                             ((2, 2), (4, 6)), ((2,), (3, 4))])
 def test_mul_mat_batched_broadcast(rng, a_batch, b_batch):
     a = f32(rng, *a_batch, 8, 16)
     b = f32(rng, *b_batch, 5, 16)

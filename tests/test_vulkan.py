@@ -281,8 +281,8 @@ def test_matvec_shapes(variant, monkeypatch, shape):
                                              partial(mul_mat_weight, qtype=q, n=70, k=512, m=m))) == "ok"
 
 
-@pytest.mark.parametrize("shape", ["reg=0,f16=0", "reg=0,bm=64,bn=64,split=1,f16=0", "reg=0,bm=32,bn=32,kg=2,split=3,f16=0",
-                                   "reg=0,f16=1", "reg=0,bm=64,bn=64,split=1,f16=1", "reg=0,bm=32,bn=32,kg=2,split=3,f16=1"])
+@pytest.mark.parametrize("shape", [f"reg=0,{tile}f16={f16}" for f16 in (0, 1)
+                                   for tile in ("", "bm=64,bn=64,split=1,", "bm=32,bn=32,kg=2,split=3,")])
 def test_tiled_matmul_shapes(variant, monkeypatch, shape):
     """The workgroup-memory tiled product a GPU takes for prefill (FRAMEWORK_VULKAN_MATMUL forces it on
     lavapipe): tiles of 64 x 64, 64 x 32, 32 x 32, one or two groups a step, K split into parts (the last

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 
 from ...contract import LeafKind, Tensor, Verdict, ops
-from . import layout
 
 VIEW_OPS = ops.VIEW_OPS
 

@@ -329,7 +329,8 @@ class OvProgram:
                 cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
                 raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
                                    f"{dev.dynamic_quantization} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
-                                   f"not compile here" + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+                                   f"not compile here"
+                                   + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
                                    + f"; {DYNQUANT_ENV}=0 compiles on every CPU") from e
             raise
         t2 = time.perf_counter()

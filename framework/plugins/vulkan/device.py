@@ -18,7 +18,8 @@ from .verdicts import OPS, verdict
 
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
-F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": do not request shader-f16 (only the tiled product's f16 variant needs it)
+# "0": do not request shader-f16 (only the tiled product's f16 variant needs it)
+F16_ENV = "FRAMEWORK_VULKAN_F16"
 SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # "0": no subgroup operations even where the adapter has them
 
 ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU, "VirtualGPU": DeviceType.GPU,

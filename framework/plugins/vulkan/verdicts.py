@@ -22,7 +22,8 @@ def verdict(dev, n: Tensor) -> Verdict:
     op = n.op       # the framework has applied supported_ops, refused_ops and Limits.dtypes already
     if op in VIEWS:
         if any(is_weight(s) for s in n.src):
-            return Verdict.no("unsupported_buffer", f"{dev.name} does not take views of weights ({n.src[0].describe()})")
+            return Verdict.no("unsupported_buffer",
+                              f"{dev.name} does not take views of weights ({n.src[0].describe()})")
         return Verdict.yes()
     if any(len(t.shape) > 4 for t in (n, *n.src)):
         return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most 4 axes ({n.describe()})")

@@ -167,8 +167,9 @@ class XdnaDevice(Device):
         if self.arm == "npu" and self.kernel_set is not None:
             grid = tile_grid(w.shape)
             if not self.kernel_set.for_weight(grid.padded_cols, grid.padded_rows):
-                return Verdict.no("unsupported_shape", f"{self.kernel_set.directory} has no GEMM for k={grid.padded_cols} "
-                                  f"n={grid.padded_rows} ({w.name} {list(w.shape)}); it has {self.kernel_set.shapes()}")
+                return Verdict.no("unsupported_shape", f"{self.kernel_set.directory} has no GEMM for "
+                                  f"k={grid.padded_cols} n={grid.padded_rows} ({w.name} {list(w.shape)}); "
+                                  f"it has {self.kernel_set.shapes()}")
         return Verdict.yes()
 
     # -- memory -------------------------------------------------------------------------------------
