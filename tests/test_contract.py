@@ -303,8 +303,6 @@ def test_plugins_reach_the_framework_only_through_the_contract():
     checked = 0
     for folder, package in folders:
         for path in folder.glob("*.py"):
-            if path.name == "measure.py":       # a benchmark of the OpenVINO runtime kept beside its plugin
-                continue
             for imported, names in _framework_imports(path, package):
                 if imported.startswith(package):
                     continue
