@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Verdict
-from ...core.graph import LeafKind, Tensor, ops
-from ...core.scheduler.fragment import Fragment
+from ...contract import BufferType, Device, DeviceType, Fragment, LeafKind, Tensor, Verdict, ops
 from .wire import detach_fragment, detach_node, signature
 
 _keys = itertools.count()
