@@ -51,7 +51,9 @@ $(OPENCL_STAMP): $(STAMP)
 	    --no-install-recommends pocl-opencl-icd ocl-icd-libopencl1; }
 	touch $(OPENCL_STAMP)
 
+# ruff first (the config in pyproject.toml): a lint error stops the run before the suite starts
 test: $(STAMP) $(BROWSER_STAMP) $(VULKAN_STAMP) $(OPENCL_STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -ra
 
 # llama.cpp alongside, built for this CPU (benchmarks/install_llama_cpp.sh says how)

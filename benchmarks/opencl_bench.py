@@ -517,7 +517,8 @@ def final_summary(result: dict) -> None:
     """The run's figures in a few lines at its end (the device tool returns the output's tail)."""
     copy = (result.get("opencl_copy_GBps") or {}).get("device")
     log(f"SUMMARY: OpenCL device copy {copy:.0f} GB/s; inline PTX: {result.get('inline_ptx')}; conformance "
-        f"{result.get('conformance', {}).get('passed', '-')} passed, failed {result.get('conformance', {}).get('failed')}")
+        f"{result.get('conformance', {}).get('passed', '-')} passed, "
+        f"failed {result.get('conformance', {}).get('failed')}")
     for name, e in result.get("models", {}).items():
         runs = {k: v for k, v in e.items() if k.startswith("opencl") and v}
         parts = [f"{k} {v['decode_tok_s']:.1f} tok/s decode, {v['prefill_tok_s']:.0f} prefill" for k, v in runs.items()]
@@ -536,8 +537,8 @@ def final_summary(result: dict) -> None:
         best = max(rows, key=lambda r: r["device_read_GBps"])
         cells = ", ".join(f"[{r['variant'] or 'default'}] {r['device_read_GBps']:.0f}"
                           + ("!" if r["nmse_vs_numpy"] > 1e-3 else "") for r in rows)
-        log(f"SUMMARY matvec {qt} {rows[0]['rows']}x{rows[0]['cols']}: GB/s {cells}; best [{best['variant'] or 'default'}] "
-            f"{best['share_of_opencl_copy']:.0%} of the copy (goal 60%)")
+        log(f"SUMMARY matvec {qt} {rows[0]['rows']}x{rows[0]['cols']}: GB/s {cells}; "
+            f"best [{best['variant'] or 'default'}] {best['share_of_opencl_copy']:.0%} of the copy (goal 60%)")
     for model, by_var in result.get("decode_matvec_summary", {}).items():
         ranked = sorted(((v, m) for v, m in by_var.items() if v != "best" and m["all_ok"]
                          and m["measured"] == m["products"]), key=lambda vm: vm[1]["us"])

@@ -132,8 +132,8 @@ def cpu_time() -> None:
         print(f"{name} openvino:CPU: decode {d * 1e3:.1f} ms, prefill {p * 1e3:.2f} ms CPU time per token (1 thread)")
         ref = _llama_cpu_time(name, ids)
         if ref:
-            print(f"{name} llama.cpp:    decode {ref[0] * 1e3:.1f} ms, prefill {ref[1] * 1e3:.2f} ms CPU time per token "
-                  f"(1 thread)")
+            print(f"{name} llama.cpp:    decode {ref[0] * 1e3:.1f} ms, prefill {ref[1] * 1e3:.2f} ms "
+                  f"CPU time per token (1 thread)")
 
 
 def precision() -> None:
@@ -361,13 +361,15 @@ def dynquant(models: dict | None = None, rounds: int = 3) -> None:
                 except RuntimeError as e:
                     runs[label].append(str(e).strip().splitlines()[-1][:200])
         for label, got in runs.items():
-            what = f"4096x4096 i4 product, M = 1, {threads or c.get_property('CPU', 'INFERENCE_NUM_THREADS') or 'all'} " \
+            n_threads = threads or c.get_property('CPU', 'INFERENCE_NUM_THREADS') or 'all'
+            what = f"4096x4096 i4 product, M = 1, {n_threads} " \
                    f"thread(s), group size {label}"
             ok = [r for r in got if not isinstance(r, str)]
             if not ok:
                 print(f"{what}: fails: {got[0]}", flush=True)
                 continue
-            print(f"{what}: {np.median([r[0] for r in ok]) * 1e3:.2f} ms (CPU time {np.median([r[1] for r in ok]) * 1e3:.2f}"
+            wall, cpu = np.median([r[0] for r in ok]), np.median([r[1] for r in ok])
+            print(f"{what}: {wall * 1e3:.2f} ms (CPU time {cpu * 1e3:.2f}"
                   f" ms), NMSE against float64 {ok[0][2]:.1e}", flush=True)
     if models is None:
         models = {name: Model(model_path(name)) for name in ("smollm2", "gemma3")}

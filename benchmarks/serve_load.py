@@ -91,7 +91,7 @@ def run_baseline(args, prefill: list[float], decode: list[float]) -> dict:
         m = SUMMARY.search(p.stderr)
         if p.returncode != 0 or not m:
             sys.exit(f"framework run failed ({p.returncode}): {p.stderr[-2000:]}")
-        n_pre, pre_tps, n_dec, dec_tps = int(m[1]), float(m[2]), int(m[3]), float(m[4])
+        n_pre, pre_tps, dec_tps = int(m[1]), float(m[2]), float(m[4])
         prefill.append(n_pre / pre_tps)
         decode.append(1 / dec_tps)
     return {"prefill_s": statistics.median(prefill), "decode_s": statistics.median(decode), "n_prompt": n_pre,

@@ -139,8 +139,8 @@ def program_for(dev, graph, weight_bytes):
 def matvec_bandwidth(dev, qtype: str, target_bytes: int, rng, reps: int, m: int = 1,
                      variants: tuple[str, ...] = ("",), env: str = "FRAMEWORK_VULKAN_MATVEC") -> list[dict]:
     """Weight bytes read per second by one MUL_MAT of a (n, 4096) weight and m rows of x, for each
-    kernel variant (a setting of `env`, FRAMEWORK_VULKAN_MATVEC or _MATMUL; "" = the plugin's own choice): wall time over
-    `reps` back-to-back runs, and the GPU time of the kernel from timestamps where the adapter has them."""
+    kernel variant (a setting of `env`, FRAMEWORK_VULKAN_MATVEC or _MATMUL; "" = the plugin's own choice): wall
+    time over `reps` back-to-back runs, and the GPU time of the kernel from timestamps where the adapter has them."""
     import gc
 
     from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
@@ -701,7 +701,8 @@ def main() -> None:
     for qt in () if args.skip_matmul else ("Q8_0", "Q4_K", "Q6_K"):
         for r in matvec_bandwidth(dev, qt, 64 << 20, rng, 10, m=256, variants=mm_variants,
                                   env="FRAMEWORK_VULKAN_MATMUL"):
-            gpu = f", GPU time {2 * r['rows'] * r['cols'] * 256 / r['gpu_seconds'] / 1e12:.1f} TFLOP/s" if r["gpu_seconds"] else ""
+            flops = 2 * r['rows'] * r['cols'] * 256 / r['gpu_seconds'] if r["gpu_seconds"] else 0
+            gpu = f", GPU time {flops / 1e12:.1f} TFLOP/s" if flops else ""
             log(f"tiled matmul {qt} [{r['variant'] or 'default'}]: {r['rows']}x{r['cols']} by 256 rows: "
                 f"{r['seconds'] * 1e3:.2f} ms, {r['TFLOPs']:.1f} TFLOP/s{gpu}  [{r['kernel']}]")
             result["matmul"].append(r)

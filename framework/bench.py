@@ -119,12 +119,13 @@ class FrameworkEngine:
     """This framework on the selected devices: loaded, planned and compiled once; run() times a
     prefill of the prompt and n_decode greedy decode steps."""
 
-    def __init__(self, path: Path, devices, n_prompt: int, n_decode: int):
+    def __init__(self, path: Path, devices, n_prompt: int, n_decode: int, check_values: bool = False):
         from .model.model import Model
         from .runtime.session import Session
         t0 = time.perf_counter()
         self.model = Model(path)
-        self.session = Session(self.model, devices, n_ctx=max(512, n_prompt + n_decode + 8))
+        self.session = Session(self.model, devices, n_ctx=max(512, n_prompt + n_decode + 8),
+                               check_values=check_values)
         self.ids = prompt_ids(self.model.tokenizer, n_prompt)
         self.session.plan(len(self.ids), 0)
         self.session.plan(1, len(self.ids))
@@ -231,10 +232,11 @@ def run_bench(args) -> int:
 
 
 def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], with_llama: bool) -> None:
-    fw = FrameworkEngine(path, devices, args.prompt_tokens, args.decode_tokens)
-    for d in devices:                       # compiled models: how many, how long, from the on-disk cache
-        if callable(getattr(d, "compile_summary", None)):
-            out(d.compile_summary() + "\n")
+    fw = FrameworkEngine(path, devices, args.prompt_tokens, args.decode_tokens, args.check_values)
+    for d in devices:                       # what a plugin reports: compiled models, cache hits
+        line = d.report_line()
+        if line:
+            out(line + "\n")
     engines: dict[str, Callable[[], dict[str, float]]] = {"framework": fw.run}
     ref = LlamaCppEngine(path, fw.ids, args.decode_tokens, args.threads) if with_llama else None
     if ref is not None:

@@ -1,30 +1,50 @@
 """The plugin contract: everything a backend plugin author needs, in one module.
 
 A backend plugin is a Python distribution with an entry point in the group
-``framework.backends`` that names a module (or object) implementing the hooks
-below with ``@hookimpl``. Its devices subclass :class:`Device`.
+``framework.backends`` that names a module (or object) implementing the hooks of
+:class:`BackendSpec` with ``@hookimpl``. Its devices subclass :class:`Device`. What the
+ops mean (their sources, parameters, semantics and reference kernels) is the op table,
+``ops`` here, documented in ``docs/ops.md``.
 
-Shapes are numpy order (outermost axis first; ggml's ``ne`` reversed). Tensors
-and graphs come from ``framework.core.graph``.
+Shapes are numpy order (outermost axis first; ggml's ``ne`` reversed). A plugin imports
+what it needs from this module only: ``__all__`` lists it.
+
+What the framework does centrally, so that no plugin does it again (``core/scheduler/verdicts.py``
+and the executor): it refuses, before ``supports_op`` is asked, every node of an unavailable
+device, of an op outside the table, of an op outside ``Device.supported_ops``, of an op in
+``Device.refused_ops``, and of a weight type outside ``Limits.dtypes``; it turns an answer that
+is not a Verdict, or an exception inside ``supports_op`` / ``supports_buffer``, into an error
+naming the plugin, the device and the node; it never asks an unavailable device to load,
+allocate or compile; and it checks what every program returns (the number of outputs, each
+one's shape and dtype, and, for plugins outside the framework's own distribution or with
+``--check-values``, that the values are finite).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol
+from types import MappingProxyType
+from typing import Any, Protocol
 
 import numpy as np
 import pluggy
 
-from .core.physical import HOST_CPU, pci_physical_id
-
-if TYPE_CHECKING:
-    from .core.graph import Tensor
-    from .core.scheduler.fragment import Fragment
+from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
+from .core.graph.dtypes import block_shape, nbytes, row_bytes
+from .core.graph.interpreter import ReferenceProgram
+from .core.graph.quants import dequantize
+from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 
 PROJECT = "framework"
 ENTRY_POINT_GROUP = "framework.backends"
+
+# The contract's version. A plugin module may declare the version it was written for as
+# ``FRAMEWORK_CONTRACT = 1``; registration refuses a version this framework does not implement.
+CONTRACT_VERSION = 1
+CONTRACT_VERSIONS = (1,)
+VERSION_ATTRIBUTE = "FRAMEWORK_CONTRACT"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -91,8 +111,11 @@ class Program(Protocol):
     """A compiled fragment."""
 
     def run(self, args: list[Any]) -> list[Any]:
-        """Run once. ``args`` are device handles in ``fragment.inputs`` order; returns handles in
-        ``fragment.outputs`` order."""
+        """Run once. ``args`` are device handles in ``fragment.inputs`` order; returns one handle per
+        ``fragment.outputs``, in that order, each of its tensor's shape and dtype (the executor checks)."""
+
+
+_NO_REFUSALS: Mapping[str, Verdict] = MappingProxyType({})
 
 
 class Device:
@@ -106,21 +129,28 @@ class Device:
     physical_id: str = ""                # two plugins, one chip: the same id. HOST_CPU for the host's CPU (a
                                          # software driver on it too), pci_physical_id(...) for a PCI device
     description: str = ""
+    plugin: str = ""                     # set by the registry: "entry point (distribution version)"
 
     # -- availability (optional; default: available) ----------------------------------------
+    # An absent driver or chip is a device with available = False and the reason, never an exception
+    # from the constructor. The framework checks availability itself: an unavailable device is refused
+    # by --backends, answers every node "unavailable", and is never asked to load, allocate or compile.
     available: bool = True
     unavailable_reason: str = ""
 
-    # -- capabilities (optional) -------------------------------------------------------------
+    # -- capabilities (optional; data the framework applies before supports_op) ---------------
     limits: Limits = Limits()
+    supported_ops: frozenset[str] | None = None   # ops it has kernels for (ops.names(...)); None: all of the table
+    refused_ops: Mapping[str, Verdict] = _NO_REFUSALS   # op -> the Verdict.no a profile or setting refuses it with
     buffer_type: BufferType = HOST_BUFFER   # where this device allocates the pre-allocated tensors it owns
     weight_buffer_type: BufferType | None = None   # where it keeps weights, if not buffer_type (a repacked layout)
     emulation: str | None = None            # set when limits of absent hardware are emulated: reports say so
     weights_in_programs: bool = False       # True: compile() folds the fragment's weights into the program
                                             # (as constants), so only fragments with the same weights share one
 
-    def supports_op(self, node: "Tensor") -> Verdict:
-        """*Required.* Whether this device can compute ``node`` (its op, dtypes, shapes)."""
+    def supports_op(self, node: Tensor) -> Verdict:
+        """*Required.* Whether this device can compute ``node`` (its dtypes, shapes, parameters), once the
+        declared data above has accepted it. A Verdict, never a bool; never raises."""
         raise NotImplementedError
 
     def supports_buffer(self, buft: BufferType) -> Verdict:
@@ -130,7 +160,7 @@ class Device:
             return Verdict.yes()
         return Verdict.no("unsupported_buffer", f"{self.name} cannot access buffers of type '{buft.name}'")
 
-    def weight_nbytes(self, tensor: "Tensor") -> int:
+    def weight_nbytes(self, tensor: Tensor) -> int:
         """Bytes ``load_weight`` will hold for this weight (used by the memory check at reservation).
         Default: float32 values, as the default ``load_weight`` makes."""
         return tensor.nelements * 4
@@ -143,13 +173,12 @@ class Device:
         (only ``limits.memory_bytes`` counts)."""
         return None
 
-    def load_weight(self, tensor: "Tensor", raw: np.ndarray) -> Any:
+    def load_weight(self, tensor: Tensor, raw: np.ndarray) -> Any:
         """Turn a weight's file bytes (uint8, as stored in GGUF) into a device handle.
         Default: dequantize to a float32 numpy array."""
-        from .core.graph.quants import dequantize
         return dequantize(raw, tensor.dtype, tensor.shape)
 
-    def alloc(self, tensor: "Tensor") -> Any:
+    def alloc(self, tensor: Tensor) -> Any:
         """A zero-filled handle for a pre-allocated tensor (a KV cache). Default: numpy zeros."""
         return np.zeros(tensor.shape, dtype=np.float32 if tensor.dtype.name == "F32" else np.int32)
 
@@ -167,8 +196,13 @@ class Device:
         copies a value between two devices. Default: None (the value goes through host memory)."""
         return None
 
+    def handle_shape(self, handle: Any) -> tuple[tuple[int, ...], np.dtype]:
+        """The shape and numpy dtype of a handle a program returned, without copying its values (the
+        executor checks them against the fragment's tensors). Default: ``handle.shape`` and ``handle.dtype``."""
+        return tuple(handle.shape), np.dtype(handle.dtype)
+
     # -- work (required) ------------------------------------------------------------------------
-    def compile(self, fragment: "Fragment") -> Program:
+    def compile(self, fragment: Fragment) -> Program:
         """*Required.* Compile a fragment into a program. Called once per distinct ``fragment.program``
         key: by default the structure hash, so the program must not capture the fragment's weights
         (they are arguments of ``run``). A device that sets ``weights_in_programs`` may fold them in."""
@@ -195,11 +229,17 @@ class Device:
         fragment's clock, so that the time reported for a device includes the time until its results are
         ready. Default: nothing to wait for (``Program.run`` returns when its results are ready)."""
 
+    # -- reports (optional) -----------------------------------------------------------------------
     def run_figures(self) -> dict[str, float]:
         """What the device measured itself since it was made, shown under its row of the run summary:
         ``network_bytes`` (values it moved over a network), ``weight_network_bytes`` (weights sent over one),
         ``node_seconds`` (time its own machine computed, where that is not the time seen here). Default: {}."""
         return {}
+
+    def report_line(self) -> str | None:
+        """One line for the summary after a run that compiled on this device (what was compiled, loaded
+        from a cache, converted). Default: None, nothing to add."""
+        return None
 
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
@@ -226,19 +266,26 @@ NPU_REFUSED_OPS: dict[str, str] = {"GATED_DELTA_NET": _LINEAR_ATTENTION, "SSM_CO
 
 
 class BackendSpec:
-    """Hook specifications. A plugin implements some of them with ``@hookimpl``."""
+    """Hook specifications. A plugin implements some of them with ``@hookimpl``; a ``@hookimpl`` whose
+    name is not one of them is refused at registration (with the name it probably meant)."""
 
     @hookspec
     def framework_devices(self) -> list[Device]:
         """Return the devices this plugin provides, available or not.
 
         An unavailable device is still returned, with ``available = False`` and the reason, so
-        that ``framework backends`` can say why it cannot be used.
+        that ``framework backends`` can say why it cannot be used; the hook never raises for a
+        missing driver or chip. Device names are unique over every plugin.
 
         The caller collects the lists of every plugin.
         """
 
 
-__all__ = ["PROJECT", "ENTRY_POINT_GROUP", "hookspec", "hookimpl", "DeviceType", "Verdict", "BufferType",
-           "HOST_BUFFER", "Limits", "Program", "Device", "BackendSpec", "NPU_REFUSED_OPS", "HOST_CPU",
-           "pci_physical_id"]
+__all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSIONS", "VERSION_ATTRIBUTE", "hookspec",
+           "hookimpl", "DeviceType", "Verdict", "BufferType", "HOST_BUFFER", "Limits", "Program", "Device",
+           "UnknownProfileError", "lookup_profile", "BackendSpec", "NPU_REFUSED_OPS",
+           # physical ids, spelled once: the host's CPU, a PCI device
+           "HOST_CPU", "pci_address", "pci_ids_at", "pci_physical_id",
+           # the graph a device receives, the op table and its reference kernels, GGUF's sizes and decoder
+           "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
+           "row_bytes", "dequantize"]

@@ -286,7 +286,8 @@ def vocab_reference(family: str, vocab_file: str, src: Path, work: Path) -> dict
         merges = r.fields["tokenizer.ggml.merges"].contents()
         n_normal = sum(1 for t in meta["tokenizer.ggml.token_type"] if t == real_vocab.NORMAL)
         ref["llama_cpp_vocab_file"] = {
-            "file": f"models/{vocab_file}", "normal_tokens_equal": tokens[:n_normal] == meta["tokenizer.ggml.tokens"][:n_normal],
+            "file": f"models/{vocab_file}",
+            "normal_tokens_equal": tokens[:n_normal] == meta["tokenizer.ggml.tokens"][:n_normal],
             "merges_equal": merges == meta["tokenizer.ggml.merges"], "n_merges": len(merges)}
     del llm
     return ref

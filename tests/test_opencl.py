@@ -45,6 +45,7 @@ from reference_checks import assert_decode_equals_prefill, assert_teacher_forced
 from framework.contract import DeviceType, Verdict
 from framework.core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
 from framework.core.scheduler import Executor, make_plan
+from framework.core.scheduler.verdicts import ask
 from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.perplexity import perplexity
 from framework.runtime.session import Session
@@ -137,7 +138,7 @@ def test_unavailable_without_pyopencl(monkeypatch):
     dev = OpenCLDevice(0, reason=found.reason)
     assert not dev.available and "pyopencl" in dev.unavailable_reason
     node = Tensor("x", F32, (2,), op="ADD", src=(leaf("a", F32, (2,), LeafKind.INPUT),) * 2)
-    assert dev.supports_op(node).code == "unavailable"
+    assert ask(dev, node).code == "unavailable"
 
 
 def test_unavailable_without_the_icd_loader(monkeypatch):
@@ -178,7 +179,7 @@ def test_backends_say_pocl_and_lavapipe_are_the_host_cpu(capsys, registry):
 def _check_case(dev, case, refs={}):  # noqa: B006 (the CPU reference's results, kept across tests)
     from framework.conformance.cases import nmse
     b = case.build()
-    refused = [v for n in b.graph.nodes for v in [dev.supports_op(n)] if not v.ok]
+    refused = [v for n in b.graph.nodes for v in [ask(dev, n)] if not v.ok]
     assert not refused, f"{case.id}: {refused}"
     if case.id not in refs:
         plan = make_plan(b.graph, [CpuDevice()])
@@ -357,25 +358,25 @@ def test_weights_over_the_largest_allocation_are_split(variant):
 def test_verdicts(ocl, variant):
     from gguf import GGMLQuantizationType as Q
     x = leaf("x", F32, (4, 8), LeafKind.INPUT)
-    v = ocl.supports_op(Tensor("y", F32, (4, 8), op="GATED_DELTA_NET", src=(x,)))
+    v = ask(ocl, Tensor("y", F32, (4, 8), op="GATED_DELTA_NET", src=(x,)))
     assert not v.ok and v.code == "unsupported_op" and "GATED_DELTA_NET" in v.reason
     # a value of a choice parameter the kernels have no code for is refused, never computed as another
-    v = ocl.supports_op(Tensor("y", F32, (4, 8), op="UNARY", src=(x,), params={"op": "relu"}))
+    v = ask(ocl, Tensor("y", F32, (4, 8), op="UNARY", src=(x,), params={"op": "relu"}))
     assert not v.ok and v.code == "unsupported_op" and "op='relu'" in v.reason and "gelu" in v.reason
     b = GraphBuilder()
     y = b.mul_mat(b.use(leaf("w", Q.Q5_1, (8, 64), LeafKind.WEIGHT)), b.input("x", F32, (1, 64)))
-    v = ocl.supports_op(y)
+    v = ask(ocl, y)
     assert not v.ok and v.code == "unsupported_dtype" and "Q5_1" in v.reason
     big = b.flash_attn_ext(b.input("q", F32, (1, 2, 512)), b.input("k", F32, (4, 1, 512)),
                            b.input("v", F32, (4, 1, 512)), None, 1.0)
-    v = ocl.supports_op(big)
+    v = ask(ocl, big)
     assert not v.ok and v.code == "unsupported_shape" and "head size 512" in v.reason
     variant.max_alloc = 1024
-    v = ocl.supports_op(b.add(b.input("a", F32, (64, 8)), b.input("c", F32, (64, 8))))
+    v = ask(ocl, b.add(b.input("a", F32, (64, 8)), b.input("c", F32, (64, 8))))
     assert not v.ok and v.code == "unsupported_shape" and "more than one allocation" in v.reason
     variant.disabled = frozenset({"GLU"})
     node = b.glu(b.input("g", F32, (2, 8)), b.input("u", F32, (2, 8)), "swiglu")
-    v = ocl.supports_op(node)
+    v = ask(ocl, node)
     assert not v.ok and v.code == "refused_by_profile" and isinstance(v, Verdict)
 
 

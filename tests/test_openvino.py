@@ -37,6 +37,7 @@ from framework.core.scheduler import (
     Executor,
     make_plan,
 )
+from framework.core.scheduler.verdicts import ask
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import weights as W
 from framework.plugins.openvino_npu.device import (
@@ -104,11 +105,12 @@ def test_profile_is_an_emulation_with_the_profile_limits(ov_cpu, npu):
     assert npu.limits.max_live_programs == 255 and npu.limits.static_shapes
     assert "EMULATION of npu37xx" in npu.describe()
     assert ov_cpu.emulation is None and ov_cpu.limits.max_live_programs is None    # the original is untouched
-    gdn = Tensor(name="gdn-0", dtype=F32, shape=(4, 8), op="GATED_DELTA_NET", src=(leaf("x", F32, (4, 8), LeafKind.INPUT),))
-    verdict = npu.supports_op(gdn)
+    gdn = Tensor(name="gdn-0", dtype=F32, shape=(4, 8), op="GATED_DELTA_NET",
+                 src=(leaf("x", F32, (4, 8), LeafKind.INPUT),))
+    verdict = ask(npu, gdn)            # refused_ops, applied by the framework's one check
     assert isinstance(verdict, Verdict) and not verdict and verdict.code == "refused_by_profile"
     assert "npu37xx" in verdict.reason and "GatedDeltaNet" in verdict.reason
-    assert ov_cpu.supports_op(gdn).code == "unsupported_op"
+    assert ask(ov_cpu, gdn).code == "unsupported_op"
     assert ov_cpu.with_options(profile="npu40xx").emulation == "npu40xx"
     with pytest.raises(UnknownProfileError, match="npu37xx"):
         ov_cpu.with_options(profile="npu99")
@@ -225,7 +227,8 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
     (program,) = ex.programs.values()
     kinds = {str(n.get_rt_info()["layerType"].astype(str)) for n in program.compiled.get_runtime_model().get_ops()}
     assert "FullyConnected" in kinds                  # one fused kernel over the integer weights
-    consts = [str(n.get_rt_info()["outputPrecisions"].astype(str)) for n in program.compiled.get_runtime_model().get_ops()
+    consts = [str(n.get_rt_info()["outputPrecisions"].astype(str))
+              for n in program.compiled.get_runtime_model().get_ops()
               if str(n.get_rt_info()["layerType"].astype(str)) == "Const"]
     assert any(p in ("i4", "i8") for p in consts), consts
 
@@ -512,7 +515,8 @@ def write_deep_llama(path: Path, n_layer: int, n_embd: int = 32, n_ff: int = 64,
     w = GGUFWriter(str(path), "llama")
     for key, value in {"llama.embedding_length": n_embd, "llama.attention.head_count": 2,
                        "llama.attention.head_count_kv": 1, "llama.block_count": n_layer,
-                       "llama.context_length": 256, "llama.feed_forward_length": n_ff, "llama.vocab_size": n_vocab}.items():
+                       "llama.context_length": 256, "llama.feed_forward_length": n_ff,
+                       "llama.vocab_size": n_vocab}.items():
         w.add_uint32(key, value)
     w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
     hd = n_embd // 2

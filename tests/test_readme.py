@@ -50,8 +50,8 @@ def run_framework(capsys, command: str, *cheaper: str) -> tuple[int, str, str]:
 
 def make_recipe(target: str) -> str:
     """What `make TARGET` would run, the install stamp taken as made."""
-    res = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "-o", ".venv/.browser", "-o", ".venv/.vulkan",
-                          target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "-o", ".venv/.browser",
+                          "-o", ".venv/.vulkan", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout
 
@@ -66,7 +66,13 @@ def check_make_run(capsys, command):
 
 
 def check_make_test(capsys, command):
-    assert ".venv/bin/python -m pytest" in make_recipe("test")       # the suite itself: not run from inside it
+    recipe = make_recipe("test")
+    assert ".venv/bin/python -m pytest" in recipe                      # the suite itself: not run from inside it
+    # the lint, as configured in pyproject.toml, and clean on this checkout
+    assert ".venv/bin/python -m ruff check ." in recipe
+    res = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def check_make_bench(capsys, command):

@@ -319,8 +319,8 @@ def test_device_profile_is_passed_to_the_plugin_that_offers_it(registry, tmp_pat
     if not able:
         pytest.skip("no available device offers device profiles (the openvino plugin's do)")
     dev = able[0]
-    rc = cli_main(["split", "-m", str(model_path("smollm2")), "--backends", f"{dev.name},cpu", "--device-profile", "npu37xx",
-                   "--ctx", str(N_CTX), "-n", "2", "-o", str(tmp_path / "p.txt")])
+    rc = cli_main(["split", "-m", str(model_path("smollm2")), "--backends", f"{dev.name},cpu",
+                   "--device-profile", "npu37xx", "--ctx", str(N_CTX), "-n", "2", "-o", str(tmp_path / "p.txt")])
     assert rc == 0
     text = (tmp_path / "p.txt").read_text()
     assert f"on {dev.name} (EMULATION of npu37xx), cpu" in text

@@ -40,6 +40,7 @@ from reference_checks import assert_decode_equals_prefill, assert_teacher_forced
 from framework.contract import DeviceType, Verdict
 from framework.core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
 from framework.core.scheduler import Executor, make_plan
+from framework.core.scheduler.verdicts import ask
 from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.perplexity import perplexity
 from framework.runtime.session import Session
@@ -127,7 +128,7 @@ def test_non_vulkan_adapters_are_refused(monkeypatch):
     dev = VulkanDevice(0, None, found.reason)
     assert not dev.available and "OpenGL" in dev.unavailable_reason
     node = Tensor("x", F32, (2,), op="ADD", src=(leaf("a", F32, (2,), LeafKind.INPUT),) * 2)
-    assert not dev.supports_op(node).ok
+    assert not ask(dev, node).ok
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -166,7 +167,7 @@ def _declared_gap(n, v) -> bool:
 def _check_case(dev, case):
     from framework.conformance.cases import nmse
     b = case.build()
-    refused = [(n, v) for n in b.graph.nodes for v in [dev.supports_op(n)] if not v.ok]
+    refused = [(n, v) for n in b.graph.nodes for v in [ask(dev, n)] if not v.ok]
     if refused:
         for n, v in refused:
             assert isinstance(v, Verdict) and v.code and v.reason
@@ -280,8 +281,8 @@ def test_matvec_shapes(variant, monkeypatch, shape):
                                              partial(mul_mat_weight, qtype=q, n=70, k=512, m=m))) == "ok"
 
 
-@pytest.mark.parametrize("shape", ["reg=0,f16=0", "reg=0,bm=64,bn=64,split=1,f16=0", "reg=0,bm=32,bn=32,kg=2,split=3,f16=0",
-                                   "reg=0,f16=1", "reg=0,bm=64,bn=64,split=1,f16=1", "reg=0,bm=32,bn=32,kg=2,split=3,f16=1"])
+@pytest.mark.parametrize("shape", [f"reg=0,{tile}f16={f16}" for f16 in (0, 1)
+                                   for tile in ("", "bm=64,bn=64,split=1,", "bm=32,bn=32,kg=2,split=3,")])
 def test_tiled_matmul_shapes(variant, monkeypatch, shape):
     """The workgroup-memory tiled product a GPU takes for prefill (FRAMEWORK_VULKAN_MATMUL forces it on
     lavapipe): tiles of 64 x 64, 64 x 32, 32 x 32, one or two groups a step, K split into parts (the last
@@ -322,17 +323,17 @@ def test_weights_split_across_bindings(variant):
 
 def test_verdicts(vk, variant):
     x = leaf("x", F32, (4, 8), LeafKind.INPUT)
-    v = vk.supports_op(Tensor("y", F32, (4, 8), op="GATED_DELTA_NET", src=(x,)))
+    v = ask(vk, Tensor("y", F32, (4, 8), op="GATED_DELTA_NET", src=(x,)))
     assert not v.ok and v.code == "unsupported_op" and "GATED_DELTA_NET" in v.reason
     from gguf import GGMLQuantizationType as Q
     b = GraphBuilder()
     y = b.mul_mat(b.use(leaf("w", Q.Q5_1, (8, 64), LeafKind.WEIGHT)), b.input("x", F32, (1, 64)))
-    v = vk.supports_op(y)
+    v = ask(vk, y)
     assert not v.ok and v.code == "unsupported_dtype" and "Q5_1" in v.reason
     variant.disabled = frozenset({"GLU"})
     g = GraphBuilder()
     node = g.glu(g.input("a", F32, (2, 8)), g.input("b", F32, (2, 8)), "swiglu")
-    v = vk.supports_op(node)
+    v = ask(vk, node)
     assert not v.ok and v.code == "refused_by_profile"
 
 

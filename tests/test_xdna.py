@@ -418,7 +418,8 @@ def test_npu_arm_call_order_buffer_flags_and_results(tmp_path):
         ("device", 0), ("xclbin", "gemm0.xclbin"), ("register_xclbin", "gemm0.xclbin"), ("hw_context", "uuid-0"),
         ("kernel", "MLIR_AIE"),
         ("bo", words * 4, "cacheable", 1), ("bo.write", words * 4, 0, 1), ("bo.sync", "XCL_BO_SYNC_BO_TO_DEVICE", 1),
-        ("bo", grid.nbytes, "host_only", 4), ("bo.write", grid.nbytes, 0, 4), ("bo.sync", "XCL_BO_SYNC_BO_TO_DEVICE", 4),
+        ("bo", grid.nbytes, "host_only", 4), ("bo.write", grid.nbytes, 0, 4),
+        ("bo.sync", "XCL_BO_SYNC_BO_TO_DEVICE", 4),
         ("bo", grid.nbytes, "host_only", 4),                                    # the second weight
         ("bo", 2 * 256 * 2, "host_only", 3), ("bo", 2 * 64 * 4, "host_only", 5),  # A and C of the m=2 kernel
         ("bo.write", 2 * 256 * 2, 0, 3), ("bo.sync", "XCL_BO_SYNC_BO_TO_DEVICE", 3),
@@ -645,7 +646,9 @@ def test_npu_discovery_steps(tmp_path):
     sysfs, devroot = fake_sysfs(tmp_path, [("accel0", "amdxdna", "0x17f0", "0x10"),
                                            ("accel1", "amdxdna", "0x1502", "0x00")])
     fx.behaviour.n_devices = 2
-    loader = lambda: (fx, "")
+
+    def loader():
+        return fx, ""
     # opened, but no kernel set
     devs = discover({}, sysfs=sysfs, devroot=devroot, pyxrt_loader=loader)
     assert [d.name for d in devs] == ["xdna:0", "xdna:1"]

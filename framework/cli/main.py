@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plan-view", metavar="FILE", help="write the view of the plans that ran, with the time each "
                      "fragment took (.html, .svg, .dot, .json or .txt)")
     add_draft_args(run)
+    _check_values_arg(run)
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
     _model_args(check)
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     _model_args(ppl)
     ppl.add_argument("-f", "--file", required=True, help="text file")
+    _check_values_arg(ppl)
 
     bench = sub.add_parser("bench", help="load, prefill and decode speed, bandwidth, llama.cpp alongside")
     bench.add_argument("-m", "--model", "--models", dest="model", default="smollm2,gemma3", metavar="MODEL",
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=positive_int, default=2)
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     bench.add_argument("--reservation-only", action="store_true", help="only time graph building and reservation")
+    _check_values_arg(bench)
 
     conf = sub.add_parser("conformance", help="the op conformance suite (pytest, with this interpreter) for a device",
                           description="Runs `python -m pytest --pyargs framework.conformance --device NAME` with "
@@ -119,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in sub.choices.values():
         sp.add_argument("--debug", action="store_true", help="on an error, show the traceback (file and line) too")
     return p
+
+
+def _check_values_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check-values", action="store_true", help="check that every device's outputs are finite at "
+                   "every fragment boundary (always on for plugins outside framework's own distribution)")
 
 
 def _model_option(p: argparse.ArgumentParser) -> None:
@@ -197,7 +205,8 @@ def cmd_run(args) -> int:
         return fail(f"the prompt is empty and {model.file.path.name} adds no beginning-of-sequence token, so there "
                     f"is nothing to continue: give a prompt")
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
-                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
+                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory),
+                      check_values=args.check_values)
     decoder = speculative_decoder(args, session, devices)
     (decoder or session).reserve(len(ids), args.n_predict)     # every check before anything is loaded
     with weight_progress() as progress:
@@ -274,10 +283,10 @@ def _summary(model, session, generated: int, interrupted: bool, decoder=None) ->
         err.print(f"prefill {_tokens(pre.tokens)}{_speed(pre)}, decode {_tokens(dec.tokens)}{_speed(dec)}; "
                   f"{_tokens(generated)} generated (the first from the prefill)",
                   soft_wrap=True)
-    for d in session.devices:                 # compiled-model count, compile time, on-disk cache hits
-        line = getattr(d, "compile_summary", None)
-        if callable(line) and session.executor.stats.get(d.name, {}).get("compiles"):
-            err.print(escape(line()), soft_wrap=True)
+    for d in session.devices:                 # what a plugin reports: compiled models, cache hits
+        line = d.report_line() if session.executor.stats.get(d.name, {}).get("compiles") else None
+        if line:
+            err.print(escape(line), soft_wrap=True)
 
 
 def _devices(args):
@@ -467,7 +476,7 @@ def cmd_perplexity(args) -> int:
     ids = model.tokenizer.encode(path.read_bytes().decode("utf-8"))
     with weight_progress() as progress:
         session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
-                          memory_caps=memory_caps(args.device_memory))
+                          memory_caps=memory_caps(args.device_memory), check_values=args.check_values)
     t0 = time.perf_counter()
     result = perplexity(session, ids, args.ctx, progress=lambda i, n: err.print(f"window {i}/{n}"))
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "

@@ -10,6 +10,10 @@ For each case and device:
   * ``test_verdicts_are_well_formed``: every supports_op answer is a Verdict, a refusal has a code and
     a reason, the answer does not change when asked again, and a weight type outside the device's
     declared ``Limits.dtypes`` is refused.
+
+Every verdict is asked the way the planner asks it (``framework.core.scheduler.verdicts.ask``), so the
+declared data (``refused_ops``, ``supported_ops``, ``Limits.dtypes``) gives the suite and a real run the
+same answer, and an answer the contract does not allow fails with the framework's message.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from framework.core.graph.interpreter import evaluate
 from framework.core.graph.ops import UnknownOpError
 from framework.core.graph.quants import dequantize
 from framework.core.scheduler import Executor, make_plan
+from framework.core.scheduler.errors import PluginContractError
+from framework.core.scheduler.verdicts import ask
 
 CASES = all_cases()
 
@@ -82,23 +88,30 @@ def reference(case: Case) -> list[np.ndarray]:
     return _reference[case.id]
 
 
-def verdicts(device, graph: Graph) -> list[tuple[Tensor, object]]:
-    return [(n, device.supports_op(n)) for n in graph.nodes]
+def verdict(device, node: Tensor) -> Verdict:
+    """The verdict the planner gets, through the framework's one check (framework.core.scheduler.verdicts.ask:
+    availability, refused_ops, the op table, supported_ops, Limits.dtypes, then supports_op). An answer the
+    contract does not allow (a bare bool, an exception) fails the test with the framework's own message."""
+    try:
+        return ask(device, node)
+    except PluginContractError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def verdicts(device, graph: Graph) -> list[tuple[Tensor, Verdict]]:
+    return [(n, verdict(device, n)) for n in graph.nodes]
 
 
 def skip_unless_accepted(device, b: Built) -> None:
-    """Skip, quoting the device's own verdicts, when it refuses a node of the case. An answer that is
-    not a Verdict fails: the planner cannot read it."""
+    """Skip, quoting the verdicts, when the device refuses a node of the case (the planner would not give
+    it the node either)."""
     refused = []
     for node, v in verdicts(device, b.graph):
-        if not isinstance(v, Verdict):
-            pytest.fail(f"{device.name}.supports_op({node.describe()}) returned {v!r}, not a framework.contract."
-                        f"Verdict: return Verdict.yes() or Verdict.no(code, reason)", pytrace=False)
         if not v.ok:
             refused.append(f"{node.describe()} -> {v.code}: {v.reason}")
     if refused:
         more = f" (and {len(refused) - 2} more)" if len(refused) > 2 else ""
-        pytest.skip(f"not supported by {device.name} (its own verdict): {'; '.join(refused[:2])}{more}")
+        pytest.skip(f"not supported by {device.name} (its verdict): {'; '.join(refused[:2])}{more}")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -149,14 +162,13 @@ def test_verdicts_are_well_formed(device, case):
     b = built(case)
     declared = device.limits.dtypes
     for node, v in verdicts(device, b.graph):
-        what = f"{device.name}.supports_op({node.describe()})"
-        assert isinstance(v, Verdict), f"{what} returned {v!r}, not a Verdict (never a bare bool)"
+        what = f"the verdict of {device.name} on {node.describe()}"
         assert isinstance(v.ok, bool), f"{what}: Verdict.ok is {v.ok!r}, not a bool"
         if not v.ok:
             assert isinstance(v.code, str) and v.code and v.code != "ok", f"{what}: refusal without a code: {v!r}"
             assert isinstance(v.reason, str) and v.reason.strip(), f"{what}: refusal without a reason: {v!r}"
-        again = device.supports_op(node)
-        assert again == v, f"{what} answered {v!r}, then {again!r}"
+        again = verdict(device, node)
+        assert again == v, f"{what} was {v!r}, then {again!r}"
         weight_types = {s.dtype.name for s in node.src if s.is_leaf and s.kind == LeafKind.WEIGHT}
         if declared is not None and v.ok and not weight_types <= set(declared):
             pytest.fail(f"{what} accepts a node reading a {'/'.join(sorted(weight_types - set(declared)))} weight, "
@@ -173,15 +185,14 @@ def _node(op: str) -> Tensor:
 
 
 def test_refuses_an_op_that_does_not_exist(device):
-    v = device.supports_op(_node("CONFORMANCE_NO_SUCH_OP"))
+    v = verdict(device, _node("CONFORMANCE_NO_SUCH_OP"))
     assert isinstance(v, Verdict) and not v.ok, f"{device.name} accepts an op that does not exist: {v!r}"
     assert v.code and v.code != "ok" and v.reason.strip(), f"{device.name}: refusal without code or reason: {v!r}"
 
 
 def test_answers_gated_delta_net_with_a_verdict(device):
     """An op no kernel of the suite covers (Qwen3-Next's): whatever the answer, it is a Verdict."""
-    v = device.supports_op(_node("GATED_DELTA_NET"))
-    assert isinstance(v, Verdict), f"{device.name} returned {v!r} for GATED_DELTA_NET, not a Verdict"
+    v = verdict(device, _node("GATED_DELTA_NET"))
     if not v.ok:
         assert v.code and v.code != "ok" and v.reason.strip(), f"{device.name}: refusal without code or reason: {v!r}"
 

@@ -1,19 +1,27 @@
 """Discovering backend plugins (entry points, loaded with pluggy) and choosing devices.
 
 A plugin that fails to import or does not fit the contract is recorded with its
-distribution and the reason; it never takes the other plugins down.
+distribution and the reason, by name; it never takes the other plugins down. Refused at
+registration: a hook signature that does not match, a ``@hookimpl`` that is no hook of the
+contract (with the hook it probably meant), a contract version this framework does not
+implement, a hook that raises instead of returning an unavailable device, a device that does
+not fit ``framework.contract.Device``, and a device name another plugin already offers.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
 import pluggy
 
-from ..contract import ENTRY_POINT_GROUP, PROJECT, BackendSpec, Device, DeviceType
+from ..contract import (CONTRACT_VERSION, CONTRACT_VERSIONS, ENTRY_POINT_GROUP, PROJECT, VERSION_ATTRIBUTE, BackendSpec,
+                        Device, DeviceType)
 from .scheduler.errors import DeviceSelectionError
+
+HOOKS = tuple(n for n in vars(BackendSpec) if not n.startswith("_"))
 
 DISABLE_ENV = "FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD"   # "1": load no entry points
 BLOCK_ENV = "FRAMEWORK_BLOCK_PLUGINS"               # comma-separated plugin names not to load
@@ -54,26 +62,64 @@ class Registry:
     def register(self, plugin, name: str, distribution: str = "(registered in code)") -> PluginRecord:
         record = PluginRecord(name, distribution)
         self.plugins[name] = record
+        record.error = _version_problem(plugin)
+        if record.error:
+            return record
         try:
             self.pm.register(plugin, name=name)
         except Exception as e:   # pluggy's PluginValidationError names the hook and the signature
             record.error = f"does not fit the plugin contract: {e}"
             return record
-        try:
-            record.devices = self._devices_of(plugin, name)
-        except Exception as e:
-            record.error = f"framework_devices() failed: {type(e).__name__}: {e}"
+        record.error = self._unknown_hooks(name)
+        if record.error:
             self.pm.unregister(name=name)
+            return record
+        try:
+            impls = [i for i in self.pm.hook.framework_devices.get_hookimpls() if i.plugin_name == name]
+            devices = [d for impl in impls for d in (impl.function() or [])]
+        except Exception as e:
+            record.error = (f"framework_devices() raised {type(e).__name__}: {e}; the contract asks a plugin to return "
+                            f"a device it cannot use with available = False and the reason in unavailable_reason, "
+                            f"instead of raising")
+            self.pm.unregister(name=name)
+            return record
+        record.error = self._device_problems(devices, record)
+        if record.error:
+            self.pm.unregister(name=name)
+            return record
+        for d in devices:
+            d.plugin = f"{name} ({distribution})"
+        record.devices = devices
         return record
 
-    def _devices_of(self, plugin, name: str) -> list[Device]:
-        impls = [i for i in self.pm.hook.framework_devices.get_hookimpls() if i.plugin_name == name]
-        devices = [d for impl in impls for d in (impl.function() or [])]
+    def _unknown_hooks(self, name: str) -> str | None:
+        """pluggy's check_pending, for one plugin, naming the hook it probably meant."""
+        unknown = [hook for hook, caller in vars(self.pm.hook).items() if not hook.startswith("_")
+                   and not caller.has_spec() and any(i.plugin_name == name for i in caller.get_hookimpls())]
+        if not unknown:
+            return None
+        said = []
+        for hook in unknown:
+            near = difflib.get_close_matches(hook, HOOKS, n=1, cutoff=0.6)
+            said.append(f"'{hook}'" + (f" (did you mean '{near[0]}'?)" if near else ""))
+        return (f"implements {', '.join(said)}, which is not a hook of the contract (framework.contract.BackendSpec "
+                f"has {', '.join(HOOKS)}); rename it")
+
+    def _device_problems(self, devices: list, record: PluginRecord) -> str | None:
+        seen: dict[str, str] = {}
         for d in devices:
             problems = contract_problems(d)
             if problems:
-                raise TypeError(f"device {getattr(d, 'name', d)!r} does not fit the contract: {'; '.join(problems)}")
-        return devices
+                return f"device {getattr(d, 'name', d)!r} does not fit the contract: {'; '.join(problems)}"
+            if d.name in seen:
+                return f"offers two devices named '{d.name}'; device names are unique"
+            seen[d.name] = d.name
+            for other in self.plugins.values():
+                if other is not record and any(o.name == d.name for o in other.devices):
+                    return (f"offers device '{d.name}', which plugin '{other.name}' ({other.distribution}) already "
+                            f"offers; device names are unique over every plugin, so '{record.name}' is not loaded "
+                            f"(block one of them with {BLOCK_ENV}={record.name} or ={other.name})")
+        return None
 
     def same_silicon(self) -> list[list[Device]]:
         """Groups of devices, from different plugins or not, that report one physical id."""
@@ -133,7 +179,7 @@ class Registry:
             offers = [f"{', '.join(names)} ({', '.join(devs)})" for names, devs in groups.items()]
             raise DeviceSelectionError(f"--device-profile {profile}: no plugin offers a profile of that name; "
                                        f"known: {'; '.join(offers) or 'none (no plugin offers device profiles)'}")
-        return [d.with_options(profile=profile) if profile in d.profiles else d for d in devices]
+        return [with_profile(d, profile) if profile in d.profiles else d for d in devices]
 
     def _alias(self, name: str, pool: list[Device]) -> Device | None:
         kind = ALIASES.get(name.lower())
@@ -188,6 +234,23 @@ def contract_problems(d) -> list[str]:
     if not d.available and not d.unavailable_reason:
         problems.append("it is unavailable but gives no unavailable_reason")
     return problems
+
+
+def _version_problem(plugin) -> str | None:
+    """A contract version the plugin declares (FRAMEWORK_CONTRACT in its module) that this framework lacks."""
+    declared = getattr(plugin, VERSION_ATTRIBUTE, None)
+    if declared is None or declared in CONTRACT_VERSIONS:
+        return None
+    return (f"declares {VERSION_ATTRIBUTE} = {declared!r}, but this framework implements contract version "
+            f"{CONTRACT_VERSION} (accepts {', '.join(map(str, CONTRACT_VERSIONS))}); install a framework release "
+            f"for that version, or port the plugin (docs/plugin-guide.md)")
+
+
+def with_profile(device: Device, name: str) -> Device:
+    """A device under a profile (Device.with_options), remembering the plugin that offered it."""
+    derived = device.with_options(profile=name)
+    derived.plugin = derived.plugin or device.plugin
+    return derived
 
 
 def default_registry() -> Registry:

@@ -98,8 +98,10 @@ def read_ssm_hparams(meta: dict, n_layer: int) -> SSMParams:
         if interval < 1:
             raise MetadataError(f"metadata key '{p}full_attention_interval' = {interval} is not positive")
         recurrent = tuple((il + 1) % interval != 0 for il in range(n_layer))
-    ssm = SSMParams(d_conv=_get(meta, p + "ssm.conv_kernel", cast=int), d_inner=_get(meta, p + "ssm.inner_size", cast=int),
-                    d_state=_get(meta, p + "ssm.state_size", cast=int), n_v_heads=_get(meta, p + "ssm.time_step_rank", cast=int),
+    ssm = SSMParams(d_conv=_get(meta, p + "ssm.conv_kernel", cast=int),
+                    d_inner=_get(meta, p + "ssm.inner_size", cast=int),
+                    d_state=_get(meta, p + "ssm.state_size", cast=int),
+                    n_v_heads=_get(meta, p + "ssm.time_step_rank", cast=int),
                     n_k_heads=_get(meta, p + "ssm.group_count", cast=int), recurrent=recurrent)
     if ssm.d_inner != ssm.n_v_heads * ssm.d_state or ssm.n_v_heads % ssm.n_k_heads or ssm.d_conv < 1:
         raise MetadataError(f"ssm keys do not fit together: inner_size {ssm.d_inner} must be time_step_rank "

@@ -34,6 +34,7 @@ from ..contract import Device
 from ..core.graph import Graph, LeafKind, ops
 from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve, reserve_together
 from ..core.scheduler.memory import Fit, fit_layers, fit_needed, memory_budgets
+from ..core.scheduler.verdicts import ask
 from ..model.model import Model
 
 KV_PAD = 256
@@ -58,7 +59,7 @@ class Session:
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
                  share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None,
                  share_model_with: "Session | None" = None, max_plans: int | None = None,
-                 draft_of: "Session | None" = None, hidden: bool = False):
+                 draft_of: "Session | None" = None, hidden: bool = False, check_values: bool = False):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
@@ -98,10 +99,11 @@ class Session:
         if other is not None and (other.model is not model or [d.name for d in other.devices] != names):
             raise ValueError("share_model_with needs a session of the same model on the same devices")
         # another session of the model (a server's parallel slot: a cache of our own) or a draft's target:
-        # its weights and programs
+        # its weights and programs; check_values: every device's outputs must be finite (devices of other
+        # distributions' always are)
         lender = draft_of if draft_of is not None else other
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches,
-                                 lender.executor if lender is not None else None)
+                                 lender.executor if lender is not None else None, check_values)
         self.n_past = 0
         self.prefill = StepStats()
         self.decode = StepStats()
@@ -131,7 +133,7 @@ class Session:
                                                                   n.storage.kind == LeafKind.CACHE)), None)
             if node is None:
                 return devices[0]
-            return next((d for d in devices if d.supports_op(node).ok), devices[0])
+            return next((d for d in devices if ask(d, node).ok), devices[0])
 
         home = {id(t): by_name.get(kv_device) or first_accepting("SET_ROWS", t.layer) for t in self.cache.tensors()}
         for t, op in self.cache.states():

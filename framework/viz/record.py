@@ -16,6 +16,7 @@ from ..contract import Device, DeviceType, Limits, Verdict
 from ..core.graph import VIEW_OPS, LeafKind, Tensor
 from ..core.scheduler import CapabilityError, Placement, Plan, Reservation, make_plan
 from ..core.scheduler.reserve import check_memory, memory_limits
+from ..core.scheduler.verdicts import ask
 
 UNPLACED = "(no device)"
 _LAYER = re.compile(r"(?:-(\d+)(?:_|$))|(?:^blk\.(\d+)\.)")
@@ -32,7 +33,7 @@ class Unplaced(Device):
         self.real = list(devices)
 
     def supports_op(self, node: Tensor) -> Verdict:
-        if any(d.supports_op(node).ok for d in self.real):
+        if any(ask(d, node).ok for d in self.real):
             return Verdict.no("placed_elsewhere", "a selected device accepts this node")
         return Verdict.yes()
 

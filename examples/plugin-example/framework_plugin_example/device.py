@@ -6,7 +6,8 @@ What it shows a plugin author:
   - a private buffer type: handles are ExampleBuffer objects, not numpy arrays, so any code path
     that hands one to another device without from_host/to_host fails loudly instead of working
     by accident;
-  - verdicts with a machine-readable code and a reason (refusals configured by the user);
+  - refusals as data (``refused_ops``, configured by the user), which the framework applies before it
+    asks ``supports_op``: verdicts with a machine-readable code and a reason;
   - limits (memory, live programs, commands per submission) declared up front and honoured:
     the program runs each submission the plan cut for it separately.
 
@@ -26,9 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from framework.contract import BufferType, Device, DeviceType, Limits, Verdict
-from framework.core.graph import OPS, ops
-from framework.core.graph.quants import dequantize
+from framework.contract import BufferType, Device, DeviceType, Limits, Verdict, dequantize, ops
 
 EXAMPLE_BUFFER = BufferType("example_private", host=False)
 
@@ -141,10 +140,12 @@ class ExampleDevice(Device):
         if isinstance(refuse, str):
             refuse = refuse.split(",")
         self.refuse = frozenset(op.strip().upper() for op in refuse if op.strip())
-        unknown = sorted(self.refuse - OPS.keys())
+        unknown = sorted(self.refuse - ops.OPS.keys())
         if unknown:
             problems.append(f"{self.refuse_source} names unknown ops {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(OPS))})")
+                            f"(known: {', '.join(sorted(ops.OPS))})")
+        self.refused_ops = {op: Verdict.no("refused_by_config", f"{self.name} is configured to refuse {op} "
+                                           f"(set by {self.refuse_source})") for op in sorted(self.refuse)}
 
         def setting(arg, env):
             if arg is not None:
@@ -166,11 +167,8 @@ class ExampleDevice(Device):
 
     # -- verdicts ---------------------------------------------------------------------------
     def supports_op(self, node) -> Verdict:
-        if node.op in self.refuse:
-            return Verdict.no("refused_by_config", f"{self.name} is configured to refuse {node.op} "
-                                                   f"(set by {self.refuse_source})")
-        if node.op not in OPS:
-            return Verdict.no("unsupported_op", f"{self.name} has no kernel for {node.op}")
+        # the framework has applied refused_ops and the op table already; every op of the table has a
+        # reference kernel, so there is nothing left to refuse
         return Verdict.yes()
 
     def supports_buffer(self, buft: BufferType) -> Verdict:

@@ -127,7 +127,8 @@ class GraphBuilder:
 
     def set_rows(self, dst: Tensor, src: Tensor, rows: Tensor, name: str | None = None) -> Tensor:
         """Write src's rows into dst at `rows` (in place); the result aliases dst (ggml_set_rows)."""
-        if len(dst.shape) != 2 or rows.dtype != I32 or len(rows.shape) != 1 or src.nelements != rows.shape[0] * dst.shape[1]:
+        if (len(dst.shape) != 2 or rows.dtype != I32 or len(rows.shape) != 1
+                or src.nelements != rows.shape[0] * dst.shape[1]):
             raise GraphBuildError(f"set_rows: {_shape_str(src)} is not {_shape_str(rows)} rows of "
                                   f"{dst.shape[1]} elements for {_shape_str(dst)}")
         return self._node("SET_ROWS", name or f"set_rows({dst.name})", dst.dtype, dst.shape, (dst, src, rows),

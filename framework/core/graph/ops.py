@@ -147,7 +147,8 @@ _TABLE = (
             Param("freq_scale", "float", "multiplies every angle (1 / rope scaling factor)")),
            R.rope,
            "Pair i (of n_dims/2; see mode) of row t turns by theta = pos[t] * freq_scale * freq_base^(-2i / "
-           "n_dims) / freq_factors[i] (1 without them): x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos. The angles are computed in float64 and "
+           "n_dims) / freq_factors[i] (1 without them): x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos. "
+           "The angles are computed in float64 and "
            "rounded to float32 once (reference.rope_cos_sin, the one rope table). Dimensions past n_dims are "
            "copied."),
     OpSpec("SET_ROWS", Kind.WRITES_SOURCE,

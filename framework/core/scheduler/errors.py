@@ -30,9 +30,26 @@ class CapabilityError(RuntimeError):
                 "devices": list(self.devices), "limit": self.limit, "fix": self.fix, "phase": self.phase}
 
 
+class PluginContractError(CapabilityError):
+    """A plugin answered in a way the contract does not allow (a bare bool for a verdict, an exception
+    inside supports_op): raised wherever the framework asks, naming the plugin, the device, the node
+    and what the contract asks for."""
+
+    def __init__(self, message: str, *, plugin: str, device: str, node: str | None = None, fix: str):
+        self.plugin = plugin
+        super().__init__("plugin_contract", message, node=node, devices=(device,), fix=fix)
+
+
 class DeviceSelectionError(ValueError):
     """An unknown backend name, or an alias with no available device."""
 
 
 class DeviceRunError(RuntimeError):
-    """A device failed while compiling or running; its own message is kept."""
+    """A device failed while compiling or running, or a program returned what its fragment does not
+    hold (too few outputs, a wrong shape or dtype, values that are not finite); its own message is kept.
+    ``device``, ``plugin``, ``fragment`` and ``node`` name where, when known."""
+
+    def __init__(self, message: str, *, device: str | None = None, plugin: str | None = None,
+                 fragment: int | None = None, node: str | None = None):
+        self.device, self.plugin, self.fragment, self.node = device, plugin, fragment, node
+        super().__init__(message)

@@ -1,5 +1,13 @@
 """Running plans: weights and caches on their devices, one program per fragment program key,
-copies between devices, and the time each device took."""
+copies between devices, and the time each device took.
+
+Every fragment boundary is checked: a program returns one handle per fragment output, each of its
+tensor's shape and dtype (always; ``Device.handle_shape`` reads them without a copy), and the graph's
+outputs (the logits) hold finite values (always). The values of every output are checked to be
+finite too for devices of plugins outside this distribution, and for every device with
+``check_values`` (``--check-values``). A violation is a DeviceRunError naming the plugin, the device,
+the fragment and the node, before the next device reads the value. (A write into a cache is checked
+where another device reads it, not at every step: that would read the whole cache every time.)"""
 
 from __future__ import annotations
 
@@ -11,8 +19,10 @@ import numpy as np
 
 from ...contract import Device
 from ..graph import LeafKind, Tensor, ops
+from ..graph.dtypes import NUMPY_TYPES
 from .errors import DeviceRunError
 from .plan import Plan
+from .verdicts import check_available, in_distribution, plugin_of
 
 WeightBytes = Callable[[Tensor], np.ndarray]
 Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fragment>", bytes done, bytes total)
@@ -20,11 +30,15 @@ Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fra
 
 class Executor:
     def __init__(self, devices: list[Device], weight_bytes: WeightBytes, residence: dict | None = None,
-                 caches: dict | None = None, share_with: "Executor | None" = None):
+                 caches: dict | None = None, share_with: "Executor | None" = None, check_values: bool = False):
         """share_with: another session's executor in this process (a draft's target, a server's other slot): its
         loaded weights and compiled programs are this one's too, so a weight or a program structure both use
-        exists once."""
+        exists once. check_values: every device's outputs are checked to be finite (those of other
+        distributions' devices always are)."""
+        check_available(devices)
         self.devices = {d.name: d for d in devices}
+        # devices whose outputs' values are checked: all with check_values, else those of other distributions
+        self.value_checked = {d.name for d in devices if check_values or not in_distribution(d)}
         self.weight_bytes = weight_bytes
         self.residence = residence if residence is not None else {}
         self.weights: dict[tuple[str, int], Any] = share_with.weights if share_with is not None else {}
@@ -84,8 +98,10 @@ class Executor:
         """Run every fragment in order; return the graph's outputs as numpy arrays."""
         self.prepare(plan)
         values: dict[int, tuple[str, Any]] = {}
+        hosted: dict[int, np.ndarray] = {}      # host copies already made (by a check), reused by copies
+        made_by: dict[int, Any] = {}            # id(tensor) -> the fragment that made it
         for f in plan.fragments:
-            args = [self._arg(t, f.device, values, inputs) for t in f.inputs]
+            args = [self._arg(t, f.device, values, inputs, hosted, made_by) for t in f.inputs]
             t0 = time.perf_counter()
             results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.program)].run,
                                         args)
@@ -94,13 +110,22 @@ class Executor:
             for st in (self.stats[f.device], self.fragment_stats[(id(plan), f.index)]):
                 st["seconds"] += seconds
                 st["runs"] += 1
+            self._check_outputs(f, results, values, hosted)
             for t, h in zip(f.outputs, results):
                 values[id(t)] = (f.device, h)
+                made_by[id(t)] = f
                 if ops.writes_source(t.op):     # the written tensor's latest value is this handle
                     self.caches[id(t.storage)] = (f.device, h)
-        return [self._to_host(values[id(t)]) for t in plan.graph.outputs]
+        outputs = []
+        for t in plan.graph.outputs:            # the answer itself is always checked: never NaN logits
+            host = hosted[id(t)] if id(t) in hosted else self._to_host(values[id(t)])
+            if id(t) not in hosted:
+                self._check_finite(made_by[id(t)], t, host, values)
+            outputs.append(host)
+        return outputs
 
-    def _arg(self, t: Tensor, dev_name: str, values: dict, inputs: dict[int, np.ndarray]) -> Any:
+    def _arg(self, t: Tensor, dev_name: str, values: dict, inputs: dict[int, np.ndarray], hosted: dict,
+             made_by: dict) -> Any:
         if t.is_leaf and t.kind == LeafKind.WEIGHT:
             return self.weights[(dev_name, id(t))]
         if t.is_leaf and t.kind == LeafKind.INPUT:
@@ -108,16 +133,87 @@ class Executor:
         held = self.caches[id(t)] if t.is_leaf else values[id(t)]
         if held[0] == dev_name:
             return held[1]
-        taken = self.devices[dev_name].from_device(held[1], self.devices[held[0]])
-        if taken is not None:           # passed on between the devices, not through this process
-            self.stats[dev_name]["bytes_copied"] += t.nbytes
-            return taken
-        host = self._to_host(held)
+        host = hosted.get(id(t))
+        if host is None:
+            taken = self.devices[dev_name].from_device(held[1], self.devices[held[0]])
+            if taken is not None:           # passed on between the devices, not through this process
+                self.stats[dev_name]["bytes_copied"] += t.nbytes
+                return taken
+            host = self._to_host(held)
+            if held[0] in self.value_checked and id(t) in made_by:   # one the check skipped: a view of a cache
+                self._check_finite(made_by[id(t)], t, host, values)
         self.stats[dev_name]["bytes_copied"] += host.nbytes
         t0 = time.perf_counter()
         handle = self.devices[dev_name].from_host(host)
         self.stats[dev_name]["seconds"] += time.perf_counter() - t0
         return handle
+
+    # -- the checks at fragment boundaries ------------------------------------------------------------
+    def _check_outputs(self, f, results, values: dict, hosted: dict) -> None:
+        """What a program returned against what its fragment holds: the count, every shape and dtype,
+        and (for value-checked devices) finite values."""
+        dev = self.devices[f.device]
+        if not isinstance(results, (list, tuple)) or len(results) != len(f.outputs):
+            got = f"{len(results)} outputs" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
+            missing = f.outputs[len(results)] if isinstance(results, (list, tuple)) and len(results) < len(f.outputs) \
+                else f.outputs[-1]
+            raise self._boundary_error(f, missing, f"program.run returned {got}; the fragment has "
+                                       f"{len(f.outputs)} ({', '.join(t.name for t in f.outputs)})",
+                                       "Program.run returns a list with one handle per fragment.outputs, in order")
+        checked = f.device in self.value_checked
+        for t, h in zip(f.outputs, results):
+            try:
+                shape, dtype = dev.handle_shape(h)
+            except Exception as e:
+                raise self._boundary_error(f, t, f"handle_shape() of its output raised {type(e).__name__}: {e}",
+                                           "give handles .shape and .dtype, or override Device.handle_shape") from e
+            want = _numpy_dtype(t)
+            if tuple(shape) != tuple(t.shape) or (want is not None and np.dtype(dtype) != want):
+                raise self._boundary_error(f, t, f"expected shape {list(t.shape)} {want or t.dtype.name}, got shape "
+                                           f"{list(shape)} {np.dtype(dtype)}",
+                                           f"the kernel for {t.op} in {type(dev).__qualname__}: its result must have "
+                                           f"the node's shape and dtype (docs/ops.md says what {t.op} computes)")
+            if checked and not ops.writes_source(t.op) and not t.storage.is_leaf:   # views of leaves: theirs
+                host = self._to_host((f.device, h))
+                hosted[id(t)] = host
+                self._check_finite(f, t, host, values)
+
+    def _check_finite(self, f, t: Tensor, host: np.ndarray, values: dict) -> None:
+        if host.dtype.kind != "f" or t.storage.kind == LeafKind.INPUT or np.isfinite(host).all():
+            return
+        # before blaming this device: did a value it read arrive non-finite? (a device whose values are
+        # not checked may have made it)
+        for s in f.inputs:
+            src = self._source_values(s, f.device, values)
+            if src is not None and src[1].dtype.kind == "f" and not np.isfinite(src[1]).all():
+                producer, arr = src
+                raise DeviceRunError(
+                    f"{_where(self.devices[producer])}: node {s.describe()}: {_bad(arr)}; it reached fragment "
+                    f"{f.index} on {f.device} that way\n  fix: the kernel (or the weight loading) that made "
+                    f"'{s.name}' on {producer}; --check-values checks every device's outputs where they are made",
+                    device=producer, plugin=plugin_of(self.devices[producer]), fragment=f.index, node=s.name)
+        raise self._boundary_error(f, t, f"{_bad(host)}, from finite inputs",
+                                   f"the kernel for {t.op} in {type(self.devices[f.device]).__qualname__} "
+                                   f"(its inputs were finite)")
+
+    def _source_values(self, s: Tensor, dev_name: str, values: dict):
+        """(device, host values) of a fragment input, for the error path only."""
+        try:
+            if s.is_leaf and s.kind == LeafKind.WEIGHT:
+                return dev_name, self.devices[dev_name].to_host(self.weights[(dev_name, id(s))])
+            if s.is_leaf and s.kind == LeafKind.INPUT:      # the caller's (a mask holds -inf by design)
+                return None
+            held = self.caches.get(id(s)) if s.is_leaf else values.get(id(s))
+            if held is None or (s.is_leaf and held[0] == dev_name):   # a cache this fragment may have written
+                return None
+            return held[0], self._to_host(held)
+        except Exception:   # noqa: BLE001 - a handle that cannot come back is not evidence either way
+            return None
+
+    def _boundary_error(self, f, t: Tensor, what: str, fix: str) -> DeviceRunError:
+        dev = self.devices[f.device]
+        return DeviceRunError(f"{_where(dev)}: {f.describe()}: node {t.describe()}: {what}\n  fix: {fix}",
+                              device=dev.name, plugin=plugin_of(dev), fragment=f.index, node=t.name)
 
     def _to_host(self, held: tuple[str, Any]) -> np.ndarray:
         """A value read back from its device; the time counts as that device's (a device's time is its
@@ -134,5 +230,27 @@ class Executor:
         except DeviceRunError:
             raise
         except Exception as e:
-            raise DeviceRunError(f"device {dev_name} failed while {doing} {what}: {type(e).__name__}: {e}") from e
+            dev = self.devices[dev_name]
+            raise DeviceRunError(f"device {dev_name} failed while {doing} {what}: {type(e).__name__}: {e} "
+                                 f"(plugin {plugin_of(dev)})", device=dev_name, plugin=plugin_of(dev)) from e
+
+
+def _where(dev: Device) -> str:
+    return f"device {dev.name} (plugin {plugin_of(dev)})"
+
+
+def _bad(a: np.ndarray) -> str:
+    bad = ~np.isfinite(a)
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    return f"{int(bad.sum())} of {a.size} values are not finite (the first, {float(a[first])}, at {list(first)})"
+
+
+def _numpy_dtype(t: Tensor) -> np.dtype | None:
+    """The numpy dtype a handle of t must have; None where the device chooses (views of weights, whose
+    handles hold what load_weight made)."""
+    s = t.storage
+    if s.is_leaf and s.kind == LeafKind.WEIGHT:
+        return None
+    name = NUMPY_TYPES.get(t.dtype)
+    return np.dtype(name) if name else None
 

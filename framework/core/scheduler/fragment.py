@@ -1,59 +1,36 @@
-"""Fragments: connected runs of nodes on one device, the unit a device compiles."""
+"""Cutting a planned graph into fragments (framework.core.graph.Fragment), their submissions and
+program keys."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 
-from ..graph import VIEW_OPS, Graph, Tensor, ops, structure_hash
+from ..graph import Fragment, Graph, LeafKind, ops, structure_hash
 
 
-@dataclass(eq=False)
-class Fragment:
-    index: int
-    device: str
-    nodes: list[Tensor]
-    inputs: list[Tensor] = field(default_factory=list)    # read here, made elsewhere (first-use order)
-    outputs: list[Tensor] = field(default_factory=list)   # made here, read elsewhere or wanted by the caller
-    structure: str = ""
-    program: str = ""       # what identifies its program: the structure, plus the weights if the device bakes them
-    submissions: list[tuple[int, int]] = field(default_factory=list)   # node ranges [start, end)
+def cut_submissions(fragment: Fragment, max_chain: int | None) -> None:
+    """Cut the fragment's commands (its non-view nodes) into submissions of at most max_chain."""
+    if not max_chain:
+        fragment.submissions = [(0, len(fragment.nodes))]
+        return
+    fragment.submissions, start, count = [], 0, 0
+    for i, n in enumerate(fragment.nodes):
+        if ops.is_view(n.op):
+            continue
+        if count == max_chain:
+            fragment.submissions.append((start, i))
+            start, count = i, 0
+        count += 1
+    fragment.submissions.append((start, len(fragment.nodes)))
 
-    def cut_submissions(self, max_chain: int | None) -> None:
-        """Cut the fragment's commands (its non-view nodes) into submissions of at most max_chain."""
-        if not max_chain:
-            self.submissions = [(0, len(self.nodes))]
-            return
-        self.submissions, start, count = [], 0, 0
-        for i, n in enumerate(self.nodes):
-            if n.op in VIEW_OPS:
-                continue
-            if count == max_chain:
-                self.submissions.append((start, i))
-                start, count = i, 0
-            count += 1
-        self.submissions.append((start, len(self.nodes)))
 
-    @property
-    def commands(self) -> int:
-        return sum(1 for n in self.nodes if n.op not in VIEW_OPS)
-
-    def to_dict(self) -> dict:
-        return {"index": self.index, "device": self.device, "first": self.nodes[0].name, "last": self.nodes[-1].name,
-                "nodes": len(self.nodes), "commands": self.commands, "submissions": [list(s) for s in self.submissions],
-                "structure": self.structure, "program": self.program, "inputs": [t.name for t in self.inputs],
-                "outputs": [t.name for t in self.outputs]}
-
-    def set_program_key(self, weights_in_programs: bool) -> None:
-        """Fragments with one key share one compiled program."""
-        if not weights_in_programs:
-            self.program = self.structure
-            return
-        weights = ",".join(t.name for t in self.inputs if t.is_leaf and t.kind is not None and t.kind.value == "weight")
-        self.program = self.structure + ":" + hashlib.sha256(weights.encode()).hexdigest()[:8]
-
-    def describe(self) -> str:
-        return f"fragment {self.index} on {self.device}: nodes {self.nodes[0].name} .. {self.nodes[-1].name}"
+def set_program_key(fragment: Fragment, weights_in_programs: bool) -> None:
+    """Fragments with one key share one compiled program."""
+    if not weights_in_programs:
+        fragment.program = fragment.structure
+        return
+    weights = ",".join(t.name for t in fragment.inputs if t.is_leaf and t.kind == LeafKind.WEIGHT)
+    fragment.program = fragment.structure + ":" + hashlib.sha256(weights.encode()).hexdigest()[:8]
 
 
 def split_fragments(graph: Graph, device_of: dict[int, str]) -> list[Fragment]:
@@ -80,3 +57,6 @@ def split_fragments(graph: Graph, device_of: dict[int, str]) -> list[Fragment]:
                 f.outputs.append(n)
         f.structure = structure_hash(f.nodes, f.outputs)
     return fragments
+
+
+__all__ = ["Fragment", "cut_submissions", "set_program_key", "split_fragments"]

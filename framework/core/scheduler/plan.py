@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from ...contract import BufferType, Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
 from .errors import CapabilityError
-from .fragment import Fragment, split_fragments
+from .fragment import Fragment, cut_submissions, set_program_key, split_fragments
 from .memory import Budget, Fit, MemoryMove, memory_budgets, parts_of
-from .verdicts import ask
+from .verdicts import ask, check_available
 
 SMOOTH_MAX_RUN = 4       # nodes; longer runs are real work and stay where the verdicts put them
 
@@ -55,6 +55,7 @@ class Placement:
     reason: str
     refusals: dict[str, str] = field(default_factory=dict)   # device -> "code: reason"
     memory: tuple[MemoryMove, ...] = ()     # the devices before it whose memory could not hold it, in numbers
+    pinned: bool = False      # pass 1 put it with a pre-allocated tensor it touches: no later pass moves it
 
 
 @dataclass
@@ -144,6 +145,7 @@ def _node_record(n: Tensor, p: Placement) -> dict:
 def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residence] | None = None,
               fit: Fit | None = None) -> Plan:
     """``fit``: the session's memory fit (memory.fit_layers), whose caches ``residence`` places."""
+    check_available(devices)
     residence = residence or {}
     placement: dict[int, Placement] = {}
     _pass1_pin_preallocated(graph, devices, residence, placement)
@@ -155,8 +157,8 @@ def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residenc
     fragments = split_fragments(graph, device_of)
     by_name = {d.name: d for d in devices}
     for f in fragments:
-        f.cut_submissions(by_name[f.device].limits.max_chain)
-        f.set_program_key(by_name[f.device].weights_in_programs)
+        cut_submissions(f, by_name[f.device].limits.max_chain)
+        set_program_key(f, by_name[f.device].weights_in_programs)
     copies = _copies(fragments, device_of)
     budgets = fit.budgets if fit is not None else memory_budgets(devices)
     return Plan(graph=graph, devices=list(devices), placement=placement, fragments=fragments, copies=copies,
@@ -187,7 +189,8 @@ def _pass1_pin_preallocated(graph, devices, residence, placement) -> None:
             dev = next((d for d in held if ask(d, n).ok), None)
             if dev is not None:
                 whose = f"{home.owner} holds it" if home.owner else "held"
-                placement[id(n)] = Placement(dev.name, f"pinned: reads or writes '{t.name}', {whose} on {dev.name}")
+                placement[id(n)] = Placement(dev.name, f"pinned: reads or writes '{t.name}', {whose} on {dev.name}",
+                                             pinned=True)
                 break
 
 
@@ -260,7 +263,7 @@ def _pass4_smooth(graph: Graph, devices: list[Device], placement: dict[int, Plac
         here, there = placement[id(run[0])].device, placement[id(before[-1])].device
         if len(run) > SMOOTH_MAX_RUN or placement[id(after[0])].device != there:
             continue
-        if any("pinned" in placement[id(n)].reason or placement[id(n)].memory for n in run):
+        if any(placement[id(n)].pinned or placement[id(n)].memory for n in run):
             continue
         if any(s.is_leaf and s.kind == LeafKind.WEIGHT for n in run for s in n.src):
             continue    # matrix products with model weights are real work, not a cheap hop

@@ -28,6 +28,7 @@ from .errors import CapabilityError
 from .fallbacks import count, group_fallbacks
 from .memory import Budget, Fit
 from .plan import Plan, Residence, make_plan, preallocated_sources
+from .verdicts import ask_buffer
 
 
 @dataclass
@@ -121,7 +122,7 @@ def check_preallocated(plan: Plan, residence: dict[int, Residence], by_name: dic
         home = residence.get(id(t))
         if home is None or home.held_on(dev.name):
             continue
-        verdict = dev.supports_buffer(home.buffer)
+        verdict = ask_buffer(dev, home.buffer, n)
         if not verdict.ok:
             raise _buffer_error(plan, n, t, home, dev, verdict)
 

@@ -6,11 +6,8 @@ import os
 
 import numpy as np
 
-from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Verdict
-from ...core.graph import OPS, Tensor
-from ...core.graph.interpreter import ReferenceProgram
-from ...core.graph.quants import dequantize
-from ...core.scheduler.fragment import Fragment
+from ...contract import (HOST_BUFFER, BufferType, Device, DeviceType, Fragment, Limits, ReferenceProgram, Tensor,
+                         Verdict, dequantize)
 
 # Weights are held dequantized: BLAS multiplies float32 far faster than numpy can unpack blocks.
 CPU_F32_BUFFER = BufferType("cpu_f32_unpacked", host=True)
@@ -35,9 +32,7 @@ class CpuDevice(Device):
         self.description = f"numpy {np.__version__} on {os.cpu_count()} CPU threads (float32)"
 
     def supports_op(self, node: Tensor) -> Verdict:
-        if node.op not in OPS:
-            return Verdict.no("unsupported_op", f"the CPU plugin has no kernel for {node.op}")
-        return Verdict.yes()
+        return Verdict.yes()      # every op of the table has a reference kernel (the framework checks the op)
 
     def load_weight(self, tensor: Tensor, raw: np.ndarray) -> np.ndarray:
         return dequantize(raw, tensor.dtype, tensor.shape)

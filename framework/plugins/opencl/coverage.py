@@ -1,5 +1,8 @@
 """What the OpenCL kernels cover, and the verdicts that follow from it: every node the kernels cannot
-compute is refused here with a reason code, so the scheduler places it elsewhere.
+compute is refused with a reason code, so the scheduler places it elsewhere. The ops covered (COVERED,
+the device's supported_ops), the ops disabled by FRAMEWORK_OPENCL_DISABLE_OPS (its refused_ops) and
+the weight types read (its Limits.dtypes) are declared as data, which the framework applies before it
+asks; ``verdict`` answers the rest.
 
 The ops, their parameters and the values a choice parameter may take come from the core's op table
 (framework/core/graph/ops.py). This module says which ops the kernels implement, and holds the
@@ -11,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from ...contract import Verdict
-from ...core.graph import VIEW_OPS, LeafKind, Tensor, ops
-from . import layout
+from ...contract import LeafKind, Tensor, Verdict, ops
+
+VIEW_OPS = ops.VIEW_OPS
 
 # the ops the kernels implement (names checked against the op table)
 COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
@@ -40,12 +43,9 @@ def is_weight(t: Tensor) -> bool:
 
 
 def verdict(dev, n: Tensor) -> Verdict:
-    """Whether the kernels compute node n on device dev (its op, parameters, dtypes and shapes)."""
+    """Whether the kernels compute node n on device dev (its parameters, dtypes and shapes), once the
+    framework has applied supported_ops, refused_ops and Limits.dtypes."""
     op = n.op
-    if op not in COVERED:
-        return Verdict.no("unsupported_op", f"the OpenCL plugin has no kernel for {op}")
-    if op in dev.disabled:
-        return Verdict.no("refused_by_profile", f"{op} is disabled on {dev.name} by {DISABLE_OPS_ENV}")
     for p in ops.spec(op).params:
         if p.choices and n.params.get(p.name) not in CHOICES.get((op, p.name), ()):
             return Verdict.no("unsupported_op", f"{op} with {p.name}={n.params.get(p.name)!r}: the OpenCL kernels "
@@ -71,9 +71,6 @@ def _operands(dev, n: Tensor) -> Verdict | None:
                               f"index at most {MAX_ELEMENTS - 1}")
     for i, s in enumerate(n.src):
         if is_weight(s):
-            if s.dtype.name not in layout.SUPPORTED:
-                return Verdict.no("unsupported_dtype", f"{dev.name} has no kernels for {s.dtype.name} weights "
-                                  f"({s.describe()}); it reads {', '.join(sorted(layout.SUPPORTED))}")
             in_kernel = n.op in ("GET_ROWS", "MUL_MAT") and i == 0
             if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
                 return Verdict.no("unsupported_dtype", f"{n.op} reads weight {s.describe()} as plain float32 values; "

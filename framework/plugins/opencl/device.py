@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Limits, Verdict
-from ...core.graph import Tensor
+from ...contract import BufferType, Device, DeviceType, Limits, Tensor, Verdict
 from . import layout
-from .coverage import disabled_ops, verdict
+from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
 from .properties import device_data, device_type, physical_id
 
 MAX_ALLOC_ENV = "FRAMEWORK_OPENCL_MAX_ALLOC"   # bytes: a smaller largest allocation (tests of split weights)
@@ -87,6 +86,13 @@ def contiguous_strides(shape) -> tuple:
 
 class OpenCLDevice(Device):
     """An OpenCL device, driven through pyopencl: one context, one in-order queue."""
+
+    supported_ops = COVERED
+
+    @property
+    def refused_ops(self) -> dict[str, Verdict]:
+        return {op: Verdict.no("refused_by_profile", f"{op} is disabled on {self.name} by {DISABLE_OPS_ENV}")
+                for op in self.disabled}
 
     def __init__(self, index: int, platform=None, cl_device=None, reason: str = ""):
         self.index = index
@@ -197,8 +203,6 @@ class OpenCLDevice(Device):
 
     # -- the contract --------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> Verdict:
-        if not self.available:
-            return Verdict.no("unavailable", f"{self.name} is unavailable: {self.unavailable_reason}")
         return verdict(self, node)
 
     def chunk_plan(self, dtype: str, shape: tuple) -> list[tuple[int, int]]:

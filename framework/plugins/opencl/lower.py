@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.graph import VIEW_OPS, Tensor
-from ...core.graph.reference import rope_inv_freq
+from ...contract import Tensor, ops, reference
 from . import kernels, layout
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE, is_weight
 from .device import contiguous_strides
@@ -87,7 +86,7 @@ class Lowering:
         for n in fragment.nodes:
             if id(n) in fused:
                 continue
-            if n.op in VIEW_OPS:
+            if n.op in ops.VIEW_OPS:
                 self.refs[id(n)] = self._view(n)
                 continue
             if n.op == "RMS_NORM" and id(n) not in outs:
@@ -240,7 +239,7 @@ class Lowering:
         p = n.params
         n_dims = int(p["n_dims"])
         # the reference's frequencies (float64), in the kernel's angle type
-        inv = rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"]))
+        inv = reference.rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"]))
         factors = self.ref(n.src[2]) if len(n.src) > 2 else None
         self.launch(f"ROPE{'+SCALE' if scale is not None else ''} {n.name}", "rope", kernels.base_options(self.dev),
                     t * h * (d // 2), self.ewg, a=self.ref(n.src[0]), pos=self.ref(n.src[1]),

@@ -12,8 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-from ...contract import HOST_CPU, DeviceType, pci_physical_id
-from ...core.physical import pci_address, pci_ids_at
+from ...contract import HOST_CPU, DeviceType, pci_address, pci_ids_at, pci_physical_id
 
 CL_DEVICE_PCI_BUS_INFO_KHR = 0x410F
 

@@ -10,7 +10,7 @@ Scheme (see the package docstring for the whole story):
   * One compiled model per distinct ``fragment.program`` (structure, shapes and weight names): the
     executor caches programs by that key, and reservation counts them against the device's budget.
   * OpenVINO's on-disk model cache (CACHE_DIR) is on: a second run of the same model imports every
-    compiled model instead of compiling it; ``stats`` and ``compile_summary()`` say which happened.
+    compiled model instead of compiling it; ``stats`` and ``report_line()`` say which happened.
   * The KV cache: ``alloc`` returns a float32 numpy array owned by the device. On openvino:CPU host
     memory is the device's memory: the model reads the ``n_kv`` window of the cache through a
     zero-copy input, and the program writes the step's new rows into the array in place after the
@@ -32,9 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Verdict
-from ...core.graph import LeafKind, Tensor
-from ...core.scheduler.fragment import Fragment
+from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Fragment, LeafKind, Limits, Tensor, Verdict
 from . import weights as W
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .translate import SUPPORTED_OPS, Translation, rope_table, translate
@@ -119,6 +117,7 @@ class OpenVinoDevice(Device):
     weights_in_programs = True
     weight_buffer_type = OV_WEIGHT_BUFFER
     profiles = tuple(PROFILES)
+    supported_ops = SUPPORTED_OPS
 
     def __init__(self, ov_name: str, *, available: bool = True, unavailable_reason: str = "",
                  full_name: str = "", physical_id: str = "", architecture: str = "",
@@ -139,6 +138,8 @@ class OpenVinoDevice(Device):
         self.limits = profile.limits if profile else Limits()
         self.refused = dict(profile.refused_ops) if profile else {}
         self.refused.update(refuse or {})
+        self.refused_ops = {op: Verdict.no("refused_by_profile", f"{self._refuser(op)} refuses {op}: {why}")
+                            for op, why in self.refused.items()}
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self.precision = precision or os.environ.get(PRECISION_ENV, DEFAULT_PRECISION)
         self.bits = int(bits or os.environ.get(BITS_ENV, DEFAULT_BITS))
@@ -186,12 +187,10 @@ class OpenVinoDevice(Device):
                                                     else dynamic_quantization))
 
     # -- verdicts -----------------------------------------------------------------------------------
+    def _refuser(self, op: str) -> str:
+        return f"profile {self.profile.name}" if self.profile and op in self.profile.refused_ops else self.name
+
     def supports_op(self, node: Tensor) -> Verdict:
-        if node.op in self.refused:
-            who = f"profile {self.profile.name}" if self.profile and node.op in self.profile.refused_ops else self.name
-            return Verdict.no("refused_by_profile", f"{who} refuses {node.op}: {self.refused[node.op]}")
-        if node.op not in SUPPORTED_OPS:
-            return Verdict.no("unsupported_op", f"the OpenVINO plugin has no translation for {node.op}")
         if node.op == "ROPE" and len(node.src) > 2:
             return Verdict.no("unsupported_op", f"{self.name} computes rope tables from positions alone; ROPE with "
                                                 f"frequency factors ({node.src[2].name}) is not translated")
@@ -243,8 +242,6 @@ class OpenVinoDevice(Device):
 
     # -- programs -----------------------------------------------------------------------------------
     def compile(self, fragment: Fragment) -> OvProgram:
-        if not self.available:
-            raise RuntimeError(f"{self.name} is unavailable: {self.unavailable_reason}")
         program = OvProgram(self, fragment)
         weights = self._weights_of(fragment)
         if weights is not None:
@@ -283,6 +280,9 @@ class OpenVinoDevice(Device):
     @property
     def _live_key(self) -> tuple[str, str | None]:
         return (self.ov_name, self.emulation)
+
+    def report_line(self) -> str:
+        return self.compile_summary()
 
     def compile_summary(self) -> str:
         s = self.stats
@@ -329,7 +329,8 @@ class OvProgram:
                 cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
                 raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
                                    f"{dev.dynamic_quantization} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
-                                   f"not compile here" + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
+                                   f"not compile here"
+                                   + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
                                    + f"; {DYNQUANT_ENV}=0 compiles on every CPU") from e
             raise
         t2 = time.perf_counter()

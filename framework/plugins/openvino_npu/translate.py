@@ -29,10 +29,9 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from ...core.graph import LeafKind, Tensor
-from ...core.graph import ops as op_table
-from ...core.graph.reference import rope_cos_sin, rope_inv_freq, rope_pairs
-from ...core.scheduler.fragment import Fragment
+from ...contract import Fragment, LeafKind, Tensor
+from ...contract import ops as op_table
+from ...contract import reference
 from .weights import OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
@@ -376,7 +375,7 @@ class Translator:
             sin = self._param((t, 1, d), ov.Type.f32, f"rope_sin_{n_dims}_{base:g}", Feed("rope_sin", idx, rope=rope))
         else:       # positions computed here: the table in float32 inside the model
             half = n_dims // 2
-            inv = rope_inv_freq(n_dims, base, scale)
+            inv = reference.rope_inv_freq(n_dims, base, scale)
             theta = ops.multiply(_reshape(ops.convert(self.out(pos), ov.Type.f32), (t, 1)),
                                  _const(inv.astype(np.float32).reshape(1, half))).output(0)
             spread = _const(_rope_spread(mode, n_dims, d))
@@ -384,7 +383,7 @@ class Translator:
             tail[..., n_dims:] = 1
             cos = ops.add(_reshape(ops.matmul(ops.cos(theta), spread, False, False), (t, 1, d)), _const(tail)).output(0)
             sign = np.zeros((1, 1, d), dtype=np.float32)
-            a, b = rope_pairs(mode, n_dims)
+            a, b = reference.rope_pairs(mode, n_dims)
             sign[..., a], sign[..., b] = -1.0, 1.0
             sin = ops.multiply(_reshape(ops.matmul(ops.sin(theta), spread, False, False), (t, 1, d)),
                                _const(sign)).output(0)
@@ -571,7 +570,7 @@ def _safe(name: str) -> str:
 
 def rope_partner(mode: str, n_dims: int, d: int) -> np.ndarray:
     """(d,) int32: the index of each dimension's pair partner (itself past n_dims, where sin is 0)."""
-    a, b = rope_pairs(mode, n_dims)
+    a, b = reference.rope_pairs(mode, n_dims)
     idx = np.arange(d, dtype=np.int32)
     idx[a], idx[b] = b, a
     return idx
@@ -579,7 +578,7 @@ def rope_partner(mode: str, n_dims: int, d: int) -> np.ndarray:
 
 def _rope_spread(mode: str, n_dims: int, d: int) -> np.ndarray:
     """(n_dims/2, d): frequency i to both members of pair i."""
-    a, b = rope_pairs(mode, n_dims)
+    a, b = reference.rope_pairs(mode, n_dims)
     m = np.zeros((n_dims // 2, d), dtype=np.float32)
     m[np.arange(n_dims // 2), a] = 1.0
     m[np.arange(n_dims // 2), b] = 1.0
@@ -590,10 +589,10 @@ def rope_table(pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
     """C and S (T, 1, d): the cos and sin of every dimension's pair, spread from the reference's rope
     table (1 and 0 past n_dims)."""
     n_dims, base, scale, mode, d = rope
-    a, b = rope_pairs(mode, n_dims)
+    a, b = reference.rope_pairs(mode, n_dims)
     cos = np.ones((len(pos), 1, d), dtype=np.float32)
     sin = np.zeros((len(pos), 1, d), dtype=np.float32)
-    c, s_ = rope_cos_sin(pos, n_dims, base, scale)
+    c, s_ = reference.rope_cos_sin(pos, n_dims, base, scale)
     cos[:, 0, a], cos[:, 0, b] = c, c
     sin[:, 0, a], sin[:, 0, b] = -s_, s_         # out[a] = x[a] c - x[b] s, out[b] = x[b] c + x[a] s
     return cos, sin

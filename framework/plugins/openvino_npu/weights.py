@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...core.graph.dtypes import DType, block_shape
-from ...core.graph.quants import dequantize
+from ...contract import DType, block_shape, dequantize
 
 # dtype name -> reason, for every type met that had no exact compressed form
 CONVERTED: dict[str, str] = {}

@@ -62,6 +62,7 @@ class NodeAgent:
         self.devices = {d.name: d for d in self.registry.devices()}
         self.values: dict[str, Any] = {}          # weights and caches, by the key the placing process chose
         self.programs: dict[str, Any] = {}
+        self.outputs: dict[str, list[tuple[str, str, tuple]]] = {}    # per program: its outputs' names, ops, shapes
         self.files: dict[str, np.ndarray] = {}    # model files found here with the sha256 asked for
 
     def describe(self) -> dict:
@@ -106,6 +107,7 @@ class NodeAgent:
 
     def compile(self, device: str, key: str, fragment) -> None:
         self.programs[key] = self.devices[device].compile(fragment)
+        self.outputs[key] = [(t.name, t.op, tuple(t.shape)) for t in fragment.outputs]
 
     def run(self, device: str, key: str, args: list, keep: dict[int, str]):
         """Run a program; outputs at ``keep`` positions (cache writes) stay here under their keys, the others
@@ -117,6 +119,7 @@ class NodeAgent:
                  dev.from_host(ray.get(a) if isinstance(a, ray.ObjectRef) else a) for a in args]
         results = self.programs[key].run(ready)
         dev.synchronize()
+        self._check(device, key, results)
         out = []
         for i, r in enumerate(results):
             if i in keep:
@@ -125,6 +128,21 @@ class NodeAgent:
                 out.append(np.ascontiguousarray(dev.to_host(r)))
         out.append(time.perf_counter() - t0)
         return tuple(out) if len(out) > 1 else out[0]
+
+    def _check(self, device: str, key: str, results) -> None:
+        """This node's device returned what its fragment holds: one result per output, of its shape (the
+        driver's executor checks what it reads back; results that stay in the object store are checked here)."""
+        expected = self.outputs[key]
+        if not isinstance(results, (list, tuple)) or len(results) != len(expected):
+            raise RuntimeError(f"device {device} on {socket.gethostname()}: program.run returned "
+                               f"{len(results) if isinstance(results, (list, tuple)) else type(results).__name__} "
+                               f"outputs; the fragment has {len(expected)} (Program.run returns one handle per "
+                               f"fragment.outputs)")
+        for (name, op, shape), r in zip(expected, results):
+            got = tuple(self.devices[device].handle_shape(r)[0])
+            if got != shape:
+                raise RuntimeError(f"device {device} on {socket.gethostname()}: node '{name}' ({op}): expected shape "
+                                   f"{list(shape)}, got {list(got)}; fix: the kernel for {op} (docs/ops.md)")
 
     def fetch(self, key: str, device: str) -> np.ndarray:
         return np.asarray(self.devices[device].to_host(self.values[key]))

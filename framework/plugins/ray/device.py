@@ -14,9 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Verdict
-from ...core.graph import LeafKind, Tensor, ops
-from ...core.scheduler.fragment import Fragment
+from ...contract import BufferType, Device, DeviceType, Fragment, LeafKind, Tensor, Verdict, ops
 from .wire import detach_fragment, detach_node, signature
 
 _keys = itertools.count()
@@ -24,16 +22,22 @@ _keys = itertools.count()
 
 @dataclass(frozen=True)
 class Held:
-    """A value that stays on the node (a weight, a cache), by its key there."""
+    """A value that stays on the node (a weight, a cache), by its key there; the shape and dtype of the
+    tensor it holds."""
     key: str
+    shape: tuple = ()
+    dtype: np.dtype = np.dtype(np.float32)
 
 
 @dataclass(frozen=True)
 class Remote:
-    """A result in the node's object store."""
+    """A result in the node's object store, of the shape and dtype the node's agent checked it has (against the
+    fragment's tensor, before it left the node)."""
     ref: Any
     node: str
     nbytes: int
+    shape: tuple = ()
+    dtype: np.dtype = np.dtype(np.float32)
 
 
 @dataclass
@@ -101,12 +105,12 @@ class RayDevice(Device):
             source = ("bytes", np.ascontiguousarray(raw))
             self.traffic.weights_shipped += raw.nbytes
         self._loads.append((self.node.agent.load.remote(self.remote, key, detach_node(tensor), source), tensor.name))
-        return Held(key)
+        return Held(key, tuple(tensor.shape), _numpy_dtype(tensor))
 
     def alloc(self, tensor: Tensor) -> Held:
         key = f"c{next(_keys)}:{tensor.name}"
         self._loads.append((self.node.agent.alloc.remote(self.remote, key, detach_node(tensor)), tensor.name))
-        return Held(key)
+        return Held(key, tuple(tensor.shape), _numpy_dtype(tensor))
 
     def _loaded(self) -> None:
         """Wait for the weights and caches sent so far; a failure names the tensor."""
@@ -155,6 +159,10 @@ class RayDevice(Device):
                 "weights_from_file": t.weights_from_file}
 
 
+def _numpy_dtype(t: Tensor) -> np.dtype:
+    return np.dtype(np.float32 if t.dtype.name == "F32" else np.int32)
+
+
 def _writes_cache(t: Tensor) -> bool:
     return ops.writes_source(t.op) and t.storage.is_leaf and t.storage.kind == LeafKind.CACHE
 
@@ -168,6 +176,7 @@ class RayProgram:
         # a cache written here is handed back as the cache itself: it stays on the node
         self.cache_writes = {i: position[id(t.storage)] for i, t in enumerate(fragment.outputs) if _writes_cache(t)}
         self.sizes = [t.nelements * 4 for t in fragment.outputs]    # float32 or int32 on the way out
+        self.kinds = [(tuple(t.shape), _numpy_dtype(t)) for t in fragment.outputs]
 
     def run(self, args: list[Any]) -> list[Any]:
         dev = self.device
@@ -183,5 +192,7 @@ class RayProgram:
         dev.traffic.pending.append((refs[-1], self.what))
         out, it = [], iter(refs[:-1])
         for i, size in enumerate(self.sizes):
-            out.append(Held(keep[i]) if i in keep else Remote(next(it), dev.node.name, size))
+            shape, dtype = self.kinds[i]
+            out.append(Held(keep[i], shape, dtype) if i in keep
+                       else Remote(next(it), dev.node.name, size, shape, dtype))
         return out

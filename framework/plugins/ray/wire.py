@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...contract import Device
-from ...core.graph import LeafKind, Tensor
-from ...core.scheduler.fragment import Fragment
+from ...contract import Fragment, LeafKind, Tensor
 
 
 def stand_in(t: Tensor) -> Tensor:

@@ -9,17 +9,17 @@ import weakref
 
 import numpy as np
 
-from ...contract import HOST_CPU, BufferType, Device, DeviceType, Limits, Verdict, pci_physical_id
-from ...core.graph import Tensor
+from ...contract import HOST_CPU, BufferType, Device, DeviceType, Limits, Tensor, Verdict, pci_physical_id
 from . import quant
 from .fusion import fusions_off
 from .submission import VkProgram
 from .tensors import Chunk, Lease, VkTensor, VkWeight, contig
-from .verdicts import verdict
+from .verdicts import OPS, verdict
 
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
-F16_ENV = "FRAMEWORK_VULKAN_F16"                   # "0": do not request shader-f16 (only the tiled product's f16 variant needs it)
+# "0": do not request shader-f16 (only the tiled product's f16 variant needs it)
+F16_ENV = "FRAMEWORK_VULKAN_F16"
 SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # "0": no subgroup operations even where the adapter has them
 
 ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU, "VirtualGPU": DeviceType.GPU,
@@ -30,6 +30,12 @@ class VulkanDevice(Device):
     """A Vulkan adapter, driven through wgpu's compute API."""
 
     weights_in_programs = False
+    supported_ops = OPS
+
+    @property
+    def refused_ops(self) -> dict[str, Verdict]:
+        return {op: Verdict.no("refused_by_profile", f"{op} is disabled on {self.name} by {DISABLE_OPS_ENV}")
+                for op in self.disabled}
 
     def __init__(self, index: int, adapter=None, reason: str = ""):
         self.index = index
@@ -191,8 +197,6 @@ class VulkanDevice(Device):
 
     # -- the contract --------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> Verdict:
-        if not self.available:
-            return Verdict.no("unavailable", f"{self.name} is unavailable: {self.unavailable_reason}")
         return verdict(self, node)
 
     def weight_nbytes(self, tensor: Tensor) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ...core.graph import VIEW_OPS, LeafKind, Tensor
+from ...contract import LeafKind, Tensor, ops
 from . import quant, wgsl_fused
 from .kernel_shapes import matvec_shape
 from .wgsl_fused import ATTN_WG, Prologue
@@ -159,7 +159,7 @@ class Matcher:
         """t's element offset in the value it views (0 for arguments: their runtime offsets are aligned
         by the program where a kernel reads them as vec4)."""
         off = 0
-        while t.op in VIEW_OPS and id(t) in self.pos:
+        while t.op in ops.VIEW_OPS and id(t) in self.pos:
             off += int(t.params.get("offset", 0)) if t.op == "VIEW" else 0
             t = t.src[0]
         return off

@@ -11,7 +11,8 @@ GPU_THREADS = 32768       # threads a GPU's tiled product should have at least (
 SPLIT_ATTN_BELOW = 64     # query rows x heads under which attention splits its keys across workgroups
 MATVEC_ROWS = {1: 4, 2: 2, 4: 1, 8: 1}   # weight rows per thread, by rows of x: each x group used that often
 MATVEC_MIN_WORKGROUPS = 256               # ... fewer where a matrix would make fewer workgroups (2 an SM on an H200)
-MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits: below it the extra dispatch costs more than it saves
+# weights from this size take x in 8 bits: below it the extra dispatch costs more than it saves
+MATVEC_X8_BYTES = 4 << 20
 MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"   # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
 # (BM, BN, KG) of the workgroup-memory tiled product, largest first. On the H200 (2026-11-30 sweep) 64 x 32
 # with split K beat 32 x 64, 32 x 32 (KG 1 or 2) and 64 x 64 without splits on both models' prefill
@@ -19,7 +20,8 @@ MATMUL_TILES = ((64, 64, 1), (64, 32, 1))
 MATMUL_MIN_WORKGROUPS = 264   # a product with fewer tiles takes smaller ones, then splits K (2 an SM on an H200)
 MATMUL_MIN_SPLIT_GROUPS = 4   # ... into parts of at least this many 32-element groups
 MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"   # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "wgs=512", "f16=0"
-MATMUL_F16 = 0   # 1: the tiled product in f16 (wgsl.MATMUL_TILE16_NOTE) where the adapter has shader-f16; off: docs/vulkan.md
+# 1: the tiled product in f16 (wgsl.MATMUL_TILE16_NOTE) where the adapter has shader-f16; off: docs/vulkan.md
+MATMUL_F16 = 0
 
 
 def matvec_shape(dev, gpr: int, mm: int, rows: int = 1 << 30, nbytes: int = 1 << 40) -> dict:

@@ -3,7 +3,7 @@ Parameters go by the names of the kernel's block (wgsl.py, ``*_PARAMS``)."""
 
 from __future__ import annotations
 
-from ...core.graph import Tensor
+from ...contract import Tensor
 from . import quant, wgsl
 from .kernel_shapes import SPLIT_ATTN_BELOW
 from .steps import pad4

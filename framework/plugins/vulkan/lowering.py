@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ...core.graph import Tensor
+from ...contract import Tensor
 from . import fusion, lower_fused, lower_ops, lower_products, wgsl
 from .steps import Ref, Step, grid
 from .tensors import contig

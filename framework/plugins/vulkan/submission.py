@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.graph import LeafKind
-from ...core.graph.reference import rope_cos_sin
+from ...contract import LeafKind, reference
 from . import memory
 from .lowering import Lowering
 from .tensors import VkTensor, VkWeight, contig
@@ -263,4 +262,4 @@ class VkProgram:
 
 def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
     """(T, n_dims/2) pairs of (cos, sin): the reference's rope table, interleaved."""
-    return np.stack(rope_cos_sin(pos, n_dims, base, scale), axis=-1)
+    return np.stack(reference.rope_cos_sin(pos, n_dims, base, scale), axis=-1)

@@ -3,15 +3,14 @@ scheduler places what they do not cover elsewhere."""
 
 from __future__ import annotations
 
-from ...contract import Verdict
-from ...core.graph import VIEW_OPS, LeafKind, Tensor, ops
+from ...contract import LeafKind, Tensor, Verdict, ops
 from . import quant
 from .wgsl import UNARY_CODE
 
 # the ops this plugin has kernels for (names checked against the op table)
 OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
                 "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT")
-VIEWS = VIEW_OPS
+VIEWS = ops.VIEW_OPS
 MAX_ATTN_HEAD = 256
 
 
@@ -20,22 +19,16 @@ def is_weight(t: Tensor) -> bool:
 
 
 def verdict(dev, n: Tensor) -> Verdict:
-    op = n.op
-    if op not in OPS:
-        return Verdict.no("unsupported_op", f"the Vulkan plugin has no kernel for {op}")
-    if op in dev.disabled:
-        return Verdict.no("refused_by_profile", f"{op} is disabled on {dev.name} by FRAMEWORK_VULKAN_DISABLE_OPS")
+    op = n.op       # the framework has applied supported_ops, refused_ops and Limits.dtypes already
     if op in VIEWS:
         if any(is_weight(s) for s in n.src):
-            return Verdict.no("unsupported_buffer", f"{dev.name} does not take views of weights ({n.src[0].describe()})")
+            return Verdict.no("unsupported_buffer",
+                              f"{dev.name} does not take views of weights ({n.src[0].describe()})")
         return Verdict.yes()
     if any(len(t.shape) > 4 for t in (n, *n.src)):
         return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most 4 axes ({n.describe()})")
     for i, s in enumerate(n.src):
         if is_weight(s):
-            if s.dtype.name not in quant.SUPPORTED:
-                return Verdict.no("unsupported_dtype", f"{dev.name} has no kernels for {s.dtype.name} weights "
-                                  f"({s.describe()}); it reads {', '.join(sorted(quant.SUPPORTED))}")
             in_kernel = op in ("GET_ROWS", "MUL_MAT") and i == 0
             if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
                 return Verdict.no("unsupported_dtype", f"{op} reads weight {s.describe()} as plain float32 values; "

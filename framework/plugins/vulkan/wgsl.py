@@ -674,7 +674,8 @@ def weight_source(qtype: str, suffix: str, binding: int) -> str:
     zero, _, grp = QTYPES[qtype]
     w = W_VEC4 if qtype in VEC4_TYPES else W_SCALAR
     assert w.count("@binding(1)") == 1
-    own = (f"const QZ: f32 = {8388608 + zero}.0;   // 2^23 + zero point\n" + w.replace("@binding(1)", f"@binding({binding})")
+    own = (f"const QZ: f32 = {8388608 + zero}.0;   // 2^23 + zero point\n"
+           + w.replace("@binding(1)", f"@binding({binding})")
            + Q_ROW + Q_F4 + grp + deq_fns(qtype))
     return re.sub(r"\b(" + "|".join(WEIGHT_NAMES) + r")\b", lambda m: m.group(1) + suffix, own)
 
@@ -1072,7 +1073,8 @@ def matmul_reg(qtype: str, bm: int = 4, bn: int = 4) -> str:
     store = []
     for m in range(bm):
         for n in range(bn):
-            store.append(f"  if (m0 + {m}u < M && n0 + {n}u < N) {{ O[ob + (m0 + {m}u) * ld + n0 + {n}u] = a{m}_{n}; }}")
+            store.append(f"  if (m0 + {m}u < M && n0 + {n}u < N) "
+                         f"{{ O[ob + (m0 + {m}u) * ld + n0 + {n}u] = a{m}_{n}; }}")
     return MATMUL_REG_PARAMS.source(MATMUL_REG.format(deq=q_source(qtype), bm=bm, bn=bn, decl="\n".join(decl),
                                                      body="\n".join(body), store="\n".join(store)))
 

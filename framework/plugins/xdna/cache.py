@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.graph.dtypes import DType
+from ...contract import DType
 from . import tiles
 from .geometry import (
     CHUNK_BYTES,

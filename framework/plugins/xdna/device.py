@@ -25,9 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Limits, Verdict
-from ...core.graph import VIEW_OPS, LeafKind, Tensor, ops
-from ...core.scheduler.fragment import Fragment
+from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Fragment, LeafKind, Limits, Tensor, Verdict, ops
 from . import tiles
 from .cache import PackedStore
 from .geometry import tile_grid
@@ -108,6 +106,9 @@ class XdnaDevice(Device):
                              f"{self.profile.max_chain}")
         self.max_chain = max_chain or self.profile.max_chain
         self.limits = Limits(max_chain=self.max_chain)
+        self.supported_ops = ops.names(*self.profile.ops) | ops.VIEW_OPS    # views are free: they stay with the data
+        self.refused_ops = {op: Verdict.no("refused_by_profile", f"profile {self.profile.name} refuses {op}: {why}")
+                            for op, why in self.profile.refused_ops.items()}
         if arm == "host":
             self.physical_id = "host-cpu"
             self.emulation = f"{self.profile.name} on the xdna host arm (numpy)"
@@ -150,15 +151,9 @@ class XdnaDevice(Device):
 
     # -- verdicts -----------------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> Verdict:
-        if node.op in VIEW_OPS:
+        # the framework has applied refused_ops and refused every op outside supported_ops (MUL_MAT, views)
+        if ops.is_view(node.op):
             return Verdict.yes()
-        if node.op in self.profile.refused_ops:
-            return Verdict.no("refused_by_profile", f"profile {self.profile.name} refuses {node.op}: "
-                              f"{self.profile.refused_ops[node.op]}")
-        if node.op not in self.profile.ops:
-            return Verdict.no("unsupported_op", f"the xdna kernels ({self.profile.name}) cover "
-                              f"{', '.join(sorted(self.profile.ops))} with packed weights only; {node.op} runs on "
-                              f"the host")
         w, b = node.src[0], node.src[1]
         if not (w.is_leaf and w.kind == LeafKind.WEIGHT) or len(w.shape) != 2:
             return Verdict.no("unsupported_op", f"xdna multiplies activations by a packed 2-D weight; the first "
@@ -172,8 +167,9 @@ class XdnaDevice(Device):
         if self.arm == "npu" and self.kernel_set is not None:
             grid = tile_grid(w.shape)
             if not self.kernel_set.for_weight(grid.padded_cols, grid.padded_rows):
-                return Verdict.no("unsupported_shape", f"{self.kernel_set.directory} has no GEMM for k={grid.padded_cols} "
-                                  f"n={grid.padded_rows} ({w.name} {list(w.shape)}); it has {self.kernel_set.shapes()}")
+                return Verdict.no("unsupported_shape", f"{self.kernel_set.directory} has no GEMM for "
+                                  f"k={grid.padded_cols} n={grid.padded_rows} ({w.name} {list(w.shape)}); "
+                                  f"it has {self.kernel_set.shapes()}")
         return Verdict.yes()
 
     # -- memory -------------------------------------------------------------------------------------
@@ -181,8 +177,6 @@ class XdnaDevice(Device):
         return tile_grid(tensor.shape).nbytes if len(tensor.shape) == 2 else tensor.nelements * 4
 
     def load_weight(self, tensor: Tensor, raw: np.ndarray) -> XdnaWeight:
-        if not self.available:
-            raise RuntimeError(f"{self.name} is unavailable: {self.unavailable_reason}")
         if tensor.dtype.name not in tiles.REPACKED_TYPES and not self.requantize:
             raise ValueError(f"{self.name}: weight type {tensor.dtype.name} of '{tensor.name}' has no exact tile form "
                              f"({REQUANTIZE_ENV}=allow to requantize)")
@@ -210,10 +204,8 @@ class XdnaDevice(Device):
 
     # -- programs -----------------------------------------------------------------------------------
     def compile(self, fragment: Fragment) -> XdnaProgram:
-        if not self.available:
-            raise RuntimeError(f"{self.name} is unavailable: {self.unavailable_reason}")
         for n in fragment.nodes:
-            v = self.supports_op(n)
+            v = self.supports_op(n) if n.op in self.supported_ops else Verdict.no("unsupported_op", "not a GEMM")
             if not v.ok:
                 raise ValueError(f"{self.name} cannot compile {n.describe()}: {v.code}: {v.reason}")
         return XdnaProgram(self, fragment)

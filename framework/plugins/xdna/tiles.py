@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.graph.dtypes import DType, row_bytes
-from ...core.graph.quants import dequantize
+from ...contract import DType, dequantize, row_bytes
 from .geometry import (
     CHUNK_BYTES,
     GROUP,
