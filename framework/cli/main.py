@@ -1,12 +1,15 @@
-"""Argument parsing and the commands: run, check, split, serve, backends, models, info, perplexity, bench,
-conformance."""
+"""Argument parsing and the commands: run, check, split, serve, backends, models, settings, cache, info,
+perplexity, bench, conformance."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,18 +20,25 @@ from .common import (
     EXIT_DEVICE,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    UsageError,
+    check_output,
     err,
     fail,
     device_memory,
     load_model,
     memory_caps,
     model_path,
+    on_sigterm,
     out,
     positive_int,
     select_devices,
     show_traceback,
     start_output,
+    text_argument,
     weight_progress,
+    write_output,
 )
 from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
 
@@ -91,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     _ray_address(backends)
     sub.add_parser("models", help="the packaged models -m accepts by name, with their files and sizes")
+    sub.add_parser("settings", help="every environment setting, what it accepts, and its effective value")
+    cache = sub.add_parser("cache", help="the on-disk caches and their sizes; `cache clear` deletes them")
+    cache.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
+    cache.add_argument("names", nargs="*", metavar="NAME", help="only these caches (gguf-index, openvino, xdna)")
 
     info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
     _model_option(info)
@@ -161,32 +175,52 @@ def _device_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "conformance":      # conformance hands what it does not know to pytest
-        files = [a for a in extra if a.endswith(".gguf")]
-        if files:
-            parser.error(f"unrecognized arguments: {' '.join(extra)} (a model is named with -m: -m {files[0]})")
-        parser.parse_args(argv)                       # the usual usage error, exit status 2
-    args.pytest_args = extra
-    if getattr(args, "ray_address", None):     # read by the ray plugin, as Ray itself reads it
-        os.environ["RAY_ADDRESS"] = args.ray_address
-    start_output()
-    from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
-    from ..model.chat import ChatTemplateError
-    from ..model.gguf_file import ModelFileError
-    from ..runtime.session import ContextFullError
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command != "conformance":      # conformance hands what it does not know to pytest
+            files = [a for a in extra if a.endswith(".gguf")]
+            if files:
+                parser.error(f"unrecognized arguments: {' '.join(extra)} (a model is named with -m: -m {files[0]})")
+            parser.parse_args(argv)                       # the usual usage error, exit status 2
+        args.pytest_args = extra
+        if getattr(args, "ray_address", None):     # read by the ray plugin, as Ray itself reads it
+            os.environ["RAY_ADDRESS"] = args.ray_address
+        start_output()
+        from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
+        from ..model.chat import ChatTemplateError
+        from ..model.gguf_file import ModelFileError
+        from ..runtime.session import ContextFullError
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     codes = ((CapabilityError, EXIT_CAPABILITY), (DeviceRunError, EXIT_DEVICE),
              ((ModelFileError, DeviceSelectionError, ContextFullError, ChatTemplateError, FileNotFoundError,
-               ValueError), EXIT_INPUT))
+               ValueError, UsageError), EXIT_INPUT))
+    # SIGTERM stops the command where it is, as Ctrl-C does (only the main thread may set a handler)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
     try:
         return COMMANDS[args.command](args)
-    except (CapabilityError, DeviceRunError, ValueError, FileNotFoundError) as e:
+    except (CapabilityError, DeviceRunError, ValueError, FileNotFoundError, UsageError) as e:
         code = next(c for kind, c in codes if isinstance(e, kind))
         if args.debug:
             show_traceback(e)
         hint = "" if args.debug or code != EXIT_DEVICE else "\n  (--debug shows the traceback, with file and line)"
         return fail(str(e) + hint, code)
+    except BrokenPipeError:             # `framework run ... | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return fail(f"{where}{e.strerror or e}", EXIT_INPUT)
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+    except Terminated:
+        return fail("terminated (SIGTERM)", EXIT_TERMINATED)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_run(args) -> int:
@@ -197,6 +231,9 @@ def cmd_run(args) -> int:
     from .table import print_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
+    check_output(args.plan, "--plan")
+    check_output(args.plan_view, "--plan-view")
+    text_argument(args.prompt)
     devices = _devices(args)
     model = load_model(args.model)
     tok = model.tokenizer
@@ -304,12 +341,13 @@ def _write_plans(session, path: Path, decoder=None) -> None:
         record["device_figures"] = figures
     if decoder is not None:
         record["draft"] = draft_record(decoder)
-    path.write_text(json.dumps(record, indent=1))
+    write_output(path, json.dumps(record, indent=1))
     err.print(f"plans written to {path}")
 
 
 def cmd_check(args) -> int:
     from ..runtime.session import Session
+    check_output(args.plan, "--plan")
     devices = _devices(args)
     model = load_model(args.model)
     t0 = time.perf_counter()
@@ -466,22 +504,45 @@ def cmd_info(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from ..runtime.perplexity import perplexity
+    from ..runtime.perplexity import perplexity_of_file
     from ..runtime.session import Session
     path = Path(args.file)
     if not path.is_file():
-        return fail(f"text file not found: {path}")
+        return fail(f"text file {path} is a folder" if path.is_dir() else f"text file not found: {path}")
     devices = _devices(args)
     model = load_model(args.model)
-    ids = model.tokenizer.encode(path.read_bytes().decode("utf-8"))
     with weight_progress() as progress:
         session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
                           memory_caps=memory_caps(args.device_memory), check_values=args.check_values)
     t0 = time.perf_counter()
-    result = perplexity(session, ids, args.ctx, progress=lambda i, n: err.print(f"window {i}/{n}"))
+    result = perplexity_of_file(session, path, args.ctx, progress=_perplexity_progress())
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "
         f"({len(result.nll)} scored, window {args.ctx}), {result.n_tokens / (time.perf_counter() - t0):.1f} tok/s\n")
     return 0
+
+
+def _perplexity_progress(every: float = 10.0):
+    """A line after the first window and then at most every `every` seconds: windows, tokens, the share
+    of the file read, and an estimate of the time left."""
+    last = [-every]
+
+    def show(p) -> None:
+        if p.seconds - last[0] < every and p.fraction < 1.0:
+            return
+        last[0] = p.seconds
+        left = p.seconds_left
+        eta = "" if left is None else f", about {_duration(left)} left"
+        err.print(f"window {p.windows}: {p.tokens} tokens, {p.fraction:.1%} of the text in {_duration(p.seconds)}"
+                  f"{eta}")
+    return show
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def cmd_bench(args) -> int:
@@ -489,9 +550,19 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def cmd_settings(args) -> int:
+    from .state import cmd_settings
+    return cmd_settings(args)
+
+
+def cmd_cache(args) -> int:
+    from .state import cmd_cache
+    return cmd_cache(args)
+
+
 COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "serve": cmd_serve, "backends": cmd_backends,
             "models": cmd_models, "info": cmd_info, "perplexity": cmd_perplexity, "bench": cmd_bench,
-            "conformance": cmd_conformance}
+            "conformance": cmd_conformance, "settings": cmd_settings, "cache": cmd_cache}
 
 if __name__ == "__main__":
     sys.exit(main())

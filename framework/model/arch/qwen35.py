@@ -36,6 +36,7 @@ import numpy as np
 
 from ...core.graph import F32, I32, GraphBuilder, LeafKind, Tensor, leaf
 from ..hparams import MetadataError, SSMParams, read_ssm_hparams
+from ..metadata import get_list
 from .base import Architecture, KVCache, StepInputs
 
 STATE_ROWS = 2          # row 0: zeros (a fresh sequence), row 1: the sequence's state
@@ -87,7 +88,7 @@ class Qwen35(Architecture):
         super().__init__(file, hparams)
         meta = file.metadata
         self.ssm = read_ssm_hparams(meta, hparams.n_layer)
-        sections = tuple(int(x) for x in meta.get("qwen35.rope.dimension_sections", ()))[:4]
+        sections = tuple(get_list(meta, "qwen35.rope.dimension_sections", "integers", []))[:4]
         if sections:
             check_text_rope(sections + (0,) * (4 - len(sections)), hparams.n_rot)
 

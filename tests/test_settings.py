@@ -1,0 +1,108 @@
+"""Environment settings: each validated where it is read, a bad value named with the variable, the value and
+what is accepted (never silently taken as something else), and `framework settings` listing them all."""
+
+from __future__ import annotations
+
+import pytest
+
+from framework import settings
+from framework.cli import main
+from framework.core.registry import Registry, default_registry
+from framework.core.scheduler.errors import DeviceSelectionError
+
+
+def _devices(plugin: str) -> list:
+    reg = Registry().load_entry_points()
+    return reg.plugins[plugin].devices
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("FRAMEWORK_OPENVINO_WEIGHT_BITS", "3", "FRAMEWORK_OPENVINO_WEIGHT_BITS='3' is not 4 or 8"),
+    ("FRAMEWORK_OPENVINO_CACHE_MAX_GB", "-1", "FRAMEWORK_OPENVINO_CACHE_MAX_GB='-1' is not a number of GiB above 0"),
+    ("FRAMEWORK_OPENVINO_CACHE_MAX_GB", "lots", "is not a number of GiB above 0"),
+    ("FRAMEWORK_OPENVINO_PROFILE", "bogus", "FRAMEWORK_OPENVINO_PROFILE='bogus' is not a device profile: npu37xx"),
+    ("FRAMEWORK_OPENVINO_PRECISION", "f8", "is not f32, f16 or bf16"),
+])
+def test_bad_openvino_settings_make_its_devices_unavailable_naming_the_variable(monkeypatch, var, value, words):
+    monkeypatch.setenv(var, value)
+    devices = _devices("openvino")
+    assert devices and all(not d.available for d in devices)
+    assert all(d.unavailable_reason == f"bad openvino settings: {words}" or words in d.unavailable_reason
+               for d in devices), [d.unavailable_reason for d in devices]
+    with pytest.raises(DeviceSelectionError, match=var):
+        default_registry().select("openvino:CPU")
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("FRAMEWORK_VULKAN_DISABLE_OPS", "MUL_MAT,FROB", "FROB is not an op of this plugin"),
+    ("FRAMEWORK_VULKAN_F16", "maybe", "FRAMEWORK_VULKAN_F16='maybe' is not 1, true, yes or on; 0, false, no or off"),
+    ("FRAMEWORK_VULKAN_MATVEC", "r=two", "'r=two' is not KEY=whole number"),
+    ("FRAMEWORK_VULKAN_MATMUL", "bogus=1", "'bogus=1' is not KEY=whole number with KEY one of bm, bn"),
+])
+def test_bad_vulkan_settings_are_named(monkeypatch, var, value, words):
+    monkeypatch.setenv(var, value)
+    (dev,) = _devices("vulkan")
+    assert not dev.available and dev.unavailable_reason.startswith("bad vulkan settings: ")
+    assert words in dev.unavailable_reason, dev.unavailable_reason
+
+
+def test_bad_xdna_settings_keep_their_wording(monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_XDNA_MAX_CHAIN", "abc")
+    (dev,) = _devices("xdna")
+    assert "FRAMEWORK_XDNA_MAX_CHAIN='abc' is not a positive whole number" in dev.unavailable_reason
+
+
+def test_autoload_switch_is_a_flag(monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD", "yes")
+    assert Registry().load_entry_points().plugins == {}
+    monkeypatch.setenv("FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD", "0")
+    assert "cpu" in Registry().load_entry_points().plugins
+    monkeypatch.setenv("FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD", "sometimes")
+    with pytest.raises(settings.SettingError, match="FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD='sometimes' is not 1, true"):
+        Registry().load_entry_points()
+
+
+def test_blocking_an_unknown_plugin_names_it_and_lists_the_installed(monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_BLOCK_PLUGINS", "openvino,nosuch")
+    with pytest.raises(settings.SettingError) as e:
+        Registry().load_entry_points()
+    assert "no installed backend plugin is named 'nosuch'" in str(e.value) and "cpu" in str(e.value)
+
+
+def test_blocking_cpu_never_turns_the_cpu_alias_into_another_plugin(monkeypatch, capsys):
+    monkeypatch.setenv("FRAMEWORK_BLOCK_PLUGINS", "cpu")
+    reg = Registry().load_entry_points()
+    assert "cpu" not in reg.plugins
+    with pytest.raises(DeviceSelectionError) as e:
+        reg.select("cpu")
+    msg = str(e.value)
+    assert "FRAMEWORK_BLOCK_PLUGINS blocks" in msg and "openvino:CPU" in msg and "--backends openvino:CPU" in msg
+    assert [d.name for d in reg.select("openvino:CPU")] == ["openvino:CPU"]      # named, it is chosen
+    rc = main(["check", "--backends", "cpu"])
+    assert rc == 2 and "blocks" in capsys.readouterr().err
+
+
+def test_framework_cache_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("FRAMEWORK_CACHE", "relative/cache")
+    monkeypatch.chdir(tmp_path)
+    assert settings.cache_root() == tmp_path / "relative" / "cache"       # absolute, said as such
+    monkeypatch.setenv("FRAMEWORK_OPENVINO_CACHE_DIR", "off")
+    from framework.plugins.openvino_npu.device import default_cache_dir
+    assert default_cache_dir() is None
+    monkeypatch.delenv("FRAMEWORK_OPENVINO_CACHE_DIR")
+    assert default_cache_dir() == tmp_path / "relative" / "cache" / "openvino"   # under FRAMEWORK_CACHE
+
+
+def test_framework_settings_lists_every_setting_with_its_effective_value(monkeypatch, capsys):
+    monkeypatch.setenv("FRAMEWORK_OPENVINO_WEIGHT_BITS", "8")
+    assert main(["settings"]) == 0
+    shown = capsys.readouterr().out
+    for name in settings.SETTINGS:
+        assert name in shown
+    assert len(settings.SETTINGS) >= 20
+    row = next(ln for ln in shown.splitlines() if "FRAMEWORK_OPENVINO_WEIGHT_BITS" in ln)
+    assert " 8 " in row and "(default)" not in row
+    assert "(default)" in next(ln for ln in shown.splitlines() if "FRAMEWORK_VULKAN_F16" in ln)
+    monkeypatch.setenv("FRAMEWORK_XDNA_TIMEOUT_MS", "-5")
+    assert main(["settings"]) == 2
+    assert "FRAMEWORK_XDNA_TIMEOUT_MS='-5' is not a positive whole number of milliseconds" in capsys.readouterr().err
