@@ -50,7 +50,8 @@ def short_session(registry):
 
 
 def test_file_and_list_give_the_same_scores_and_progress(short_session, tmp_path):
-    text = reference_text(reference("smollm2")[0])
+    full = reference_text(reference("smollm2")[0])
+    text = full[:full.index(" ", 900)]                  # a few windows are enough
     path = tmp_path / "text.txt"
     path.write_bytes(text.encode("utf-8"))
     ids = short_session.model.tokenizer.encode(text)
