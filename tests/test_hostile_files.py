@@ -99,6 +99,7 @@ def _kv(layout, key, vtype, payload, add=False):
     ("llama.attention.head_count_kv", G.UINT32, G.scalar(G.UINT32, 4), ("not a multiple", "head_count_kv")),
     ("general.architecture", G.INT32, G.scalar(G.INT32, 7), ("general.architecture", "a string")),
     ("tokenizer.ggml.model", G.STRING, G.string("bert"), ("unsupported tokenizer model 'bert'",)),
+    ("tokenizer.ggml.model", G.STRING, G.string("llama"), ("no byte-fallback token for", "of the 256 bytes")),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_bad_metadata_names_the_key_the_value_and_what_is_expected(layout, tmp_path, key, vtype, payload, words):
     msg = _open(layout, tmp_path, _kv(layout, key, vtype, payload))

@@ -262,6 +262,14 @@ class SPMTokenizer(Tokenizer):
                                      f"({BYTE}) but its text is not of the form <0xXX>")
         self.add_space_prefix = bool(add_space_prefix)
         self._byte_ids = [self._byte_token(b) for b in range(256)]
+        # llama.cpp's SPM tokenizer spells a character that is no token with byte tokens, and aborts where
+        # one is missing: such a vocabulary cannot tokenize every text, so it is refused when built
+        missing = [b for b, tid in enumerate(self._byte_ids) if tid is None]
+        if missing:
+            shown = ", ".join(f"<0x{b:02X}>" for b in missing[:4]) + (", ..." if len(missing) > 4 else "")
+            raise TokenizerError(f"tokenizer.ggml.model is 'llama' (SentencePiece), but the vocabulary has no "
+                                 f"byte-fallback token for {len(missing)} of the 256 bytes ({shown}): text holding "
+                                 f"them could not be tokenized")
 
     def _byte_token(self, b: int) -> int | None:
         # llama.cpp's byte_to_token: "<0xXX>", else the byte itself as a one-char token.
