@@ -146,3 +146,49 @@ def test_extra_tensors_are_reported_not_refused(layout, tmp_path):
     G.Mutant("extra", "", header, len(header) + end + 576 * 4).write(path)
     model = Model(path)
     assert model.notes and "token_types.weight" in model.notes[0] and "does not use" in model.notes[0]
+
+
+# -- every architecture's weights against its hyper-parameters (tiny models) ----------------------------
+@pytest.fixture(scope="module")
+def tiny_layouts(tmp_path_factory):
+    import tiny_models as T
+    folder = tmp_path_factory.mktemp("tiny")
+    return {a: G.scan(T.write(a, folder / f"{a}.gguf")) for a in ("qwen2", "qwen3", "qwen35", "llama")}
+
+
+def _with_dims(layout, tmp_path, name: bytes, dims: list[int]) -> str:
+    tensors = [G.TensorInfo(t.name, dims, t.ttype, t.offset) if t.name == name else t for t in layout.tensors]
+    assert tensors != layout.tensors, name
+    return _open(layout, tmp_path, layout.header(tensors=tensors))
+
+
+@pytest.mark.parametrize("arch,name,words", [
+    ("qwen2", "blk.1.attn_k.bias", ("the rows of attn_k.weight",)),
+    ("qwen3", "blk.0.attn_q_norm.weight", ("head_dim",)),
+    ("qwen35", "blk.0.ssm_conv1d.weight", ("conv channels", "conv_kernel = 4")),
+    ("qwen35", "blk.1.ssm_a", ("time_step_rank = 4",)),
+    ("qwen35", "blk.2.ssm_out.weight", ("inner_size = 128",)),
+    ("qwen35", "blk.3.attn_q.weight", ("Q and its gate",)),
+    ("llama", "rope_freqs.weight", ("n_rot / 2",)),
+    ("llama", "blk.1.ffn_down.weight", ("n_embd, n_ff",)),
+])
+def test_every_architecture_checks_its_weights_shapes(tiny_layouts, tmp_path, arch, name, words):
+    """A weight whose shape does not follow from the hyper-parameters (2-D: dimensions swapped; 1-D: made
+    2-D with as many elements, so its bytes stay where they were) is named with the shape found and the
+    shape needed."""
+    layout = tiny_layouts[arch]
+    t = next(t for t in layout.tensors if t.name == name.encode())
+    dims = t.dims[::-1] if len(t.dims) == 2 else [t.dims[0] // 2, 2]
+    msg = _with_dims(layout, tmp_path, t.name, dims)
+    found, need = list(reversed(dims)), list(reversed(t.dims))
+    assert f"tensor '{name}' has shape {found}" in msg and f"needs {need}" in msg and f"{arch} architecture" in msg
+    for w in words:
+        assert w in msg, (w, msg)
+
+
+def test_a_missing_linear_attention_weight_is_named_with_its_shape(tiny_layouts, tmp_path):
+    layout = tiny_layouts["qwen35"]
+    tensors = [G.TensorInfo(b"blk.0.ssm_b", t.dims, t.ttype, t.offset) if t.name == b"blk.0.ssm_a" else t
+               for t in layout.tensors]
+    msg = _open(layout, tmp_path, layout.header(tensors=tensors))
+    assert "tensor 'blk.0.ssm_a' is missing; the qwen35 architecture needs it with shape [4]" in msg

@@ -122,7 +122,7 @@ class Architecture:
 
     def weight_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """Every tensor the graph reads whose shape the hyper-parameters give: its shape (numpy order) and
-        how. An architecture whose layers are not llama-style lists its names in weight_names() instead."""
+        how. An architecture whose layers are not llama-style overrides it (qwen35)."""
         hp = self.hp
         shapes = {"token_embd.weight": ((hp.n_vocab, hp.n_embd), "n_vocab, n_embd"),
                   "output_norm.weight": ((hp.n_embd,), "n_embd")}
