@@ -46,6 +46,29 @@ def test_bad_vulkan_settings_are_named(monkeypatch, var, value, words):
     assert words in dev.unavailable_reason, dev.unavailable_reason
 
 
+@pytest.mark.parametrize("var,value,words", [
+    ("FRAMEWORK_OPENCL_DISABLE_OPS", "GLU,FROB", "FROB is not an op the OpenCL plugin has a kernel for"),
+    ("FRAMEWORK_OPENCL_MAX_ALLOC", "-3", "FRAMEWORK_OPENCL_MAX_ALLOC='-3' is not a whole number of bytes, at least 1"),
+    ("FRAMEWORK_OPENCL_PROFILE", "2", "FRAMEWORK_OPENCL_PROFILE='2' is not 1, true, yes or on"),
+    ("FRAMEWORK_OPENCL_MATVEC", "tpr=8,z=1", "'z=1' is not a setting of the matrix-vector kernel"),
+    ("FRAMEWORK_OPENCL_MATMUL", "bm=big", "'bm=big' is not KEY=whole number"),
+])
+def test_bad_opencl_settings_are_named(monkeypatch, var, value, words):
+    monkeypatch.setenv(var, value)
+    devices = _devices("opencl")
+    assert devices and all(not d.available for d in devices)
+    assert all(d.unavailable_reason.startswith("bad opencl settings: ") and words in d.unavailable_reason
+               for d in devices), [d.unavailable_reason for d in devices]
+
+
+def test_opencl_tuning_settings_are_read_through_the_table(monkeypatch):
+    from framework.plugins.opencl import kernels
+    monkeypatch.setenv("FRAMEWORK_OPENCL_MATMUL", "bm=32, bn=64")
+    assert kernels._env("FRAMEWORK_OPENCL_MATMUL") == {"bm": 32, "bn": 64}
+    monkeypatch.setenv("FRAMEWORK_CACHE", "off")
+    assert kernels._binary_cache() is None          # no pyopencl binaries written anywhere
+
+
 def test_bad_xdna_settings_keep_their_wording(monkeypatch):
     monkeypatch.setenv("FRAMEWORK_XDNA_MAX_CHAIN", "abc")
     (dev,) = _devices("xdna")
@@ -95,6 +118,10 @@ def test_framework_cache_setting(monkeypatch, tmp_path):
     assert default_cache_dir() is None
     monkeypatch.delenv("FRAMEWORK_OPENVINO_CACHE_DIR")
     assert default_cache_dir() == tmp_path / "relative" / "cache" / "openvino"   # under FRAMEWORK_CACHE
+    from framework.plugins.opencl.options import cache_dir as opencl_cache
+    assert opencl_cache() == tmp_path / "relative" / "cache" / "opencl"
+    monkeypatch.setenv("FRAMEWORK_CACHE", "")          # empty: the default root, never the current folder
+    assert opencl_cache() != tmp_path / "opencl" and opencl_cache().is_absolute()
 
 
 def test_framework_settings_lists_every_setting_with_its_effective_value(monkeypatch, capsys):

@@ -6,8 +6,19 @@ import os
 
 import numpy as np
 
-from ...contract import (HOST_BUFFER, BufferType, Device, DeviceType, Fragment, Limits, ReferenceProgram, Tensor,
-                         Verdict, dequantize, host_memory_limit)
+from ...contract import (
+    HOST_BUFFER,
+    BufferType,
+    Device,
+    DeviceType,
+    Fragment,
+    Limits,
+    ReferenceProgram,
+    Tensor,
+    Verdict,
+    dequantize,
+    host_memory_limit,
+)
 
 # Weights are held dequantized: BLAS multiplies float32 far faster than numpy can unpack blocks.
 CPU_F32_BUFFER = BufferType("cpu_f32_unpacked", host=True)

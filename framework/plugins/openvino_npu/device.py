@@ -33,8 +33,20 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import (HOST_BUFFER, BufferType, Device, DeviceType, Fragment, LeafKind, Limits, Tensor, Verdict,
-                        caches, host_memory_limit, settings)
+from ...contract import (
+    HOST_BUFFER,
+    BufferType,
+    Device,
+    DeviceType,
+    Fragment,
+    LeafKind,
+    Limits,
+    Tensor,
+    Verdict,
+    caches,
+    host_memory_limit,
+    settings,
+)
 from . import weights as W
 from .blobcache import BlobCache
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
@@ -330,8 +342,9 @@ class OpenVinoDevice(Device):
 
     def compile_summary(self) -> str:
         s = self.stats
+        off = self.cache_off or f"{CACHE_ENV}=off"
         where = (f"{s.compiled} compiled, {s.from_cache} loaded from the on-disk cache {self.cache_dir}"
-                 if self.cache_dir else f"all compiled: the on-disk cache is off ({self.cache_off or f'{CACHE_ENV}=off'})")
+                 if self.cache_dir else f"all compiled: the on-disk cache is off ({off})")
         n = s.compiled + s.from_cache
         line = (f"{self.name}: {n} compiled model{'' if n == 1 else 's'} ({where}) in {s.seconds:.2f} s, graphs "
                 f"built in {s.build_seconds:.2f} s")

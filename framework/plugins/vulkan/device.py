@@ -8,8 +8,18 @@ import weakref
 
 import numpy as np
 
-from ...contract import (HOST_CPU, BufferType, Device, DeviceType, Limits, Tensor, Verdict, host_memory_limit,
-                         pci_physical_id, settings)
+from ...contract import (
+    HOST_CPU,
+    BufferType,
+    Device,
+    DeviceType,
+    Limits,
+    Tensor,
+    Verdict,
+    host_memory_limit,
+    pci_physical_id,
+    settings,
+)
 from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV

@@ -31,7 +31,6 @@ from .options import FUSIONS, UNFUSE_ENV
 from .wgsl_fused import ATTN_WG, Prologue
 
 
-
 def fusions_off(value: str | None = None) -> frozenset[str]:
     """The fusions FRAMEWORK_VULKAN_UNFUSE turns off; an unknown name is an error that lists them."""
     value = os.environ.get(UNFUSE_ENV, "") if value is None else value

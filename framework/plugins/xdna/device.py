@@ -25,8 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import (HOST_BUFFER, BufferType, Device, DeviceType, Fragment, LeafKind, Limits, Tensor, Verdict,
-                         host_memory_limit, ops, settings)
+from ...contract import (
+    HOST_BUFFER,
+    BufferType,
+    Device,
+    DeviceType,
+    Fragment,
+    LeafKind,
+    Limits,
+    Tensor,
+    Verdict,
+    host_memory_limit,
+    ops,
+    settings,
+)
 from . import tiles
 from .cache import PackedStore
 from .geometry import tile_grid
