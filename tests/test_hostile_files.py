@@ -192,3 +192,22 @@ def test_a_missing_linear_attention_weight_is_named_with_its_shape(tiny_layouts,
                for t in layout.tensors]
     msg = _open(layout, tmp_path, layout.header(tensors=tensors))
     assert "tensor 'blk.0.ssm_a' is missing; the qwen35 architecture needs it with shape [4]" in msg
+
+
+@pytest.mark.parametrize("key,vtype,payload,shown", [
+    ("tokenizer.ggml.tokens", G.FLOAT32, G.scalar(G.FLOAT32, 1.5), "tokens: the number 1.5; not usable here"),
+    ("general.architecture", G.INT32, G.scalar(G.INT32, 7), "architecture  (the integer 7), NOT SUPPORTED"),
+    ("general.name", G.ARRAY, G.array(G.INT32, [1, 2, 3]), "name          (an array of 3 integers)"),
+    ("tokenizer.ggml.model", G.UINT8, G.scalar(G.UINT8, 3), "tokenizer     (the integer 3) (pre: smollm)"),
+], ids=lambda v: v if isinstance(v, str) and "." in v else "")
+def test_framework_info_describes_a_file_with_wrong_types(layout, tmp_path, capsys, key, vtype, payload, shown):
+    """`framework info` describes what it can of a broken file (it is how one looks into one), and says
+    what is wrong, with exit 0, never a traceback."""
+    from framework.cli.main import main
+    path = tmp_path / "bad.gguf"
+    header = _kv(layout, key, vtype, payload)
+    G.Mutant("case", "", header, len(header) + layout.data_size).write(path)
+    rc = main(["info", "-m", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in err, err
+    assert f"file          {path}" in out and "tensors       272" in out and shown in out, out

@@ -454,6 +454,7 @@ def cmd_info(args) -> int:
     from ..model.arch import ARCHITECTURES
     from ..model.gguf_file import open_model_file
     from ..model.hparams import MetadataError, read_hparams
+    from ..model.metadata import describe
     from ..model.tokenizer import tokenizer_from_metadata
 
     path = model_path(args.model)
@@ -465,8 +466,13 @@ def cmd_info(args) -> int:
     size = sum(t.nbytes for t in file.tensors.values())
     support = ("supported" if cls else f"NOT SUPPORTED by this project (it runs {', '.join(sorted(ARCHITECTURES))}): "
                f"described from the file's metadata, it cannot be run")
-    lines = [f"file          {file.path}", f"name          {meta.get('general.name', file.path.name)}",
-             f"architecture  {arch or '(none)'}, {support}"]
+    def text(key: str, default: str = "-") -> str:
+        """A string key as it is, anything else described (info shows a broken file, it does not fail)."""
+        value = meta.get(key)
+        return default if value is None else value if isinstance(value, str) else f"({describe(value)})"
+
+    lines = [f"file          {file.path}", f"name          {text('general.name', file.path.name)}",
+             f"architecture  {arch or text('general.architecture', '(none)')}, {support}"]
     try:
         hp = cls.read_hparams(meta) if cls else read_hparams(meta)
         lines += [
@@ -490,13 +496,14 @@ def cmd_info(args) -> int:
                  + ", ".join(f"{n} {k}" for k, n in types.most_common()))
     try:
         tok = tokenizer_from_metadata(meta)
-        lines.append(f"tokenizer     {meta.get('tokenizer.ggml.model')} (pre: {meta.get('tokenizer.ggml.pre', '-')}), "
+        lines.append(f"tokenizer     {text('tokenizer.ggml.model')} (pre: {text('tokenizer.ggml.pre')}), "
                      f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, end-of-generation "
                      f"{sorted(tok.eog_ids)}, add bos {tok.add_bos}")
     except (ValueError, KeyError) as e:
-        lines.append(f"tokenizer     {meta.get('tokenizer.ggml.model', '(none)')} "
-                     f"(pre: {meta.get('tokenizer.ggml.pre', '-')}), {len(meta.get('tokenizer.ggml.tokens', ()))} "
-                     f"tokens; not usable here: {e}")
+        tokens = meta.get("tokenizer.ggml.tokens", ())
+        count = f"{len(tokens)} tokens" if isinstance(tokens, list) else f"tokens: {describe(tokens)}"
+        lines.append(f"tokenizer     {text('tokenizer.ggml.model', '(none)')} (pre: {text('tokenizer.ggml.pre')}), "
+                     f"{count}; not usable here: {e}")
     has_template = bool(meta.get("tokenizer.chat_template"))
     lines.append(f"chat template {'yes' if has_template else 'no (a built-in one is used with --chat)'}")
     out("\n".join(lines) + "\n")
