@@ -30,18 +30,20 @@ class Setting:
     default: Any                        # the value when the variable is unset or empty
     help: str
     parse: Callable[[str], Any]         # the text (stripped, non-empty) -> value; ValueError when refused
+    secret: bool = False                # listed as set or not, never shown
 
 
 SETTINGS: dict[str, Setting] = {}
 
 
 def declare(name: str, owner: str, accepts: str, default: Any, help: str,
-            parse: Callable[[str], Any]) -> Setting:
-    """Declare a setting (once per name; declaring it again with the same owner replaces it)."""
+            parse: Callable[[str], Any], secret: bool = False) -> Setting:
+    """Declare a setting (once per name; declaring it again with the same owner replaces it). A secret
+    one (a key) is listed by whether it is set, never by its value."""
     known = SETTINGS.get(name)
     if known is not None and known.owner != owner:
         raise ValueError(f"setting {name} is declared by both {known.owner} and {owner}")
-    s = SETTINGS[name] = Setting(name, owner, accepts, default, help, parse)
+    s = SETTINGS[name] = Setting(name, owner, accepts, default, help, parse, secret)
     return s
 
 
@@ -69,6 +71,8 @@ def table(env: Mapping[str, str] | None = None) -> list[dict]:
             row["value"] = read(s.name, env)
         except SettingError as e:
             row["error"] = str(e)
+        if s.secret:
+            row["raw"] = row["value"] = None if row["value"] is None else "(set, not shown)"
         rows.append(row)
     return rows
 
@@ -140,6 +144,9 @@ DISABLE_AUTOLOAD = declare(
 BLOCK_PLUGINS = declare(
     "FRAMEWORK_BLOCK_PLUGINS", "core", "comma-separated names of installed backend plugins", (),
     "plugins (entry-point names) not to load", names)
+API_KEY = declare(
+    "FRAMEWORK_API_KEY", "core", "any text", None,
+    "the key `framework serve` requires (Authorization: Bearer KEY) when --api-key is not given", str, secret=True)
 CONFORMANCE_SEED = declare(
     "FRAMEWORK_CONFORMANCE_SEED", "core", "a whole number of 0 or more", 20250607,
     "seed of the op conformance suite's random inputs", whole(0))

@@ -72,6 +72,21 @@ def test_bad_numbers_are_named(capsys, option, value, words):
     assert rc == 2 and words in one_error(text)
 
 
+@pytest.mark.parametrize("option,value,words", [
+    ("--port", "70000", "argument --port: 70000 is not a port number (0 to 65535)"),
+    ("--port", "http", "argument --port: 'http' is not a port number"),
+    ("--queue", "-1", "argument --queue: -1 must be 0 or more"),
+    ("--shutdown-timeout", "nan", "argument --shutdown-timeout: nan must be a finite number of seconds"),
+])
+def test_bad_serve_numbers_are_usage_errors(capsys, option, value, words):
+    """Refused by the parser, before any model is loaded (a port out of range was an OverflowError from
+    the socket once the models were reserved)."""
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "-m", SMOLLM2, option, value])
+    text = capsys.readouterr().err
+    assert e.value.code == 2 and words in text and "Traceback" not in text, text
+
+
 def test_a_context_that_cannot_fit_names_the_kv_cache(capsys):
     rc, text = cli(capsys, "run", "-m", SMOLLM2, "-n", "1", "--ctx", "1000000000", "hi")
     line = one_error(text)

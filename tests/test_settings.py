@@ -134,6 +134,13 @@ def test_framework_settings_lists_every_setting_with_its_effective_value(monkeyp
     row = next(ln for ln in shown.splitlines() if "FRAMEWORK_OPENVINO_WEIGHT_BITS" in ln)
     assert " 8 " in row and "(default)" not in row
     assert "(default)" in next(ln for ln in shown.splitlines() if "FRAMEWORK_VULKAN_F16" in ln)
+    assert "(default)" in next(ln for ln in shown.splitlines() if "FRAMEWORK_API_KEY" in ln)
+    monkeypatch.setenv("FRAMEWORK_API_KEY", "sk-very-secret")
+    assert main(["settings"]) == 0
+    shown = capsys.readouterr().out
+    assert "sk-very-secret" not in shown and "(set, not shown)" in shown
+    from framework.cli.main import build_parser
+    assert build_parser().parse_args(["serve"]).api_key == "sk-very-secret"       # what serve requires
     monkeypatch.setenv("FRAMEWORK_XDNA_TIMEOUT_MS", "-5")
     assert main(["settings"]) == 2
     assert "FRAMEWORK_XDNA_TIMEOUT_MS='-5' is not a positive whole number of milliseconds" in capsys.readouterr().err

@@ -32,12 +32,15 @@ from .common import (
     model_path,
     on_sigterm,
     out,
+    port_number,
     positive_int,
+    seconds,
     select_devices,
     show_traceback,
     start_output,
     text_argument,
     weight_progress,
+    whole_number,
     write_output,
 )
 from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
@@ -46,6 +49,7 @@ SAMPLE_PROMPT = "The capital of France is"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import settings
     p = argparse.ArgumentParser(prog="framework", description="Run GGUF language models across CPUs, GPUs "
                                 "and NPUs through backend plugins.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -87,15 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     _device_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                        "machine only)")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--port", type=port_number, default=8080)
     serve.add_argument("--parallel", type=positive_int, default=1, help="sessions per model, each with its own KV "
                        "cache (default 1)")
-    serve.add_argument("--queue", type=int, default=16, help="requests per model that may wait for a session; "
+    serve.add_argument("--queue", type=whole_number, default=16, help="requests per model that may wait for a session; "
                        "more are refused with 429 (default 16)")
-    serve.add_argument("--api-key", default=os.environ.get("FRAMEWORK_API_KEY"), help="require 'Authorization: "
+    serve.add_argument("--api-key", default=settings.read(settings.API_KEY.name), help="require 'Authorization: "
                        "Bearer KEY' (default: $FRAMEWORK_API_KEY, else no key)")
     serve.add_argument("--max-body", type=positive_int, default=1 << 20, help="largest request body in bytes")
-    serve.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds running requests get to "
+    serve.add_argument("--shutdown-timeout", type=seconds, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
