@@ -148,6 +148,24 @@ def test_extra_tensors_are_reported_not_refused(layout, tmp_path):
     assert model.notes and "token_types.weight" in model.notes[0] and "does not use" in model.notes[0]
 
 
+def test_framework_serve_reports_extra_tensors_too(tmp_path, monkeypatch):
+    """`serve` says them as `run` does (a tiny qwen3 with one tensor more; reserved, nothing loaded)."""
+    import numpy as np
+    import tiny_models as T
+
+    from framework.plugins.cpu.device import CpuDevice
+    from framework.serve.models import load_models
+    real = T._tensors
+    monkeypatch.setattr(T, "_tensors", lambda spec, n: real(spec, n) + [("extra_head.weight",
+                                                                         np.ones(8, np.float32), None)])
+    path = T.write("qwen3", tmp_path / "extra.gguf")
+    said = []
+    load_models([str(path)], [CpuDevice()], n_ctx=32, n_batch=16, parallel=1, max_queue=1,
+                say=said.append)
+    assert any(line.startswith("note: ") and "extra_head.weight" in line and "does not use" in line
+               for line in said), said
+
+
 # -- every architecture's weights against its hyper-parameters (tiny models) ----------------------------
 @pytest.fixture(scope="module")
 def tiny_layouts(tmp_path_factory):
