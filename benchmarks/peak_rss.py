@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from framework.model.default import model_path  # noqa: E402
 
 BACKENDS = {"cpu": ("cpu", {}), "openvino:CPU": ("openvino:CPU", {}), "vulkan:0": ("vulkan:0", {}),
-            "xdna:0 (host arm),cpu": ("xdna:0,cpu", {"FRAMEWORK_XDNA_HOST_ARM": "1"})}
+            "opencl:0": ("opencl:0", {}), "xdna:0 (host arm),cpu": ("xdna:0,cpu", {"FRAMEWORK_XDNA_HOST_ARM": "1"})}
 BASELINE = "from framework.core.registry import default_registry; default_registry()"
 
 
@@ -37,11 +37,29 @@ def peak_rss(argv: list[str], env: dict) -> tuple[int, int]:
     return proc.returncode, usage.ru_maxrss * 1024
 
 
+def held_per_byte(models: list[str]) -> None:
+    """What each available device says it will hold for a model's weights (Device.weight_nbytes, the figure
+    reservation counts), per byte of the weights in the file."""
+    from framework.core.registry import default_registry
+    from framework.model.model import Model
+    devices = [d for d in default_registry().devices() if d.available]
+    print("weights held per byte of the file's weights (Device.weight_nbytes over every tensor):")
+    print(f"{'model':<8} " + " ".join(f"{d.name:>13}" for d in devices))
+    for name in models:
+        model = Model(model_path(name))
+        graph_weights = [model.arch.weight(n) for n in model.arch.weight_names()]
+        in_file = sum(t.nbytes for t in graph_weights)
+        print(f"{name:<8} " + " ".join(f"{sum(d.weight_nbytes(t) for t in graph_weights) / in_file:>13.2f}"
+                                       for d in devices))
+    print()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="smollm2,gemma3")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"keys of: {'; '.join(BACKENDS)}")
     args = p.parse_args()
+    held_per_byte(args.models.split(","))
     framework = [sys.executable, "-m", "framework"]
     _, base = peak_rss([sys.executable, "-c", BASELINE], {})
     print(f"baseline (python, the framework and every plugin loaded, no model): {base / 2**20:.0f} MiB")
