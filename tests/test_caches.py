@@ -241,7 +241,7 @@ def test_framework_cache_shows_and_clears(cache, tiny, capsys):
     Model(tiny)
     assert main(["cache"]) == 0
     shown = capsys.readouterr().out
-    for name in ("gguf-index", "openvino", "xdna"):
+    for name in ("gguf-index", "openvino", "xdna", "opencl"):
         assert name in shown
     assert str(cache / "gguf-index") in shown
     assert main(["cache", "clear", "gguf-index"]) == 0
