@@ -38,6 +38,8 @@ def test_bad_openvino_settings_make_its_devices_unavailable_naming_the_variable(
     ("FRAMEWORK_VULKAN_F16", "maybe", "FRAMEWORK_VULKAN_F16='maybe' is not 1, true, yes or on; 0, false, no or off"),
     ("FRAMEWORK_VULKAN_MATVEC", "r=two", "'r=two' is not KEY=whole number"),
     ("FRAMEWORK_VULKAN_MATMUL", "bogus=1", "'bogus=1' is not KEY=whole number with KEY one of bm, bn"),
+    ("FRAMEWORK_VULKAN_UNFUSE", "attn,gluu", "FRAMEWORK_VULKAN_UNFUSE='attn,gluu' is not comma-separated fusions "
+     "among attn, combine"),
 ])
 def test_bad_vulkan_settings_are_named(monkeypatch, var, value, words):
     monkeypatch.setenv(var, value)
