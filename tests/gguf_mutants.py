@@ -277,9 +277,10 @@ class Mutator:
             return self._m("bad_value", f"{key} = {value!r} (type {vtype})",
                            self.L.header(kvs=self._replace(key, vtype, payload)))
         if kv.vtype == STRING:
-            value = self.rng.choice(("", "x" * 300, "llama2", "gpt2", "{{ 1/0 }}", "{% for %}", "{{ raise_exception('no') }}",
-                                     "default", "\u0000", "llama"))
-            return self._m("bad_value", f"{key} = {value!r}", self.L.header(kvs=self._replace(key, STRING, string(value))))
+            value = self.rng.choice(("", "x" * 300, "llama2", "gpt2", "{{ 1/0 }}", "{% for %}",
+                                     "{{ raise_exception('no') }}", "default", "\u0000", "llama"))
+            header = self.L.header(kvs=self._replace(key, STRING, string(value)))
+            return self._m("bad_value", f"{key} = {value!r}", header)
         # an array: change elements in place (same length), or shorten it
         itype, count = struct.unpack_from("<IQ", kv.payload)
         r = self.rng.random()
@@ -335,7 +336,8 @@ class Mutator:
     def add_key(self) -> Mutant:
         key = self.rng.choice(("llama.attention.key_length", "llama.attention.value_length", "llama.vocab_size",
                                "llama.rope.dimension_count", "tokenizer.ggml.scores", "tokenizer.ggml.eot_token_id",
-                               "tokenizer.ggml.add_space_prefix", "general.alignment", "llama.attention.sliding_window"))
+                               "tokenizer.ggml.add_space_prefix", "general.alignment",
+                               "llama.attention.sliding_window"))
         vtype, payload = self.rng.choice([(UINT32, scalar(UINT32, self.rng.choice((0, 1, 3, 63, 64, 2**31)))),
                                           (INT32, scalar(INT32, -7)), (FLOAT32, scalar(FLOAT32, float("nan"))),
                                           (STRING, string("x")), (ARRAY, array(FLOAT32, [0.0] * 3))])
@@ -408,7 +410,8 @@ class Mutator:
         i, j = self._tensor(), self._tensor()
         t = self.L.tensors[i]
         name = self.L.tensors[j].name
-        return self._m("duplicate_tensor", f"tensor {i} renamed {name.decode()}", self._with_tensor(i, replace(t, name=name)))
+        return self._m("duplicate_tensor", f"tensor {i} renamed {name.decode()}",
+                       self._with_tensor(i, replace(t, name=name)))
 
     def rename_tensor(self) -> Mutant:
         i = self._tensor()
@@ -431,7 +434,8 @@ class Mutator:
         payload = string(str(value)) if vtype == STRING else scalar(vtype, value)
         kvs = [kv for kv in self.L.kvs if kv.key != "general.alignment"] + [KV("general.alignment", vtype, payload)]
         align = value if vtype == UINT32 and value and not value & (value - 1) and value <= 4096 else None
-        return self._m("alignment", f"general.alignment = {value} (type {vtype})", self.L.header(kvs=kvs, alignment=align))
+        return self._m("alignment", f"general.alignment = {value} (type {vtype})",
+                       self.L.header(kvs=kvs, alignment=align))
 
     def magic(self) -> Mutant:
         m = self.rng.choice((b"GGUG", b"FUGG", b"\0\0\0\0", b"GGML"))

@@ -300,7 +300,8 @@ def test_padded_truncated_and_foreign_containers(tmp_path, orientation):
     store_container(tmp_path / "foreign" / key, name, other, shape=shape, padded_shape=tile_grid(shape).padded_shape,
                     source_dtype="Q4_1", source_digest_=source_digest(raw), chunk_kind="q4_0_tile_32x256_bf16",
                     chunk_bytes=4608)
-    assert re.search(rf"'{name}' at offset 0 .*chunks are 'q4_0_tile_32x256_bf16' of 4608", rebuilt(tmp_path / "foreign"))
+    assert re.search(rf"'{name}' at offset 0 .*chunks are 'q4_0_tile_32x256_bf16' of 4608",
+                     rebuilt(tmp_path / "foreign"))
 
 
 def test_truncated_file_is_reported_and_repacked_not_a_short_read(tmp_path):

@@ -6,10 +6,10 @@ from ...contract import settings
 
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
-F16_ENV = "FRAMEWORK_VULKAN_F16"                   # off: do not request shader-f16 (only the tiled product's f16 variant needs it)
+F16_ENV = "FRAMEWORK_VULKAN_F16"                   # off: no shader-f16 (only the tiled product's f16 variant needs it)
 SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # off: no subgroup operations even where the adapter has them
 MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"             # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
-MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"             # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "wgs=512", "f16=0"
+MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"             # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "f16=0"
 UNFUSE_ENV = "FRAMEWORK_VULKAN_UNFUSE"             # fusions to turn off (fusion.py), or all
 FUSIONS = ("attn", "combine", "norm", "add", "glu", "rms_mul")
 MATVEC_KEYS = ("tpr", "r", "wg", "sg", "x8")

@@ -189,7 +189,8 @@ class PackedStore:
                 (folder / DATA_FILE).unlink(missing_ok=True)
                 manifest = {"format": FORMAT, "geometry_version": GEOMETRY_VERSION, "tensors": {}}
             entry = manifest["tensors"].get(name)
-            fresh = entry is not None and entry.get("source_digest") == digest and entry.get("source_dtype") == dtype.name
+            fresh = (entry is not None and entry.get("source_digest") == digest
+                     and entry.get("source_dtype") == dtype.name)
             if fresh:
                 # another process packed it meanwhile; or it is the entry load() found bad (and said so)
                 with contextlib.suppress(GeometryError):
