@@ -171,10 +171,10 @@ def test_framework_serve_reports_extra_tensors_too(tmp_path, monkeypatch):
 def tiny_layouts(tmp_path_factory):
     import tiny_models as T
     folder = tmp_path_factory.mktemp("tiny")
-    return {a: G.scan(T.write(a, folder / f"{a}.gguf")) for a in ("qwen2", "qwen3", "qwen35", "llama")}
+    return {a: G.scan(T.write(a, folder / f"{a}.gguf")) for a in ("qwen2", "qwen3", "qwen35", "llama", "gemma4")}
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen35"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen35", "gemma4"])
 def test_mutants_of_other_architectures_are_accepted_or_named(tiny_layouts, tmp_path, arch):
     """The same on tiny models of the other architectures and vocabularies (Llama 3's and Qwen's BPE, the
     hybrid's ssm keys and weights): 100 mutants each, about 2 s."""
@@ -204,6 +204,8 @@ def _with_dims(layout, tmp_path, name: bytes, dims: list[int]) -> str:
     ("qwen35", "blk.3.attn_q.weight", ("Q and its gate",)),
     ("llama", "rope_freqs.weight", ("n_rot / 2",)),
     ("llama", "blk.1.ffn_down.weight", ("n_embd, n_ff",)),
+    ("gemma4", "blk.1.attn_q.weight", ("layer 1: 4 heads of",)),
+    ("gemma4", "blk.0.attn_k_norm.weight", ("layer 0's head size",)),
 ])
 def test_every_architecture_checks_its_weights_shapes(tiny_layouts, tmp_path, arch, name, words):
     """A weight whose shape does not follow from the hyper-parameters (2-D: dimensions swapped; 1-D: made
