@@ -146,3 +146,14 @@ def test_framework_settings_lists_every_setting_with_its_effective_value(monkeyp
     monkeypatch.setenv("FRAMEWORK_XDNA_TIMEOUT_MS", "-5")
     assert main(["settings"]) == 2
     assert "FRAMEWORK_XDNA_TIMEOUT_MS='-5' is not a positive whole number of milliseconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "soon"])
+def test_a_bad_ray_timeout_is_named(monkeypatch, value):
+    """A NaN or negative wait for a node would never end or end at once: refused, naming the variable."""
+    from framework.plugins.ray import cluster
+    monkeypatch.setenv("FRAMEWORK_RAY_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"FRAMEWORK_RAY_TIMEOUT='{value}' is not a number of seconds above 0"):
+        cluster.timeout()
+    monkeypatch.setenv("FRAMEWORK_RAY_TIMEOUT", "2.5")
+    assert cluster.timeout() == 2.5
