@@ -31,11 +31,11 @@ from typing import Any, Protocol
 import numpy as np
 import pluggy
 
+from . import caches, settings
 from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
-from . import caches, settings
 from .core.host import host_memory_limit
 from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 

@@ -18,8 +18,16 @@ from importlib.metadata import entry_points
 import pluggy
 
 from .. import settings
-from ..contract import (CONTRACT_VERSION, CONTRACT_VERSIONS, ENTRY_POINT_GROUP, PROJECT, VERSION_ATTRIBUTE, BackendSpec,
-                        Device, DeviceType)
+from ..contract import (
+    CONTRACT_VERSION,
+    CONTRACT_VERSIONS,
+    ENTRY_POINT_GROUP,
+    PROJECT,
+    VERSION_ATTRIBUTE,
+    BackendSpec,
+    Device,
+    DeviceType,
+)
 from .scheduler.errors import DeviceSelectionError
 
 HOOKS = tuple(n for n in vars(BackendSpec) if not n.startswith("_"))

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import settings
-from ...contract import Device, DeviceType, Verdict
+from ...contract import Device, DeviceType, Verdict, settings
 from .agent import NodeAgent, contract_version, file_sha256, framework_version
 
 ADDRESS_ENV = "RAY_ADDRESS"               # the cluster, as Ray itself reads it; --ray-address sets it
