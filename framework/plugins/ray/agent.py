@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import contract
+from ... import contract
 
 SELF_PLUGIN = "ray"      # the agent never lists remote devices of its own: no node lends another's devices
 
