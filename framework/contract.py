@@ -31,10 +31,12 @@ from typing import Any, Protocol
 import numpy as np
 import pluggy
 
+from . import caches, settings
 from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
+from .core.host import host_memory_limit
 from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 
 PROJECT = "framework"
@@ -288,4 +290,6 @@ __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSION
            "HOST_CPU", "pci_address", "pci_ids_at", "pci_physical_id",
            # the graph a device receives, the op table and its reference kernels, GGUF's sizes and decoder
            "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
-           "row_bytes", "dequantize"]
+           "row_bytes", "dequantize",
+           # settings read from the environment, on-disk caches, the host's memory (docs/plugin-guide.md)
+           "settings", "caches", "host_memory_limit"]

@@ -279,7 +279,7 @@ def test_index_cache_is_used_and_keyed_by_file(tmp_path, private_cache):
     never answered from the old index."""
     path = write_gguf(tmp_path / "m.gguf", "llama", [f32_tensor("a", 8)])
     assert open_model_file(path).tensors["a"].shape == (8,)
-    assert list((private_cache / "gguf-index").glob("*.pkl"))
+    assert list((private_cache / "gguf-index").glob("*.json"))
     write_gguf(path, "llama", [f32_tensor("a", 4, 8), f32_tensor("b", 32)])
     mf = open_model_file(path)
     assert mf.tensors["a"].shape == (4, 8) and "b" in mf.tensors

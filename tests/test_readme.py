@@ -219,6 +219,16 @@ def check_serve(capsys, command, tmp_path):
             assert proc.wait(timeout=60) == 0
 
 
+def check_settings(capsys, command):
+    code, out, _ = run_framework(capsys, command)
+    assert code == 0 and "FRAMEWORK_CACHE" in out and "FRAMEWORK_OPENVINO_WEIGHT_BITS" in out
+
+
+def check_cache(capsys, command):
+    code, out, _ = run_framework(capsys, command)
+    assert code == 0 and "gguf-index" in out and "MiB in all" in out
+
+
 COMMANDS = {
     "make run": check_make_run,
     "make test": check_make_test,
@@ -238,6 +248,8 @@ COMMANDS = {
     ".venv/bin/framework info -m smollm2": check_info,
     ".venv/bin/framework perplexity -m smollm2 -f tests/reference/smollm2_text.txt": check_perplexity,
     ".venv/bin/framework conformance --device example:0": check_conformance,
+    ".venv/bin/framework settings": check_settings,
+    ".venv/bin/framework cache": check_cache,
 }
 
 

@@ -267,6 +267,14 @@ def test_bad_requests_are_400_with_a_sentence(server, body, words):
     assert words in reply["error"]["message"] and "Traceback" not in reply["error"]["message"]
 
 
+def test_an_empty_prompt_is_400_not_a_crash(server):
+    """SmolLM2 adds no BOS: an empty prompt gives no token to start from (the CLI names it the same way)."""
+    status, _, reply = server.raw("POST", "/v1/completions", {"model": "smollm2", "prompt": ""})
+    assert status == 400 and "the prompt is empty" in reply["error"]["message"], reply
+    assert reply["error"]["param"] == "prompt"
+    assert server.health()["status"] == "ok"               # and the server goes on
+
+
 def test_keys_body_size_and_routes_are_refused_in_words(server):
     status, headers, reply = server.raw("GET", "/v1/models", key=False)
     assert status == 401 and reply["error"]["code"] == "invalid_api_key"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +24,7 @@ EXIT_CAPABILITY = 1      # the plan cannot be carried out: a capability error at
 EXIT_INPUT = 2           # a bad argument, file or name
 EXIT_DEVICE = 3          # a device failed while loading, compiling or running
 EXIT_INTERRUPTED = 130   # Ctrl-C
+EXIT_TERMINATED = 143    # SIGTERM
 
 
 class UsageError(Exception):
@@ -46,7 +50,10 @@ def load_model(arg: str | None):
     from ..model.model import Model
     path = model_path(arg)
     with err.status(f"reading {path.name}"):
-        return Model(path)
+        model = Model(path)
+    for note in model.notes:
+        err.print(f"[yellow]note: {escape(note)}[/yellow]", soft_wrap=True)
+    return model
 
 
 def select_devices(spec: str, profile: str | None = None):
@@ -76,6 +83,39 @@ def weight_progress(label: str = "unpacking weights"):
             bar.update(task, completed=done, total=total, description=escape(what))
 
         yield update
+
+
+def port_number(text: str) -> int:
+    """A TCP port: 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a port number (0 to 65535)") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 to 65535)")
+    return value
+
+
+def whole_number(text: str) -> int:
+    """0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number of seconds, 0 or more")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -112,6 +152,65 @@ def memory_caps(pairs: list[tuple[str, int]] | None) -> dict[str, int]:
             raise ValueError(f"--device-memory caps {device} twice ({caps[device]} and {nbytes} bytes): give it once")
         caps[device] = nbytes
     return caps
+
+
+def check_output(arg: str | None, option: str) -> Path | None:
+    """A file the command will write, checked before any work is done: not a folder, in a folder that
+    exists and can be written, and writable itself when it exists. Raises UsageError naming the option."""
+    if not arg:
+        return None
+    path = Path(arg)
+    if path.is_dir():
+        raise UsageError(f"{option} {arg}: that is a folder; name a file in it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{option} {arg}: the folder {folder} does not exist")
+    # try it (permission bits do not answer for root, nor for read-only mounts): open the file for
+    # appending, which changes nothing, and make and remove a file in its folder (the write renames one)
+    try:
+        if path.exists():
+            with open(path, "ab"):
+                pass
+    except OSError as e:
+        raise UsageError(f"{option} {arg}: the file cannot be written ({e.strerror or e})") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{option} {arg}: the folder {folder} cannot be written ({e.strerror or e})") from None
+    return path
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write a result file whole or not at all (a temporary file renamed into place): an interrupt or a
+    full disk never leaves half a plan behind."""
+    from ..caches import write_atomic
+    write_atomic(path, text)
+
+
+def text_argument(text: str, what: str = "the prompt") -> str:
+    """A text given on the command line, which must be UTF-8 (Python keeps other bytes of argv as lone
+    surrogates: they are named here, with their offset, instead of failing later in a tokenizer)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(text)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{what} is not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset {e.start} "
+                             f"({e.reason}); pass text, not binary data") from None
+        raise UsageError(f"{what} is not valid text") from None
+    return text
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so that the command stops where it is, like Ctrl-C."""
+
+
+def on_sigterm(signum, frame) -> None:
+    raise Terminated()
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> int:

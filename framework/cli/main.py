@@ -1,12 +1,15 @@
-"""Argument parsing and the commands: run, check, split, serve, backends, models, info, perplexity, bench,
-conformance."""
+"""Argument parsing and the commands: run, check, split, serve, backends, models, settings, cache, info,
+perplexity, bench, conformance."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,18 +20,28 @@ from .common import (
     EXIT_DEVICE,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    UsageError,
+    check_output,
+    device_memory,
     err,
     fail,
-    device_memory,
     load_model,
     memory_caps,
     model_path,
+    on_sigterm,
     out,
+    port_number,
     positive_int,
+    seconds,
     select_devices,
     show_traceback,
     start_output,
+    text_argument,
     weight_progress,
+    whole_number,
+    write_output,
 )
 from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
 
@@ -36,6 +49,7 @@ SAMPLE_PROMPT = "The capital of France is"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import settings
     p = argparse.ArgumentParser(prog="framework", description="Run GGUF language models across CPUs, GPUs "
                                 "and NPUs through backend plugins.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -77,20 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     _device_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                        "machine only)")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--port", type=port_number, default=8080)
     serve.add_argument("--parallel", type=positive_int, default=1, help="sessions per model, each with its own KV "
                        "cache (default 1)")
-    serve.add_argument("--queue", type=int, default=16, help="requests per model that may wait for a session; "
+    serve.add_argument("--queue", type=whole_number, default=16, help="requests per model that may wait for a session; "
                        "more are refused with 429 (default 16)")
-    serve.add_argument("--api-key", default=os.environ.get("FRAMEWORK_API_KEY"), help="require 'Authorization: "
+    serve.add_argument("--api-key", default=settings.read(settings.API_KEY.name), help="require 'Authorization: "
                        "Bearer KEY' (default: $FRAMEWORK_API_KEY, else no key)")
     serve.add_argument("--max-body", type=positive_int, default=1 << 20, help="largest request body in bytes")
-    serve.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds running requests get to "
+    serve.add_argument("--shutdown-timeout", type=seconds, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     _ray_address(backends)
     sub.add_parser("models", help="the packaged models -m accepts by name, with their files and sizes")
+    sub.add_parser("settings", help="every environment setting, what it accepts, and its effective value")
+    cache = sub.add_parser("cache", help="the on-disk caches and their sizes; `cache clear` deletes them")
+    cache.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
+    cache.add_argument("names", nargs="*", metavar="NAME", help="only these caches (gguf-index, openvino, xdna)")
 
     info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
     _model_option(info)
@@ -161,32 +179,52 @@ def _device_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "conformance":      # conformance hands what it does not know to pytest
-        files = [a for a in extra if a.endswith(".gguf")]
-        if files:
-            parser.error(f"unrecognized arguments: {' '.join(extra)} (a model is named with -m: -m {files[0]})")
-        parser.parse_args(argv)                       # the usual usage error, exit status 2
-    args.pytest_args = extra
-    if getattr(args, "ray_address", None):     # read by the ray plugin, as Ray itself reads it
-        os.environ["RAY_ADDRESS"] = args.ray_address
-    start_output()
-    from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
-    from ..model.chat import ChatTemplateError
-    from ..model.gguf_file import ModelFileError
-    from ..runtime.session import ContextFullError
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command != "conformance":      # conformance hands what it does not know to pytest
+            files = [a for a in extra if a.endswith(".gguf")]
+            if files:
+                parser.error(f"unrecognized arguments: {' '.join(extra)} (a model is named with -m: -m {files[0]})")
+            parser.parse_args(argv)                       # the usual usage error, exit status 2
+        args.pytest_args = extra
+        if getattr(args, "ray_address", None):     # read by the ray plugin, as Ray itself reads it
+            os.environ["RAY_ADDRESS"] = args.ray_address
+        start_output()
+        from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
+        from ..model.chat import ChatTemplateError
+        from ..model.gguf_file import ModelFileError
+        from ..runtime.session import ContextFullError
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     codes = ((CapabilityError, EXIT_CAPABILITY), (DeviceRunError, EXIT_DEVICE),
              ((ModelFileError, DeviceSelectionError, ContextFullError, ChatTemplateError, FileNotFoundError,
-               ValueError), EXIT_INPUT))
+               ValueError, UsageError), EXIT_INPUT))
+    # SIGTERM stops the command where it is, as Ctrl-C does (only the main thread may set a handler)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
     try:
         return COMMANDS[args.command](args)
-    except (CapabilityError, DeviceRunError, ValueError, FileNotFoundError) as e:
+    except (CapabilityError, DeviceRunError, ValueError, FileNotFoundError, UsageError) as e:
         code = next(c for kind, c in codes if isinstance(e, kind))
         if args.debug:
             show_traceback(e)
         hint = "" if args.debug or code != EXIT_DEVICE else "\n  (--debug shows the traceback, with file and line)"
         return fail(str(e) + hint, code)
+    except BrokenPipeError:             # `framework run ... | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        return fail(f"{where}{e.strerror or e}", EXIT_INPUT)
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
+    except Terminated:
+        return fail("terminated (SIGTERM)", EXIT_TERMINATED)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_run(args) -> int:
@@ -197,6 +235,9 @@ def cmd_run(args) -> int:
     from .table import print_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
+    check_output(args.plan, "--plan")
+    check_output(args.plan_view, "--plan-view")
+    text_argument(args.prompt)
     devices = _devices(args)
     model = load_model(args.model)
     tok = model.tokenizer
@@ -304,12 +345,13 @@ def _write_plans(session, path: Path, decoder=None) -> None:
         record["device_figures"] = figures
     if decoder is not None:
         record["draft"] = draft_record(decoder)
-    path.write_text(json.dumps(record, indent=1))
+    write_output(path, json.dumps(record, indent=1))
     err.print(f"plans written to {path}")
 
 
 def cmd_check(args) -> int:
     from ..runtime.session import Session
+    check_output(args.plan, "--plan")
     devices = _devices(args)
     model = load_model(args.model)
     t0 = time.perf_counter()
@@ -416,6 +458,7 @@ def cmd_info(args) -> int:
     from ..model.arch import ARCHITECTURES
     from ..model.gguf_file import open_model_file
     from ..model.hparams import MetadataError, read_hparams
+    from ..model.metadata import describe
     from ..model.tokenizer import tokenizer_from_metadata
 
     path = model_path(args.model)
@@ -427,8 +470,13 @@ def cmd_info(args) -> int:
     size = sum(t.nbytes for t in file.tensors.values())
     support = ("supported" if cls else f"NOT SUPPORTED by this project (it runs {', '.join(sorted(ARCHITECTURES))}): "
                f"described from the file's metadata, it cannot be run")
-    lines = [f"file          {file.path}", f"name          {meta.get('general.name', file.path.name)}",
-             f"architecture  {arch or '(none)'}, {support}"]
+    def text(key: str, default: str = "-") -> str:
+        """A string key as it is, anything else described (info shows a broken file, it does not fail)."""
+        value = meta.get(key)
+        return default if value is None else value if isinstance(value, str) else f"({describe(value)})"
+
+    lines = [f"file          {file.path}", f"name          {text('general.name', file.path.name)}",
+             f"architecture  {arch or text('general.architecture', '(none)')}, {support}"]
     try:
         hp = cls.read_hparams(meta) if cls else read_hparams(meta)
         lines += [
@@ -452,13 +500,14 @@ def cmd_info(args) -> int:
                  + ", ".join(f"{n} {k}" for k, n in types.most_common()))
     try:
         tok = tokenizer_from_metadata(meta)
-        lines.append(f"tokenizer     {meta.get('tokenizer.ggml.model')} (pre: {meta.get('tokenizer.ggml.pre', '-')}), "
+        lines.append(f"tokenizer     {text('tokenizer.ggml.model')} (pre: {text('tokenizer.ggml.pre')}), "
                      f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, end-of-generation "
                      f"{sorted(tok.eog_ids)}, add bos {tok.add_bos}")
     except (ValueError, KeyError) as e:
-        lines.append(f"tokenizer     {meta.get('tokenizer.ggml.model', '(none)')} "
-                     f"(pre: {meta.get('tokenizer.ggml.pre', '-')}), {len(meta.get('tokenizer.ggml.tokens', ()))} "
-                     f"tokens; not usable here: {e}")
+        tokens = meta.get("tokenizer.ggml.tokens", ())
+        count = f"{len(tokens)} tokens" if isinstance(tokens, list) else f"tokens: {describe(tokens)}"
+        lines.append(f"tokenizer     {text('tokenizer.ggml.model', '(none)')} (pre: {text('tokenizer.ggml.pre')}), "
+                     f"{count}; not usable here: {e}")
     has_template = bool(meta.get("tokenizer.chat_template"))
     lines.append(f"chat template {'yes' if has_template else 'no (a built-in one is used with --chat)'}")
     out("\n".join(lines) + "\n")
@@ -466,22 +515,45 @@ def cmd_info(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from ..runtime.perplexity import perplexity
+    from ..runtime.perplexity import perplexity_of_file
     from ..runtime.session import Session
     path = Path(args.file)
     if not path.is_file():
-        return fail(f"text file not found: {path}")
+        return fail(f"text file {path} is a folder" if path.is_dir() else f"text file not found: {path}")
     devices = _devices(args)
     model = load_model(args.model)
-    ids = model.tokenizer.encode(path.read_bytes().decode("utf-8"))
     with weight_progress() as progress:
         session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
                           memory_caps=memory_caps(args.device_memory), check_values=args.check_values)
     t0 = time.perf_counter()
-    result = perplexity(session, ids, args.ctx, progress=lambda i, n: err.print(f"window {i}/{n}"))
+    result = perplexity_of_file(session, path, args.ctx, progress=_perplexity_progress())
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "
         f"({len(result.nll)} scored, window {args.ctx}), {result.n_tokens / (time.perf_counter() - t0):.1f} tok/s\n")
     return 0
+
+
+def _perplexity_progress(every: float = 10.0):
+    """A line after the first window and then at most every `every` seconds: windows, tokens, the share
+    of the file read, and an estimate of the time left."""
+    last = [-every]
+
+    def show(p) -> None:
+        if p.seconds - last[0] < every and p.fraction < 1.0:
+            return
+        last[0] = p.seconds
+        left = p.seconds_left
+        eta = "" if left is None else f", about {_duration(left)} left"
+        err.print(f"window {p.windows}: {p.tokens} tokens, {p.fraction:.1%} of the text in {_duration(p.seconds)}"
+                  f"{eta}")
+    return show
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def cmd_bench(args) -> int:
@@ -489,9 +561,19 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def cmd_settings(args) -> int:
+    from .state import cmd_settings
+    return cmd_settings(args)
+
+
+def cmd_cache(args) -> int:
+    from .state import cmd_cache
+    return cmd_cache(args)
+
+
 COMMANDS = {"run": cmd_run, "check": cmd_check, "split": cmd_split, "serve": cmd_serve, "backends": cmd_backends,
             "models": cmd_models, "info": cmd_info, "perplexity": cmd_perplexity, "bench": cmd_bench,
-            "conformance": cmd_conformance}
+            "conformance": cmd_conformance, "settings": cmd_settings, "cache": cmd_cache}
 
 if __name__ == "__main__":
     sys.exit(main())

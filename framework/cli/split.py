@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import EXIT_CAPABILITY, err, fail, load_model, memory_caps, out, select_devices
+from .common import EXIT_CAPABILITY, check_output, err, fail, load_model, memory_caps, out, select_devices
 
 
 def run_split(args) -> int:
@@ -23,7 +23,7 @@ def run_split(args) -> int:
     from ..viz import GraphvizMissing, PlanView, render_text, write_view
 
     devices = select_devices(args.backends, args.device_profile)
-    target = Path(args.output) if args.output and args.output != "-" else None
+    target = check_output(args.output, "-o") if args.output and args.output != "-" else None
     if target is not None and not target.suffix:
         return fail(f"-o {target}: name the file .html, .svg, .dot, .json or .txt (the extension picks the format)")
     model = load_model(args.model)

@@ -15,7 +15,6 @@ test-backend-ops unless a case says otherwise.
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,12 +24,13 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from .. import settings
 from ..core.graph import F32, GLU_OPS, I32, OPS, ROPE_MODES, UNARY_OPS, Graph, GraphBuilder, LeafKind, Tensor, leaf
 from ..core.graph import ops as op_table
 from ..core.graph.dtypes import nbytes
 
 Q = GGMLQuantizationType
-SEED = int(os.environ.get("FRAMEWORK_CONFORMANCE_SEED", "20250607"))
+SEED = settings.read(settings.CONFORMANCE_SEED.name)
 
 # -- error metric and thresholds (ggml's test-backend-ops; the op table holds them and says why) ---------
 NMSE_DEFAULT = op_table.NMSE_DEFAULT

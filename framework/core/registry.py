@@ -17,14 +17,23 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from ..contract import (CONTRACT_VERSION, CONTRACT_VERSIONS, ENTRY_POINT_GROUP, PROJECT, VERSION_ATTRIBUTE, BackendSpec,
-                        Device, DeviceType)
+from .. import settings
+from ..contract import (
+    CONTRACT_VERSION,
+    CONTRACT_VERSIONS,
+    ENTRY_POINT_GROUP,
+    PROJECT,
+    VERSION_ATTRIBUTE,
+    BackendSpec,
+    Device,
+    DeviceType,
+)
 from .scheduler.errors import DeviceSelectionError
 
 HOOKS = tuple(n for n in vars(BackendSpec) if not n.startswith("_"))
 
-DISABLE_ENV = "FRAMEWORK_DISABLE_PLUGIN_AUTOLOAD"   # "1": load no entry points
-BLOCK_ENV = "FRAMEWORK_BLOCK_PLUGINS"               # comma-separated plugin names not to load
+DISABLE_ENV = settings.DISABLE_AUTOLOAD.name       # a true flag: load no entry points
+BLOCK_ENV = settings.BLOCK_PLUGINS.name             # comma-separated plugin names not to load
 ALIASES = {"cpu": DeviceType.CPU, "gpu": DeviceType.GPU, "npu": DeviceType.NPU, "accel": DeviceType.ACCEL}
 
 
@@ -41,12 +50,21 @@ class Registry:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(BackendSpec)
         self.plugins: dict[str, PluginRecord] = {}
+        self.blocked: set[str] = set()          # plugins FRAMEWORK_BLOCK_PLUGINS kept from loading
 
     def load_entry_points(self) -> "Registry":
-        if os.environ.get(DISABLE_ENV) == "1":
+        if settings.read(DISABLE_ENV):
             return self
-        blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
+        eps = list(entry_points(group=ENTRY_POINT_GROUP))
+        blocked = set(settings.read(BLOCK_ENV))
+        installed = sorted({ep.name for ep in eps})
+        unknown = sorted(blocked - set(installed))
+        if unknown:
+            raise settings.SettingError(f"{BLOCK_ENV}={os.environ.get(BLOCK_ENV)!r}: no installed backend plugin is "
+                                        f"named {', '.join(repr(u) for u in unknown)}; installed: "
+                                        f"{', '.join(installed)}")
+        self.blocked = blocked
+        for ep in eps:
             if ep.name in blocked or ep.name in self.plugins:
                 continue
             dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
@@ -151,6 +169,12 @@ class Registry:
         chosen: list[Device] = []
         for name in names:
             dev = by_name.get(name) or self._alias(name, pool)
+            if name in self.blocked and name not in by_name and dev is not None:
+                # `cpu` names both the alias and the cpu plugin: never substitute another plugin's device
+                raise DeviceSelectionError(f"'{name}' names the {name} plugin, which {BLOCK_ENV} blocks; the alias "
+                                           f"'{name}' would pick {dev.name} instead. Name that device (--backends "
+                                           f"{dev.name}) to use it, or unblock {name}; devices:\n"
+                                           f"{self.describe_devices()}")
             if dev is None:
                 raise DeviceSelectionError(f"unknown backend '{name}'; devices:\n{self.describe_devices()}")
             if not dev.available:

@@ -7,6 +7,8 @@ from functools import lru_cache
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .metadata import MetadataError, get_str
+
 # Used only when the file has no tokenizer.chat_template, and always said so: llama.cpp's
 # built-in templates for these architectures.
 BUILTIN_TEMPLATES = {
@@ -22,9 +24,12 @@ class ChatTemplateError(ValueError):
 
 def chat_template_for(metadata: dict, arch: str) -> tuple[str, str]:
     """(template, where it came from)."""
-    template = metadata.get("tokenizer.chat_template")
+    try:
+        template = get_str(metadata, "tokenizer.chat_template", None)
+    except MetadataError as e:
+        raise ChatTemplateError(str(e)) from None
     if template:
-        return str(template), "the model file"
+        return template, "the model file"
     if arch in BUILTIN_TEMPLATES:
         return BUILTIN_TEMPLATES[arch], f"the built-in {arch} template (the model file has none)"
     raise ChatTemplateError(f"the model file has no tokenizer.chat_template and there is no built-in template "
@@ -35,16 +40,21 @@ def render_chat(template: str, messages: list[dict], bos_token: str, eos_token: 
     try:
         return _compiled(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
                                           add_generation_prompt=True)
+    except ChatTemplateError:
+        raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the chat template does not render: {e}") from e
+    except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as e:
+        # a template is code from the model file: whatever it raises is the template's fault
+        raise ChatTemplateError(f"the chat template fails: {type(e).__name__}: {e}") from e
 
 
 def chat_prompt_ids(tokenizer, template: str, messages: list[dict]) -> list[int]:
     """A conversation's token ids, ready for the assistant's turn: special tokens in the rendered text are
     parsed, and BOS is added only when the tokenizer wants one and the template did not write it."""
     tok = tokenizer
-    bos = tok.token_bytes(tok.bos_id, special=True).decode() if tok.bos_id is not None else ""
-    eos = tok.token_bytes(tok.eos_id, special=True).decode() if tok.eos_id is not None else ""
+    bos = tok.token_bytes(tok.bos_id, special=True).decode(errors="replace") if tok.bos_id is not None else ""
+    eos = tok.token_bytes(tok.eos_id, special=True).decode(errors="replace") if tok.eos_id is not None else ""
     text = render_chat(template, messages, bos, eos)
     add_bos = tok.add_bos and not (bos and text.startswith(bos))
     return tok.encode(text, add_bos=add_bos, parse_special=True)
@@ -63,3 +73,5 @@ def _compiled(template: str) -> jinja2.Template:
         return env.from_string(template)
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"the chat template does not compile: {e}") from e
+    except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as e:
+        raise ChatTemplateError(f"the chat template does not compile: {type(e).__name__}: {e}") from e

@@ -1,12 +1,21 @@
-"""Hyper-parameters read from GGUF metadata, with llama.cpp's defaults where a key is absent."""
+"""Hyper-parameters read from GGUF metadata, with llama.cpp's defaults where a key is absent.
+
+Each key is checked for its type and range where it is read (model/metadata.py), then the whole set
+is checked for consistency (check_hparams): head counts that divide, a rotary width that fits the head,
+a layer count that matches the blocks of tensors the file holds. The weights' shapes are checked
+against these values when the architecture loads (arch/base.py).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .metadata import MetadataError, describe, get_float, get_int, get_list, get_str
 
-class MetadataError(ValueError):
-    """A metadata key the architecture needs is missing or malformed."""
+__all__ = ["HParams", "MetadataError", "SSMParams", "check_hparams", "read_hparams", "read_ssm_hparams"]
+
+MAX_LAYERS = 4096           # far above any model; bounds the per-layer tables before the tensors are counted
+MAX_DIM = 1 << 20           # widths (embedding, feed-forward, heads) above this are corrupt metadata
 
 
 @dataclass(frozen=True)
@@ -33,37 +42,61 @@ class HParams:
         return self.n_head_kv * self.head_dim
 
 
-def _get(meta: dict, key: str, default=None, cast=float):
-    if key in meta:
-        try:
-            return cast(meta[key])
-        except (TypeError, ValueError):
-            raise MetadataError(f"metadata key '{key}' = {meta[key]!r} is not a {cast.__name__}") from None
-    if default is None:
-        raise MetadataError(f"metadata key '{key}' is missing; the architecture needs it")
-    return default
-
-
-def read_hparams(meta: dict, swa_pattern: int = 0, rope_base_swa: float | None = None) -> HParams:
+def read_hparams(meta: dict, swa_pattern: int = 0, rope_base_swa: float | None = None,
+                 n_blocks: int | None = None) -> HParams:
     """Common keys under the `{arch}.` prefix. swa_pattern N: every Nth layer is global, the rest
-    use the sliding window (llama.cpp's set_swa_pattern)."""
-    arch = str(meta["general.architecture"])
+    use the sliding window (llama.cpp's set_swa_pattern). n_blocks: the number of layers whose
+    tensors (blk.N.*) the file holds; the block count must match it."""
+    arch = get_str(meta, "general.architecture")
     p = f"{arch}."
-    n_embd = _get(meta, p + "embedding_length", cast=int)
-    n_head = _get(meta, p + "attention.head_count", cast=int)
-    head_dim = _get(meta, p + "attention.key_length", n_embd // n_head, cast=int)
-    n_layer = _get(meta, p + "block_count", cast=int)
-    window = _get(meta, p + "attention.sliding_window", 0, cast=int) if swa_pattern else 0
+    n_embd = get_int(meta, p + "embedding_length", lo=1, hi=MAX_DIM)
+    n_head = get_int(meta, p + "attention.head_count", lo=1, hi=MAX_DIM)
+    if p + "attention.key_length" not in meta and n_embd % n_head:
+        raise MetadataError(f"metadata key '{p}embedding_length' ({n_embd}) is not a multiple of "
+                            f"'{p}attention.head_count' ({n_head}), and there is no '{p}attention.key_length' "
+                            f"to give the head size")
+    head_dim = get_int(meta, p + "attention.key_length", n_embd // n_head, lo=1, hi=MAX_DIM)
+    value_dim = get_int(meta, p + "attention.value_length", head_dim, lo=1, hi=MAX_DIM)
+    if value_dim != head_dim:
+        raise MetadataError(f"metadata key '{p}attention.value_length' ({value_dim}) differs from the key size "
+                            f"({head_dim}); the {arch} graph here needs them equal")
+    n_layer = get_int(meta, p + "block_count", lo=1, hi=MAX_LAYERS)
+    if n_blocks is not None and n_layer != n_blocks:
+        raise MetadataError(f"metadata key '{p}block_count' says {n_layer} layers, but the file holds tensors "
+                            f"for {n_blocks} (blk.0 to blk.{n_blocks - 1})" if n_blocks else
+                            f"metadata key '{p}block_count' says {n_layer} layers, but the file holds no "
+                            f"layer tensors (blk.N.*)")
+    window = get_int(meta, p + "attention.sliding_window", 0, lo=0) if swa_pattern else 0
     swa = tuple(bool(window) and (il + 1) % swa_pattern != 0 for il in range(n_layer))
-    rope_base = _get(meta, p + "rope.freq_base", 10000.0)
-    n_vocab = len(meta.get("tokenizer.ggml.tokens", ())) or _get(meta, p + "vocab_size", cast=int)
-    return HParams(
-        arch=arch, n_vocab=n_vocab, n_ctx_train=_get(meta, p + "context_length", cast=int), n_embd=n_embd,
-        n_layer=n_layer, n_ff=_get(meta, p + "feed_forward_length", cast=int), n_head=n_head,
-        n_head_kv=_get(meta, p + "attention.head_count_kv", n_head, cast=int), head_dim=head_dim,
-        rms_eps=_get(meta, p + "attention.layer_norm_rms_epsilon"), rope_base=rope_base,
-        rope_base_swa=rope_base if rope_base_swa is None else rope_base_swa,
-        n_rot=_get(meta, p + "rope.dimension_count", head_dim, cast=int), sliding_window=window, swa_layers=swa)
+    rope_base = get_float(meta, p + "rope.freq_base", 10000.0, above=0.0)
+    if "tokenizer.ggml.tokens" in meta:
+        n_vocab = len(get_list(meta, "tokenizer.ggml.tokens", "strings"))
+        if not n_vocab:
+            raise MetadataError("metadata key 'tokenizer.ggml.tokens' is an empty array; expected the vocabulary")
+    else:
+        n_vocab = get_int(meta, p + "vocab_size", lo=1)
+    n_head_kv = get_int(meta, p + "attention.head_count_kv", n_head, lo=1, hi=MAX_DIM)
+    hp = HParams(
+        arch=arch, n_vocab=n_vocab, n_ctx_train=get_int(meta, p + "context_length", lo=1), n_embd=n_embd,
+        n_layer=n_layer, n_ff=get_int(meta, p + "feed_forward_length", lo=1, hi=MAX_DIM), n_head=n_head,
+        n_head_kv=n_head_kv, head_dim=head_dim,
+        rms_eps=get_float(meta, p + "attention.layer_norm_rms_epsilon", above=0.0, below=1.0),
+        rope_base=rope_base, rope_base_swa=rope_base if rope_base_swa is None else rope_base_swa,
+        n_rot=get_int(meta, p + "rope.dimension_count", head_dim, lo=1), sliding_window=window, swa_layers=swa)
+    check_hparams(hp)
+    return hp
+
+
+def check_hparams(hp: HParams) -> None:
+    """The values taken together: what each key allows alone is checked where it is read."""
+    p = f"{hp.arch}."
+    if hp.n_head % hp.n_head_kv:
+        raise MetadataError(f"metadata key '{p}attention.head_count' ({hp.n_head}) is not a multiple of "
+                            f"'{p}attention.head_count_kv' ({hp.n_head_kv}): query heads must share key/value "
+                            f"heads evenly")
+    if hp.n_rot > hp.head_dim or hp.n_rot % 2:
+        raise MetadataError(f"metadata key '{p}rope.dimension_count' ({hp.n_rot}) must be even and at most the "
+                            f"head size ({hp.head_dim})")
 
 
 @dataclass(frozen=True)
@@ -86,23 +119,24 @@ class SSMParams:
 def read_ssm_hparams(meta: dict, n_layer: int) -> SSMParams:
     """The ssm keys; recurrent layers from {arch}.attention.recurrent_layers, else every layer but each
     {arch}.full_attention_interval-th (default 4), as llama.cpp's qwen35 loader."""
-    p = f"{meta['general.architecture']}."
-    layers = meta.get(p + "attention.recurrent_layers")
-    if layers is not None:
+    p = f"{get_str(meta, 'general.architecture')}."
+    if p + "attention.recurrent_layers" in meta:
+        layers = meta[p + "attention.recurrent_layers"]
+        if not isinstance(layers, list) or not set(map(type, layers)) <= {bool, int}:
+            raise MetadataError(f"metadata key '{p}attention.recurrent_layers' holds {describe(layers)}; expected an "
+                                f"array of booleans, one per layer")
         recurrent = tuple(bool(x) for x in layers)[:n_layer]
         if len(recurrent) != n_layer:
             raise MetadataError(f"metadata key '{p}attention.recurrent_layers' has {len(recurrent)} entries, "
                                 f"the model has {n_layer} layers")
     else:
-        interval = _get(meta, p + "full_attention_interval", 4, cast=int)
-        if interval < 1:
-            raise MetadataError(f"metadata key '{p}full_attention_interval' = {interval} is not positive")
+        interval = get_int(meta, p + "full_attention_interval", 4, lo=1)
         recurrent = tuple((il + 1) % interval != 0 for il in range(n_layer))
-    ssm = SSMParams(d_conv=_get(meta, p + "ssm.conv_kernel", cast=int),
-                    d_inner=_get(meta, p + "ssm.inner_size", cast=int),
-                    d_state=_get(meta, p + "ssm.state_size", cast=int),
-                    n_v_heads=_get(meta, p + "ssm.time_step_rank", cast=int),
-                    n_k_heads=_get(meta, p + "ssm.group_count", cast=int), recurrent=recurrent)
+    ssm = SSMParams(d_conv=get_int(meta, p + "ssm.conv_kernel", lo=1, hi=MAX_DIM),
+                    d_inner=get_int(meta, p + "ssm.inner_size", lo=1, hi=MAX_DIM),
+                    d_state=get_int(meta, p + "ssm.state_size", lo=1, hi=MAX_DIM),
+                    n_v_heads=get_int(meta, p + "ssm.time_step_rank", lo=1, hi=MAX_DIM),
+                    n_k_heads=get_int(meta, p + "ssm.group_count", lo=1, hi=MAX_DIM), recurrent=recurrent)
     if ssm.d_inner != ssm.n_v_heads * ssm.d_state or ssm.n_v_heads % ssm.n_k_heads or ssm.d_conv < 1:
         raise MetadataError(f"ssm keys do not fit together: inner_size {ssm.d_inner} must be time_step_rank "
                             f"{ssm.n_v_heads} x state_size {ssm.d_state}, time_step_rank a multiple of group_count "

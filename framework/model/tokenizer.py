@@ -17,8 +17,12 @@ control and unknown tokens only when it is True.  Reference: llama.cpp src/llama
 from __future__ import annotations
 
 import heapq
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from collections.abc import Iterable, Mapping, Sequence
+
+from .metadata import MetadataError, get_bool, get_int, get_list, get_str
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -76,6 +80,11 @@ PRE_TOKENIZERS = {
 }
 
 _SPACE_MARK = "\u2581"  # SentencePiece's visible space
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer the metadata describes cannot be built, or a text cannot be tokenized."""
 
 
 class Tokenizer:
@@ -117,9 +126,69 @@ class Tokenizer:
         """Token ids of ``text``, as llama_tokenize(add_special=add_bos, parse_special)."""
         if add_bos is None:
             add_bos = self.add_bos
+        if not isinstance(text, str):
+            raise TokenizerError(f"the text to tokenize is a {type(text).__name__}, not a str")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:     # lone surrogates: bytes that were not UTF-8 (an argv, a file)
+            raise TokenizerError(f"the text is not valid Unicode: character {e.start} is {text[e.start]!r}, a "
+                                 f"lone surrogate (the input held bytes that are not UTF-8)") from None
         ids = [self.bos_id] if add_bos and self.bos_id is not None else []
         ids.extend(self._encode_fragments(self._partition(text, parse_special)))
         return ids
+
+    def encode_stream(self, pieces: Iterable[str], add_bos: bool | None = None, window: int = 1 << 16,
+                      overlap: int = 1 << 11) -> Iterator[list[int]]:
+        """The ids of a long text given in pieces, in batches, holding about ``window`` characters at a
+        time: the same ids as encode() of the whole text. The text is cut only at token boundaries
+        where the tokenization of what follows, started afresh at the cut, agrees with the
+        tokenization across it for ``overlap`` characters (tokenizers look only that far around a
+        point); where no such cut is found the window grows."""
+        buf, first, size = "", True, window
+        for piece in pieces:
+            buf += piece
+            while len(buf) >= size + 2 * overlap:
+                done = self._cut(buf[:size + 2 * overlap], first, add_bos, size, overlap)
+                if done is None:
+                    size *= 2                      # no safe cut in this stretch: look at more text
+                    continue
+                ids, used = done
+                yield ids
+                buf, first, size = buf[used:], False, window
+        if buf or first:
+            yield self._encode_part(buf, first, add_bos)
+
+    def _encode_part(self, text: str, first: bool, add_bos: bool | None) -> list[int]:
+        if first:
+            return self.encode(text, add_bos=add_bos)
+        return self._encode_fragments(self._partition(text, False), continuation=True)
+
+    def _cut(self, head: str, first: bool, add_bos: bool | None, size: int,
+             overlap: int) -> tuple[list[int], int] | None:
+        """(ids of head[:c], c) for a safe cut c near ``size``, or None."""
+        ids = self._encode_part(head, first, add_bos)
+        ends, pos, text = [], 0, head.encode("utf-8")
+        lead = 1 if first and getattr(self, "add_space_prefix", False) else 0   # SPM's added space
+        for tid in ids:
+            pos += len(self.token_bytes(tid))      # BOS and other control tokens: no bytes
+            ends.append(pos - lead)
+        if not ends or ends[-1] != len(text):
+            return None                            # pieces do not spell the text back (rare vocabularies)
+        # candidates: token starts between size // 2 and len - overlap, latest first, those at a space or a
+        # line break (where pre-tokenizers split) before the others; a few tries at most
+        starts = [(k, ends[k - 1]) for k in range(len(ends) - 1, 0, -1)
+                  if size // 2 <= ends[k - 1] <= len(text) - overlap]
+        starts.sort(key=lambda kc: (text[kc[1]:kc[1] + 1] not in (b" ", b"\n"), -kc[1]))
+        for k, c in starts[:16]:
+            try:
+                chars = len(text[:c].decode("utf-8"))
+            except UnicodeDecodeError:
+                continue                           # inside a character: not a boundary of the text
+            after = self._encode_part(head[chars:chars + 2 * overlap], False, None)
+            agree = [t for t, e in zip(ids[k:], ends[k:]) if e <= c + overlap]
+            if agree and after[:len(agree)] == agree and len(agree) < len(after):
+                return ids[:k], chars
+        return None
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut special-token strings out of ``text`` (llama.cpp's tokenizer_st_partition).
@@ -146,7 +215,9 @@ class Tokenizer:
             frags = out
         return frags
 
-    def _encode_fragments(self, frags: list[str | int]) -> list[int]:
+    def _encode_fragments(self, frags: list[str | int], continuation: bool = False) -> list[int]:
+        """ids of partitioned text; ``continuation``: the text continues an earlier part (no space
+        prefix at its start)."""
         raise NotImplementedError
 
     def token_bytes(self, id: int, special: bool = False) -> bytes:
@@ -182,8 +253,23 @@ class SPMTokenizer(Tokenizer):
                  scores: Sequence[float], *, add_space_prefix: bool, **kwargs) -> None:
         super().__init__(tokens, token_types, **kwargs)
         self.scores = [float(s) for s in scores]
+        bad = next((i for i, s in enumerate(self.scores) if math.isnan(s)), None)
+        if bad is not None:
+            raise TokenizerError(f"tokenizer.ggml.scores: the score of token {bad} ({self.tokens[bad]!r}) is NaN")
+        for i, t in enumerate(self.token_types):
+            if t == BYTE and not _BYTE_TOKEN.fullmatch(self.tokens[i]):
+                raise TokenizerError(f"tokenizer.ggml.token_type: token {i} ({self.tokens[i][:20]!r}) is typed BYTE "
+                                     f"({BYTE}) but its text is not of the form <0xXX>")
         self.add_space_prefix = bool(add_space_prefix)
         self._byte_ids = [self._byte_token(b) for b in range(256)]
+        # llama.cpp's SPM tokenizer spells a character that is no token with byte tokens, and aborts where
+        # one is missing: such a vocabulary cannot tokenize every text, so it is refused when built
+        missing = [b for b, tid in enumerate(self._byte_ids) if tid is None]
+        if missing:
+            shown = ", ".join(f"<0x{b:02X}>" for b in missing[:4]) + (", ..." if len(missing) > 4 else "")
+            raise TokenizerError(f"tokenizer.ggml.model is 'llama' (SentencePiece), but the vocabulary has no "
+                                 f"byte-fallback token for {len(missing)} of the 256 bytes ({shown}): text holding "
+                                 f"them could not be tokenized")
 
     def _byte_token(self, b: int) -> int | None:
         # llama.cpp's byte_to_token: "<0xXX>", else the byte itself as a one-char token.
@@ -192,9 +278,9 @@ class SPMTokenizer(Tokenizer):
             tid = self._vocab.get(chr(b))
         return tid
 
-    def _encode_fragments(self, frags: list[str | int]) -> list[int]:
+    def _encode_fragments(self, frags: list[str | int], continuation: bool = False) -> list[int]:
         ids: list[int] = []
-        prev_special = True  # a space prefix goes at the start and after special tokens
+        prev_special = not continuation  # a space prefix goes at the start and after special tokens
         for frag in frags:
             if isinstance(frag, int):
                 ids.append(frag)
@@ -261,7 +347,8 @@ class SPMTokenizer(Tokenizer):
                 for b in piece.encode("utf-8", errors="surrogatepass"):
                     byte_id = self._byte_ids[b]
                     if byte_id is None:
-                        raise ValueError(f"no byte-fallback token for byte 0x{b:02X}")
+                        raise TokenizerError(f"the text holds {piece!r}, which is not in the vocabulary, and the "
+                                             f"vocabulary has no byte-fallback token <0x{b:02X}> for it")
                     ids.append(byte_id)
             i = nxt[i]
         return ids
@@ -298,9 +385,15 @@ class BPETokenizer(Tokenizer):
 
         spec = PRE_TOKENIZERS.get(pre)
         if spec is None:
-            raise ValueError(f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 tokenizer; "
-                             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
-        model = models.BPE(vocab=self._vocab, merges=self._merge_pairs(merges), ignore_merges=spec.ignore_merges)
+            raise TokenizerError(f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 tokenizer; "
+                                 f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
+        try:
+            model = models.BPE(vocab=self._vocab, merges=self._merge_pairs(merges), ignore_merges=spec.ignore_merges)
+        except BaseException as e:          # tokenizers' Rust panics are BaseExceptions
+            if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                raise
+            raise TokenizerError(f"the gpt2 vocabulary and merges do not make a BPE model: {type(e).__name__}: "
+                                 f"{e}") from None
         hf = HFTokenizer(model)
         # llama.cpp runs each regex over the pieces the previous one left (unicode_regex_split), then maps
         # bytes to GPT-2's characters: HF's Split(isolated) in sequence, then ByteLevel without its regex
@@ -323,7 +416,7 @@ class BPETokenizer(Tokenizer):
                 pairs.append((a, b))
         return pairs
 
-    def _encode_fragments(self, frags: list[str | int]) -> list[int]:
+    def _encode_fragments(self, frags: list[str | int], continuation: bool = False) -> list[int]:
         ids: list[int] = []
         for frag in frags:
             if isinstance(frag, int):
@@ -383,10 +476,10 @@ def clean_spaces(text: bytes) -> bytes:
 def _token_id(fields: Mapping[str, object], key: str, default: int | None,
               n_vocab: int) -> int | None:
     # llama.cpp keeps the default when the key is missing or out of range.
-    value = fields.get(key)
-    if value is None or not 0 <= int(value) < n_vocab:
-        return default
-    return int(value)
+    value = get_int(fields, key, None)
+    if value is None or not 0 <= value < n_vocab:
+        return default if default is None or 0 <= default < n_vocab else None
+    return value
 
 
 def _end_of_generation(fields: Mapping[str, object], vocab: Mapping[str, int],
@@ -412,19 +505,27 @@ def _end_of_generation(fields: Mapping[str, object], vocab: Mapping[str, int],
 
 
 def tokenizer_from_metadata(fields: Mapping[str, object]) -> Tokenizer:
-    """Build the tokenizer described by GGUF metadata (key -> python value)."""
-    model = fields.get("tokenizer.ggml.model")
+    """Build the tokenizer described by GGUF metadata (key -> python value). Every key is checked for
+    its type where it is read (MetadataError names the key); a vocabulary that cannot make a
+    tokenizer is a TokenizerError."""
+    model = get_str(fields, "tokenizer.ggml.model")
     if model not in SUPPORTED_MODELS:
-        raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
-                         f"supported: {', '.join(repr(m) for m in SUPPORTED_MODELS)}")
+        raise TokenizerError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
+                             f"supported: {', '.join(repr(m) for m in SUPPORTED_MODELS)}")
+    texts = get_list(fields, "tokenizer.ggml.tokens", "strings")
+    if not texts:
+        raise MetadataError("metadata key 'tokenizer.ggml.tokens' is an empty array; expected the vocabulary")
     # llama.cpp renames empty texts so they never match inside text.
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(fields["tokenizer.ggml.tokens"])]
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(texts)]
     n = len(tokens)
-    raw_types = fields.get("tokenizer.ggml.token_type")
-    types = [int(t) for t in raw_types] if raw_types is not None else [NORMAL] * n
+    types = list(get_list(fields, "tokenizer.ggml.token_type", "integers", [NORMAL] * n, length=n))
+    bad = next((i for i, t in enumerate(types) if not 0 <= t <= BYTE), None)
+    if bad is not None:
+        raise MetadataError(f"metadata key 'tokenizer.ggml.token_type': element {bad} is {types[bad]}; expected a "
+                            f"token type from 0 to {BYTE} (llama.cpp's llama_token_type)")
     # Defaults per model type, as llama_vocab::load before reading the GGUF keys.
     bos_default, eos_default, add_bos_default = (1, 2, True) if model == "llama" else (11, 11, False)
-    pre = fields.get("tokenizer.ggml.pre") or "default"
+    pre = get_str(fields, "tokenizer.ggml.pre", "") or "default"
     if model == "gpt2" and pre in PRE_TOKENIZERS:
         add_bos_default = PRE_TOKENIZERS[pre].add_bos
     bos_id = _token_id(fields, "tokenizer.ggml.bos_token_id", bos_default, n)
@@ -433,16 +534,12 @@ def tokenizer_from_metadata(fields: Mapping[str, object]) -> Tokenizer:
     common = dict(
         bos_id=bos_id, eos_id=eos_id,
         eog_ids=_end_of_generation(fields, vocab, types, eos_id),
-        add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-        chat_template=fields.get("tokenizer.chat_template"),
+        add_bos=get_bool(fields, "tokenizer.ggml.add_bos_token", add_bos_default),
+        chat_template=get_str(fields, "tokenizer.chat_template", None),
     )
     if model == "llama":
-        scores = fields.get("tokenizer.ggml.scores")
-        if scores is None:
-            scores = [0.0] * n
-        add_prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+        scores = get_list(fields, "tokenizer.ggml.scores", "numbers", [0.0] * n, length=n)
+        add_prefix = get_bool(fields, "tokenizer.ggml.add_space_prefix", True)
         return SPMTokenizer(tokens, types, scores, add_space_prefix=add_prefix, **common)
-    merges = fields.get("tokenizer.ggml.merges")
-    if merges is None:
-        raise ValueError("gpt2 tokenizer without tokenizer.ggml.merges")
+    merges = get_list(fields, "tokenizer.ggml.merges", "strings")
     return BPETokenizer(tokens, types, merges, pre=pre, **common)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,8 +16,10 @@ class SamplingParams:
     seed: int | None = None
 
     def check(self) -> "SamplingParams":
-        if self.temperature < 0:
-            raise ValueError(f"--temp must be 0 (greedy) or positive, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"--temp must be 0 (greedy) or positive (and finite), got {self.temperature}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"--seed must be 0 or more, got {self.seed}")
         if self.top_k < 0:
             raise ValueError(f"--top-k must be 0 (off) or positive, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -172,6 +172,9 @@ class Session:
 
     def shapes_for(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> list[tuple]:
         """Every step shape a run of this prompt length and generation length will use."""
+        if n_prompt < 1 or n_predict < 0:
+            raise ValueError(f"a run needs a prompt of at least one token and a generation length of 0 or more, "
+                             f"got {n_prompt} and {n_predict}")
         if n_prompt + n_predict > self.n_ctx:
             raise ContextFullError(f"a {n_prompt}-token prompt plus {n_predict} generated tokens exceed the "
                                    f"context length {self.n_ctx}; raise --ctx or lower -n")
@@ -233,6 +236,8 @@ class Session:
         return _phase_name(key) if self.role is None else f"{self.role} {_phase_name(key)}"
 
     def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
+        if n_tokens < 1:
+            raise ValueError(f"a step needs at least one token, got {n_tokens}")
         key = self._key(n_tokens, n_past, n_out)
         if key not in self.plans and self.partners:
             self.reserve_keys([key])

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.scheduler.errors import CapabilityError, DeviceRunError
 from ..model.chat import ChatTemplateError, chat_prompt_ids
+from ..model.tokenizer import TokenizerError
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import ContextFullError
 from .engine import Compute, Job, Run
@@ -173,6 +174,18 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
 
 
 def _prompt_ids(served: ServedModel, req: Generation, chat: bool) -> list[int]:
+    param = "messages" if chat else "prompt"
+    try:
+        ids = _tokens(served, req, chat)
+    except TokenizerError as e:
+        raise ApiError(400, str(e), code="invalid_value", param=param) from None
+    if not ids:             # nothing to start from: the model would have no position to predict at
+        raise ApiError(400, f"the prompt is empty and '{served.id}' adds no beginning-of-sequence token, so there "
+                       f"is nothing to continue from; give some text", code="invalid_value", param=param)
+    return ids
+
+
+def _tokens(served: ServedModel, req: Generation, chat: bool) -> list[int]:
     tok = served.model.tokenizer
     if not chat:
         prompt = req.prompt[0] if isinstance(req.prompt, list) and isinstance(req.prompt[0], str) else req.prompt

@@ -95,6 +95,8 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
     for model_id, path in resolved.items():
         say(f"reading {path.name}")
         model = Model(path)
+        for note in model.notes:          # tensors the architecture does not read, as `run` says them
+            say(f"note: {note}")
         keep = dict(n_ctx=n_ctx, n_batch=n_batch, strict=strict, kv_device=kv_device, memory_caps=memory_caps,
                     max_plans=max_plans(n_ctx))
         first = Session(model, devices, **keep)

@@ -281,6 +281,14 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def _large(n: float) -> str:
+    """ " = 4.2 TiB" for sizes of a GiB or more (a --ctx far too large shows at a glance), else ""."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30)):
+        if n >= scale:
+            return f" = {n / scale:.1f} {unit}"
+    return ""
+
+
 def _out_of_memory(device: str, budget: Budget, use: dict[str, int], weights: list[tuple[Tensor, int]],
                    caches: list[Tensor], biggest_fragment: str, fits: list[Fit]) -> CapabilityError:
     """The error names what drives the need (the largest weights, the caches and their rows, the
@@ -292,7 +300,8 @@ def _out_of_memory(device: str, budget: Budget, use: dict[str, int], weights: li
                                                    if largest else "")]
     rows = max((t.shape[0] for t in caches), default=0)
     if caches:
-        parts.append(f"caches {_mib(use['caches'])} ({len(caches)} tensors of {rows} rows, e.g. {caches[0].name})")
+        parts.append(f"caches {_mib(use['caches'])}{_large(use['caches'])} ({len(caches)} tensors of {rows} rows, e.g. "
+                     f"{caches[0].name})")
     parts.append(f"activations {_mib(use['activations'])}" + (f" ({biggest_fragment})" if biggest_fragment else ""))
     over = use["total"] - limit
     room = limit - use["weights"] - use["activations"]       # what the caches may take

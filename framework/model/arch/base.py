@@ -11,9 +11,13 @@ from ..gguf_file import ModelFile
 from ..hparams import HParams, read_hparams
 
 
-class MissingWeightError(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
+class WeightError(ValueError):
+    """A tensor the architecture needs is missing from the file, or has another shape than the
+    hyper-parameters give it."""
+
+
+class MissingWeightError(WeightError):
+    pass
 
 
 @dataclass
@@ -69,9 +73,10 @@ class Architecture:
         self._weights: dict[str, Tensor] = {}
 
     @classmethod
-    def read_hparams(cls, meta: dict) -> HParams:
-        """The hyper-parameters from the file's metadata (an architecture with per-layer shapes reads more)."""
-        return read_hparams(meta, cls.swa_pattern, cls.rope_base_swa)
+    def read_hparams(cls, meta: dict, n_blocks: int | None = None) -> HParams:
+        """The hyper-parameters from the file's metadata (an architecture with per-layer shapes reads more);
+        n_blocks: the layers whose tensors the file holds, which block_count must match."""
+        return read_hparams(meta, cls.swa_pattern, cls.rope_base_swa, n_blocks)
 
     def tensor_bytes(self, t: Tensor) -> np.ndarray:
         """The file bytes of a weight leaf this architecture made (one it borrows from another model, its own)."""
@@ -83,26 +88,70 @@ class Architecture:
         if t is None:
             entry = self.file.tensors.get(name)
             if entry is None:
-                raise MissingWeightError(f"{self.file.path}: tensor '{name}' is missing; the {self.name} "
-                                         f"architecture needs it")
+                raise MissingWeightError(f"tensor '{name}' is missing; the {self.name} architecture needs it")
             t = self._weights[name] = leaf(name, entry.dtype, entry.shape, LeafKind.WEIGHT)
         return t
 
     def has_weight(self, name: str) -> bool:
         return name in self.file.tensors
 
-    def check_weights(self) -> None:
-        """Build nothing, but touch every weight the graph will need, so a missing one fails now."""
-        for name in self.weight_names():
+    def check_weights(self) -> list[str]:
+        """Every tensor the graph will read is in the file with the shape the hyper-parameters give it
+        (as llama.cpp checks when it loads), before any graph is built; returns the names of the file's
+        tensors this architecture does not use (the caller reports them)."""
+        shapes = self.weight_shapes()
+        names = self.weight_names()
+        for name in names:
+            entry = self.file.tensors.get(name)
+            want = shapes.get(name)
+            if entry is None:
+                need = f" with shape {list(want[0])} ({want[1]})" if want else ""
+                raise MissingWeightError(f"tensor '{name}' is missing; the {self.name} architecture needs it{need}")
+            if want is not None and tuple(entry.shape) != want[0]:
+                raise WeightError(f"tensor '{name}' has shape {list(entry.shape)} ({entry.dtype.name}), but the "
+                                  f"{self.name} architecture needs {list(want[0])} ({want[1]}; numpy order, ggml's "
+                                  f"ne reversed) from the file's hyper-parameters")
             self.weight(name)
+        return sorted(set(self.file.tensors) - set(names) - set(shapes))
 
     layer_weights: tuple[str, ...] = ()     # each layer's weights: blk.{il}.{name}.weight
     layer_biases: tuple[str, ...] = ()      # each layer's biases: blk.{il}.{name}.bias
 
     def weight_names(self) -> list[str]:
-        names = ["token_embd.weight", "output_norm.weight"]
-        names += [f"blk.{il}.{w}.weight" for il in range(self.hp.n_layer) for w in self.layer_weights]
-        return names + [f"blk.{il}.{w}.bias" for il in range(self.hp.n_layer) for w in self.layer_biases]
+        return list(self.weight_shapes())
+
+    def weight_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every tensor the graph reads whose shape the hyper-parameters give: its shape (numpy order) and
+        how. An architecture whose layers are not llama-style overrides it (qwen35)."""
+        hp = self.hp
+        shapes = {"token_embd.weight": ((hp.n_vocab, hp.n_embd), "n_vocab, n_embd"),
+                  "output_norm.weight": ((hp.n_embd,), "n_embd")}
+        if self.has_weight("output.weight"):        # else the output head is the token embedding
+            shapes["output.weight"] = ((hp.n_vocab, hp.n_embd), "n_vocab, n_embd")
+        layer = self.layer_shapes()
+        for il in range(hp.n_layer):
+            shapes.update({f"blk.{il}.{w}.weight": layer[w] for w in self.layer_weights})
+            shapes.update({f"blk.{il}.{w}.bias": ((layer[w][0][0],), f"the rows of {w}.weight: {layer[w][1]}")
+                           for w in self.layer_biases})
+        return shapes
+
+    def layer_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """One layer's weights by short name (attn_q, ffn_up, ...): shape and formula. The common ones
+        of a llama-style block; an architecture adds its own."""
+        hp = self.hp
+        q, kv = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        e, ff = hp.n_embd, hp.n_ff
+        return {
+            "attn_norm": ((e,), "n_embd"), "ffn_norm": ((e,), "n_embd"),
+            "attn_q": ((q, e), f"n_head*head_dim = {hp.n_head}*{hp.head_dim}, n_embd"),
+            "attn_k": ((kv, e), f"n_head_kv*head_dim = {hp.n_head_kv}*{hp.head_dim}, n_embd"),
+            "attn_v": ((kv, e), f"n_head_kv*head_dim = {hp.n_head_kv}*{hp.head_dim}, n_embd"),
+            "attn_output": ((e, q), f"n_embd, n_head*head_dim = {hp.n_head}*{hp.head_dim}"),
+            "ffn_gate": ((ff, e), "n_ff, n_embd"), "ffn_up": ((ff, e), "n_ff, n_embd"),
+            "ffn_down": ((e, ff), "n_embd, n_ff"),
+            "attn_q_norm": ((hp.head_dim,), "head_dim"), "attn_k_norm": ((hp.head_dim,), "head_dim"),
+            "post_attention_norm": ((e,), "n_embd"), "post_ffw_norm": ((e,), "n_embd"),
+        }
 
     def make_inputs(self, b: GraphBuilder, n_tokens: int, n_kv: int, n_out: int | None) -> StepInputs:
         swa = b.input("kq_mask_swa", F32, (n_tokens, n_kv)) if any(self.hp.swa_layers) else None

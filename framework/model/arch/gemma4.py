@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass
 
 from ...core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
-from ..hparams import HParams, MetadataError, _get
+from ..hparams import MAX_DIM, MAX_LAYERS, HParams, MetadataError
+from ..metadata import get_float, get_int, get_list, get_str
 from .base import Architecture, KVCache, StepInputs
 
 
@@ -49,43 +50,60 @@ class LayerShape:
         return self.n_head_kv * self.head_dim
 
 
-def _per_layer(meta: dict, key: str, n_layer: int, default: int | None = None) -> tuple[int, ...]:
-    """A key that is one number for every layer or an array of one per layer (llama.cpp's get_key_or_arr)."""
+def _per_layer(meta: dict, key: str, n_layer: int, default: int | None = None, lo: int = 1) -> tuple[int, ...]:
+    """A key that is one number for every layer or an array of one per layer (llama.cpp's get_key_or_arr),
+    each a whole number from lo to MAX_DIM."""
     value = meta.get(key)
     if value is None:
         if default is None:
             raise MetadataError(f"metadata key '{key}' is missing; the architecture needs it")
         return (default,) * n_layer
-    if isinstance(value, (list, tuple)):
-        if len(value) != n_layer:
-            raise MetadataError(f"metadata key '{key}' has {len(value)} entries, the model has {n_layer} layers")
-        return tuple(int(v) for v in value)
-    return (int(value),) * n_layer
+    if isinstance(value, list):
+        values = get_list(meta, key, "integers")
+        if len(values) != n_layer:
+            raise MetadataError(f"metadata key '{key}' has {len(values)} entries, the model has {n_layer} layers")
+        bad = next((v for v in values if not lo <= v <= MAX_DIM), None)
+        if bad is not None:
+            raise MetadataError(f"metadata key '{key}' holds {bad}; expected integers from {lo} to {MAX_DIM}, one "
+                                f"per layer")
+        return tuple(values)
+    return (get_int(meta, key, lo=lo, hi=MAX_DIM),) * n_layer
 
 
-def read_layer_shapes(meta: dict, shared_kv: bool) -> tuple[HParams, tuple[LayerShape, ...]]:
-    arch = str(meta["general.architecture"])
+def read_layer_shapes(meta: dict, shared_kv: bool,
+                      n_blocks: int | None = None) -> tuple[HParams, tuple[LayerShape, ...]]:
+    """The hyper-parameters and every layer's shape, each key checked for its type and range where it is
+    read (model/metadata.py); n_blocks: the layers whose tensors the file holds (block_count must match)."""
+    arch = get_str(meta, "general.architecture")
     p = f"{arch}."
-    n_layer = _get(meta, p + "block_count", cast=int)
-    n_embd = _get(meta, p + "embedding_length", cast=int)
+    n_layer = get_int(meta, p + "block_count", lo=1, hi=MAX_LAYERS)
+    if n_blocks is not None and n_layer != n_blocks:
+        raise MetadataError(f"metadata key '{p}block_count' says {n_layer} layers, but the file holds tensors for "
+                            f"{n_blocks}")
+    n_embd = get_int(meta, p + "embedding_length", lo=1, hi=MAX_DIM)
     pattern = meta.get(p + "attention.sliding_window_pattern")
-    if not isinstance(pattern, (list, tuple)) or len(pattern) != n_layer:
+    if not isinstance(pattern, list) or len(pattern) != n_layer or not set(map(type, pattern)) <= {bool, int}:
         raise MetadataError(f"metadata key '{p}attention.sliding_window_pattern' must list, for each of the "
                             f"{n_layer} layers, whether it uses the sliding window")
     swa = tuple(bool(x) for x in pattern)
     n_head = _per_layer(meta, p + "attention.head_count", n_layer)
     n_head_kv = _per_layer(meta, p + "attention.head_count_kv", n_layer, n_head[0])
     n_ff = _per_layer(meta, p + "feed_forward_length", n_layer)
-    d_full = _get(meta, p + "attention.key_length", n_embd // n_head[0], cast=int)
-    d_swa = _get(meta, p + "attention.key_length_swa", d_full, cast=int)
+    for il, (h, hkv) in enumerate(zip(n_head, n_head_kv)):
+        if h % hkv:
+            raise MetadataError(f"{arch}: layer {il} has {h} query heads, not a multiple of its {hkv} key/value heads")
+    d_full = get_int(meta, p + "attention.key_length", n_embd // n_head[0] or 1, lo=1, hi=MAX_DIM)
+    d_swa = get_int(meta, p + "attention.key_length_swa", d_full, lo=1, hi=MAX_DIM)
     for key, d in (("value_length", d_full), ("value_length_swa", d_swa)):
-        if _get(meta, p + f"attention.{key}", d, cast=int) != d:
+        if get_int(meta, p + f"attention.{key}", d, lo=1, hi=MAX_DIM) != d:
             raise MetadataError(f"{arch} needs attention.{key} equal to the key length ({d})")
-    rot_full = _get(meta, p + "rope.dimension_count", d_full, cast=int)
-    rot_swa = _get(meta, p + "rope.dimension_count_swa", rot_full, cast=int)
-    base = _get(meta, p + "rope.freq_base", 10000.0)
-    base_swa = _get(meta, p + "rope.freq_base_swa", 10000.0)
-    n_shared = _get(meta, p + "attention.shared_kv_layers", 0, cast=int) if shared_kv else 0
+    rot_full = get_int(meta, p + "rope.dimension_count", d_full, lo=2, hi=d_full)
+    rot_swa = get_int(meta, p + "rope.dimension_count_swa", rot_full, lo=2, hi=d_swa)
+    if rot_full % 2 or rot_swa % 2:
+        raise MetadataError(f"{arch}: the rotary widths ({rot_full}, sliding {rot_swa}) must be even")
+    base = get_float(meta, p + "rope.freq_base", 10000.0, above=0.0)
+    base_swa = get_float(meta, p + "rope.freq_base_swa", 10000.0, above=0.0)
+    n_shared = get_int(meta, p + "attention.shared_kv_layers", 0, lo=0, hi=n_layer) if shared_kv else 0
     kv_start = n_layer - n_shared
     if n_shared and kv_start < 2:
         raise MetadataError(f"{arch}: {n_shared} of {n_layer} layers share K and V, which leaves fewer than the two "
@@ -102,12 +120,16 @@ def read_layer_shapes(meta: dict, shared_kv: bool) -> tuple[HParams, tuple[Layer
                                 f"differs (sliding {src.swa}/{lay.swa}, head size {src.head_dim}/{lay.head_dim}, "
                                 f"kv heads {src.n_head_kv}/{lay.n_head_kv})")
     full = next((lay for lay in layers if not lay.swa), layers[0])
-    n_vocab = len(meta.get("tokenizer.ggml.tokens", ())) or _get(meta, p + "vocab_size", cast=int)
-    hp = HParams(arch=arch, n_vocab=n_vocab, n_ctx_train=_get(meta, p + "context_length", cast=int), n_embd=n_embd,
-                 n_layer=n_layer,
+    if "tokenizer.ggml.tokens" in meta:
+        n_vocab = len(get_list(meta, "tokenizer.ggml.tokens", "strings"))
+    else:
+        n_vocab = get_int(meta, p + "vocab_size", lo=1)
+    hp = HParams(arch=arch, n_vocab=n_vocab, n_ctx_train=get_int(meta, p + "context_length", lo=1),
+                 n_embd=n_embd, n_layer=n_layer,
                  n_ff=n_ff[0], n_head=n_head[0], n_head_kv=full.n_head_kv, head_dim=d_full,
-                 rms_eps=_get(meta, p + "attention.layer_norm_rms_epsilon"), rope_base=base, rope_base_swa=base_swa,
-                 n_rot=rot_full, sliding_window=_get(meta, p + "attention.sliding_window", cast=int) if any(swa) else 0,
+                 rms_eps=get_float(meta, p + "attention.layer_norm_rms_epsilon", above=0.0, below=1.0),
+                 rope_base=base, rope_base_swa=base_swa, n_rot=rot_full,
+                 sliding_window=get_int(meta, p + "attention.sliding_window", lo=1) if any(swa) else 0,
                  swa_layers=swa)
     return hp, tuple(layers)
 
@@ -128,8 +150,8 @@ class _Gemma4Base(Architecture):
     shared_kv = True
 
     @classmethod
-    def read_hparams(cls, meta: dict) -> HParams:
-        return read_layer_shapes(meta, cls.shared_kv)[0]
+    def read_hparams(cls, meta: dict, n_blocks: int | None = None) -> HParams:
+        return read_layer_shapes(meta, cls.shared_kv, n_blocks)[0]
 
     def __init__(self, file, hparams):
         super().__init__(file, hparams)
@@ -140,6 +162,28 @@ class _Gemma4Base(Architecture):
             if 2 * n != full.n_rot:
                 raise MetadataError(f"rope_freqs.weight holds {n} factors, the full layers turn {full.n_rot} "
                                     f"dimensions ({full.n_rot // 2} pairs)")
+
+    def weight_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The shapes each layer's own sizes give its attention and feed-forward weights and norms."""
+        shapes = super().weight_shapes()
+        e = self.hp.n_embd
+        for il, lay in enumerate(self.layers):
+            w, d = f"blk.{il}.", lay.head_dim
+            q, kv = lay.n_head * d, lay.n_head_kv * d
+            heads = f"layer {il}: {lay.n_head} heads of {d}"
+            shapes.update({w + "attn_q.weight": ((q, e), f"{heads}, n_embd"),
+                           w + "attn_output.weight": ((e, q), f"n_embd, {heads}"),
+                           w + "attn_q_norm.weight": ((d,), f"layer {il}'s head size"),
+                           w + "attn_k.weight": ((kv, e), f"layer {il}: {lay.n_head_kv} kv heads of {d}, n_embd"),
+                           w + "attn_v.weight": ((kv, e), f"layer {il}: {lay.n_head_kv} kv heads of {d}, n_embd"),
+                           w + "attn_k_norm.weight": ((d,), f"layer {il}'s head size"),
+                           w + "ffn_gate.weight": ((lay.n_ff, e), f"layer {il}'s n_ff {lay.n_ff}, n_embd"),
+                           w + "ffn_up.weight": ((lay.n_ff, e), f"layer {il}'s n_ff {lay.n_ff}, n_embd"),
+                           w + "ffn_down.weight": ((e, lay.n_ff), f"n_embd, layer {il}'s n_ff {lay.n_ff}")})
+            shapes.update({w + n + ".weight": ((e,), "n_embd") for n in ("attn_norm", "post_attention_norm",
+                                                                          "ffn_norm", "post_ffw_norm")})
+        names = set(self.weight_names())
+        return {k: v for k, v in shapes.items() if k in names}
 
     def query(self, b: GraphBuilder, inp: StepInputs, il: int, cur: Tensor) -> Tensor:
         """Q (T, H, D): projected, RMS-normed per head, turned."""
@@ -182,14 +226,18 @@ class Gemma4(_Gemma4Base):
     def __init__(self, file, hparams):
         super().__init__(file, hparams)
         meta = file.metadata
-        if self.has_weight("blk.0.ffn_gate_inp.weight") or int(meta.get("gemma4.expert_count", 0) or 0):
+        if self.has_weight("blk.0.ffn_gate_inp.weight") or get_int(meta, "gemma4.expert_count", 0, lo=0):
             raise MetadataError("gemma4 with mixture-of-experts layers (ffn_gate_inp; Gemma 4 26B A4B) is not "
                                 "supported: this project has no expert-routing op")
-        self.n_embd_per_layer = _get(meta, "gemma4.embedding_length_per_layer_input", 0, cast=int)
-        self.softcap = _get(meta, "gemma4.final_logit_softcapping", 0.0)
+        self.n_embd_per_layer = get_int(meta, "gemma4.embedding_length_per_layer_input", 0, lo=0, hi=MAX_DIM)
+        self.softcap = get_float(meta, "gemma4.final_logit_softcapping", 0.0)      # 0: no soft cap
+        if self.softcap < 0:
+            raise MetadataError(f"metadata key 'gemma4.final_logit_softcapping' holds {self.softcap}; expected 0 (no "
+                                f"cap) or a positive number")
 
     def weight_names(self) -> list[str]:
         names = ["token_embd.weight", "output_norm.weight"]
+        names += ["output.weight"] if self.has_weight("output.weight") else []      # else tied to the embedding
         for il, lay in enumerate(self.layers):
             w = f"blk.{il}."
             names += [w + n + ".weight" for n in ("attn_norm", "attn_q", "attn_q_norm", "attn_output",
@@ -197,6 +245,10 @@ class Gemma4(_Gemma4Base):
                                                   "ffn_down", "post_ffw_norm")]
             if lay.kv_from == il:
                 names += [w + "attn_k.weight", w + "attn_k_norm.weight"]
+                # read where the file has them: V's own projection (else V is K's) and the output scale
+                names += [w + "attn_v.weight"] if self.has_weight(w + "attn_v.weight") else []
+            if self.has_weight(w + "layer_output_scale.weight"):
+                names.append(w + "layer_output_scale.weight")
             if self.n_embd_per_layer:
                 names += [w + "inp_gate.weight", w + "proj.weight", w + "post_norm.weight"]
         if any(not lay.swa for lay in self.layers):
@@ -288,7 +340,7 @@ class Gemma4Assistant(_Gemma4Base):
 
     def __init__(self, file, hparams):
         super().__init__(file, hparams)
-        self.n_embd_backbone = _get(file.metadata, f"{self.name}.embedding_length_out", cast=int)
+        self.n_embd_backbone = get_int(file.metadata, f"{self.name}.embedding_length_out", lo=1, hi=MAX_DIM)
         if self.n_embd_backbone == hparams.n_embd:
             raise MetadataError(f"{self.name} needs embedding_length_out to hold the target's width, which differs "
                                 f"from its own ({hparams.n_embd})")

@@ -21,6 +21,12 @@ class Llama(Architecture):
     layer_weights = LAYER_WEIGHTS
     rope_mode = "normal"
 
+    def weight_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        shapes = super().weight_shapes()
+        if self.has_weight(ROPE_FREQS):
+            shapes[ROPE_FREQS] = ((self.hp.n_rot // 2,), "n_rot / 2: one factor per rotary pair")
+        return shapes
+
     def build(self, b: GraphBuilder, inp: StepInputs, cache: KVCache, n_layers: int | None = None) -> Tensor:
         hp = self.hp
         x = b.get_rows(self.weight("token_embd.weight"), inp.tokens, name="inp_embd")

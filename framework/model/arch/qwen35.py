@@ -36,6 +36,7 @@ import numpy as np
 
 from ...core.graph import F32, I32, GraphBuilder, LeafKind, Tensor, leaf
 from ..hparams import MetadataError, SSMParams, read_ssm_hparams
+from ..metadata import get_list
 from .base import Architecture, KVCache, StepInputs
 
 STATE_ROWS = 2          # row 0: zeros (a fresh sequence), row 1: the sequence's state
@@ -87,17 +88,37 @@ class Qwen35(Architecture):
         super().__init__(file, hparams)
         meta = file.metadata
         self.ssm = read_ssm_hparams(meta, hparams.n_layer)
-        sections = tuple(int(x) for x in meta.get("qwen35.rope.dimension_sections", ()))[:4]
+        sections = tuple(get_list(meta, "qwen35.rope.dimension_sections", "integers", []))[:4]
         if sections:
             check_text_rope(sections + (0,) * (4 - len(sections)), hparams.n_rot)
 
-    def weight_names(self) -> list[str]:
-        names = ["token_embd.weight", "output_norm.weight"]
-        for il, rec in enumerate(self.ssm.recurrent):
-            names += [f"blk.{il}.{w}.weight" for w in (LINEAR_WEIGHTS if rec else ATTN_WEIGHTS)]
+    def weight_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every tensor the graph reads, with its shape: full-attention layers as llama-style ones but with
+        Q and its gate in one projection, linear-attention layers with the ssm keys' widths."""
+        shapes = super().weight_shapes()
+        hp, s = self.hp, self.ssm
+        common = self.layer_shapes()
+        e = hp.n_embd
+        attn = {**common, "attn_q": ((2 * hp.n_head * hp.head_dim, e),
+                                     f"2*n_head*head_dim = 2*{hp.n_head}*{hp.head_dim} (Q and its gate), n_embd")}
+        c = (f"conv channels = 2*group_count*state_size + inner_size = 2*{s.n_k_heads}*{s.d_state} + "
+             f"{s.d_inner}")
+        linear = {**common,
+                  "attn_qkv": ((s.conv_channels, e), f"{c}, n_embd"),
+                  "attn_gate": ((s.d_inner, e), f"inner_size = {s.d_inner}, n_embd"),
+                  "ssm_conv1d": ((s.conv_channels, s.d_conv), f"{c}, conv_kernel = {s.d_conv}"),
+                  "ssm_beta": ((s.n_v_heads, e), f"time_step_rank = {s.n_v_heads}, n_embd"),
+                  "ssm_alpha": ((s.n_v_heads, e), f"time_step_rank = {s.n_v_heads}, n_embd"),
+                  "ssm_norm": ((s.d_state,), f"state_size = {s.d_state}"),
+                  "ssm_out": ((e, s.d_inner), f"n_embd, inner_size = {s.d_inner}")}
+        heads = ((s.n_v_heads,), f"time_step_rank = {s.n_v_heads}")
+        for il, rec in enumerate(s.recurrent):
+            layer = linear if rec else attn
+            shapes.update({f"blk.{il}.{w}.weight": layer[w] for w in (LINEAR_WEIGHTS if rec else ATTN_WEIGHTS)})
             if rec:
-                names += [f"blk.{il}.ssm_a", f"blk.{il}.ssm_dt.bias"]
-        return names
+                shapes[f"blk.{il}.ssm_a"] = heads
+                shapes[f"blk.{il}.ssm_dt.bias"] = heads
+        return shapes
 
     def make_cache(self, n_ctx: int, scratch_rows: int = 0) -> KVCache:
         return HybridCache(self.hp, self.ssm, n_ctx, scratch_rows)

@@ -6,8 +6,19 @@ import os
 
 import numpy as np
 
-from ...contract import (HOST_BUFFER, BufferType, Device, DeviceType, Fragment, Limits, ReferenceProgram, Tensor,
-                         Verdict, dequantize)
+from ...contract import (
+    HOST_BUFFER,
+    BufferType,
+    Device,
+    DeviceType,
+    Fragment,
+    Limits,
+    ReferenceProgram,
+    Tensor,
+    Verdict,
+    dequantize,
+    host_memory_limit,
+)
 
 # Weights are held dequantized: BLAS multiplies float32 far faster than numpy can unpack blocks.
 CPU_F32_BUFFER = BufferType("cpu_f32_unpacked", host=True)
@@ -29,6 +40,10 @@ class CpuDevice(Device):
 
     def __init__(self):
         self.physical_id = "host-cpu"
+        # weights, caches and activations live in host memory: reservation checks them against it (a
+        # subclass that declares its own limits, as tests do, keeps them)
+        if type(self).limits is CpuDevice.limits:
+            self.limits = Limits(memory_bytes=host_memory_limit())
         self.description = f"numpy {np.__version__} on {os.cpu_count()} CPU threads (float32)"
 
     def supports_op(self, node: Tensor) -> Verdict:

@@ -12,9 +12,9 @@ function added to the table later) is refused, never computed as another.
 
 from __future__ import annotations
 
-import os
-
-from ...contract import LeafKind, Tensor, Verdict, ops
+from ...contract import LeafKind, Tensor, Verdict, ops, settings
+from . import options
+from .options import DISABLE_OPS_ENV
 
 VIEW_OPS = ops.VIEW_OPS
 
@@ -32,10 +32,12 @@ CHOICES = {("UNARY", "op"): {k: v for k, v in UNARY_CODE.items() if k != "scale"
 OP_CODES = {**{k.lower(): v for k, v in BINARY_CODE.items()}, **UNARY_CODE}
 MAX_AXES = 4
 MAX_ELEMENTS = 1 << 32              # kernels index elements with 32-bit integers
-DISABLE_OPS_ENV = "FRAMEWORK_OPENCL_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
+
+options.declare(COVERED)
+
 
 def disabled_ops() -> frozenset[str]:
-    return frozenset(o.strip().upper() for o in os.environ.get(DISABLE_OPS_ENV, "").split(",") if o.strip())
+    return settings.read(DISABLE_OPS_ENV)
 
 
 def is_weight(t: Tensor) -> bool:

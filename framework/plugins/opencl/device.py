@@ -5,20 +5,18 @@ buffers; one in-order command queue."""
 from __future__ import annotations
 
 import math
-import os
 import threading
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Limits, Tensor, Verdict
-from . import layout
+from ...contract import BufferType, Device, DeviceType, Limits, Tensor, Verdict, settings
+from . import layout, options
 from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
+from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
 from .properties import device_data, device_type, physical_id
 
-MAX_ALLOC_ENV = "FRAMEWORK_OPENCL_MAX_ALLOC"   # bytes: a smaller largest allocation (tests of split weights)
-PROFILE_ENV = "FRAMEWORK_OPENCL_PROFILE"       # "1": device time per kernel in device.profile (program.py)
 KIND_ORDER = {DeviceType.GPU: 0, DeviceType.ACCEL: 1, DeviceType.NPU: 1, DeviceType.CPU: 2}
 
 
@@ -99,7 +97,7 @@ class OpenCLDevice(Device):
         self.name = f"opencl:{index}"
         self.buffer_type = BufferType(f"opencl:{index}")
         self.weight_buffer_type = BufferType(f"opencl:{index}:weights")
-        self.disabled = disabled_ops()
+        self.disabled = disabled_ops() if cl_device is not None else frozenset()
         self.limits = Limits(dtypes=frozenset(layout.SUPPORTED))
         self.cl_device = cl_device
         if cl_device is None:
@@ -112,7 +110,7 @@ class OpenCLDevice(Device):
         self.type = device_type(cl_device)
         self.is_cpu = self.type == DeviceType.CPU
         self.physical_id = physical_id(cl_device, index)
-        self.max_alloc = int(os.environ.get(MAX_ALLOC_ENV) or self.data["max_alloc_bytes"])
+        self.max_alloc = settings.read(MAX_ALLOC_ENV) or self.data["max_alloc_bytes"]
         self.max_wg = self.data["max_work_group_size"]
         self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(layout.SUPPORTED))
         self.fp64 = self.data["fp64"]
@@ -133,7 +131,7 @@ class OpenCLDevice(Device):
         self._dummy = None
         self.enqueued = 0                 # kernels enqueued, all programs together
         self.runs = 0
-        self.profile = {} if os.environ.get(PROFILE_ENV) == "1" else None
+        self.profile = {} if settings.read(PROFILE_ENV) else None
 
     # -- the context and the queue, made on first use -----------------------------------------
     def _open(self):
@@ -273,6 +271,9 @@ class OpenCLDevice(Device):
 
 def devices() -> list[OpenCLDevice]:
     from .discovery import discover
+    bad = options.problem()
+    if bad is not None:         # named, never taken as something else
+        return [OpenCLDevice(0, reason=bad)]
     found = discover()
     if not found.devices:
         return [OpenCLDevice(0, reason=found.reason)]

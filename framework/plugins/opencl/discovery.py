@@ -10,7 +10,8 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from ...contract import settings
 
 INSTALL_HINT = "pip install 'pyopencl>=2024.1'"
 LOADER_HINT = "Debian/Ubuntu: apt-get install ocl-icd-libopencl1"
@@ -30,15 +31,18 @@ class Discovery:
 _cached: Discovery | None = None
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: pyopencl's binaries and PoCL's own cache, under FRAMEWORK_CACHE
-    (``make clean-cache`` deletes them with the rest)."""
-    return Path(os.environ.get("FRAMEWORK_CACHE", Path.home() / ".cache" / "framework")) / "opencl"
-
-
 def _pocl_cache() -> None:
-    """PoCL reads POCL_CACHE_DIR when the loader first opens it: before the first platform query."""
-    os.environ.setdefault("POCL_CACHE_DIR", str(cache_dir() / "pocl"))
+    """PoCL reads POCL_CACHE_DIR (and POCL_KERNEL_CACHE, 0: no cache) when the loader first opens it:
+    before the first platform query."""
+    from .options import cache_dir
+    try:
+        root = cache_dir()
+    except settings.SettingError:
+        return                      # the devices say why (options.problem)
+    if root is None:
+        os.environ.setdefault("POCL_KERNEL_CACHE", "0")
+    else:
+        os.environ.setdefault("POCL_CACHE_DIR", str(root / "pocl"))
 
 
 def discover() -> Discovery:

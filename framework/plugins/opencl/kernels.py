@@ -14,8 +14,10 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from ...contract import caches, settings
 from . import layout
 from .coverage import OP_CODES
+from .options import MATMUL_ENV, MATVEC_ENV, cache_dir
 from .signatures import c_header
 
 SOURCE = Path(__file__).with_name("kernels.cl")
@@ -27,8 +29,6 @@ MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix
 MATVEC_MIN_GROUPS = 264  # work-groups a matrix-vector product should make at least (2 an SM on an H200)
 MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits where the device has a 4-way byte dot product
 MATVEC_XL_BYTES = 36 << 10  # local memory the matrix-vector kernel may take to stage f32 x (rows x groups x 144 B)
-MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"   # tuning / tests: "v=1,tpr=8,r=2,wg=64,x8=1,xl=0,dp4a=0,shfl=0"
-MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"   # tuning / tests: "bm=32,bn=64,tm=4,tn=4"
 SPLIT_ATTN_BELOW = 64    # query rows x heads under which attention splits its keys over work-groups (GPUs)
 
 
@@ -39,11 +39,7 @@ def source() -> str:
 
 
 def _env(name: str) -> dict[str, int]:
-    out = {}
-    for item in filter(None, os.environ.get(name, "").replace(" ", "").split(",")):
-        key, _, value = item.partition("=")
-        out[key] = int(value)
-    return out
+    return settings.read(name)
 
 
 def base_options(dev) -> dict[str, int]:
@@ -105,26 +101,13 @@ def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int
     return shape
 
 
-MATVEC_KEYS = {"v": (0, 1), "tpr": (1, 2, 4, 8, 16, 32), "r": tuple(range(1, 9)),
-               "wg": (32, 64, 128, 256, 512, 1024), "x8": (0, 1), "xl": (0, 1), "dp4a": (0, 1), "shfl": (0, 1)}
-
-
 def matvec_settings(dev) -> dict[str, int]:
-    """FRAMEWORK_OPENCL_MATVEC's settings, each a known key with one of its values (a ValueError naming
-    the variable, the item and what it may be, otherwise)."""
-    raw = os.environ.get(MATVEC_ENV, "")
-    out = {}
-    for item in filter(None, raw.replace(" ", "").split(",")):
-        key, eq, value = item.partition("=")
-        allowed = MATVEC_KEYS.get(key)
-        if not eq or allowed is None or not value.lstrip("-").isdigit() or int(value) not in allowed:
-            known = "; ".join(f"{k}: {'/'.join(map(str, v)) if len(v) < 7 else f'{v[0]}..{v[-1]}'}"
-                              for k, v in MATVEC_KEYS.items())
-            raise ValueError(f"{MATVEC_ENV}={raw!r} ({dev.name}): {item!r} is not a setting of the matrix-vector "
-                             f"kernel; settings are key=value, separated by commas ({known}); unset the variable "
-                             f"for the plugin's choice")
-        out[key] = int(value)
-    return out
+    """FRAMEWORK_OPENCL_MATVEC's settings, each a known key with one of its values (options.MATVEC_KEYS; a
+    ValueError naming the variable, the item, what it may be and the device, otherwise)."""
+    try:
+        return settings.read(MATVEC_ENV)
+    except settings.SettingError as e:
+        raise ValueError(f"{e} ({dev.name}); unset the variable for the plugin's choice") from None
 
 
 def _check_matvec(dev, shape: dict, fits: bool, xg: int, red: int) -> None:
@@ -257,16 +240,32 @@ def reg_shape(dev, m: int) -> dict[str, int] | None:
     return shape
 
 
+def _binary_cache() -> str | None:
+    """pyopencl's binaries under the plugin's cache folder, or None (caching off, or the folder cannot be
+    written: said once, and kernels are then built each run)."""
+    root = cache_dir()
+    if root is None:
+        return None
+    folder = root / "pyopencl"
+    why = caches.unwritable(folder)
+    if why is not None:
+        caches.report(f"OpenCL kernel cache {folder} cannot be written ({why}): kernels are built without it",
+                      once_key=f"opencl:{folder}")
+        return None
+    return str(folder)
+
+
 def build(dev, options: dict[str, int]):
     """The program of kernels.cl for these build options, built once per device."""
     key = tuple(sorted(options.items()))
     prog = dev.programs.get(key)
     if prog is None:
         import pyopencl as cl
-        from .discovery import cache_dir
         flags = [f"-D{k}={v}" for k, v in key] + ["-cl-std=CL1.2"]
+        folder = _binary_cache()
         try:
-            prog = cl.Program(dev.context, source()).build(options=flags, cache_dir=str(cache_dir() / "pyopencl"))
+            # cache_dir=False: no on-disk binaries (pyopencl's default folder would ignore FRAMEWORK_CACHE=off)
+            prog = cl.Program(dev.context, source()).build(options=flags, cache_dir=folder or False)
         except cl.RuntimeError as e:
             raise RuntimeError(f"{dev.name}: building kernels.cl with {' '.join(flags)} failed: {e}") from None
         dev.programs[key] = prog

@@ -21,6 +21,7 @@ Scheme (see the package docstring for the whole story):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -32,8 +33,22 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Fragment, LeafKind, Limits, Tensor, Verdict
+from ...contract import (
+    HOST_BUFFER,
+    BufferType,
+    Device,
+    DeviceType,
+    Fragment,
+    LeafKind,
+    Limits,
+    Tensor,
+    Verdict,
+    caches,
+    host_memory_limit,
+    settings,
+)
 from . import weights as W
+from .blobcache import BlobCache
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .translate import SUPPORTED_OPS, Translation, rope_table, translate
 
@@ -53,6 +68,23 @@ DEFAULT_DYNQUANT = 0
 PRECISION_HINT, DYNQUANT = "INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 TYPES = {"CPU": DeviceType.CPU, "GPU": DeviceType.GPU, "NPU": DeviceType.NPU}
 
+settings.declare(CACHE_ENV, "openvino", "a folder, or 'off'", None, "OpenVINO's compiled-model cache (CACHE_DIR); "
+                 "unset: openvino/ under FRAMEWORK_CACHE", settings.folder_or_off)
+settings.declare(PROFILE_ENV, "openvino", f"a device profile: {', '.join(PROFILES)}", None,
+                 "a profile applied to every present non-NPU OpenVINO device (an EMULATION)",
+                 settings.choice(PROFILES, fold=False))
+settings.declare(PRECISION_ENV, "openvino", "f32, f16 or bf16", DEFAULT_PRECISION,
+                 "OpenVINO's INFERENCE_PRECISION_HINT", settings.choice(("f32", "f16", "bf16")))
+settings.declare(BITS_ENV, "openvino", "4 or 8", DEFAULT_BITS, "weight packing: 4 (i4 for the 4-bit types, i8 for "
+                 "the others) or 8 (i8 for every type)", lambda text: int(settings.choice(("4", "8"))(text)))
+settings.declare(CACHE_MAX_ENV, "openvino", "a number of GiB above 0", 4.0,
+                 "size the compiled-model cache is trimmed to (least recently used blobs go first)",
+                 settings.number(0.0, above=True))
+settings.declare(DYNQUANT_ENV, "openvino", "0 or off, or a positive group size", DEFAULT_DYNQUANT,
+                 "DYNAMIC_QUANTIZATION_GROUP_SIZE of OpenVINO's CPU and GPU plugins (0: activations not quantized)",
+                 lambda text: 0 if text.lower() == "off" else settings.whole(0)(text))
+caches.register("openvino", "OpenVINO compiled models (blobs) and their manifest", lambda: default_cache_dir())
+
 
 class OpenVinoSettingError(ValueError):
     """An environment setting of the OpenVINO plugin that it does not accept."""
@@ -60,14 +92,10 @@ class OpenVinoSettingError(ValueError):
 
 def dynamic_quantization_from_env() -> int:
     """DYNAMIC_QUANTIZATION_GROUP_SIZE from FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION, or the default (0)."""
-    value = os.environ.get(DYNQUANT_ENV)
-    if value is None or value.strip() == "":
-        return DEFAULT_DYNQUANT
-    text = value.strip().lower()
-    if text == "off":
-        return 0
-    if text.isdigit():
-        return int(text)
+    try:
+        return settings.read(DYNQUANT_ENV)
+    except settings.SettingError:
+        value = os.environ.get(DYNQUANT_ENV)
     raise OpenVinoSettingError(f"{DYNQUANT_ENV}={value!r} is not accepted: use 0 or off (activations not quantized, "
                                f"the default) or a positive group size such as 32 (OpenVINO's CPU plugin quantizes "
                                f"the activations of compressed products to 8 bits in groups of that many values)")
@@ -80,10 +108,17 @@ def dynamic_quantization_words(group_size: int) -> str:
 
 
 def default_cache_dir() -> Path | None:
-    value = os.environ.get(CACHE_ENV)
-    if value == "off":
-        return None
-    return Path(value) if value else Path.home() / ".cache" / "framework" / "openvino"
+    return settings.cache_dir("openvino", CACHE_ENV)
+
+
+def read_settings() -> str | None:
+    """Why the plugin's settings cannot be used (None when they all parse)."""
+    try:
+        for name in (CACHE_ENV, PROFILE_ENV, PRECISION_ENV, BITS_ENV, CACHE_MAX_ENV, DYNQUANT_ENV, settings.CACHE.name):
+            settings.read(name)
+    except settings.SettingError as e:
+        return f"bad openvino settings: {e}"
+    return None
 
 
 _CORE = None
@@ -136,18 +171,23 @@ class OpenVinoDevice(Device):
         self.profile = profile
         self.emulation = profile.name if (profile and emulated) else None
         self.limits = profile.limits if profile else Limits()
+        if self.type in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
+            # the CPU, and Intel's NPUs, compute in host memory
+            self.limits = dataclasses.replace(self.limits, memory_bytes=host_memory_limit())
         self.refused = dict(profile.refused_ops) if profile else {}
         self.refused.update(refuse or {})
         self.refused_ops = {op: Verdict.no("refused_by_profile", f"{self._refuser(op)} refuses {op}: {why}")
                             for op, why in self.refused.items()}
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
-        self.precision = precision or os.environ.get(PRECISION_ENV, DEFAULT_PRECISION)
-        self.bits = int(bits or os.environ.get(BITS_ENV, DEFAULT_BITS))
+        self.precision = precision or settings.read(PRECISION_ENV)
+        self.bits = int(bits or settings.read(BITS_ENV))
         self.dynamic_quantization = (dynamic_quantization_from_env() if dynamic_quantization is None
                                      else int(dynamic_quantization))
         if self.dynamic_quantization < 0:
             raise OpenVinoSettingError(f"dynamic_quantization={dynamic_quantization} for {self.name}: use 0 (off) or "
                                        f"a positive group size")
+        self._blobs: BlobCache | None = None
+        self.cache_off = ""                     # why the on-disk cache is off, when not by the setting
         self.stats = CompileStats()
         self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -265,6 +305,22 @@ class OpenVinoDevice(Device):
             cfg[DYNQUANT] = self.dynamic_quantization
         return cfg
 
+    def blob_cache(self) -> BlobCache | None:
+        """The checks around OpenVINO's cache folder; None when caching is off or the folder cannot be
+        written (said once, and this device then compiles without CACHE_DIR)."""
+        if self.cache_dir is None:
+            return None
+        if self._blobs is None or self._blobs.folder != self.cache_dir:
+            why = caches.unwritable(self.cache_dir)
+            if why is not None:
+                caches.report(f"OpenVINO cache folder {self.cache_dir} cannot be written ({why}): {self.name} "
+                              f"compiles without an on-disk cache", once_key=f"openvino:{self.cache_dir}")
+                self.cache_off = f"{self.cache_dir} cannot be written"
+                self.cache_dir = None
+                return None
+            self._blobs = BlobCache(self.cache_dir)
+        return self._blobs
+
     def rope(self, pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
         key = (pos.tobytes(), rope)
         table = self._rope_cache.get(key)
@@ -286,8 +342,9 @@ class OpenVinoDevice(Device):
 
     def compile_summary(self) -> str:
         s = self.stats
+        off = self.cache_off or f"{CACHE_ENV}=off"
         where = (f"{s.compiled} compiled, {s.from_cache} loaded from the on-disk cache {self.cache_dir}"
-                 if self.cache_dir else f"all compiled: the on-disk cache is off ({CACHE_ENV}=off)")
+                 if self.cache_dir else f"all compiled: the on-disk cache is off ({off})")
         n = s.compiled + s.from_cache
         line = (f"{self.name}: {n} compiled model{'' if n == 1 else 's'} ({where}) in {s.seconds:.2f} s, graphs "
                 f"built in {s.build_seconds:.2f} s")
@@ -322,8 +379,10 @@ class OvProgram:
         t0 = time.perf_counter()
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
+        blobs = dev.blob_cache()
         try:
-            compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+            with blobs.compiling() if blobs else contextlib.nullcontext():
+                compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
         except RuntimeError as e:
             if dev.dynamic_quantization and "primitive descriptor" in str(e):
                 cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
@@ -437,7 +496,7 @@ def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
     blob holds its weights, so every distinct shape of a model adds about the model's size. The least
     recently used blobs (by access time) go first."""
     if max_bytes is None:
-        max_bytes = int(float(os.environ.get(CACHE_MAX_ENV, "4")) * 2**30)
+        max_bytes = int(settings.read(CACHE_MAX_ENV) * 2**30)
     try:
         blobs = [(p.stat().st_atime, p.stat().st_size, p) for p in folder.glob("*.blob")]
     except OSError:
@@ -560,8 +619,12 @@ def discover() -> list[OpenVinoDevice]:
     except (ImportError, OSError, RuntimeError) as e:
         reason = f"the openvino package cannot be imported: {type(e).__name__}: {e}"
         return [OpenVinoDevice(n, available=False, unavailable_reason=reason) for n in ("CPU", "GPU", "NPU")]
+    bad = read_settings()
+    if bad is not None:
+        return [OpenVinoDevice(n, available=False, unavailable_reason=bad, cache_dir=None, precision="f32", bits=4)
+                for n in ("CPU", "GPU", "NPU")]
     devices = []
-    profile_name = os.environ.get(PROFILE_ENV)
+    profile_name = settings.read(PROFILE_ENV)
     for name in c.available_devices:
         kind = name.split(".")[0]
         full = _prop(c, name, "FULL_DEVICE_NAME") or ""

@@ -29,9 +29,8 @@ import numpy as np
 import openvino as ov
 from openvino import opset13 as ops
 
-from ...contract import Fragment, LeafKind, Tensor
+from ...contract import Fragment, LeafKind, Tensor, reference
 from ...contract import ops as op_table
-from ...contract import reference
 from .weights import OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import Device, DeviceType, Verdict
+from ...contract import Device, DeviceType, Verdict, settings
 from .agent import NodeAgent, contract_version, file_sha256, framework_version
 
 ADDRESS_ENV = "RAY_ADDRESS"               # the cluster, as Ray itself reads it; --ray-address sets it
@@ -30,12 +30,16 @@ class RemoteNodeError(RuntimeError):
     """A node died or did not answer in time (the executor reports it as a DeviceRunError)."""
 
 
+settings.declare(PLUGINS_ENV, "ray", "comma-separated names of backend plugins", (),
+                 "the plugins the nodes' agents load (unset: all but ray)", settings.names)
+settings.declare(TIMEOUT_ENV, "ray", "a number of seconds above 0", DEFAULT_TIMEOUT,
+                 "how long any wait for a node may take", settings.number(0.0, above=True))
+
+
 def timeout() -> float:
-    text = os.environ.get(TIMEOUT_ENV, "")
-    try:
-        return float(text) if text else DEFAULT_TIMEOUT
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    """FRAMEWORK_RAY_TIMEOUT (a SettingError, a ValueError, naming it when it is not a finite positive
+    number: a NaN or negative wait would never end or end at once)."""
+    return settings.read(TIMEOUT_ENV)
 
 
 class NodeLink:
@@ -153,7 +157,7 @@ def _node_devices(ray, name: str, node: dict) -> list[Device]:
     link = _links.get((node["NodeID"], name))
     try:
         if link is None:
-            plugins = [p.strip() for p in os.environ.get(PLUGINS_ENV, "").split(",") if p.strip()] or None
+            plugins = list(settings.read(PLUGINS_ENV)) or None
             agent = ray.remote(NodeAgent).options(num_cpus=0, resources={RESOURCE + name: 0.001},
                                                  max_restarts=0).remote(plugins)
             link = NodeLink(ray, name, node, agent)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...contract import Device
-from ...contract import Fragment, LeafKind, Tensor
+from ...contract import Device, Fragment, LeafKind, Tensor
 
 
 def stand_in(t: Tensor) -> Tensor:

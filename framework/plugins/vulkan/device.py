@@ -3,24 +3,31 @@
 from __future__ import annotations
 
 import math
-import os
 import threading
 import weakref
 
 import numpy as np
 
-from ...contract import HOST_CPU, BufferType, Device, DeviceType, Limits, Tensor, Verdict, pci_physical_id
-from . import quant
+from ...contract import (
+    HOST_CPU,
+    BufferType,
+    Device,
+    DeviceType,
+    Limits,
+    Tensor,
+    Verdict,
+    host_memory_limit,
+    pci_physical_id,
+    settings,
+)
+from . import options, quant
 from .fusion import fusions_off
+from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
 from .submission import VkProgram
 from .tensors import Chunk, Lease, VkTensor, VkWeight, contig
 from .verdicts import OPS, verdict
 
-DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
-PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
-# "0": do not request shader-f16 (only the tiled product's f16 variant needs it)
-F16_ENV = "FRAMEWORK_VULKAN_F16"
-SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # "0": no subgroup operations even where the adapter has them
+options.declare(OPS)
 
 ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU, "VirtualGPU": DeviceType.GPU,
                  "CPU": DeviceType.CPU}
@@ -43,8 +50,7 @@ class VulkanDevice(Device):
         self.adapter = adapter
         self.buffer_type = BufferType(f"vulkan:{index}")
         self.weight_buffer_type = BufferType(f"vulkan:{index}:weights")
-        self.disabled = frozenset(o.strip().upper() for o in os.environ.get(DISABLE_OPS_ENV, "").split(",")
-                                  if o.strip())
+        self.disabled = settings.read(DISABLE_OPS_ENV) if adapter is not None else frozenset()
         if adapter is None:
             self.available, self.unavailable_reason = False, reason or "no Vulkan adapter"
             self.type = DeviceType.GPU
@@ -62,9 +68,9 @@ class VulkanDevice(Device):
                             pci_physical_id(int(info.get("vendor_id", 0)), int(info.get("device_id", 0))))
         # a software (CPU) adapter runs barrier-free register-tiled kernels far better than cooperative ones
         self.cpu_adapter = self.type == DeviceType.CPU
-        self.f16 = "shader-f16" in feats and os.environ.get(F16_ENV, "1") != "0"
+        self.f16 = "shader-f16" in feats and settings.read(F16_ENV)
         # subgroup shuffles reduce the matrix-vector kernel's sums where a team fits in the smallest subgroup
-        self.subgroups = "subgroup" in feats and os.environ.get(SUBGROUPS_ENV, "1") != "0"
+        self.subgroups = "subgroup" in feats and settings.read(SUBGROUPS_ENV)
         # wgpu 0.32 reports the API's bounds (4..128), not the GPU's; NVIDIA's subgroups are always 32 wide
         self.subgroup_min = 32 if info.get("vendor_id") == 0x10DE else int(
             info.get("subgroup_min_size", info.get("stackgroup_min_size")) or 0)
@@ -98,7 +104,9 @@ class VulkanDevice(Device):
         self.description = (f"{info.get('device', '?')} ({info.get('description', '')}), {kind}, Vulkan through wgpu"
                             f"{soft}; storage bindings up to {self.max_binding / 2**20:.0f} MiB, "
                             f"f16 {'on' if self.f16 else 'off'}")
-        self.limits = Limits(dtypes=frozenset(quant.SUPPORTED))
+        # a CPU adapter (lavapipe) computes in host memory; wgpu reports no GPU's memory size
+        self.limits = Limits(dtypes=frozenset(quant.SUPPORTED),
+                             memory_bytes=host_memory_limit() if self.cpu_adapter else None)
         self._gpu = None
         self._lock = threading.Lock()
         self._pipelines: dict = {}
@@ -110,7 +118,7 @@ class VulkanDevice(Device):
         self.compiled: list[tuple[int, int]] = []     # per program compiled: (rows of x, dispatches a run)
         # FRAMEWORK_VULKAN_PROFILE=1: GPU time per kernel (one pass per dispatch, timestamps around each)
         self.timestamps = "timestamp-query" in feats
-        self.profile = {} if os.environ.get(PROFILE_ENV) == "1" and self.timestamps else None
+        self.profile = {} if settings.read(PROFILE_ENV) and self.timestamps else None
 
     # -- the wgpu device, made on first use ----------------------------------------------------
     @property
@@ -291,6 +299,9 @@ def _padded(array: np.ndarray) -> np.ndarray:
 
 def devices() -> list[VulkanDevice]:
     from .discovery import discover
+    bad = options.problem()
+    if bad is not None:
+        return [VulkanDevice(0, None, bad)]
     found = discover()
     if not found.adapters:
         return [VulkanDevice(0, None, found.reason)]

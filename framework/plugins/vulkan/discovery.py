@@ -10,8 +10,8 @@ import ctypes
 import ctypes.util
 import glob
 import os
-import tempfile
 import sys
+import tempfile
 
 INSTALL_HINT = "pip install 'wgpu>=0.32'"
 LOADER_HINT = "Debian/Ubuntu: apt-get install libvulkan1"

@@ -27,10 +27,8 @@ from dataclasses import dataclass, field
 from ...contract import LeafKind, Tensor, ops
 from . import quant, wgsl_fused
 from .kernel_shapes import matvec_shape
+from .options import FUSIONS, UNFUSE_ENV
 from .wgsl_fused import ATTN_WG, Prologue
-
-UNFUSE_ENV = "FRAMEWORK_VULKAN_UNFUSE"
-FUSIONS = ("attn", "combine", "norm", "add", "glu", "rms_mul")
 
 
 def fusions_off(value: str | None = None) -> frozenset[str]:

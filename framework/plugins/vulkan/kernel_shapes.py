@@ -4,7 +4,8 @@ variables override them for tuning and for the tests, which run every shape on l
 
 from __future__ import annotations
 
-import os
+from ...contract import settings
+from .options import MATMUL_ENV, MATVEC_ENV  # noqa: F401 (MATMUL_ENV: re-exported for the benchmark)
 
 MATVEC_MAX_ROWS = 8
 GPU_THREADS = 32768       # threads a GPU's tiled product should have at least (else smaller tiles)
@@ -13,13 +14,11 @@ MATVEC_ROWS = {1: 4, 2: 2, 4: 1, 8: 1}   # weight rows per thread, by rows of x:
 MATVEC_MIN_WORKGROUPS = 256               # ... fewer where a matrix would make fewer workgroups (2 an SM on an H200)
 # weights from this size take x in 8 bits: below it the extra dispatch costs more than it saves
 MATVEC_X8_BYTES = 4 << 20
-MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"   # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
 # (BM, BN, KG) of the workgroup-memory tiled product, largest first. On the H200 (2026-11-30 sweep) 64 x 32
 # with split K beat 32 x 64, 32 x 32 (KG 1 or 2) and 64 x 64 without splits on both models' prefill
 MATMUL_TILES = ((64, 64, 1), (64, 32, 1))
 MATMUL_MIN_WORKGROUPS = 264   # a product with fewer tiles takes smaller ones, then splits K (2 an SM on an H200)
 MATMUL_MIN_SPLIT_GROUPS = 4   # ... into parts of at least this many 32-element groups
-MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"   # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "wgs=512", "f16=0"
 # 1: the tiled product in f16 (wgsl.MATMUL_TILE16_NOTE) where the adapter has shader-f16; off: docs/vulkan.md
 MATMUL_F16 = 0
 
@@ -36,9 +35,7 @@ def matvec_shape(dev, gpr: int, mm: int, rows: int = 1 << 30, nbytes: int = 1 <<
         r //= 2
     shape = {"tpr": tpr, "r": r, "wg": 256, "sg": int(dev.subgroups and tpr <= dev.subgroup_min),
              "x8": int(nbytes >= MATVEC_X8_BYTES)}
-    for item in filter(None, os.environ.get(MATVEC_ENV, "").split(",")):
-        k, v = item.split("=")
-        shape[k.strip()] = int(v)
+    shape.update(settings.read(MATVEC_ENV))
     return shape
 
 
@@ -48,8 +45,7 @@ def matmul_shape(dev, m: int, n: int, gpr: int) -> dict:
     by a few hundred tokens), and where even the smallest tile makes too few, K split into parts (each
     writes a partial tile; a second pass adds them). A CPU adapter (lavapipe) takes the register-tiled
     kernel (reg=1): it runs barrier-free kernels several times faster."""
-    env = dict(item.split("=") for item in filter(None, os.environ.get(MATMUL_ENV, "").replace(" ", "").split(",")))
-    env = {k: int(v) for k, v in env.items()}
+    env = settings.read(MATMUL_ENV)
     target = env.get("wgs", MATMUL_MIN_WORKGROUPS)
     bm, bn, kg = next(((bm, bn, kg) for bm, bn, kg in MATMUL_TILES if -(-m // bm) * -(-n // bn) >= target),
                       MATMUL_TILES[-1])

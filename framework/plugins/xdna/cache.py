@@ -26,13 +26,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ...contract import DType
+from ...contract import DType, caches, settings
 from . import tiles
 from .geometry import (
     CHUNK_BYTES,
@@ -51,13 +50,13 @@ DATA_FILE = "packed.bin"
 MANIFEST = "manifest.json"
 
 
+settings.declare(CACHE_DIR_ENV, "xdna", "a folder, or 'off'", None,
+                 "the packed-weight cache; unset: xdna/ under FRAMEWORK_CACHE", settings.folder_or_off)
+caches.register("xdna", "XDNA packed weight tiles and their manifests", lambda: default_root())
+
+
 def default_root() -> Path | None:
-    value = os.environ.get(CACHE_DIR_ENV)
-    if value == "off":
-        return None
-    if value:
-        return Path(value)
-    return Path(os.environ.get("FRAMEWORK_CACHE", Path.home() / ".cache" / "framework")) / "xdna"
+    return settings.cache_dir("xdna", CACHE_DIR_ENV)
 
 
 def model_key(raw: np.ndarray) -> str:
@@ -98,6 +97,7 @@ class StoreStats:
     read: int = 0                   # tensors read back from the cache
     stale: int = 0                  # entries replaced because the GGUF bytes or geometry changed
     unwritable: str = ""            # why the cache could not be written (packed in memory instead)
+    rebuilt: list = field(default_factory=list)     # entries found corrupt, truncated or foreign: why, each
     packed_names: list = field(default_factory=list)
     read_names: list = field(default_factory=list)
 
@@ -130,9 +130,19 @@ class PackedStore:
 
     @staticmethod
     def write_manifest(folder: Path, manifest: dict) -> None:
-        tmp = folder / f"{MANIFEST}.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(folder / MANIFEST)
+        caches.write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+    def _manifest(self, folder: Path) -> dict:
+        """The manifest, or (reported) an empty one in place of one that cannot be read."""
+        try:
+            return self.read_manifest(folder)
+        except GeometryError as e:
+            self._rebuilt(str(e))
+            return {"format": FORMAT, "geometry_version": GEOMETRY_VERSION, "tensors": {}}
+
+    def _rebuilt(self, why: str) -> None:
+        self.stats.rebuilt.append(why)
+        caches.report(f"xdna: {why}; repacked from the GGUF file")
 
     @contextlib.contextmanager
     def _locked(self, folder: Path):
@@ -155,10 +165,13 @@ class PackedStore:
         key = key or model_key(raw)
         folder = self.folder(key)
         digest = source_digest(raw)
-        manifest = self.read_manifest(folder)
+        manifest = self._manifest(folder)
         entry = manifest["tensors"].get(name) if manifest.get("geometry_version") == GEOMETRY_VERSION else None
         if entry is not None and entry.get("source_digest") == digest and entry.get("source_dtype") == dtype.name:
-            return self._read(folder, name, shape, entry)
+            try:
+                return self._read(folder, name, shape, entry)
+            except GeometryError as e:      # corrupt, truncated or foreign: never decoded, repacked
+                self._rebuilt(str(e))
         made: dict = {}
         try:
             return self._pack_and_store(folder, key, name, dtype, shape, raw, digest, made)
@@ -169,16 +182,20 @@ class PackedStore:
     def _pack_and_store(self, folder: Path, key: str, name: str, dtype: DType, shape: tuple[int, ...],
                         raw: np.ndarray, digest: str, made: dict) -> Packed:
         with self._locked(folder):
-            manifest = self.read_manifest(folder)
+            manifest = self._manifest(folder)
             if manifest.get("geometry_version") != GEOMETRY_VERSION or manifest.get("format") != FORMAT:
                 # another geometry: its tiles mean something else; start over (never decode them)
                 self.stats.stale += len(manifest.get("tensors", {}))
                 (folder / DATA_FILE).unlink(missing_ok=True)
                 manifest = {"format": FORMAT, "geometry_version": GEOMETRY_VERSION, "tensors": {}}
             entry = manifest["tensors"].get(name)
-            if entry is not None and entry.get("source_digest") == digest and entry.get("source_dtype") == dtype.name:
-                return self._read(folder, name, shape, entry)        # another process packed it meanwhile
-            if entry is not None:
+            fresh = (entry is not None and entry.get("source_digest") == digest
+                     and entry.get("source_dtype") == dtype.name)
+            if fresh:
+                # another process packed it meanwhile; or it is the entry load() found bad (and said so)
+                with contextlib.suppress(GeometryError):
+                    return self._read(folder, name, shape, entry)
+            if entry is not None and not fresh:
                 self.stats.stale += 1
             packed = made["packed"] = self._pack(name, dtype, shape, raw)
             offset = self._append(folder / DATA_FILE, packed.data)
@@ -186,7 +203,7 @@ class PackedStore:
                 "shape": list(shape), "padded_shape": list(packed.grid.padded_shape), "offset": offset,
                 "size": int(packed.data.size), "chunk_kind": CHUNK_KIND, "chunk_bytes": CHUNK_BYTES,
                 "geometry_version": GEOMETRY_VERSION, "source_dtype": dtype.name, "source_digest": digest,
-                "conversion": packed.conversion}
+                "conversion": packed.conversion, "tiles_digest": caches.digest_bytes(np.ascontiguousarray(packed.data))}
             manifest["model"] = key
             self.write_manifest(folder, manifest)
             packed.offset, packed.path = offset, folder / DATA_FILE
@@ -237,6 +254,13 @@ class PackedStore:
             raise GeometryError(f"packed tensor '{name}' at offset {offset} of {where}: {held} bytes is a valid size "
                                 f"for another grid, but not the {size} bytes the manifest declares ({grid.describe()})")
         data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(size,))
+        # the tiles must be the bytes that were stored: a flipped byte decodes into wrong weights silently
+        stored = entry.get("tiles_digest")
+        found = caches.digest_bytes(data)
+        if stored != found:
+            why = ("its manifest entry records no digest of the tiles (written by another packer or an older "
+                   "version)" if not stored else f"the tiles' digest is {found}, the manifest recorded {stored}")
+            raise GeometryError(f"packed tensor '{name}' at offset {offset} of {path}: {why}")
         self.stats.read += 1
         self.stats.read_names.append(name)
         return Packed(name, data, grid, str(entry.get("source_dtype", "")), str(entry.get("conversion", "")), "read",
@@ -256,7 +280,7 @@ def store_container(folder: Path, name: str, data: np.ndarray, *, shape, padded_
     entry = {"shape": [int(d) for d in shape], "padded_shape": [int(d) for d in padded_shape], "offset": offset,
              "size": int(data.size if size is None else size), "chunk_kind": chunk_kind, "chunk_bytes": chunk_bytes,
              "geometry_version": GEOMETRY_VERSION, "source_dtype": source_dtype, "source_digest": source_digest_,
-             "conversion": conversion}
+             "conversion": conversion, "tiles_digest": caches.digest_bytes(np.ascontiguousarray(data))}
     manifest["tensors"][name] = entry
     PackedStore.write_manifest(folder, manifest)
     return entry

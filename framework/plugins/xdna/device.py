@@ -25,7 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from ...contract import HOST_BUFFER, BufferType, Device, DeviceType, Fragment, LeafKind, Limits, Tensor, Verdict, ops
+from ...contract import (
+    HOST_BUFFER,
+    BufferType,
+    Device,
+    DeviceType,
+    Fragment,
+    LeafKind,
+    Limits,
+    Tensor,
+    Verdict,
+    host_memory_limit,
+    ops,
+    settings,
+)
 from . import tiles
 from .cache import PackedStore
 from .geometry import tile_grid
@@ -105,7 +118,8 @@ class XdnaDevice(Device):
             raise ValueError(f"max_chain {max_chain} must be between 1 and profile {self.profile.name}'s "
                              f"{self.profile.max_chain}")
         self.max_chain = max_chain or self.profile.max_chain
-        self.limits = Limits(max_chain=self.max_chain)
+        # the host arm computes in host memory, and a Ryzen AI NPU's buffers are host memory too
+        self.limits = Limits(max_chain=self.max_chain, memory_bytes=host_memory_limit())
         self.supported_ops = ops.names(*self.profile.ops) | ops.VIEW_OPS    # views are free: they stay with the data
         self.refused_ops = {op: Verdict.no("refused_by_profile", f"profile {self.profile.name} refuses {op}: {why}")
                             for op, why in self.profile.refused_ops.items()}
@@ -382,43 +396,53 @@ class Config:
     problems: list[str] = field(default_factory=list)
 
 
-def _positive_int(env, key: str, unit: str, problems: list[str]) -> int | None:
-    """A positive whole number from the environment; None when unset; a problem when malformed."""
-    raw = env.get(key)
-    if not raw:
+def _host_arm(text: str) -> str | None:
+    if text.lower() in ("0", "off", "no"):
         return None
+    name = "xdna2" if text.lower() in ("1", "yes", "on") else text
+    get_profile(name)                   # UnknownProfileError (a ValueError) lists the profiles
+    return name
+
+
+def _profile(text: str) -> str:
+    get_profile(text)
+    return text
+
+
+settings.declare(KERNELS_ENV, "xdna", "a folder holding a kernel set (kernels.json)", None,
+                 "the GEMM kernel set (xclbin or ELF and instruction streams) for the NPU arm", str)
+settings.declare(MAX_CHAIN_ENV, "xdna", "a positive whole number", None,
+                 "runs one runlist may chain (lowers the profile's limit)", settings.whole(1))
+settings.declare(TIMEOUT_ENV, "xdna", "a positive whole number of milliseconds", None,
+                 "how long a runlist may run before it is an error", settings.whole(1))
+settings.declare(HOST_ARM_ENV, "xdna", "1, yes or on (profile xdna2), 0, no or off, or a profile name", None,
+                 "the host arm (numpy in place of the NPU), an EMULATION", _host_arm)
+settings.declare(PROFILE_ENV, "xdna", "a profile name (xdna, xdna2)", None,
+                 "force a profile (an NPU whose PCI id the table lacks)", _profile)
+settings.declare(REQUANTIZE_ENV, "xdna", "'allow' or 'refuse'", "refuse",
+                 "requantize weight types without an exact tile form (lossy)", settings.choice(("allow", "refuse")))
+
+
+def _setting(env, key: str, problems: list[str]):
+    """A setting's value; None (and a problem) when malformed."""
     try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        problems.append(f"{key}={raw!r} is not a positive whole number{unit}")
+        return settings.read(key, env)
+    except settings.SettingError as e:
+        problems.append(str(e))
         return None
-    return value
 
 
 def read_config(env: dict | None = None) -> Config:
     """The plugin's settings from the environment; a malformed value is a problem (the device is then
     unavailable and says which)."""
     env = os.environ if env is None else env
-    c = Config(kernels=env.get(KERNELS_ENV) or None)
-    c.max_chain = _positive_int(env, MAX_CHAIN_ENV, "", c.problems)
-    host = env.get(HOST_ARM_ENV, "").strip()
-    if host and host not in ("0", "off", "no"):
-        c.host_arm = "xdna2" if host in ("1", "yes", "on") else host
-    prof = env.get(PROFILE_ENV, "").strip() or None
-    c.profile = prof
-    for name in (c.host_arm, c.profile):
-        if name is not None:
-            try:
-                get_profile(name)
-            except ValueError as e:
-                c.problems.append(str(e))
-    req = env.get(REQUANTIZE_ENV, "").strip()
-    if req not in ("", "allow", "refuse"):
-        c.problems.append(f"{REQUANTIZE_ENV}={req!r}: use 'allow' or 'refuse'")
-    c.requantize = req == "allow"
-    timeout = _positive_int(env, TIMEOUT_ENV, " of milliseconds", c.problems)
+    c = Config()
+    c.kernels = _setting(env, KERNELS_ENV, c.problems)
+    c.max_chain = _setting(env, MAX_CHAIN_ENV, c.problems)
+    c.host_arm = _setting(env, HOST_ARM_ENV, c.problems)
+    c.profile = _setting(env, PROFILE_ENV, c.problems)
+    c.requantize = _setting(env, REQUANTIZE_ENV, c.problems) == "allow"
+    timeout = _setting(env, TIMEOUT_ENV, c.problems)
     if timeout is not None:
         c.timeout_ms = timeout
     if c.max_chain is not None:

@@ -1,0 +1,85 @@
+"""Peak resident memory of `framework run -n 8` per plugin, next to the model file's size (docs/memory.md).
+
+    .venv/bin/python benchmarks/peak_rss.py                    # both models, every plugin present here
+    .venv/bin/python benchmarks/peak_rss.py --models smollm2 --backends cpu,openvino:CPU
+
+Each run is its own process (its peak is read with os.wait4), after a first run that fills the on-disk
+caches (the GGUF index, OpenVINO's compiled models, XDNA's packed tiles), so the figure is a second run's;
+a baseline process that only imports the framework and loads the plugins is measured the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from framework.model.default import model_path  # noqa: E402
+
+BACKENDS = {"cpu": ("cpu", {}), "openvino:CPU": ("openvino:CPU", {}), "vulkan:0": ("vulkan:0", {}),
+            "opencl:0": ("opencl:0", {}), "xdna:0 (host arm),cpu": ("xdna:0,cpu", {"FRAMEWORK_XDNA_HOST_ARM": "1"})}
+BASELINE = "from framework.core.registry import default_registry; default_registry()"
+
+
+def peak_rss(argv: list[str], env: dict) -> tuple[int, int]:
+    """(exit status, peak RSS in bytes) of one process."""
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        print(proc.stderr.read().decode()[-800:], file=sys.stderr)
+    proc.stderr.close()
+    return proc.returncode, usage.ru_maxrss * 1024
+
+
+def held_per_byte(models: list[str]) -> None:
+    """What each available device says it will hold for a model's weights (Device.weight_nbytes, the figure
+    reservation counts), per byte of the weights in the file."""
+    from framework.core.registry import default_registry
+    from framework.model.model import Model
+    devices = [d for d in default_registry().devices() if d.available]
+    print("weights held per byte of the file's weights (Device.weight_nbytes over every tensor):")
+    print(f"{'model':<8} " + " ".join(f"{d.name:>13}" for d in devices))
+    for name in models:
+        model = Model(model_path(name))
+        graph_weights = [model.arch.weight(n) for n in model.arch.weight_names()]
+        in_file = sum(t.nbytes for t in graph_weights)
+        print(f"{name:<8} " + " ".join(f"{sum(d.weight_nbytes(t) for t in graph_weights) / in_file:>13.2f}"
+                                       for d in devices))
+    print()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="smollm2,gemma3")
+    p.add_argument("--backends", default=",".join(BACKENDS), help=f"keys of: {'; '.join(BACKENDS)}")
+    args = p.parse_args()
+    held_per_byte(args.models.split(","))
+    framework = [sys.executable, "-m", "framework"]
+    _, base = peak_rss([sys.executable, "-c", BASELINE], {})
+    print(f"baseline (python, the framework and every plugin loaded, no model): {base / 2**20:.0f} MiB")
+    keys = [k for k in BACKENDS if k.split(" ")[0] in args.backends.split(",") or k in args.backends]
+    print(f"{'model':<8} {'file MiB':>8}  {'backends':<24} {'peak MiB':>8} {'over baseline':>13} {'/ file':>7}")
+    for name in args.models.split(","):
+        path = model_path(name)
+        size = path.stat().st_size
+        for key in keys:
+            spec, env = BACKENDS[key]
+            argv = framework + ["run", "-m", str(path), "-n", "8", "--backends", spec, "Once upon a time"]
+            rc, _ = peak_rss(argv, env)                   # fills the caches
+            if rc:
+                print(f"{name:<8} {size / 2**20:>8.1f}  {key:<24} failed (exit {rc})")
+                continue
+            _, peak = peak_rss(argv, env)
+            print(f"{name:<8} {size / 2**20:>8.1f}  {key:<24} {peak / 2**20:>8.0f} {(peak - base) / 2**20:>13.0f} "
+                  f"{(peak - base) / size:>7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The OpenCL plugin's settings (environment variables), declared once and read through framework.settings,
+and where its compiled kernels are cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...contract import caches, settings
+
+DISABLE_OPS_ENV = "FRAMEWORK_OPENCL_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
+MAX_ALLOC_ENV = "FRAMEWORK_OPENCL_MAX_ALLOC"       # bytes: a smaller largest allocation (tests of split weights)
+PROFILE_ENV = "FRAMEWORK_OPENCL_PROFILE"           # on: device time per kernel in device.profile (program.py)
+MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"             # tuning / tests: "v=1,tpr=8,r=2,wg=64,x8=1,xl=0,dp4a=0,shfl=0"
+MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"             # tuning / tests: "bm=32,bn=64,tm=4,tn=4", "reg=1,rtm=2"
+# the matrix-vector kernel's settings and the values each may take (kernels.matvec_shape says what they do)
+MATVEC_KEYS = {"v": (0, 1), "tpr": (1, 2, 4, 8, 16, 32), "r": tuple(range(1, 9)),
+               "wg": (32, 64, 128, 256, 512, 1024), "x8": (0, 1), "xl": (0, 1), "dp4a": (0, 1), "shfl": (0, 1)}
+MATMUL_KEYS = ("bm", "bn", "tm", "tn", "reg", "rtm", "rtn", "rwg")
+NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, PROFILE_ENV, MATVEC_ENV, MATMUL_ENV)
+
+
+def _ops(known: frozenset[str]):
+    def parse(text: str) -> frozenset[str]:
+        ops = frozenset(o.upper() for o in settings.names(text))
+        unknown = sorted(ops - known)
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} {'is not an op' if len(unknown) == 1 else 'are not ops'} the "
+                             f"OpenCL plugin has a kernel for")
+        return ops
+    return parse
+
+
+def _tuning(keys: tuple[str, ...]):
+    def parse(text: str) -> dict[str, int]:
+        out = {}
+        for item in settings.names(text.replace(" ", "")):
+            key, sep, value = item.partition("=")
+            if not sep or key not in keys or not value.isdigit():
+                raise ValueError(f"'{item}' is not KEY=whole number with KEY one of {', '.join(keys)}")
+            out[key] = int(value)
+        return out
+    return parse
+
+
+def _matvec(text: str) -> dict[str, int]:
+    out = {}
+    for item in settings.names(text.replace(" ", "")):
+        key, eq, value = item.partition("=")
+        allowed = MATVEC_KEYS.get(key)
+        if not eq or allowed is None or not value.lstrip("-").isdigit() or int(value) not in allowed:
+            known = "; ".join(f"{k}: {'/'.join(map(str, v)) if len(v) < 7 else f'{v[0]}..{v[-1]}'}"
+                              for k, v in MATVEC_KEYS.items())
+            raise ValueError(f"{item!r} is not a setting of the matrix-vector kernel; settings are key=value, "
+                             f"separated by commas ({known})")
+        out[key] = int(value)
+    return out
+
+
+def declare(ops: frozenset[str]) -> None:
+    settings.declare(DISABLE_OPS_ENV, "opencl", f"comma-separated ops among {', '.join(sorted(ops))}", frozenset(),
+                     "ops every OpenCL device refuses (to test mixed plans)", _ops(ops))
+    settings.declare(MAX_ALLOC_ENV, "opencl", "a whole number of bytes, at least 1", None,
+                     "the largest allocation, below the device's own (to test split weights)", settings.whole(1))
+    settings.declare(PROFILE_ENV, "opencl", settings.FLAG_ACCEPTS, False,
+                     "device time per kernel from profiling events", settings.flag)
+    settings.declare(MATVEC_ENV, "opencl", f"KEY=N,... with KEY one of {', '.join(MATVEC_KEYS)}", {},
+                     "tuning: overrides the matrix-vector kernel's shape", _matvec)
+    settings.declare(MATMUL_ENV, "opencl", f"KEY=N,... with KEY one of {', '.join(MATMUL_KEYS)}", {},
+                     "tuning: overrides the tiled and register-tiled products' shapes", _tuning(MATMUL_KEYS))
+
+
+def problem() -> str | None:
+    """Why the plugin's settings cannot be used (None when they all parse)."""
+    try:
+        for name in (*NAMES, settings.CACHE.name):
+            settings.read(name)
+    except settings.SettingError as e:
+        return f"bad opencl settings: {e}"
+    return None
+
+
+def cache_dir() -> Path | None:
+    """Where compiled kernels are kept (pyopencl's binaries and PoCL's own cache): opencl/ under the cache
+    root; None when FRAMEWORK_CACHE=off."""
+    return settings.cache_dir("opencl")
+
+
+caches.register("opencl", "OpenCL kernel binaries (pyopencl's and PoCL's)", cache_dir)
