@@ -82,7 +82,7 @@ def conformance(dev) -> dict:
     from framework.conformance.cases import all_cases, nmse
     from framework.core.scheduler import Executor, make_plan
     from framework.plugins.cpu.device import CpuDevice
-    cpu = CpuDevice()
+    cpu = CpuDevice("f32")
     ok = refused = 0
     failed, errors = [], []
     for case in all_cases():

@@ -295,7 +295,7 @@ def cpu_reference(model) -> np.ndarray:
     from framework.plugins.cpu.device import CpuDevice
     from framework.runtime.session import Session
     ids = [t % model.hp.n_vocab for t in CHECK_IDS]
-    return Session(model, [CpuDevice()], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
+    return Session(model, [CpuDevice("f32")], n_ctx=256, n_batch=8).eval(ids, all_logits=True)
 
 
 def check_models_against_cpu(dev, model, b: np.ndarray | None = None) -> dict:
@@ -323,7 +323,7 @@ def check_prefill_against_cpu(dev, model, variants) -> dict:
     from framework.plugins.cpu.device import CpuDevice
     from framework.runtime.session import Session
     ids = [int(t) for t in np.random.default_rng(1).integers(0, model.hp.n_vocab, size=64)]
-    b = Session(model, [CpuDevice()], n_ctx=256, n_batch=64).eval(ids, all_logits=True)
+    b = Session(model, [CpuDevice("f32")], n_ctx=256, n_batch=64).eval(ids, all_logits=True)
     out = {}
     for var in variants:
         os.environ["FRAMEWORK_VULKAN_MATMUL"] = var
@@ -340,7 +340,7 @@ def conformance(dev, select=lambda case_id: True, deadline: float = math.inf) ->
     from framework.conformance.cases import all_cases, nmse
     from framework.core.scheduler import Executor, make_plan
     from framework.plugins.cpu.device import CpuDevice
-    cpu = CpuDevice()
+    cpu = CpuDevice("f32")
     ok = refused = left = 0
     failed = []
     for case in all_cases():

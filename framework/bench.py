@@ -206,9 +206,14 @@ def _models(spec: str) -> list[tuple[str, Path]]:
 
 
 def run_bench(args) -> int:
+    import numba
+
     models = _models(args.model)
     devices = select_devices(args.backends)
-    err.print(f"threads: {args.threads} (numpy's BLAS and llama.cpp), {os.cpu_count()} CPUs; prompt "
+    # the cpu plugin's kernels take the same thread count as llama.cpp
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    err.print(f"threads: {args.threads} (numpy's BLAS, the cpu plugin's numba kernels and llama.cpp), "
+              f"{os.cpu_count()} CPUs; prompt "
               f"{args.prompt_tokens} tokens, {args.decode_tokens} decoded; min, median and max of {args.repeats} "
               f"runs after a warm-up, the engines taking turns", soft_wrap=True)
     rows = []

@@ -45,8 +45,11 @@ def numerics_report() -> tuple[str, ...]:
     """What results on this machine depend on, so a failure elsewhere says what differed: the CPU's
     instruction sets, and OpenVINO's defaults against the settings the plugin requests and a compiled
     model reports."""
+    from framework.plugins.cpu.device import CpuDevice
     from framework.plugins.openvino_npu.device import cpu_isa, settings_report
-    lines = [f"cpu instruction sets: {cpu_isa() or 'none of avx2, avx512*, amx* in /proc/cpuinfo'}"]
+    lines = [f"cpu instruction sets: {cpu_isa() or 'none of avx2, avx512*, amx* in /proc/cpuinfo'}",
+             f"cpu plugin, as the tests' registry makes it: {CpuDevice().description}; "
+             f"with CpuDevice('q8'): {CpuDevice('q8').description}"]
     try:
         lines += settings_report()
     except Exception as e:  # noqa: BLE001 - the report says it; test_openvino.py fails on it with the detail
@@ -58,6 +61,12 @@ def pytest_configure(config) -> None:
     # OpenVINO's compiled-model cache: a folder of this run's own, removed when it ends (the compiled models of
     # one run are about 4 GB). Set before any device is made, so every OpenVINO device of the run (and every
     # command a test starts) uses it; a test of the cache itself uses a folder of its own.
+    # The tests compare devices and plans against the cpu plugin as the core's reference kernels (bit for bit in
+    # tests/test_multi_device.py, by ggml's per-op NMSE on whole graphs in the conformance suite): they run it
+    # on its float32 path. Its default, the quantized products with 8-bit activations, is checked against
+    # llama.cpp on both real models (tests/test_reference_cpu.py runs both paths) and kernel by kernel
+    # (tests/test_cpu_quantized.py); a test that wants it asks for CpuDevice("q8").
+    os.environ.setdefault("FRAMEWORK_CPU_MATMUL", "f32")
     config._ov_cache = tempfile.mkdtemp(prefix="framework-openvino-cache-")
     config._ov_cache_env = os.environ.get("FRAMEWORK_OPENVINO_CACHE_DIR")
     os.environ["FRAMEWORK_OPENVINO_CACHE_DIR"] = config._ov_cache

@@ -5,14 +5,22 @@ import pytest
 from conftest import MODELS, load_model, reference, reference_text
 from reference_checks import assert_decode_equals_prefill, assert_teacher_forced, assert_text_metrics
 
+from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.session import Session
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def case(request, registry):
-    model = load_model(request.param)
-    session = Session(model, registry.select("cpu"), n_ctx=1024)
-    return request.param, model, session
+@pytest.fixture(scope="module", params=[(m, path) for path in ("q8", "f32") for m in MODELS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def case(request):
+    """Each model on both paths of the cpu plugin: its default (q8: the GGUF blocks times 8-bit activations)
+    and FRAMEWORK_CPU_MATMUL=f32 (float32 weights, the core's reference kernels)."""
+    name, path = request.param
+    model = load_model(name)
+    device = CpuDevice(path)
+    if not device.available:        # q8 where numba compiles for a CPU without AVX2
+        pytest.skip(f"cpu plugin's {path} path unavailable: {device.unavailable_reason}")
+    session = Session(model, [device], n_ctx=1024)
+    return name, model, session
 
 
 def test_last_logits_follow_llama_cpp(case):

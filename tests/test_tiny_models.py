@@ -10,6 +10,12 @@ f16/bf16) weights; float32 here. Two consequences the thresholds state:
 - qwen35's recurrence amplifies that rounding: its mixed-type model stays within QWEN35_NMSE, and the
   same model with F32 weights (where llama.cpp rounds nothing) within EXACT_NMSE, which checks the graph
   and the ops themselves;
+- the thresholds are for one side rounding: the tiny files run on the CPU plugin's float32 products
+  (FLOAT32_CPU, FRAMEWORK_CPU_MATMUL=f32). Its default fast path rounds activations as llama.cpp does but
+  at values that differ by float noise, so the two roundings add: on qwen3's file (every type mixed,
+  random weights) its worst NMSE was 5.7e-4 where the float32 path's is 4.75e-4. The fast path is checked
+  on the real models (tests/test_reference_cpu.py, unchanged bounds) and kernel by kernel
+  (tests/test_cpu_quantized.py);
 - random weights give near-ties: where llama.cpp's best two logits are closer than the error the NMSE
   bound allows on two logits (4 x sqrt(NMSE) x their RMS), its token must be within that of our best
   logit instead of equal to our argmax.
@@ -27,6 +33,7 @@ from conftest import REF_DIR
 import tiny_models
 from framework.conformance.cases import nmse
 from framework.model.model import Model
+from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.session import Session
 
 TINY_REF = REF_DIR / "tiny"
@@ -34,6 +41,9 @@ ARCHS = tuple(tiny_models.SPECS)
 NMSE_MATMUL = 5e-4          # ggml's test-backend-ops threshold for matrix products
 QWEN35_NMSE = 5e-3
 EXACT_NMSE = 1e-6
+
+
+FLOAT32_CPU = [CpuDevice("f32")]
 
 
 def threshold(arch: str) -> float:
@@ -84,9 +94,9 @@ def _check_greedy(ours: np.ndarray, theirs: np.ndarray, want: int, bound: float,
     return int(np.argmax(ours)) == want
 
 
-def test_prefill_and_decode_follow_llama_cpp(tiny, registry):
+def test_prefill_and_decode_follow_llama_cpp(tiny):
     arch, model, ref, arrays = tiny
-    session = Session(model, registry.select("cpu"), n_ctx=256)
+    session = Session(model, FLOAT32_CPU, n_ctx=256)
     worst, same, steps = 0.0, 0, 0
     for p in ref["prompts"]:
         session.reset()
@@ -106,12 +116,12 @@ def test_prefill_and_decode_follow_llama_cpp(tiny, registry):
         assert same >= 0.9 * steps
 
 
-def test_chunked_prefill_follows_llama_cpp(tiny, registry):
+def test_chunked_prefill_follows_llama_cpp(tiny):
     """Prefill in chunks of 3 tokens against llama.cpp's one-chunk prefill, at every position: the KV cache
     (and qwen35's convolution and recurrence state) carried from chunk to chunk."""
     arch, model, ref, arrays = tiny
     p = ref["prompts"][0]
-    session = Session(model, registry.select("cpu"), n_ctx=256, n_batch=3)
+    session = Session(model, FLOAT32_CPU, n_ctx=256, n_batch=3)
     ours = session.eval(p["ids"], all_logits=True)
     want = arrays[p["prefill_key"]].astype(np.float32)
     errors = [nmse(o, w) for o, w in zip(ours, want)]

@@ -13,6 +13,7 @@ from gguf import quants
 import tiny_models
 from framework.core.graph import LeafKind, leaf
 from framework.model.gguf_file import SUPPORTED_TYPES
+from framework.plugins.cpu import quantized
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import weights as W
 
@@ -24,12 +25,19 @@ def _raw(dtype: str, shape=(8, 512)) -> np.ndarray:
     return np.frombuffer(np.ascontiguousarray(data).tobytes(), dtype=np.uint8)
 
 
+@pytest.mark.parametrize("matmul", ["f32", "q8"])
 @pytest.mark.parametrize("dtype", [t.name for t in SUPPORTED_TYPES if t.name != "F32"])
-def test_cpu_plugin_decodes_like_gguf_quants(dtype):
+def test_cpu_plugin_decodes_like_gguf_quants(dtype, matmul):
+    """Both paths of the CPU plugin (FRAMEWORK_CPU_MATMUL): with q8 a weight of a type the quantized products
+    read stays in its blocks, and its values, where an op other than a product needs them, are these too."""
     raw = _raw(dtype)
     want = quants.dequantize(raw.reshape(8, -1), Q[dtype]).reshape(8, 512)
     t = leaf("w", Q[dtype], (8, 512), LeafKind.WEIGHT)
-    got = CpuDevice().load_weight(t, raw)
+    dev = CpuDevice(matmul)
+    got = dev.load_weight(t, raw)
+    if dev.fast and Q[dtype].name in quantized.FORMATS:
+        assert isinstance(got, quantized.QuantizedWeight) and got.nbytes == raw.nbytes
+        got = got.float32()
     assert got.dtype == np.float32 and got.shape == (8, 512)
     np.testing.assert_array_equal(got, want.astype(np.float32))
 

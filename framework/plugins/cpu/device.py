@@ -1,4 +1,7 @@
-"""The CPU device: the core's reference kernels (numpy), weights unpacked once to float32 at load."""
+"""The CPU device: the core's reference kernels (numpy), and for products with quantized weights the
+fast path of quantized.py (the GGUF blocks as stored, 8-bit activations, numba kernels). The switch
+FRAMEWORK_CPU_MATMUL=f32 turns the fast path off: every weight is then unpacked once to float32 at load
+and multiplied by BLAS, as the reference does."""
 
 from __future__ import annotations
 
@@ -20,37 +23,97 @@ from ...contract import (
     host_memory_limit,
 )
 
-# Weights are held dequantized: BLAS multiplies float32 far faster than numpy can unpack blocks.
+# Weights unpacked to float32 (FRAMEWORK_CPU_MATMUL=f32, and every type without a fast kernel).
 CPU_F32_BUFFER = BufferType("cpu_f32_unpacked", host=True)
+# Quantized weights in their GGUF blocks (the fast path); the other weights as in CPU_F32_BUFFER.
+CPU_BLOCKS_BUFFER = BufferType("cpu_gguf_blocks", host=True)
+
+MATMUL_ENV = "FRAMEWORK_CPU_MATMUL"
+MATMUL_MODES = {"q8": "quantized weights in their GGUF blocks times 8-bit activations (numba kernels, AVX2 or "
+                      "AVX-512 VNNI; the default where the CPU has AVX2)",
+                "f32": "every weight unpacked to float32 at load, products by numpy's BLAS"}
+
+
+def matmul_mode(env=None) -> tuple[str, str]:
+    """(mode, problem) from FRAMEWORK_CPU_MATMUL: 'q8', 'f32' or '' (unset: q8 where the CPU can); problem
+    is "" unless the value is unknown."""
+    raw = (os.environ if env is None else env).get(MATMUL_ENV, "").strip()
+    if raw in ("", *MATMUL_MODES):
+        return raw, ""
+    known = "; ".join(f"'{k}': {v}" for k, v in MATMUL_MODES.items())
+    return "", f"{MATMUL_ENV}={raw!r} is not a known mode; use {known}"
+
+
+def matmul_path(mode: str) -> tuple[bool, str, str]:
+    """(fast, what the products run on, problem) for a mode of matmul_mode: the fast path needs the
+    instructions of vectors.py on the CPU numba compiles for."""
+    if mode == "f32":
+        return False, f"float32 products (numpy's BLAS; {MATMUL_ENV}=f32)", ""
+    try:
+        from .quantized import target
+        from .vectors import ISAS
+    except ImportError as e:                # numba or llvmlite missing: a dependency, said so
+        why = f"numba not importable ({type(e).__name__}: {e}); pip install 'numba>=0.60'"
+        if mode == "q8":
+            return False, "", f"{MATMUL_ENV}=q8 asks for the quantized products: {why}"
+        return False, f"float32 products (numpy's BLAS: {why})", ""
+    cpu, isa = target()
+    if isa:
+        return True, f"quantized products on the GGUF blocks, 8-bit activations (numba, {ISAS[isa]} on {cpu})", ""
+    if mode == "q8":
+        return False, "", (f"{MATMUL_ENV}=q8 asks for the quantized products, which need AVX2, and numba compiles "
+                           f"for {cpu} without it: unset {MATMUL_ENV} or set it to f32")
+    return False, f"float32 products (numpy's BLAS: {cpu} has no AVX2 for the quantized ones)", ""
 
 
 class CpuProgram(ReferenceProgram):
-    """A fragment run node by node on the reference kernels."""
+    """A fragment run node by node on the reference kernels, the fast path's where ``fast``."""
 
-    def __init__(self, fragment: Fragment):
+    def __init__(self, fragment: Fragment, fast: bool):
         super().__init__(fragment.nodes, fragment.inputs, fragment.outputs)
+        if fast:
+            from . import quantized
+            self.steps = [(quantized.bind(n, fn), out, ins) for n, (fn, out, ins) in zip(fragment.nodes, self.steps)]
 
 
 class CpuDevice(Device):
     name = "cpu"
     type = DeviceType.CPU
     buffer_type = HOST_BUFFER
-    weight_buffer_type = CPU_F32_BUFFER
     limits = Limits()
 
-    def __init__(self):
+    def __init__(self, matmul: str | None = None):
+        """matmul: 'q8' or 'f32' (see MATMUL_MODES); None reads FRAMEWORK_CPU_MATMUL."""
         self.physical_id = "host-cpu"
         # weights, caches and activations live in host memory: reservation checks them against it (a
         # subclass that declares its own limits, as tests do, keeps them)
         if type(self).limits is CpuDevice.limits:
             self.limits = Limits(memory_bytes=host_memory_limit())
-        self.description = f"numpy {np.__version__} on {os.cpu_count()} CPU threads (float32)"
+        mode, problem = (matmul, "") if matmul in MATMUL_MODES else matmul_mode()
+        self.fast, path, problem = (False, "", problem) if problem else matmul_path(mode)
+        if problem:
+            self.available, self.unavailable_reason = False, problem
+        self.matmul_path = path
+        self.weight_buffer_type = CPU_BLOCKS_BUFFER if self.fast else CPU_F32_BUFFER
+        self.description = f"numpy {np.__version__} on {os.cpu_count()} CPU threads; {path or 'no products'}"
 
     def supports_op(self, node: Tensor) -> Verdict:
         return Verdict.yes()      # every op of the table has a reference kernel (the framework checks the op)
 
-    def load_weight(self, tensor: Tensor, raw: np.ndarray) -> np.ndarray:
+    def _blocks(self, tensor: Tensor) -> bool:
+        if not self.fast:
+            return False
+        from .quantized import keeps_blocks
+        return keeps_blocks(tensor)
+
+    def weight_nbytes(self, tensor: Tensor) -> int:
+        return tensor.nbytes if self._blocks(tensor) else tensor.nelements * 4
+
+    def load_weight(self, tensor: Tensor, raw: np.ndarray):
+        if self._blocks(tensor):
+            from .quantized import QuantizedWeight
+            return QuantizedWeight(raw, tensor.dtype, tensor.shape)
         return dequantize(raw, tensor.dtype, tensor.shape)
 
     def compile(self, fragment: Fragment) -> CpuProgram:
-        return CpuProgram(fragment)
+        return CpuProgram(fragment, self.fast)

@@ -1,0 +1,251 @@
+"""The CPU plugin's fast path for products with quantized weights: the GGUF blocks read as they are stored.
+
+As llama.cpp's CPU backend does, the activations are quantized to 8 bits per 32-element group (q8: one
+float32 scale and 32 int8 values, plus the integer sum of the 32 for the types whose blocks carry a
+minimum or an offset) and each block's product is an integer dot product, scaled once per block. The
+weights stay in the file's bytes (a Q4_1 weight: 20 bytes per 32 values, not 128 in float32), which also
+is what a decode step has to stream from memory. One kernel per weight type, compiled by numba (cached
+on disk, see jit.py), runs the rows of the weight over the CPU's threads (``prange``); a decode step
+(one row of activations) and a prefill chunk (many) share it: the activations are quantized once per
+product and each weight row, once read, stays in the first-level cache while every activation row passes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import prange
+
+from ...contract import DType, LeafKind, dequantize, reference
+from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
+from .vectors import LAYOUTS, row_dot
+
+QK = 32      # values per activation group (q8), and per block of the 32-value weight types
+
+
+# -- the activations, in 8 bits -------------------------------------------------------------------------
+def _quantize_q8(x, xq, xd, xsum):
+    """Each row of x (M, K) in groups of 32: scale d = max|x| / 127, values round(x / d) in int8, and the
+    group's sum of values times d (what a weight's minimum or offset multiplies)."""
+    m_rows, k = x.shape
+    for m in prange(m_rows):
+        for g in range(k // QK):
+            base = g * QK
+            amax = np.float32(0.0)
+            for i in range(QK):
+                amax = max(amax, abs(x[m, base + i]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            s = 0
+            for i in range(QK):
+                q = np.int32(np.rint(x[m, base + i] * inv))
+                xq[m, base + i] = q
+                s += q
+            xd[m, g] = d
+            xsum[m, g] = np.float32(s) * d
+
+
+# Two builds of one loop (a decode step's one row does not pay for waking the threads; see _matmul_one)
+_quantize_threads = kernel(parallel=True)(_quantize_q8)
+_quantize_one = kernel()(_quantize_q8)
+
+
+QK_K = 256   # values per activation block for the K-quant weights (ggml's q8_K)
+
+
+def _quantize_q8_k(x, xq, xd, xsum):
+    """ggml's quantize_row_q8_K, which llama.cpp pairs with the K-quant weights: per 256 values one scale,
+    from the value of largest magnitude (sign kept): iscale = -127 / that value, q = round(iscale * x)
+    (at most 127), d = 1 / iscale. The scale is written for each of the block's 8 groups of 32 (what the
+    products read), with each group's sum of values times d."""
+    m_rows, k = x.shape
+    for m in prange(m_rows):
+        for b in range(k // QK_K):
+            base = b * QK_K
+            amax = np.float32(0.0)
+            top = np.float32(0.0)
+            for i in range(QK_K):
+                ax = abs(x[m, base + i])
+                if ax > amax:
+                    amax = ax
+                    top = x[m, base + i]
+            iscale = np.float32(-127.0) / top if amax > 0 else np.float32(0.0)
+            d = np.float32(1.0) / iscale if amax > 0 else np.float32(0.0)
+            for g in range(QK_K // QK):
+                s = 0
+                for i in range(QK):
+                    q = min(127, np.int32(np.rint(iscale * x[m, base + g * QK + i])))
+                    xq[m, base + g * QK + i] = q
+                    s += q
+                xd[m, b * (QK_K // QK) + g] = d
+                xsum[m, b * (QK_K // QK) + g] = np.float32(s) * d
+
+
+_quantize_k_threads = kernel(parallel=True)(_quantize_q8_k)
+_quantize_k_one = kernel()(_quantize_q8_k)
+
+
+def quantize_activations(x: np.ndarray, k_quant: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values int8 (M, K), scales float32 (M, K/32), group sums float32 (M, K/32)) of float32 x (M, K):
+    in groups of 32 (q8_0, llama.cpp's for the 32-value types) or, for a K-quant weight, in blocks of 256
+    (q8_K), as llama.cpp rounds them."""
+    m, k = x.shape
+    xq = np.empty((m, k), np.int8)
+    xd = np.empty((m, k // QK), np.float32)
+    xsum = np.empty((m, k // QK), np.float32)
+    if k_quant:
+        run = _quantize_k_threads if m >= 16 else _quantize_k_one
+    else:
+        run = _quantize_threads if m >= 16 else _quantize_one
+    run(np.ascontiguousarray(x, dtype=np.float32), xq, xd, xsum)
+    return xq, xd, xsum
+
+
+# -- the products: out[m, r] = sum over k of weight[r, k] * x[m, k] --------------------------------------
+# One intrinsic per weight type and number of activation rows (vectors.row_dot): 1 for the last rows,
+# 4 for the rest, which share each unpacked weight block.
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
+_q4_0_1, _q4_0_4 = row_dot(LAYOUTS["Q4_0"], 1), row_dot(LAYOUTS["Q4_0"], 4)
+_q4_1_1, _q4_1_4 = row_dot(LAYOUTS["Q4_1"], 1), row_dot(LAYOUTS["Q4_1"], 4)
+_q5_0_1, _q5_0_4 = row_dot(LAYOUTS["Q5_0"], 1), row_dot(LAYOUTS["Q5_0"], 4)
+_q5_1_1, _q5_1_4 = row_dot(LAYOUTS["Q5_1"], 1), row_dot(LAYOUTS["Q5_1"], 4)
+_q8_0_1, _q8_0_4 = row_dot(LAYOUTS["Q8_0"], 1), row_dot(LAYOUTS["Q8_0"], 4)
+_q4_k_1, _q4_k_4 = row_dot(LAYOUTS["Q4_K"], 1), row_dot(LAYOUTS["Q4_K"], 4)
+_q6_k_1, _q6_k_4 = row_dot(LAYOUTS["Q6_K"], 1), row_dot(LAYOUTS["Q6_K"], 4)
+
+
+@kernel()
+def _dot4(fmt, row, xq, xd, xsum, m):
+    if fmt == 0:
+        return _q4_0_4(row, xq, xd, xsum, m)
+    if fmt == 1:
+        return _q4_1_4(row, xq, xd, xsum, m)
+    if fmt == 2:
+        return _q5_0_4(row, xq, xd, xsum, m)
+    if fmt == 3:
+        return _q5_1_4(row, xq, xd, xsum, m)
+    if fmt == 4:
+        return _q8_0_4(row, xq, xd, xsum, m)
+    if fmt == 5:
+        return _q4_k_4(row, xq, xd, xsum, m)
+    return _q6_k_4(row, xq, xd, xsum, m)
+
+
+@kernel()
+def _dot1(fmt, row, xq, xd, xsum, m):
+    if fmt == 0:
+        return _q4_0_1(row, xq, xd, xsum, m)[0]
+    if fmt == 1:
+        return _q4_1_1(row, xq, xd, xsum, m)[0]
+    if fmt == 2:
+        return _q5_0_1(row, xq, xd, xsum, m)[0]
+    if fmt == 3:
+        return _q5_1_1(row, xq, xd, xsum, m)[0]
+    if fmt == 4:
+        return _q8_0_1(row, xq, xd, xsum, m)[0]
+    if fmt == 5:
+        return _q4_k_1(row, xq, xd, xsum, m)[0]
+    return _q6_k_1(row, xq, xd, xsum, m)[0]
+
+
+def _matmul(fmt, w, xq, xd, xsum, out):
+    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], the
+    rows over the threads."""
+    m_rows = xq.shape[0]
+    m4 = m_rows // 4 * 4
+    for r in prange(w.shape[0]):
+        row = w[r]
+        for m in range(0, m4, 4):
+            a, b, c, d = _dot4(fmt, row, xq, xd, xsum, m)
+            out[m, r] = a
+            out[m + 1, r] = b
+            out[m + 2, r] = c
+            out[m + 3, r] = d
+        for m in range(m4, m_rows):
+            out[m, r] = _dot1(fmt, row, xq, xd, xsum, m)
+
+
+# Two builds of one loop, as attention.py: a small product does not pay for waking the threads.
+_matmul_threads = kernel(parallel=True)(_matmul)
+_matmul_one = kernel()(_matmul)
+THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's rows go over the threads
+
+
+FAST_TYPES = frozenset(DType[f] for f in FORMATS)
+K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K))     # their activations in q8_K blocks
+_FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
+
+
+class QuantizedWeight:
+    """A 2-D weight (N, K) held in its GGUF blocks: ``raw`` is uint8 (N, bytes per row), the file's bytes."""
+
+    def __init__(self, raw: np.ndarray, dtype: DType, shape: tuple[int, int]):
+        self.dtype, self.shape = dtype, shape
+        self.raw = np.ascontiguousarray(raw).reshape(shape[0], -1)
+        self.nbytes = self.raw.nbytes
+        self._float32: np.ndarray | None = None
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """float32 values of some rows (a token embedding lookup), through the reference decoder."""
+        picked = self.raw[np.asarray(ids, dtype=np.int64)]
+        return dequantize(picked.reshape(-1), self.dtype, (len(picked), self.shape[1]))
+
+    def float32(self) -> np.ndarray:
+        """All values in float32, decoded once and kept (only for an op with no kernel on the blocks)."""
+        if self._float32 is None:
+            self._float32 = dequantize(self.raw.reshape(-1), self.dtype, self.shape)
+        return self._float32
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        """x (M, K) float32 @ weight^T: (M, N) float32."""
+        xq, xd, xsum = quantize_activations(x, k_quant=self.dtype in K_QUANTS)
+        out = np.empty((x.shape[0], self.shape[0]), np.float32)
+        run = _matmul_threads if x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM else _matmul_one
+        run(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeight({self.dtype.name}, {self.shape})"
+
+
+def keeps_blocks(t) -> bool:
+    """Whether the fast path holds this weight in its blocks (a 2-D weight of a type with a kernel)."""
+    return t.dtype in FAST_TYPES and len(t.shape) == 2
+
+
+def mul_mat(a, b):
+    """MUL_MAT for the fast path: a weight in its blocks times float32 activations (..., M, K); any other
+    operands go to the reference kernel."""
+    if not isinstance(a, QuantizedWeight):
+        return reference.mul_mat(a, b)
+    flat = b.reshape(-1, b.shape[-1])
+    return a.matmul(flat).reshape(b.shape[:-1] + (a.shape[0],))
+
+
+def get_rows(a, rows):
+    return a.rows(rows) if isinstance(a, QuantizedWeight) else reference.get_rows(a, rows)
+
+
+def _float_args(fn):
+    """An op other than MUL_MAT and GET_ROWS that reads a weight held in blocks gets it in float32."""
+    def run(*args):
+        return fn(*[a.float32() if isinstance(a, QuantizedWeight) else a for a in args])
+    return run
+
+
+def bind(node, fn):
+    """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn."""
+    if node.op == "MUL_MAT":
+        return mul_mat
+    if node.op == "GET_ROWS":
+        return get_rows
+    if node.op == "RMS_NORM":
+        from .norm import rms_norm
+        return functools.partial(rms_norm, eps=node.params["eps"])
+    if node.op == "FLASH_ATTN_EXT":
+        from .attention import flash_attn_ext
+        return functools.partial(flash_attn_ext, scale=node.params["scale"])
+    if any(s.is_leaf and s.kind == LeafKind.WEIGHT and keeps_blocks(s) for s in node.src):
+        return _float_args(fn)
+    return fn

@@ -1,0 +1,241 @@
+"""The CPU plugin's fast path (framework/plugins/cpu/quantized.py) against the reference kernel, per weight
+type: the GGUF blocks times 8-bit activations must give what the float32 weights (gguf's decoder) give,
+within the activations' rounding, on every instruction set the kernels use."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+
+import gguf
+import numpy as np
+import pytest
+from conftest import model_path
+
+from framework.core.graph.dtypes import DType
+from framework.core.graph.quants import dequantize
+from framework.plugins.cpu import quantized
+from framework.plugins.cpu.device import MATMUL_ENV, CpuDevice
+
+# A weight of each type the kernels read: the models' own tensors where a model has that type (rows
+# 0..63), else gguf's quantizer on random values (Q4_0, Q5_1: neither model holds them).
+FROM_MODEL = {"Q4_1": ("smollm2", "blk.0.ffn_down.weight"), "Q8_0": ("smollm2", "token_embd.weight"),
+              "Q5_0": ("gemma3", "blk.0.attn_k.weight"), "Q4_K": ("gemma3", "blk.0.attn_output.weight"),
+              "Q6_K": ("gemma3", "blk.0.ffn_down.weight")}
+ROWS = 64
+
+
+@cache
+def weight(fmt: str) -> tuple[np.ndarray, tuple[int, int]]:
+    """(raw bytes uint8 (rows, bytes per row), (rows, K)) of a weight of type fmt."""
+    if fmt in FROM_MODEL:
+        name, tensor = FROM_MODEL[fmt]
+        t = next(t for t in gguf.GGUFReader(model_path(name)).tensors if t.name == tensor)
+        assert t.tensor_type.name == fmt, f"{name}'s {tensor} is {t.tensor_type.name}, not {fmt}"
+        raw = np.array(t.data[:ROWS])
+        return raw, (ROWS, int(t.shape[0]))
+    values = np.random.default_rng(1).standard_normal((ROWS, 512)).astype(np.float32)
+    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[fmt]), (ROWS, 512)
+
+
+def activations(m: int, k: int) -> np.ndarray:
+    x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    x[:, ::7] *= 8.0                       # groups with a large value, as a model's outliers
+    return x
+
+
+def q8_reference(x: np.ndarray, fmt: str) -> np.ndarray:
+    """x after the fast path's activation rounding, in numpy (float32, as the kernel rounds), then in
+    float64: llama.cpp's q8_0 (per 32 values d = max|x| / 127, q = round(x * (1 / d))) or, for the K-quants,
+    q8_K (per 256 values, v the value of largest magnitude: s = -127 / v, q = min(127, round(s * x)), d = 1 / s)."""
+    if fmt in ("Q4_K", "Q6_K"):
+        g = x.reshape(x.shape[0], -1, 256)
+        top = np.take_along_axis(g, np.abs(g).argmax(axis=2)[..., None], axis=2)
+        iscale = np.float32(-127.0) / np.where(top != 0, top, np.float32(1.0))
+        q = np.minimum(127, np.rint(iscale * g))
+        return (q.astype(np.float64) * (np.float32(1.0) / iscale)).reshape(x.shape)
+    g = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(g).max(axis=2, keepdims=True) / np.float32(127.0)
+    q = np.rint(g * (np.float32(1.0) / np.where(d > 0, d, np.float32(1.0))))
+    return (q.astype(np.float64) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("fmt", quantized.FORMATS)
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_fast_product_equals_reference(fmt, m):
+    """Against the reference (the weight decoded by gguf, times the activations as rounded to 8 bits, in
+    float64) the fast path may differ only by float32 sums; against the unrounded activations, by what
+    8-bit activations cost (llama.cpp's CPU products round the same way). m = 4 and 7 run both the 4-row
+    and the 1-row kernels."""
+    raw, shape = weight(fmt)
+    w = dequantize(raw.reshape(-1), DType[fmt], shape).astype(np.float64)
+    x = activations(m, shape[1])
+    got = quantized.QuantizedWeight(raw, DType[fmt], shape).matmul(x)
+    assert got.shape == (m, shape[0]) and got.dtype == np.float32
+    scale = np.abs(w).max() * np.abs(x).max() * np.sqrt(shape[1])
+    exact = q8_reference(x, fmt) @ w.T
+    err = np.abs(got - exact).max() / scale
+    assert err < 2e-6, f"{fmt}: fast path off the reference of the same rounding by {err:.2e} (scaled)"
+    rel = np.linalg.norm(got - x.astype(np.float64) @ w.T) / np.linalg.norm(x.astype(np.float64) @ w.T)
+    # rounding to steps of max|x| / 127 costs about (max / 127 / sqrt(12)) / rms of x: 1.4% for these values
+    # in groups of 32, more in the K-quants' blocks of 256 (a larger maximum per block)
+    bound = 4e-2 if fmt in ("Q4_K", "Q6_K") else 2.5e-2
+    assert rel < bound, f"{fmt}: 8-bit activations cost {rel:.2%} of the product, over {bound:.1%}"
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K"])
+def test_rows_of_a_batch_equal_rows_alone(fmt):
+    """Row i of a 7-row product is bit for bit the 1-row product of row i (chunked prefill, decode)."""
+    raw, shape = weight(fmt)
+    w = quantized.QuantizedWeight(raw, DType[fmt], shape)
+    x = activations(7, shape[1])
+    whole = w.matmul(x)
+    for i in range(7):
+        np.testing.assert_array_equal(w.matmul(x[i:i + 1])[0], whole[i])
+
+
+_PRODUCTS = """
+import json, sys, numpy as np
+from framework.core.graph.dtypes import DType
+from framework.plugins.cpu import quantized
+spec = json.loads(sys.argv[1])
+print(json.dumps({"target": quantized.target()}))
+out = {}
+for fmt, path in spec["weights"].items():
+    raw = np.load(path)
+    x = np.load(spec["x"][str(raw.shape[1])])
+    out[fmt] = quantized.QuantizedWeight(raw, DType[fmt], tuple(spec["shapes"][fmt])).matmul(x)
+from framework.plugins.cpu.attention import flash_attn_ext
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((33, 4, 256), (96, 1, 256), (96, 1, 256)))
+mask = np.where(np.arange(96)[None, :] <= 5 + np.arange(33)[:, None], 0.0, -np.inf).astype(np.float32)
+out["attention"] = flash_attn_ext(q, k, v, mask, scale=0.0625)
+from framework.plugins.cpu.norm import rms_norm
+out["rms_norm"] = rms_norm(rng.standard_normal((300, 576)).astype(np.float32), eps=1e-6)
+np.savez(spec["out"], **out)
+"""
+
+
+def _avx2_only_features() -> str:
+    """The host's features as numba reads them, with AVX-512 and the VNNI extensions switched off."""
+    from llvmlite import binding
+    feats = binding.get_host_cpu_features()
+    return ",".join(("-" if k.startswith(("avx512", "amx", "avxvnni")) or not v else "+") + k for k, v in feats.items())
+
+
+def _run_products(tmp_path, env_extra: dict, tag: str) -> tuple[list, dict]:
+    spec = {"weights": {}, "shapes": {}, "x": {}, "out": str(tmp_path / f"{tag}.npz")}
+    for fmt in quantized.FORMATS:
+        raw, shape = weight(fmt)
+        np.save(tmp_path / f"{fmt}.npy", raw)
+        spec["weights"][fmt], spec["shapes"][fmt] = str(tmp_path / f"{fmt}.npy"), shape
+        np.save(tmp_path / f"x{shape[1]}.npy", activations(5, shape[1]))
+        spec["x"][str(raw.shape[1])] = str(tmp_path / f"x{shape[1]}.npy")
+    env = {**os.environ, **env_extra}
+    done = subprocess.run([sys.executable, "-c", _PRODUCTS, json.dumps(spec)], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    target = json.loads(done.stdout.strip().splitlines()[-1])["target"]
+    return target, dict(np.load(spec["out"]))
+
+
+def test_results_do_not_depend_on_the_instruction_set(tmp_path):
+    """The kernels (each weight type's product, attention, RMS norm) compiled for a Haswell-class CPU (AVX2, one
+    thread) and for this CPU (AVX-512 VNNI where it has it, all threads) give the same bits: CI's AVX2-only
+    and AVX-512 machines compute the same logits. On a CPU without VNNI both runs take the AVX2 path, for
+    two CPU models."""
+    if quantized.target()[1] == "":
+        pytest.skip("this CPU has no AVX2: the fast path is off (test_no_avx2_means_float32_products checks it)")
+    generic, a = _run_products(tmp_path, {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": _avx2_only_features(),
+                                          "NUMBA_NUM_THREADS": "1"}, "avx2")
+    assert generic == ["haswell", "avx2"]
+    host, b = _run_products(tmp_path, {}, "host")
+    assert host == list(quantized.target())
+    for what in (*quantized.FORMATS, "attention", "rms_norm"):
+        np.testing.assert_array_equal(a[what], b[what], err_msg=f"{what}: {generic} and {host} differ")
+
+
+def test_no_avx2_means_float32_products():
+    """Where numba compiles for a CPU without AVX2 the default is the float32 products, said in the
+    description, and FRAMEWORK_CPU_MATMUL=q8 makes the device unavailable with the reason."""
+    from llvmlite import binding
+    feats = ",".join(("-" if k.startswith("avx") or k in ("fma", "f16c") or not v else "+") + k
+                     for k, v in binding.get_host_cpu_features().items())
+    code = ("from framework.plugins.cpu.device import CpuDevice; d = CpuDevice(); "
+            "print(d.available, d.fast, '|', d.description, '|', d.unavailable_reason)")
+    env = {**os.environ, "NUMBA_CPU_NAME": "x86-64", "NUMBA_CPU_FEATURES": feats}
+    env.pop(MATMUL_ENV, None)
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                             check=False)
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert default.stdout.startswith("True False") and "no AVX2" in default.stdout, default.stdout
+    asked = subprocess.run([sys.executable, "-c", code], env={**env, MATMUL_ENV: "q8"}, capture_output=True,
+                           text=True, timeout=300, check=False)
+    assert asked.stdout.startswith("False False") and f"{MATMUL_ENV}=q8" in asked.stdout, asked.stdout
+
+
+def test_switch_and_report(monkeypatch):
+    """FRAMEWORK_CPU_MATMUL=f32 turns the fast path off, the description says which path runs, and an
+    unknown value makes the device unavailable naming the variable and the values it takes."""
+    monkeypatch.setenv(MATMUL_ENV, "f32")
+    off = CpuDevice()
+    assert off.available and not off.fast and "float32 products" in off.description
+    assert off.weight_buffer_type.name == "cpu_f32_unpacked"
+    monkeypatch.delenv(MATMUL_ENV)
+    on = CpuDevice()
+    if quantized.target()[1]:
+        assert on.fast and "GGUF blocks" in on.description and on.weight_buffer_type.name == "cpu_gguf_blocks"
+    monkeypatch.setenv(MATMUL_ENV, "int4")
+    bad = CpuDevice()
+    assert not bad.available and "FRAMEWORK_CPU_MATMUL='int4'" in bad.unavailable_reason
+    assert "'q8'" in bad.unavailable_reason and "'f32'" in bad.unavailable_reason
+
+
+def test_kernels_cached_under_framework_cache():
+    """numba's compiled kernels go to $FRAMEWORK_CACHE/numba, not beside the sources."""
+    root = os.environ.get("FRAMEWORK_CACHE")
+    assert str(quantized.cache_dir()).startswith(root or os.path.expanduser("~/.cache/framework"))
+    raw, shape = weight("Q4_1")
+    quantized.QuantizedWeight(raw, DType.Q4_1, shape).matmul(activations(1, shape[1]))
+    assert any(quantized.cache_dir().rglob("*.nbi")), f"no numba index in {quantized.cache_dir()}"
+    here = os.path.dirname(quantized.__file__)
+    beside = [f for _, _, fs in os.walk(here) for f in fs if f.endswith((".nbi", ".nbc"))]
+    assert not beside, f"numba cache files beside the sources: {beside}"
+
+
+@pytest.mark.parametrize("t, h, hkv, d, s", [(1, 9, 3, 64, 40), (7, 9, 3, 64, 64), (33, 4, 1, 256, 96)])
+def test_fast_attention_equals_reference_and_rows_alone(t, h, hkv, d, s):
+    """The fast path's FLASH_ATTN_EXT (attention.py) against the reference kernel, with grouped heads and a
+    causal mask over a cache longer than the keys any query sees; each query row alone gives the same bits
+    (so a prefill chunk of any size, and a decode step, see the same attention). (33, 4, 1, 256, 96) runs
+    the threaded build."""
+    from framework.core.graph import reference
+    from framework.plugins.cpu.attention import THREADED_FROM, flash_attn_ext
+    rng = np.random.default_rng(t)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((t, h, d), (s, hkv, d), (s, hkv, d)))
+    start = 5
+    mask = np.where(np.arange(s)[None, :] <= start + np.arange(t)[:, None], 0.0, -np.inf).astype(np.float32)
+    want = reference.flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
+    got = flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
+    nmse = float(((got - want) ** 2).sum() / (want ** 2).sum())
+    assert nmse < 1e-10, f"attention off the reference: NMSE {nmse:.2e}"
+    for i in range(t):
+        np.testing.assert_array_equal(flash_attn_ext(q[i:i + 1], k, v, mask[i:i + 1], scale=d ** -0.5)[0], got[i])
+    assert (t * h * s * d >= THREADED_FROM) == (t == 33)
+
+
+@pytest.mark.parametrize("shape", [(1, 576), (11, 640), (3, 4, 256), (300, 576)])
+def test_fast_rms_norm_equals_reference_and_rows_alone(shape):
+    """The fast path's RMS_NORM (norm.py) against the reference kernel, and each row alone gives the same bits
+    (the reference takes one row through BLAS's dot and several through einsum). (300, 576) is threaded."""
+    from framework.core.graph import reference
+    from framework.plugins.cpu.norm import rms_norm
+    x = np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32) * 3
+    got = rms_norm(x, eps=1e-6)
+    np.testing.assert_allclose(got, reference.rms_norm(x, eps=1e-6), rtol=2e-6, atol=2e-6)
+    flat, rows = got.reshape(-1, shape[-1]), x.reshape(-1, shape[-1])
+    for i in range(flat.shape[0]):
+        np.testing.assert_array_equal(rms_norm(rows[i:i + 1], eps=1e-6)[0], flat[i])
