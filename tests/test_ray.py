@@ -28,7 +28,7 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray
 import tiny_models
-from conftest import REF_DIR
+from conftest import MODELS, REF_DIR, load_model, reference
 from ray.cluster_utils import Cluster
 
 from framework.conformance.cases import nmse
@@ -90,11 +90,13 @@ def models(tmp_path_factory):
     return out
 
 
-def _split_session(model: Model, devices, **kw) -> Session:
+def _split_session(model: Model, devices, with_input: bool = True, **kw) -> Session:
     """A session on [n1, n2] with n1 capped so that it keeps the input and the first half of the layers: the
-    smallest cap that does (the memory fit's own count of each layer's cost), found by bisection."""
+    smallest cap that does (the memory fit's own count of each layer's cost), found by bisection. A real model's
+    embedding table is larger than half its layers, so with_input=False asks for the layers alone (the memory
+    fit then leaves the input to n2, as llama.cpp leaves it to the host)."""
     half = model.hp.n_layer // 2
-    want = ["input", *range(half)]
+    want = ["input", *range(half)] if with_input else list(range(half))
     lo, hi = 1, 1 << 30
     while lo < hi:
         mid = (lo + hi) // 2
@@ -201,6 +203,27 @@ def test_two_nodes_give_what_one_process_gives(registry, models, arch):
     assert received == len(remote) * model.hp.n_vocab * 4
     assert end[0]["received"] == start[0]["received"]           # nothing of n1's comes back here
     assert all(e["node_seconds"] > s["node_seconds"] for s, e in zip(start, end))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_both_real_models_split_across_two_nodes_give_what_one_process_gives(registry, name):
+    """SmolLM2 and Gemma 3 split pipeline-wise over the two nodes: the prompt's prefill and three decode steps of
+    llama.cpp's greedy tokens give one process's logits, and the prefill follows llama.cpp's as
+    tests/test_reference_cpu.py holds the cpu plugin to it (argmax, correlation above 0.995)."""
+    model = load_model(name)
+    ref, arrays = reference(name)
+    p = ref["prompts"][0]
+    short = {**p, "greedy_ids": p["greedy_ids"][:3]}
+    local = _follow(Session(model, registry.select("cpu"), n_ctx=64, n_batch=16), short)
+    devices = registry.select("ray:n1/cpu,ray:n2/cpu")
+    session = _split_session(model, devices, with_input=False, n_ctx=64, n_batch=16)
+    remote = _follow(session, short)
+    for k, (ours, here) in enumerate(zip(remote, local)):
+        assert nmse(ours, here) < 1e-9, f"{name} step {k}: two nodes differ from one process"
+    assert int(np.argmax(remote[0])) == p["greedy_ids"][0], name
+    assert np.corrcoef(remote[0], arrays[p["last_logits_key"]])[0, 1] > 0.995, name
+    decode = next(pl for pl, _ in session.plans.values() if pl.graph.meta["phase"] == "decode")
+    assert {f.device for f in decode.fragments} == {"ray:n1/cpu", "ray:n2/cpu"}
 
 
 def test_weights_a_node_cannot_read_from_its_own_file_are_shipped_once(registry, models):
