@@ -36,6 +36,8 @@ from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
+from .core import weight_words
+from .core.device_buffers import BufferPools, Chunk, DeviceTensor, DeviceWeight, Lease, Ref, contiguous_strides
 from .core.host import host_memory_limit
 from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 
@@ -85,6 +87,36 @@ class Verdict:
 
 
 _YES = Verdict(True)
+
+
+def plain_operand_refusal(device: str, n: Tensor, max_bytes: int, unit: str, f32_chunks) -> Verdict | None:
+    """The refusal (or None) every plugin that computes in device buffers of F32 values gives a node whose
+    operands it reads as plain values: weights other than a product's or a row gather's first operand must
+    be F32 and within one chunk (`f32_chunks(shape)`: how many an F32 weight of that shape takes), other
+    operands F32 or I32, contiguous (except CONT's) and at most `max_bytes` (`unit`: what that limit is,
+    e.g. "one storage binding"); the result F32 and within the same limit."""
+    for i, s in enumerate(n.src):
+        if s.is_leaf and s.kind == LeafKind.WEIGHT:
+            in_kernel = n.op in ("GET_ROWS", "MUL_MAT") and i == 0
+            if not in_kernel and (s.dtype.name != "F32" or f32_chunks(s.shape) > 1):
+                return Verdict.no("unsupported_dtype", f"{n.op} reads weight {s.describe()} as plain float32 values; "
+                                  f"{device} does that only for F32 weights within {unit}")
+            continue
+        if s.dtype.name not in ("F32", "I32"):
+            return Verdict.no("unsupported_dtype", f"{device} computes on F32 (and I32 indices) only, not "
+                              f"{s.describe()}")
+        if s.nbytes > max_bytes:
+            return Verdict.no("unsupported_shape", f"{s.describe()} is {s.nbytes} bytes, more than {unit} of "
+                              f"{device} ({max_bytes} bytes)")
+        if n.op != "CONT" and not s.contiguous:
+            return Verdict.no("unsupported_shape", f"{n.op} on {device} needs contiguous operands; {s.describe()} "
+                              f"is a permuted view (CONT it first)")
+    if n.dtype.name != "F32":
+        return Verdict.no("unsupported_dtype", f"{device} writes F32 results only, not {n.describe()}")
+    if n.nbytes > max_bytes:
+        return Verdict.no("unsupported_shape", f"the result {n.describe()} is {n.nbytes} bytes, more than {unit} "
+                          f"of {device} ({max_bytes} bytes); use smaller batches")
+    return None
 
 
 @dataclass(frozen=True)
@@ -292,4 +324,8 @@ __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSION
            "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
            "row_bytes", "dequantize",
            # settings read from the environment, on-disk caches, the host's memory (docs/plugin-guide.md)
-           "settings", "caches", "host_memory_limit"]
+           "settings", "caches", "host_memory_limit",
+           # for plugins that compute in device buffers: handles, operands, buffer pools, the word layout of
+           # the weight types, and the operand checks their verdicts share
+           "DeviceTensor", "DeviceWeight", "Chunk", "Lease", "Ref", "BufferPools", "contiguous_strides",
+           "weight_words", "plain_operand_refusal"]

@@ -126,6 +126,31 @@ def names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
 
 
+def op_names(known: frozenset[str], owner: str) -> Callable[[str], frozenset[str]]:
+    """Comma-separated op names (any case), each one of `known` (the ops `owner` has kernels for)."""
+    def parse(text: str) -> frozenset[str]:
+        ops = frozenset(o.upper() for o in names(text))
+        unknown = sorted(ops - known)
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} {'is not an op' if len(unknown) == 1 else 'are not ops'} "
+                             f"{owner} has a kernel for")
+        return ops
+    return parse
+
+
+def tuning(keys: tuple[str, ...]) -> Callable[[str], dict[str, int]]:
+    """KEY=whole number, comma-separated, each KEY one of `keys` (a kernel's shape, for tuning and tests)."""
+    def parse(text: str) -> dict[str, int]:
+        out = {}
+        for item in names(text.replace(" ", "")):
+            key, sep, value = item.partition("=")
+            if not sep or key not in keys or not value.isdigit():
+                raise ValueError(f"'{item}' is not KEY=whole number with KEY one of {', '.join(keys)}")
+            out[key] = int(value)
+        return out
+    return parse
+
+
 def folder_or_off(text: str) -> Path | None:
     """'off': nothing is cached; otherwise a folder (made absolute: a relative one is the current folder's)."""
     if text.lower() == "off":

@@ -32,6 +32,7 @@ from conftest import MODELS, REF_DIR, load_model, reference
 from ray.cluster_utils import Cluster
 
 from framework.conformance.cases import nmse
+from framework.contract import CONTRACT_VERSION
 from framework.core.registry import BLOCK_ENV, default_registry
 from framework.core.scheduler.errors import DeviceRunError, DeviceSelectionError
 from framework.model.model import Model
@@ -313,6 +314,31 @@ def test_a_node_with_another_framework_version_is_refused_naming_both(cluster, t
         here = version("framework")
         assert here != "9.9.9" and "framework 9.9.9" in text and f"framework {here}" in text, text
         assert "node old" in text, text
+        assert {d.name for d in registry.devices() if d.available and d.name.startswith("ray")} == \
+            {"ray:n1/cpu", "ray:n2/cpu"}
+    finally:
+        cluster.remove_node(node)
+
+
+def test_a_node_with_another_contract_version_is_refused_naming_both(cluster, tmp_path):
+    """A node whose framework (same version) implements another plugin contract, as an installation patched
+    or built from another commit would (its workers' sitecustomize raises CONTRACT_VERSION): its devices are
+    unavailable with both contract versions named, and the other nodes stay usable."""
+    shim = tmp_path / "site"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import framework.contract as c\nc.CONTRACT_VERSION += 1\n")
+    node = cluster.add_node(num_cpus=0, resources={"framework:newer": 1},
+                            env_vars={"PYTHONPATH": str(shim)}, **NODE_MEMORY)
+    try:
+        registry = default_registry()
+        newer = [d for d in registry.devices() if d.name.startswith("ray:newer")]
+        assert newer and not any(d.available for d in newer)
+        text = newer[0].unavailable_reason
+        here = version("framework")
+        assert f"framework {here} (contract {CONTRACT_VERSION + 1})" in text, text
+        assert f"this process framework {here} (contract {CONTRACT_VERSION})" in text, text
+        with pytest.raises(DeviceSelectionError):
+            registry.select(newer[0].name)
         assert {d.name for d in registry.devices() if d.available and d.name.startswith("ray")} == \
             {"ray:n1/cpu", "ray:n2/cpu"}
     finally:

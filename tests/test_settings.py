@@ -34,7 +34,7 @@ def test_bad_openvino_settings_make_its_devices_unavailable_naming_the_variable(
 
 
 @pytest.mark.parametrize("var,value,words", [
-    ("FRAMEWORK_VULKAN_DISABLE_OPS", "MUL_MAT,FROB", "FROB is not an op of this plugin"),
+    ("FRAMEWORK_VULKAN_DISABLE_OPS", "MUL_MAT,FROB", "FROB is not an op the Vulkan plugin has a kernel for"),
     ("FRAMEWORK_VULKAN_F16", "maybe", "FRAMEWORK_VULKAN_F16='maybe' is not 1, true, yes or on; 0, false, no or off"),
     ("FRAMEWORK_VULKAN_MATVEC", "r=two", "'r=two' is not KEY=whole number"),
     ("FRAMEWORK_VULKAN_MATMUL", "bogus=1", "'bogus=1' is not KEY=whole number with KEY one of bm, bn"),

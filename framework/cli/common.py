@@ -85,47 +85,37 @@ def weight_progress(label: str = "unpacking weights"):
         yield update
 
 
+def _checked(text: str, convert, what: str, ok, bound: str):
+    """One argument checker's shape: parse `text` with `convert`, then test the value against `ok`."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not {what}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{value} {bound}")
+    return value
+
+
 def port_number(text: str) -> int:
     """A TCP port: 0 (any free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a port number (0 to 65535)") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0 to 65535)")
-    return value
+    return _checked(text, int, "a port number (0 to 65535)", lambda v: 0 <= v <= 65535,
+                    "is not a port number (0 to 65535)")
 
 
 def whole_number(text: str) -> int:
     """0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
+    return _checked(text, int, "a whole number", lambda v: v >= 0, "must be 0 or more")
 
 
 def seconds(text: str) -> float:
     """A finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a finite number of seconds, 0 or more")
-    return value
+    return _checked(text, float, "a number of seconds", lambda v: math.isfinite(v) and v >= 0,
+                    "must be a finite number of seconds, 0 or more")
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+    """1 or more."""
+    return _checked(text, int, "a whole number", lambda v: v >= 1, "must be at least 1")
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)

@@ -12,6 +12,7 @@ import math
 
 from ...core.graph import GraphBuilder, Tensor
 from .base import Architecture, KVCache, StepInputs
+from .gemma_block import post_norm_tail
 
 LAYER_WEIGHTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
                  "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
@@ -45,14 +46,5 @@ class Gemma3(Architecture):
             k = b.rope_ext(k, inp.pos, hp.n_rot, self.rope_mode, base, name=f"Kcur_rope-{il}")
             q = b.scale(q, 1.0 / math.sqrt(hp.head_dim), name=f"Qcur_scaled-{il}")
             att = self.attention(b, inp, cache, il, q, k, v, 1.0)
-            att = b.mul_mat(self.weight(w + "attn_output.weight"), att, name=f"attn_out-{il}")
-            att = self.norm(b, att, w + "post_attention_norm.weight", f"attn_post_norm-{il}")
-            x = b.add(att, x, name=f"sa_out-{il}")
-            cur = self.norm(b, x, w + "ffn_norm.weight", f"ffn_norm-{il}")
-            gate = b.mul_mat(self.weight(w + "ffn_gate.weight"), cur, name=f"ffn_gate-{il}")
-            up = b.mul_mat(self.weight(w + "ffn_up.weight"), cur, name=f"ffn_up-{il}")
-            cur = b.glu(gate, up, "geglu", name=f"ffn_geglu-{il}")
-            cur = b.mul_mat(self.weight(w + "ffn_down.weight"), cur, name=f"ffn_out-{il}")
-            cur = self.norm(b, cur, w + "post_ffw_norm.weight", f"ffn_post_norm-{il}")
-            x = b.add(cur, x, name=f"l_out-{il}")
+            x = post_norm_tail(self, b, il, att, x)
         return self.logits(b, x, inp)

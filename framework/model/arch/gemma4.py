@@ -32,6 +32,7 @@ from ...core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
 from ..hparams import MAX_DIM, MAX_LAYERS, HParams, MetadataError
 from ..metadata import get_float, get_int, get_list, get_str
 from .base import Architecture, KVCache, StepInputs
+from .gemma_block import post_norm_tail
 
 
 @dataclass(frozen=True)
@@ -199,19 +200,7 @@ class _Gemma4Base(Architecture):
         return b.rope_ext(x, inp.pos, lay.n_rot, self.rope_mode, lay.rope_base, freq_factors=factors, name=name)
 
     def block_tail(self, b: GraphBuilder, il: int, att: Tensor, x: Tensor) -> Tensor:
-        """After attention: output projection, post-attention norm, residual, GeGLU feed-forward with its
-        norms, residual."""
-        w = f"blk.{il}."
-        att = b.mul_mat(self.weight(w + "attn_output.weight"), att, name=f"attn_out-{il}")
-        att = self.norm(b, att, w + "post_attention_norm.weight", f"attn_post_norm-{il}")
-        attn_out = b.add(att, x, name=f"attn_residual-{il}")
-        cur = self.norm(b, attn_out, w + "ffn_norm.weight", f"ffn_norm-{il}")
-        gate = b.mul_mat(self.weight(w + "ffn_gate.weight"), cur, name=f"ffn_gate-{il}")
-        up = b.mul_mat(self.weight(w + "ffn_up.weight"), cur, name=f"ffn_up-{il}")
-        cur = b.glu(gate, up, "geglu", name=f"ffn_geglu-{il}")
-        cur = b.mul_mat(self.weight(w + "ffn_down.weight"), cur, name=f"ffn_out-{il}")
-        cur = self.norm(b, cur, w + "post_ffw_norm.weight", f"ffn_post_norm-{il}")
-        return b.add(cur, attn_out, name=f"ffn_residual-{il}")
+        return post_norm_tail(self, b, il, att, x)
 
     def attend(self, b: GraphBuilder, inp: StepInputs, il: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         lay = self.layers[il]

@@ -12,7 +12,7 @@ function added to the table later) is refused, never computed as another.
 
 from __future__ import annotations
 
-from ...contract import LeafKind, Tensor, Verdict, ops, settings
+from ...contract import LeafKind, Tensor, Verdict, ops, plain_operand_refusal, settings
 from . import options
 from .options import DISABLE_OPS_ENV
 
@@ -71,28 +71,8 @@ def _operands(dev, n: Tensor) -> Verdict | None:
         if t.nelements >= MAX_ELEMENTS:
             return Verdict.no("unsupported_shape", f"{t.describe()} has {t.nelements} elements; {dev.name} kernels "
                               f"index at most {MAX_ELEMENTS - 1}")
-    for i, s in enumerate(n.src):
-        if is_weight(s):
-            in_kernel = n.op in ("GET_ROWS", "MUL_MAT") and i == 0
-            if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
-                return Verdict.no("unsupported_dtype", f"{n.op} reads weight {s.describe()} as plain float32 values; "
-                                  f"{dev.name} does that only for F32 weights within one allocation")
-            continue
-        if s.dtype.name not in ("F32", "I32"):
-            return Verdict.no("unsupported_dtype", f"{dev.name} computes on F32 (and I32 indices) only, not "
-                              f"{s.describe()}")
-        if s.nbytes > dev.max_alloc:
-            return Verdict.no("unsupported_shape", f"{s.describe()} is {s.nbytes} bytes, more than one allocation "
-                              f"of {dev.name} ({dev.max_alloc} bytes)")
-        if n.op != "CONT" and not s.contiguous:
-            return Verdict.no("unsupported_shape", f"{n.op} on {dev.name} needs contiguous operands; {s.describe()} "
-                              f"is a permuted view (CONT it first)")
-    if n.dtype.name != "F32":
-        return Verdict.no("unsupported_dtype", f"{dev.name} writes F32 results only, not {n.describe()}")
-    if n.nbytes > dev.max_alloc:
-        return Verdict.no("unsupported_shape", f"the result {n.describe()} is {n.nbytes} bytes, more than one "
-                          f"allocation of {dev.name} ({dev.max_alloc} bytes); use smaller batches")
-    return None
+    return plain_operand_refusal(dev.name, n, dev.max_alloc, "one allocation",
+                                 lambda shape: len(dev.chunk_plan("F32", shape)))
 
 
 def _op_specific(dev, n: Tensor) -> Verdict | None:

@@ -4,14 +4,22 @@ buffers; one in-order command queue."""
 
 from __future__ import annotations
 
-import math
 import threading
-import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
-from ...contract import BufferType, Device, DeviceType, Limits, Tensor, Verdict, settings
+from ...contract import (
+    BufferPools,
+    BufferType,
+    Device,
+    DeviceTensor,
+    DeviceType,
+    DeviceWeight,
+    Limits,
+    Tensor,
+    Verdict,
+    settings,
+)
 from . import layout, options
 from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
 from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
@@ -20,72 +28,18 @@ from .properties import device_data, device_type, physical_id
 KIND_ORDER = {DeviceType.GPU: 0, DeviceType.ACCEL: 1, DeviceType.NPU: 1, DeviceType.CPU: 2}
 
 
-class ClTensor:
-    """A device handle: elements of a buffer (offset and strides in elements), or host values not yet
-    uploaded (``host``: from_host is lazy, so a program copies them straight into a buffer of its own)."""
-
-    __slots__ = ("buffer", "dtype", "host", "lease", "offset", "shape", "strides")
-
-    def __init__(self, buffer, offset: int, shape: tuple, dtype=np.float32, strides: tuple | None = None, host=None,
-                 lease=None):
-        self.buffer, self.offset, self.shape, self.dtype = buffer, int(offset), tuple(shape), np.dtype(dtype)
-        self.strides = strides            # None: contiguous
-        self.host = host
-        self.lease = lease                # keeps a pooled output buffer out of the pool while a handle lives
-
-    @property
-    def contiguous(self) -> bool:
-        return self.strides is None or self.strides == contiguous_strides(self.shape)
-
-    def __repr__(self) -> str:
-        where = "host" if self.host is not None else f"buffer of {self.buffer.size} bytes at element {self.offset}"
-        return f"ClTensor({list(self.shape)}, {self.dtype}, {where})"
+# the contract's handles, shared by every plugin that computes in device buffers, under this plugin's names
+ClTensor, ClWeight = DeviceTensor, DeviceWeight
 
 
-@dataclass
-class Chunk:
-    buffer: object
-    row0: int
-    rows: int
-    moff: int          # word offset of the scale plane in the chunk's buffer
-
-
-class ClWeight:
-    """A weight in its device layout (layout.py), in chunks of whole rows within the largest allocation."""
-
-    def __init__(self, dtype: str, shape: tuple, chunks: list[Chunk]):
-        self.dtype, self.shape, self.chunks = dtype, tuple(shape), chunks
-        self.nbytes = sum(c.buffer.size for c in chunks)
-
-    # a single-chunk F32 weight is also usable as a plain tensor (a norm's gain)
-    @property
-    def buffer(self):
-        return self.chunks[0].buffer
-
-    offset = 0
-    strides = None
-    host = None
-
-    def __repr__(self) -> str:
-        return f"ClWeight({self.dtype}, {list(self.shape)}, {len(self.chunks)} chunks)"
-
-
-class _Lease:
-    __slots__ = ("__weakref__",)
-
-
-def contiguous_strides(shape) -> tuple:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
-class OpenCLDevice(Device):
+class OpenCLDevice(BufferPools, Device):
     """An OpenCL device, driven through pyopencl: one context, one in-order queue."""
 
     supported_ops = COVERED
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        return self.max_alloc
 
     @property
     def refused_ops(self) -> dict[str, Verdict]:
@@ -125,10 +79,8 @@ class OpenCLDevice(Device):
         self._context = self._queue = None
         self._lock = threading.Lock()
         self.programs: dict = {}          # build options -> cl.Program (kernels.build)
-        self._scratch: list = []
-        self._pool: dict[int, list] = {}
+        self.init_pools()
         self._pending: list = []          # events of non-blocking uploads, kept until they complete
-        self._dummy = None
         self.enqueued = 0                 # kernels enqueued, all programs together
         self.runs = 0
         self.profile = {} if settings.read(PROFILE_ENV) else None
@@ -173,54 +125,12 @@ class OpenCLDevice(Device):
         self._pending = [e for e in self._pending if e.command_execution_status != done]
         self._pending.append(cl.enqueue_copy(self.queue, buffer, np.ascontiguousarray(array), is_blocking=False))
 
-    def dummy(self):
-        if self._dummy is None:
-            self._dummy = self.new_buffer(16)
-        return self._dummy
-
-    def scratch(self, i: int, nbytes: int):
-        """Scratch buffer i, at least nbytes: internal values of a program run, shared by all programs
-        (the queue runs them in order and no internal value outlives its run)."""
-        while len(self._scratch) <= i:
-            self._scratch.append(None)
-        buf = self._scratch[i]
-        if buf is None or buf.size < nbytes:
-            buf = self._scratch[i] = self.new_buffer(max(nbytes, 256))
-        return buf
-
-    def output_buffer(self, nbytes: int):
-        """(buffer, lease) for a program's output: the buffer returns to a pool once the lease, held by
-        every handle of the buffer, is gone (later commands on the in-order queue see every earlier
-        use of it through)."""
-        size = max(256, -(-int(nbytes) // 256) * 256)
-        free = self._pool.setdefault(size, [])
-        buf = free.pop() if free else self.new_buffer(size)
-        lease = _Lease()
-        weakref.finalize(lease, free.append, buf)
-        return buf, lease
-
     # -- the contract --------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> Verdict:
         return verdict(self, node)
 
-    def chunk_plan(self, dtype: str, shape: tuple) -> list[tuple[int, int]]:
-        return layout.chunk_rows(dtype, shape, self.max_alloc)
-
     def weight_nbytes(self, tensor: Tensor) -> int:
         return layout.packed_nbytes(tensor.dtype.name, tensor.shape, self.max_alloc)
-
-    def load_weight(self, tensor: Tensor, raw: np.ndarray) -> ClWeight:
-        dtype = tensor.dtype.name
-        if dtype not in layout.SUPPORTED:
-            raise ValueError(f"{self.name} keeps no {dtype} weights ({tensor.describe()}); supported: "
-                             f"{', '.join(sorted(layout.SUPPORTED))}")
-        raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-        rb = layout.row_bytes(dtype, tensor.shape[-1])
-        chunks = []
-        for row0, rows in self.chunk_plan(dtype, tensor.shape):
-            words, moff = layout.pack(dtype, raw[row0 * rb:(row0 + rows) * rb])
-            chunks.append(Chunk(self.buffer_with(words), row0, rows, moff))
-        return ClWeight(dtype, tensor.shape, chunks)
 
     def alloc(self, tensor: Tensor) -> ClTensor:
         import pyopencl as cl
@@ -229,29 +139,11 @@ class OpenCLDevice(Device):
         cl.enqueue_fill_buffer(self.queue, buf, np.uint32(0), 0, buf.size)
         return ClTensor(buf, 0, tensor.shape, dt)
 
-    def from_host(self, array: np.ndarray) -> ClTensor:
-        array = np.asarray(array)
-        if array.dtype not in (np.float32, np.int32):
-            array = array.astype(np.int32 if np.issubdtype(array.dtype, np.integer) else np.float32)
-        return ClTensor(None, 0, array.shape, array.dtype, host=array)
-
-    def to_host(self, handle) -> np.ndarray:
+    def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
         import pyopencl as cl
-        if isinstance(handle, np.ndarray):
-            return handle
-        if isinstance(handle, ClWeight):
-            raise TypeError(f"{self.name}: weights are not read back ({handle})")
-        if handle.host is not None:
-            return np.asarray(handle.host)
-        shape, strides = handle.shape, handle.strides or contiguous_strides(handle.shape)
-        if math.prod(shape) == 0:
-            return np.zeros(shape, handle.dtype)
-        span = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
-        flat = np.empty(span, handle.dtype)
-        cl.enqueue_copy(self.queue, flat, handle.buffer, src_offset=handle.offset * 4, is_blocking=True)
-        if handle.strides is None:
-            return flat.reshape(shape)
-        return np.array(np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides)), copy=True)
+        flat = np.empty(count, dtype)
+        cl.enqueue_copy(self.queue, flat, buffer, src_offset=byte_offset, is_blocking=True)
+        return flat
 
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its kernels are enqueued, and the executor stops a

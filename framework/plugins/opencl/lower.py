@@ -14,28 +14,13 @@ scaling) is one launch with it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...contract import Tensor, ops, reference
+from ...contract import Ref, Tensor, contiguous_strides, ops, reference
 from . import kernels, layout
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE, is_weight
-from .device import contiguous_strides
-
-
-@dataclass(frozen=True)
-class Ref:
-    kind: str                    # "arg" or "val"
-    idx: int
-    off: int
-    shape: tuple
-    strides: tuple | None = None     # None: contiguous
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

@@ -19,29 +19,6 @@ MATMUL_KEYS = ("bm", "bn", "tm", "tn", "reg", "rtm", "rtn", "rwg")
 NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, PROFILE_ENV, MATVEC_ENV, MATMUL_ENV)
 
 
-def _ops(known: frozenset[str]):
-    def parse(text: str) -> frozenset[str]:
-        ops = frozenset(o.upper() for o in settings.names(text))
-        unknown = sorted(ops - known)
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)} {'is not an op' if len(unknown) == 1 else 'are not ops'} the "
-                             f"OpenCL plugin has a kernel for")
-        return ops
-    return parse
-
-
-def _tuning(keys: tuple[str, ...]):
-    def parse(text: str) -> dict[str, int]:
-        out = {}
-        for item in settings.names(text.replace(" ", "")):
-            key, sep, value = item.partition("=")
-            if not sep or key not in keys or not value.isdigit():
-                raise ValueError(f"'{item}' is not KEY=whole number with KEY one of {', '.join(keys)}")
-            out[key] = int(value)
-        return out
-    return parse
-
-
 def _matvec(text: str) -> dict[str, int]:
     out = {}
     for item in settings.names(text.replace(" ", "")):
@@ -58,7 +35,8 @@ def _matvec(text: str) -> dict[str, int]:
 
 def declare(ops: frozenset[str]) -> None:
     settings.declare(DISABLE_OPS_ENV, "opencl", f"comma-separated ops among {', '.join(sorted(ops))}", frozenset(),
-                     "ops every OpenCL device refuses (to test mixed plans)", _ops(ops))
+                     "ops every OpenCL device refuses (to test mixed plans)",
+                     settings.op_names(ops, "the OpenCL plugin"))
     settings.declare(MAX_ALLOC_ENV, "opencl", "a whole number of bytes, at least 1", None,
                      "the largest allocation, below the device's own (to test split weights)", settings.whole(1))
     settings.declare(PROFILE_ENV, "opencl", settings.FLAG_ACCEPTS, False,
@@ -66,7 +44,7 @@ def declare(ops: frozenset[str]) -> None:
     settings.declare(MATVEC_ENV, "opencl", f"KEY=N,... with KEY one of {', '.join(MATVEC_KEYS)}", {},
                      "tuning: overrides the matrix-vector kernel's shape", _matvec)
     settings.declare(MATMUL_ENV, "opencl", f"KEY=N,... with KEY one of {', '.join(MATMUL_KEYS)}", {},
-                     "tuning: overrides the tiled and register-tiled products' shapes", _tuning(MATMUL_KEYS))
+                     "tuning: overrides the tiled and register-tiled products' shapes", settings.tuning(MATMUL_KEYS))
 
 
 def problem() -> str | None:

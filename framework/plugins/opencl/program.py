@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .device import ClTensor, ClWeight, contiguous_strides
+from ...contract import contiguous_strides
+from .device import ClTensor, ClWeight
 from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
 from .signatures import TENSOR_KINDS, params

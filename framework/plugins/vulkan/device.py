@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import threading
-import weakref
 
 import numpy as np
 
 from ...contract import (
     HOST_CPU,
+    BufferPools,
     BufferType,
     Device,
     DeviceType,
@@ -24,7 +23,7 @@ from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
 from .submission import VkProgram
-from .tensors import Chunk, Lease, VkTensor, VkWeight, contig
+from .tensors import VkTensor, VkWeight
 from .verdicts import OPS, verdict
 
 options.declare(OPS)
@@ -33,11 +32,16 @@ ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU,
                  "CPU": DeviceType.CPU}
 
 
-class VulkanDevice(Device):
+class VulkanDevice(BufferPools, Device):
     """A Vulkan adapter, driven through wgpu's compute API."""
 
     weights_in_programs = False
     supported_ops = OPS
+    even_chunks = True          # the kernels read each chunk's scale plane in word pairs (two f16 scales)
+
+    @property
+    def max_chunk_bytes(self) -> int:
+        return self.max_binding
 
     @property
     def refused_ops(self) -> dict[str, Verdict]:
@@ -110,9 +114,7 @@ class VulkanDevice(Device):
         self._gpu = None
         self._lock = threading.Lock()
         self._pipelines: dict = {}
-        self._scratch: list = []
-        self._pool: dict[int, list] = {}
-        self._dummy = None
+        self.init_pools()
         self.uploads = 0
         self.submits = 0
         self.compiled: list[tuple[int, int]] = []     # per program compiled: (rows of x, dispatches a run)
@@ -156,31 +158,6 @@ class VulkanDevice(Device):
         self.uploads += array.nbytes
         return buf
 
-    def dummy(self):
-        if self._dummy is None:
-            self._dummy = self.new_buffer(16)
-        return self._dummy
-
-    def scratch(self, i: int, nbytes: int):
-        """Scratch buffer i, at least nbytes: internal values of a program run, shared by all programs
-        (runs are sequential on the queue and no internal value outlives its run)."""
-        while len(self._scratch) <= i:
-            self._scratch.append(None)
-        buf = self._scratch[i]
-        if buf is None or buf.size < nbytes:
-            buf = self._scratch[i] = self.new_buffer(max(nbytes, 256))
-        return buf
-
-    def output_buffer(self, nbytes: int):
-        """(buffer, lease) for a program's output: the buffer returns to a pool once the lease, held by
-        every handle of the buffer, is gone."""
-        size = max(256, -(-int(nbytes) // 256) * 256)
-        free = self._pool.setdefault(size, [])
-        buf = free.pop() if free else self.new_buffer(size)
-        lease = Lease()
-        weakref.finalize(lease, free.append, buf)
-        return buf, lease
-
     # -- pipelines, made once and cached ------------------------------------------------------
     def pipeline(self, key: tuple, source, rw: tuple[bool, ...]):
         """(pipeline, bind group layout) for a kernel; `rw`: per storage binding, written or only read."""
@@ -210,56 +187,14 @@ class VulkanDevice(Device):
     def weight_nbytes(self, tensor: Tensor) -> int:
         return tensor.nbytes + 8 * len(self.chunk_plan(tensor.dtype.name, tensor.shape))
 
-    def chunk_plan(self, dtype: str, shape: tuple) -> list[tuple[int, int]]:
-        """(first row, rows) of each chunk of a weight: whole rows, each chunk within one binding."""
-        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-        rb = quant.row_bytes(dtype, shape[-1])
-        per = max(1, (self.max_binding - 64) // max(1, rb))
-        if per >= rows:
-            return [(0, rows)]
-        per -= per % 2         # an even number of rows keeps the scale planes' word pairs whole
-        return [(r, min(per, rows - r)) for r in range(0, rows, per)]
-
-    def load_weight(self, tensor: Tensor, raw: np.ndarray) -> VkWeight:
-        dtype = tensor.dtype.name
-        if dtype not in quant.SUPPORTED:
-            raise ValueError(f"{self.name} keeps no {dtype} weights ({tensor.describe()}); supported: "
-                             f"{', '.join(sorted(quant.SUPPORTED))}")
-        raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
-        rb = quant.row_bytes(dtype, tensor.shape[-1])
-        chunks = []
-        for row0, rows in self.chunk_plan(dtype, tensor.shape):
-            words, moff = quant.repack(dtype, raw[row0 * rb:(row0 + rows) * rb])
-            chunks.append(Chunk(self.buffer_with(words), row0, rows, moff))
-        return VkWeight(dtype, tensor.shape, chunks)
-
     def alloc(self, tensor: Tensor) -> VkTensor:
         dt = np.float32 if tensor.dtype.name == "F32" else np.int32
         n = tensor.nelements
         return VkTensor(self.new_buffer(n * 4), 0, tensor.shape, dt)   # wgpu zero-fills new buffers
 
-    def from_host(self, array: np.ndarray) -> VkTensor:
-        array = np.asarray(array)
-        if array.dtype not in (np.float32, np.int32):
-            array = array.astype(np.int32 if np.issubdtype(array.dtype, np.integer) else np.float32)
-        return VkTensor(None, 0, array.shape, array.dtype, host=array)
-
-    def to_host(self, handle) -> np.ndarray:
-        if isinstance(handle, np.ndarray):
-            return handle
-        if isinstance(handle, VkWeight):
-            raise TypeError(f"{self.name}: weights are not read back ({handle})")
-        if handle.host is not None:
-            return np.asarray(handle.host)
-        shape, strides = handle.shape, handle.strides or contig(handle.shape)
-        n = math.prod(shape)
-        if n == 0:
-            return np.zeros(shape, handle.dtype)
-        span = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
-        data = self.gpu.queue.read_buffer(handle.buffer, handle.offset * 4, span * 4)
-        flat = np.frombuffer(data, dtype=handle.dtype, count=span)
-        out = np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides))
-        return np.array(out, copy=True)
+    def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
+        data = self.gpu.queue.read_buffer(buffer, byte_offset, count * 4)
+        return np.frombuffer(data, dtype=dtype, count=count)
 
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its commands are submitted, and the executor stops its

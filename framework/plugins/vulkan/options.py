@@ -16,29 +16,6 @@ MATVEC_KEYS = ("tpr", "r", "wg", "sg", "x8")
 MATMUL_KEYS = ("bm", "bn", "kg", "split", "reg", "wgs", "f16")
 
 
-def _ops(known: frozenset[str]):
-    def parse(text: str) -> frozenset[str]:
-        ops = frozenset(o.upper() for o in settings.names(text))
-        unknown = sorted(ops - known)
-        if unknown:
-            raise ValueError(f"{', '.join(unknown)} {'is not an op' if len(unknown) == 1 else 'are not ops'} of this "
-                             f"plugin")
-        return ops
-    return parse
-
-
-def _tuning(keys: tuple[str, ...]):
-    def parse(text: str) -> dict[str, int]:
-        out = {}
-        for item in settings.names(text.replace(" ", "")):
-            key, sep, value = item.partition("=")
-            if not sep or key not in keys or not value.isdigit():
-                raise ValueError(f"'{item}' is not KEY=whole number with KEY one of {', '.join(keys)}")
-            out[key] = int(value)
-        return out
-    return parse
-
-
 def _fusions(text: str) -> frozenset[str]:
     names = {n.lower() for n in settings.names(text)}
     if "all" in names:
@@ -51,7 +28,8 @@ def _fusions(text: str) -> frozenset[str]:
 
 def declare(ops: frozenset[str]) -> None:
     settings.declare(DISABLE_OPS_ENV, "vulkan", f"comma-separated ops among {', '.join(sorted(ops))}", frozenset(),
-                     "ops every Vulkan device refuses (to test mixed plans)", _ops(ops))
+                     "ops every Vulkan device refuses (to test mixed plans)",
+                     settings.op_names(ops, "the Vulkan plugin"))
     settings.declare(PROFILE_ENV, "vulkan", settings.FLAG_ACCEPTS, False,
                      "GPU time per kernel from timestamp queries (one pass per dispatch)", settings.flag)
     settings.declare(F16_ENV, "vulkan", settings.FLAG_ACCEPTS, True,
@@ -61,9 +39,9 @@ def declare(ops: frozenset[str]) -> None:
     settings.declare(UNFUSE_ENV, "vulkan", f"comma-separated fusions among {', '.join(FUSIONS)}, or all", frozenset(),
                      "fusions of the decode kernels to turn off (to compare them)", _fusions)
     settings.declare(MATVEC_ENV, "vulkan", f"KEY=N,... with KEY one of {', '.join(MATVEC_KEYS)}", {},
-                     "tuning: overrides the matrix-vector kernel's shape", _tuning(MATVEC_KEYS))
+                     "tuning: overrides the matrix-vector kernel's shape", settings.tuning(MATVEC_KEYS))
     settings.declare(MATMUL_ENV, "vulkan", f"KEY=N,... with KEY one of {', '.join(MATMUL_KEYS)}", {},
-                     "tuning: overrides the tiled matrix product's shape", _tuning(MATMUL_KEYS))
+                     "tuning: overrides the tiled matrix product's shape", settings.tuning(MATMUL_KEYS))
 
 
 def problem() -> str | None:

@@ -3,27 +3,9 @@ computed here, plus an element offset, a shape and strides), and every dispatch 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .tensors import contig
-
-
-@dataclass(frozen=True)
-class Ref:
-    kind: str                    # "arg" or "val"
-    idx: int
-    off: int
-    shape: tuple
-    strides: tuple | None = None     # None: contiguous
-
-    @property
-    def contiguous(self) -> bool:
-        return self.strides is None or self.strides == contig(self.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+from ...contract import Ref  # noqa: F401 (the operands of a Step)
 
 
 @dataclass

@@ -3,7 +3,7 @@ scheduler places what they do not cover elsewhere."""
 
 from __future__ import annotations
 
-from ...contract import LeafKind, Tensor, Verdict, ops
+from ...contract import LeafKind, Tensor, Verdict, ops, plain_operand_refusal
 from . import quant
 from .wgsl import UNARY_CODE
 
@@ -27,27 +27,10 @@ def verdict(dev, n: Tensor) -> Verdict:
         return Verdict.yes()
     if any(len(t.shape) > 4 for t in (n, *n.src)):
         return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most 4 axes ({n.describe()})")
-    for i, s in enumerate(n.src):
-        if is_weight(s):
-            in_kernel = op in ("GET_ROWS", "MUL_MAT") and i == 0
-            if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
-                return Verdict.no("unsupported_dtype", f"{op} reads weight {s.describe()} as plain float32 values; "
-                                  f"{dev.name} does that only for F32 weights within one storage binding")
-            continue
-        if s.dtype.name not in ("F32", "I32"):
-            return Verdict.no("unsupported_dtype", f"{dev.name} computes on F32 (and I32 indices) only, not "
-                              f"{s.describe()}")
-        if s.nbytes > dev.max_binding:
-            return Verdict.no("unsupported_shape", f"{s.describe()} is {s.nbytes} bytes, more than one storage "
-                              f"binding of {dev.name} ({dev.max_binding} bytes)")
-        if op != "CONT" and not s.contiguous:
-            return Verdict.no("unsupported_shape", f"{op} on {dev.name} needs contiguous operands; "
-                              f"{s.describe()} is a permuted view (CONT it first)")
-    if n.nbytes > dev.max_binding:
-        return Verdict.no("unsupported_shape", f"the result {n.describe()} is {n.nbytes} bytes, more than one storage "
-                          f"binding of {dev.name} ({dev.max_binding} bytes); use smaller batches")
-    if n.dtype.name != "F32":
-        return Verdict.no("unsupported_dtype", f"{dev.name} writes F32 results only, not {n.describe()}")
+    refusal = plain_operand_refusal(dev.name, n, dev.max_binding, "one storage binding",
+                                    lambda shape: len(dev.chunk_plan("F32", shape)))
+    if refusal is not None:
+        return refusal
     if op == "MUL_MAT":
         a, b = n.src
         if b.dtype.name != "F32" or (not is_weight(a) and a.dtype.name != "F32"):
