@@ -80,13 +80,13 @@ fi
 chmod +x "$VK/glslc"
 "$VK/glslc" --version || die "glslc does not run, neither as it is nor through trixie's loader"
 # llama-bench loads trixie's loader (1.4.309) where it runs, else the system's
-if [ "$NATIVE_TRIXIE" = 1 ]; then RUN_LD="$VKLIB"; else RUN_LD=""; fi
+if [ "$NATIVE_TRIXIE" = 1 ]; then RUN_LD="$VKLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; else RUN_LD="${LD_LIBRARY_PATH:-}"; fi
 
 stage "llama.cpp from llama-cpp-python $(cat .llamavk/llama-cpp-python.version 2>/dev/null)'s source distribution"
 rm -rf "$SRC" && mkdir -p "$SRC"
 tar -xJf .llamavk/llama.cpp-vulkan.tar.xz -C "$SRC" || die "could not unpack .llamavk/llama.cpp-vulkan.tar.xz"
 SRC="$SRC/llama.cpp"
-mkdir -p "$BUILD"
+mkdir -p "$BUILD" "$MODELS_DIR"
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DGGML_VULKAN=ON -DGGML_CUDA=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
@@ -95,17 +95,6 @@ cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DVulkan_GLSLC_EXECUTABLE="$VK/glslc" || die "cmake could not configure llama.cpp (above)"
 [ "$STOP_AFTER" = configure ] && exit 0
 
-stage "building llama-bench (-j$JOBS)"
-tb=$(date +%s)
-cmake --build "$BUILD" --target llama-bench -j "$JOBS" >"$OUT/llama_build.log" 2>&1
-rc=$?
-tail -n 15 "$OUT/llama_build.log"
-[ "$rc" -eq 0 ] || { grep -m 20 -iE "error|FAILED" "$OUT/llama_build.log"; die "the build failed (rc $rc; $OUT/llama_build.log)"; }
-echo "built in $(( $(date +%s) - tb )) s: $(ls -l "$BUILD/bin/llama-bench")"
-grep -E "GGML_VULKAN_[A-Z0-9_]*_GLSLC_SUPPORT" "$BUILD/CMakeCache.txt" || true
-grep -c "" "$BUILD"/ggml/src/ggml-vulkan/ggml-vulkan-shaders.hpp 2>/dev/null | sed 's/^/lines of the generated shader header: /' || true
-[ "$STOP_AFTER" = build ] && exit 0
-
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "${LLAMAVK_LOCAL:-0}" != 1 ]; then
     w=(.whl/gguf-*.whl)
@@ -113,9 +102,26 @@ if [ "${LLAMAVK_LOCAL:-0}" != 1 ]; then
         "${w[0]}" || die "could not install ${w[0]}"
     export PYTHONPATH="/tmp/llamavk/site:$PYTHONPATH"
 fi
+# the random-weight files are written while the build runs (one core of the machine's)
+(cd benchmarks && "$PY" llama_vulkan_models.py "$MODELS_DIR") >"$MODELS_DIR.log" 2>&1 &
+models_pid=$!
+
+stage "building llama-bench (-j$JOBS; cut at ${LLAMAVK_BUILD_TIMEOUT:-270} s)"
+tb=$(date +%s)
+timeout -k 5 "${LLAMAVK_BUILD_TIMEOUT:-270}" cmake --build "$BUILD" --target llama-bench -j "$JOBS" \
+    >"$OUT/llama_build.log" 2>&1
+rc=$?
+tail -n 15 "$OUT/llama_build.log"
+[ "$rc" -eq 0 ] || { grep -m 20 -iE "error|FAILED" "$OUT/llama_build.log"; kill "$models_pid" 2>/dev/null; die "the build failed (rc $rc; $OUT/llama_build.log)"; }
+echo "built in $(( $(date +%s) - tb )) s: $(ls -l "$BUILD/bin/llama-bench")"
+spv="$BUILD/ggml/src/ggml-vulkan/vulkan-shaders.spv"
+echo "SPIR-V shaders built: $(ls "$spv" | wc -l); cooperative matrix 2 (NV, *_cm2*): $(ls "$spv" | grep -c _cm2);" \
+     "cooperative matrix (KHR, *_cm1*): $(ls "$spv" | grep -c _cm1); integer dot (*q8_1*): $(ls "$spv" | grep -c q8_1)"
+[ "$STOP_AFTER" = build ] && exit 0
 
 stage "random-weight GGUF files with a placeholder vocabulary (benchmarks/llama_vulkan_models.py)"
-(cd benchmarks && "$PY" llama_vulkan_models.py "$MODELS_DIR") || die "could not write the model files"
+wait "$models_pid" || { cat "$MODELS_DIR.log"; die "could not write the model files"; }
+cat "$MODELS_DIR.log"
 ls -l "$MODELS_DIR"
 
 stage "llama-bench's devices"
