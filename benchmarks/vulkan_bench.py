@@ -80,6 +80,9 @@ def add_placeholder_vocab(w, n_vocab: int) -> None:
     import gguf
     special = ["<unk>", "<s>", "</s>"]
     byte_pieces = [f"<0x{b:02X}>" for b in range(256)]
+    if n_vocab < len(special) + len(byte_pieces):
+        raise ValueError(f"a placeholder vocabulary needs at least {len(special) + len(byte_pieces)} pieces "
+                         f"(3 special, 256 bytes); the model's vocab_size is {n_vocab}")
     tokens = special + byte_pieces + [f"t{i}" for i in range(n_vocab - len(special) - len(byte_pieces))]
     types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
              + [gguf.TokenType.BYTE] * len(byte_pieces) + [gguf.TokenType.NORMAL] * (n_vocab - 3 - len(byte_pieces)))
