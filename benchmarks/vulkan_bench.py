@@ -73,11 +73,37 @@ def random_raw(rng, qtype: str, shape) -> np.ndarray:
 # GGUF files of the models' shapes
 # ------------------------------------------------------------------------------------------------------
 
-def write_model(name: str, spec: dict, path: Path, rng) -> Path:
+def add_placeholder_vocab(w, n_vocab: int) -> None:
+    """A SentencePiece-style vocabulary of n_vocab made-up pieces, for programs that refuse a file without
+    one (llama.cpp's llama-bench draws random token ids below the vocabulary's size): the pieces change no
+    timing, the size (the output product's rows) is the model's."""
+    import gguf
+    special = ["<unk>", "<s>", "</s>"]
+    byte_pieces = [f"<0x{b:02X}>" for b in range(256)]
+    if n_vocab < len(special) + len(byte_pieces):
+        raise ValueError(f"a placeholder vocabulary needs at least {len(special) + len(byte_pieces)} pieces "
+                         f"(3 special, 256 bytes); the model's vocab_size is {n_vocab}")
+    tokens = special + byte_pieces + [f"t{i}" for i in range(n_vocab - len(special) - len(byte_pieces))]
+    types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+             + [gguf.TokenType.BYTE] * len(byte_pieces) + [gguf.TokenType.NORMAL] * (n_vocab - 3 - len(byte_pieces)))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
+def write_model(name: str, spec: dict, path: Path, rng, vocab: bool = False) -> Path:
+    """A GGUF file of spec's metadata and tensor shapes and types, random weights; vocab: with a
+    placeholder vocabulary of the model's size (add_placeholder_vocab)."""
     import gguf
     meta = spec["metadata"]
     arch = meta["general.architecture"]
     w = gguf.GGUFWriter(str(path), arch)
+    if vocab:
+        add_placeholder_vocab(w, int(meta[f"{arch}.vocab_size"]))
     for k, v in meta.items():
         if k.startswith("GGUF.") or k == "general.architecture":
             continue
