@@ -7,10 +7,10 @@ a value from another fragment) or a value computed here, plus an element offset,
 View ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) only make new Refs.
 
 Fusions: for decode on a GPU, the groups of nodes the core's matcher finds (fused.py) are one kernel
-each, emitted at the group's last node. Elsewhere: RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch; a quantized
-product or such a norm whose only reader is an ADD of a residual of the same shape (the layers' x + f(x))
-writes the sum itself, so the ADD costs no launch; a ROPE whose only reader is a SCALE (Gemma's query
-scaling) is one launch with it.
+each, emitted at the group's last node. Elsewhere: RMS_NORM followed by its only reader, a MUL by a
+gain vector, is one launch; a quantized product or such a norm whose only reader is an ADD of a
+residual of the same shape (the layers' x + f(x)) writes the sum itself, so the ADD costs no launch; a
+ROPE whose only reader is a SCALE (Gemma's query scaling) is one launch with it.
 """
 
 from __future__ import annotations

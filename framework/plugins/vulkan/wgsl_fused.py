@@ -135,7 +135,8 @@ def rowvec_roles(p: Prologue, pair: bool, epilogue: str) -> list[str]:
 
 
 def rowvec_params(p: Prologue, pair: bool, epilogue: str) -> Params:
-    fields = "n col0 moff0" + (" moff1" if pair else "") + (" op" if epilogue == "glu" else "") + " " + prologue_fields(p)
+    fields = ("n col0 moff0" + (" moff1" if pair else "") + (" op" if epilogue == "glu" else "") + " "
+              + prologue_fields(p))
     return Params(fields, bindings=len(rowvec_roles(p, pair, epilogue)))
 
 
