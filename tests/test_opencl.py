@@ -469,21 +469,58 @@ def test_decode_steps_equal_prefill(ocl):
     assert_decode_equals_prefill(session, reference("smollm2")[0], n_follow=4, tol=2e-3)
 
 
-def test_gpu_decode_kernels_follow_llama_cpp(variant, monkeypatch):
-    """The decode kernels a GPU takes (matrix-vector with x in 8 bits, attention split over the keys)
-    on SmolLM2's real weights, forced on PoCL: llama.cpp's first 12 greedy tokens for the first prompt,
-    fed one decode step at a time, stay within the README's bounds."""
+MAX_DECODE_KERNELS = 150     # a decode step's kernels on a GPU, fused (docs/opencl.md, "Fused decode kernels")
+
+
+def test_fused_decode_kernels(variant):
+    """Whole decode steps of small llama and gemma3 models (the conformance suite's DECODE cases) with the
+    kernels a GPU fuses them into (framework/core/graph/fusion.py), forced on PoCL: every output, the caches
+    included, against the CPU plugin. Together they take every prologue (the norm alone, after a residual
+    add, after a post-norm and its add, after a SCALE; the split attention's combine), both epilogues
+    (residual add, GLU), the attention block with and without per-head norms, neox and normal rope, and
+    weights of six types side by side in one kernel. (Unfused, the same cases run in test_conformance.)"""
+    from framework.conformance.cases import all_cases
     from framework.plugins.opencl.program import ClProgram
-    monkeypatch.setenv("FRAMEWORK_OPENCL_MATVEC", "x8=1")
+    variant.is_cpu = False
+    for case in [c for c in all_cases() if c.id.startswith("DECODE-")]:
+        plan = _check_case(variant, case)
+        names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+        assert any(n.startswith("NORM+") for n in names), (case.id, names)
+        if "-layer" in case.id:
+            layers = int(case.id.split("-")[2])
+            assert names.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers, (case.id, names)
+            assert names.count("NORM+MUL_MATx2+GLU") == layers, (case.id, names)
+            assert sum(n.startswith("COMBINE+MUL_MAT") for n in names) == layers, (case.id, names)
+            assert not {"ROPE", "GLU", "RMS_NORM+MUL", "FLASH_ATTN_EXT[split]"} & set(names), (case.id, names)
+
+
+def test_unknown_fusion_names_are_refused(ocl, monkeypatch):
+    from framework.plugins.opencl import fused
+    monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "attn,gluu")
+    with pytest.raises(Exception, match=r"FRAMEWORK_OPENCL_UNFUSE='attn,gluu': no fusion named 'gluu'; the fusions "
+                                        r"are attn, combine, norm, add, glu, rms_mul"):
+        fused.fusions_off()
+
+
+def test_gpu_decode_kernels_follow_llama_cpp(variant):
+    """The decode kernels a GPU takes on SmolLM2's real weights, forced on PoCL: fused (every layer's
+    attention block, its output projection with the combine and the residual add, gate and up with the
+    norm and the GLU, the down projection with its residual add) in at most MAX_DECODE_KERNELS a step;
+    llama.cpp's first 12 greedy tokens for the first prompt, fed one decode step at a time, stay within
+    the README's bounds. (The unfused GPU kernels, x in 8 bits among them, are test_gpu_matvec_kernels'.)"""
     variant.is_cpu = False
     model = load_model("smollm2")
     session = Session(model, [variant], n_ctx=256, n_batch=N_BATCH)
     ref = reference("smollm2")[0]
     p = ref["prompts"][0]
     assert_teacher_forced(session, dict(ref, prompts=[dict(p, greedy_ids=p["greedy_ids"][:12])]), by_decode=True)
-    steps = [st.name for prog in session.executor.programs.values() if isinstance(prog, ClProgram)
-             for st in prog.steps]
-    assert any(s.startswith("MUL_MAT[matvec-x8]") for s in steps) and any(s.startswith("QUANT_X") for s in steps)
+    (program,) = [session.executor.programs[(f.device, f.program)] for key, (plan, _) in session.plans.items()
+                  if key[0] == 1 for f in plan.fragments]
+    steps = [st.name.split(" ")[0] for st in program.steps]
+    layers = model.hp.n_layer
+    assert len(steps) <= MAX_DECODE_KERNELS, (len(steps), sorted(set(steps)))
+    assert steps.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers
+    assert steps.count("NORM+MUL_MATx2+GLU") == layers and steps.count("COMBINE+MUL_MAT+ADD") == layers
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])
