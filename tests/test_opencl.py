@@ -24,8 +24,10 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   plugin's on the same prefix, per-token NLL within 0.05 of it and within 0.1 of llama.cpp's on
   average, top-1 agreement with llama.cpp of 90% or more (the README's 1% / 94% are for the whole
   text; the CPU plugin's own exact forward is 1.4% off llama.cpp's perplexity on a 64-token prefix);
-* SmolLM2's first prompt through the decode path with the GPU kernels forced (matrix-vector in 8 bits,
-  split attention): llama.cpp's first 12 greedy tokens fed one decode step at a time, within the
+* the fused decode kernels a GPU takes (framework/core/graph/fusion.py decides, fused.py lowers), forced
+  on PoCL, on the conformance suite's DECODE cases against the CPU plugin;
+* SmolLM2's first prompt through the fused decode path with the GPU kernels forced (at most 150 kernels
+  a step): llama.cpp's first 12 greedy tokens fed one decode step at a time, within the
   README's bounds; decode steps equal one prefill (the KV cache lives in device memory); both models'
   first prompt teacher-forced in a mixed plan with the cpu plugin (which takes GLU and ROPE).
 """
