@@ -1171,18 +1171,28 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
   uint c0 = newk ? 0u : c * chunk, c1 = newk ? 0u : min(S, c0 + chunk);
   uint kstride = Hkv * F_D;
   uint kb = kc_off + hk * F_D, vb = vc_off + hk * F_D;
+  // blocks of 64 keys: 4 threads a key's score (a quarter of the dims each, interleaved), and the
+  // values' sums shared by F_WG / F_D groups of threads (group g takes keys g, g + G, ...; the groups'
+  // sums meet once, after the last block)
+  uint key = li >> 2, sub = li & 3u;
+  uint G = F_WG / F_D, vg = li / F_D, vd = li % F_D;
   float m = NEG_BIG, l = 0.0f, acc = 0.0f;
   for (uint s0 = c0; s0 < c1; s0 += 64u) {
-    uint s = s0 + li;
-    bool live = li < 64u && s < c1 && s != kr;
-    float sc = NEG_BIG;
+    uint s = s0 + key;
+    bool live = s < c1 && s != kr;
+    float dd = 0.0f;
     if (live) {
-      float dd = 0.0f;
       uint kr0 = kb + s * kstride;
-      for (uint d = 0; d < F_D; d++) dd += qf[d] * kc[kr0 + d];
-      sc = dd * scale + (has_mask ? max(mk[mk_off + s], NEG_BIG) : 0.0f);
+      for (uint d = sub; d < F_D; d += 4u) dd += qf[d] * kc[kr0 + d];
     }
-    if (li < 64u) red[li] = sc;
+    red[li] = dd;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float sc = NEG_BIG;
+    if (sub == 0u && live)
+      sc = ((red[li] + red[li + 1u]) + (red[li + 2u] + red[li + 3u])) * scale
+           + (has_mask ? max(mk[mk_off + s], NEG_BIG) : 0.0f);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (sub == 0u) red[key] = sc;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint k = 32u; k > 0u; k >>= 1) {
       if (li < k) red[li] = max(red[li], red[li + k]);
@@ -1190,8 +1200,8 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
     }
     float mn = max(m, red[0]);
     barrier(CLK_LOCAL_MEM_FENCE);
-    float pv = live ? exp(sc - mn) : 0.0f;
-    if (li < 64u) { ps[li] = pv; red[li] = pv; }
+    float pv = sub == 0u && live ? exp(sc - mn) : 0.0f;
+    if (sub == 0u) { ps[key] = pv; red[key] = pv; }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (uint k = 32u; k > 0u; k >>= 1) {
       if (li < k) red[li] += red[li + k];
@@ -1201,11 +1211,16 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
     l = l * alpha + red[0];
     acc *= alpha;
     uint nv = min(64u, c1 - s0);
-    if (li < F_D)
-      for (uint j = 0; j < nv; j++)
-        if (s0 + j != kr) acc += ps[j] * vc[vb + (s0 + j) * kstride + li];
+    for (uint j = vg; j < nv; j += G)
+      if (s0 + j != kr) acc += ps[j] * vc[vb + (s0 + j) * kstride + vd];
     m = mn;
     barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  red[li] = acc;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (li < F_D) {
+    acc = 0.0f;
+    for (uint g = 0; g < G; g++) acc += red[g * F_D + li];
   }
   if (newk) {          // the new key alone, and into the caches (by the first head of those sharing them)
     if (h % (H / Hkv) == 0 && kr < cache_rows) {
