@@ -485,7 +485,7 @@ def test_decode_steps_equal_prefill(ocl):
 MAX_DECODE_KERNELS = 150     # a decode step's kernels on a GPU, fused (docs/opencl.md, "Fused decode kernels")
 
 
-def test_fused_decode_kernels(variant):
+def test_fused_decode_kernels(variant, monkeypatch):
     """Whole decode steps of small llama and gemma3 models (the conformance suite's DECODE cases) with the
     kernels a GPU fuses them into (framework/core/graph/fusion.py), forced on PoCL: every output, the caches
     included, against the CPU plugin. Together they take every prologue (the norm alone, after a residual
@@ -505,6 +505,10 @@ def test_fused_decode_kernels(variant):
             assert names.count("NORM+MUL_MATx2+GLU") == layers, (case.id, names)
             assert sum(n.startswith("COMBINE+MUL_MAT") for n in names) == layers, (case.id, names)
             assert not {"ROPE", "GLU", "RMS_NORM+MUL", "FLASH_ATTN_EXT[split]"} & set(names), (case.id, names)
+    monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "all")      # every fusion off, by name: node by node
+    plan = _check_case(variant, case)
+    names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+    assert "RMS_NORM" in names and not any(n.startswith(("NORM+", "COMBINE+", "RMS_NORM+")) for n in names), names
 
 
 def test_unknown_fusion_names_are_refused(ocl, monkeypatch):

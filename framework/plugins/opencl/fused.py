@@ -70,10 +70,10 @@ class Target:
         return d % 4 == 0 and ATTN_WG % d == 0
 
 
-def plan(dev, fragment) -> FusionPlan:
+def plan(dev, fragment, off: frozenset[str]) -> FusionPlan:
     if dev.is_cpu:
         return FusionPlan([])
-    return fusion.plan(Target(dev), fragment, fusions_off())
+    return fusion.plan(Target(dev), fragment, off)
 
 
 def emit(lw, g) -> None:

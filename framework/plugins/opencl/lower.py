@@ -65,7 +65,8 @@ class Lowering:
         self.xq: dict[tuple, Ref] = {}        # x -> its 8-bit form, made once per computed value
         self.ewg = min(kernels.EWG, dev.max_wg)
         self.partials: dict[int, tuple] = {}  # id(attention) -> (partials, parts, head size): combined later
-        self.fusion = fused_kernels.plan(dev, fragment)
+        off = fused_kernels.fusions_off()
+        self.fusion = fused_kernels.plan(dev, fragment, off)
         readers: dict[int, list[Tensor]] = {}
         for n in fragment.nodes:
             for s in n.src:
@@ -82,7 +83,7 @@ class Lowering:
             if n.op in ops.VIEW_OPS:
                 self.refs[id(n)] = self._view(n)
                 continue
-            if n.op == "RMS_NORM" and id(n) not in outs:
+            if n.op == "RMS_NORM" and id(n) not in outs and "rms_mul" not in off:
                 r = readers.get(id(n), [])
                 if len(r) == 1 and r[0].op == "MUL" and r[0].src[0] is n and self._gain_ok(n, r[0].src[1]):
                     add = self._residual_add(r[0], readers, outs)
