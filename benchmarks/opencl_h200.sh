@@ -13,7 +13,8 @@
 # kind="nvidia-h200"). It prints the figures and leaves $OUT/opencl_h200.json (written after each part, so a
 # run stopped at its limit keeps what it measured) and $OUT/opencl_h200.log. Arguments go to
 # opencl_bench.py (its --help; --skip-vulkan, --skip-torch, --skip-matmul, --skip-check, --models smollm2
-# shorten the run).
+# shorten the run). FRAMEWORK_OPENCL_UNFUSE=all (or some of attn,combine,norm,add,glu) in the command measures
+# opencl:0's decode with its fused kernels off, to compare.
 #
 # `bash benchmarks/opencl_h200.sh sweep` (docs/opencl.md, under 6 minutes): the matrix-vector kernels'
 # settings (FRAMEWORK_OPENCL_MATVEC) on an (N, 4096) weight of 512 MiB per type and on every product of

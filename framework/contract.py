@@ -32,7 +32,7 @@ import numpy as np
 import pluggy
 
 from . import caches, settings
-from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
+from .core.graph import DType, Fragment, LeafKind, Tensor, fusion, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
@@ -323,6 +323,8 @@ __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSION
            # the graph a device receives, the op table and its reference kernels, GGUF's sizes and decoder
            "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
            "row_bytes", "dequantize",
+           # which runs of nodes a plugin's decode kernels fuse (framework/core/graph/fusion.py)
+           "fusion",
            # settings read from the environment, on-disk caches, the host's memory (docs/plugin-guide.md)
            "settings", "caches", "host_memory_limit",
            # for plugins that compute in device buffers: handles, operands, buffer pools, the word layout of

@@ -24,8 +24,10 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   plugin's on the same prefix, per-token NLL within 0.05 of it and within 0.1 of llama.cpp's on
   average, top-1 agreement with llama.cpp of 90% or more (the README's 1% / 94% are for the whole
   text; the CPU plugin's own exact forward is 1.4% off llama.cpp's perplexity on a 64-token prefix);
-* SmolLM2's first prompt through the decode path with the GPU kernels forced (matrix-vector in 8 bits,
-  split attention): llama.cpp's first 12 greedy tokens fed one decode step at a time, within the
+* the fused decode kernels a GPU takes (framework/core/graph/fusion.py decides, fused.py lowers), forced
+  on PoCL, on the conformance suite's DECODE cases against the CPU plugin;
+* SmolLM2's first prompt through the fused decode path with the GPU kernels forced (at most 150 kernels
+  a step): llama.cpp's first 12 greedy tokens fed one decode step at a time, within the
   README's bounds; decode steps equal one prefill (the KV cache lives in device memory); both models'
   first prompt teacher-forced in a mixed plan with the cpu plugin (which takes GLU and ROPE).
 """
@@ -319,7 +321,11 @@ def test_residual_adds_are_fused(variant, is_cpu, m):
     case = Case(f"ocl-residual-{is_cpu}-{m}", "ADD", partial(_residual_block, qtype="Q4_1", n=96, k=256, m=m))
     plan = _check_case(variant, case)
     names = [s.name.split(" ")[0] for s in ClProgram(variant, plan.fragments[0]).steps]
-    assert names[-1] == "RMS_NORM+MUL+ADD" and names[-2].startswith("MUL_MAT[") and names[-2].endswith("]+ADD")
+    assert names[-1] == "RMS_NORM+MUL+ADD", names
+    if not is_cpu and m == 1:            # decode on a GPU: the fused product kernel (rowvec) adds it
+        assert names[-2] == "MUL_MAT+ADD", names
+    else:
+        assert names[-2].startswith("MUL_MAT[") and names[-2].endswith("]+ADD"), names
     assert "ADD" not in names, names
 
 
@@ -348,6 +354,13 @@ def test_weights_over_the_largest_allocation_are_split(variant):
                 _check_case(variant, _mul_mat(q, 200, 512, m))
             _check_case(variant, Case(f"ocl-split-GET_ROWS-{q}", "GET_ROWS",
                                       partial(get_rows_weight, qtype=Q[q], n_rows=200, width=512, n_out=9)))
+    # a fused product (the norm in its prologue, its input y written by the first chunk's kernel) per chunk
+    from framework.conformance.cases import decode_norm_product
+    from framework.plugins.opencl.program import ClProgram
+    plan = _check_case(variant, Case("ocl-split-fused-Q4_1", "MUL_MAT",
+                                     partial(decode_norm_product, qtype=Q.Q4_1, n=200, k=512)))
+    names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+    assert names == ["NORM+MUL_MAT"] * len(variant.chunk_plan("Q4_1", (200, 512))) and len(names) >= 3, names
     b = _mul_mat("Q8_0", 200, 512, 1).build()
     ex = Executor([variant], b.weight_bytes)
     ex.prepare(make_plan(b.graph, [variant]))
@@ -469,21 +482,62 @@ def test_decode_steps_equal_prefill(ocl):
     assert_decode_equals_prefill(session, reference("smollm2")[0], n_follow=4, tol=2e-3)
 
 
-def test_gpu_decode_kernels_follow_llama_cpp(variant, monkeypatch):
-    """The decode kernels a GPU takes (matrix-vector with x in 8 bits, attention split over the keys)
-    on SmolLM2's real weights, forced on PoCL: llama.cpp's first 12 greedy tokens for the first prompt,
-    fed one decode step at a time, stay within the README's bounds."""
+MAX_DECODE_KERNELS = 150     # a decode step's kernels on a GPU, fused (docs/opencl.md, "Fused decode kernels")
+
+
+def test_fused_decode_kernels(variant, monkeypatch):
+    """Whole decode steps of small llama and gemma3 models (the conformance suite's DECODE cases) with the
+    kernels a GPU fuses them into (framework/core/graph/fusion.py), forced on PoCL: every output, the caches
+    included, against the CPU plugin. Together they take every prologue (the norm alone, after a residual
+    add, after a post-norm and its add, after a SCALE; the split attention's combine), both epilogues
+    (residual add, GLU), the attention block with and without per-head norms, neox and normal rope, and
+    weights of six types side by side in one kernel. (Unfused, the same cases run in test_conformance.)"""
+    from framework.conformance.cases import all_cases
     from framework.plugins.opencl.program import ClProgram
-    monkeypatch.setenv("FRAMEWORK_OPENCL_MATVEC", "x8=1")
+    variant.is_cpu = False
+    for case in [c for c in all_cases() if c.id.startswith("DECODE-")]:
+        plan = _check_case(variant, case)
+        names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+        assert any(n.startswith("NORM+") for n in names), (case.id, names)
+        if "-layer" in case.id:
+            layers = int(case.id.split("-")[2])
+            assert names.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers, (case.id, names)
+            assert names.count("NORM+MUL_MATx2+GLU") == layers, (case.id, names)
+            assert sum(n.startswith("COMBINE+MUL_MAT") for n in names) == layers, (case.id, names)
+            assert not {"ROPE", "GLU", "RMS_NORM+MUL", "FLASH_ATTN_EXT[split]"} & set(names), (case.id, names)
+    monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "all")      # every fusion off, by name: node by node
+    plan = _check_case(variant, case)
+    names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+    assert "RMS_NORM" in names and not any(n.startswith(("NORM+", "COMBINE+", "RMS_NORM+")) for n in names), names
+
+
+def test_unknown_fusion_names_are_refused(ocl, monkeypatch):
+    from framework.plugins.opencl import fused
+    monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "attn,gluu")
+    with pytest.raises(Exception, match=r"FRAMEWORK_OPENCL_UNFUSE='attn,gluu': no fusion named 'gluu'; the fusions "
+                                        r"are attn, combine, norm, add, glu, rms_mul"):
+        fused.fusions_off()
+
+
+def test_gpu_decode_kernels_follow_llama_cpp(variant):
+    """The decode kernels a GPU takes on SmolLM2's real weights, forced on PoCL: fused (every layer's
+    attention block, its output projection with the combine and the residual add, gate and up with the
+    norm and the GLU, the down projection with its residual add) in at most MAX_DECODE_KERNELS a step;
+    llama.cpp's first 12 greedy tokens for the first prompt, fed one decode step at a time, stay within
+    the README's bounds. (The unfused GPU kernels, x in 8 bits among them, are test_gpu_matvec_kernels'.)"""
     variant.is_cpu = False
     model = load_model("smollm2")
     session = Session(model, [variant], n_ctx=256, n_batch=N_BATCH)
     ref = reference("smollm2")[0]
     p = ref["prompts"][0]
     assert_teacher_forced(session, dict(ref, prompts=[dict(p, greedy_ids=p["greedy_ids"][:12])]), by_decode=True)
-    steps = [st.name for prog in session.executor.programs.values() if isinstance(prog, ClProgram)
-             for st in prog.steps]
-    assert any(s.startswith("MUL_MAT[matvec-x8]") for s in steps) and any(s.startswith("QUANT_X") for s in steps)
+    (program,) = [session.executor.programs[(f.device, f.program)] for key, (plan, _) in session.plans.items()
+                  if key[0] == 1 for f in plan.fragments]
+    steps = [st.name.split(" ")[0] for st in program.steps]
+    layers = model.hp.n_layer
+    assert len(steps) <= MAX_DECODE_KERNELS, (len(steps), sorted(set(steps)))
+    assert steps.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers
+    assert steps.count("NORM+MUL_MATx2+GLU") == layers and steps.count("COMBINE+MUL_MAT+ADD") == layers
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

@@ -86,7 +86,8 @@ def _op_specific(dev, n: Tensor) -> Verdict | None:
                           f"kernel of {dev.name} holds")
     if n.op == "ROPE" and n.shape[2] % 2:
         return Verdict.no("unsupported_shape", f"ROPE of an odd head size ({n.describe()})")
-    if n.op == "SET_ROWS" and not n.src[0].is_leaf:
+    if n.op == "SET_ROWS" and not n.src[0].storage.is_leaf:
+        # into a cache leaf, or into an earlier SET_ROWS into one (the same buffer, written in place)
         return Verdict.no("unsupported_shape", f"{dev.name} writes rows into a pre-allocated tensor in place, not "
                           f"into {n.src[0].describe()}")
     if n.op == "SET_ROWS" and n.src[0].dtype.name != "F32":

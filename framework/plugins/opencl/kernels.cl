@@ -65,12 +65,6 @@ __kernel __attribute__((reqd_work_group_size(32, 1, 1))) void ptx_probe(ARGS_ptx
 }
 #endif
 
-#if !defined(QT_WPB) && !defined(PTX_PROBE)   // the base build: every kernel that reads no quantized weight
-
-// ------------------------------------------------------------------------------------------------
-// element-wise
-// ------------------------------------------------------------------------------------------------
-
 inline float gelu_tanh(float x) {   // ggml_gelu: the tanh approximation
   return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
@@ -82,6 +76,12 @@ inline float act(uint op, float x) {
   if (op == OP_SOFTPLUS) return x > 20.0f ? x : log1p(exp(x));   // ggml_vec_softplus_f32
   return tanh(x);
 }
+
+#if !defined(QT_WPB) && !defined(PTX_PROBE) && !defined(FUSED)   // the base build: every kernel that reads no quantized weight
+
+// ------------------------------------------------------------------------------------------------
+// element-wise
+// ------------------------------------------------------------------------------------------------
 
 // a (4-D shape ashape) op b repeated to it (ggml_repeat: b's shape divides a's along every axis)
 __kernel void binary(ARGS_binary) {
@@ -439,7 +439,7 @@ __kernel void quant_x(ARGS_quant_x) {
 // 2^23 + the zero point): conversions run at a quarter of the FMA rate on NVIDIA GPUs.
 // ------------------------------------------------------------------------------------------------
 
-#ifdef QT_WPB
+#if defined(QT_WPB) || defined(FUSED)
 
 typedef struct { uint4 lo, hi; float a, b, m; } grp_t;
 #define M4 ((uint4)(0x0F0F0F0Fu))
@@ -452,30 +452,29 @@ inline float dplane(__global const uint* restrict w, uint moff, uint b) {
   return vload_half(b, (__global const half*)(w + moff));
 }
 
-#if defined(QT_Q4_0)
-#define QZ 8
-inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+// Q4_0
+#define QZ_Q4_0 8
+inline grp_t grp_Q4_0(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
   uint b = r * gpr + g;
   uint4 q = W4(w)[b];
   float d = dplane(w, moff, b);
   grp_t o = {q & M4, (q >> 4u) & M4, d, d, 0.0f};
   return o;
 }
-#elif defined(QT_Q4_1)
-#define QZ 0
-#define HAS_MIN 1
-inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+// Q4_1
+#define QZ_Q4_1 0
+inline grp_t grp_Q4_1(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
   uint b = (r * gpr + g) * 5u;
   float2 dm = vload_half2(0, (__global const half*)(w + b));
   uint4 q = vload4(0, w + b + 1u);
   grp_t o = {q & M4, (q >> 4u) & M4, dm.x, dm.x, dm.y};
   return o;
 }
-#elif defined(QT_Q5_0)
-#define QZ 16
+// Q5_0
+#define QZ_Q5_0 16
 // 4 bits -> bit 4 of each of 4 bytes (the multiply puts copies of bit k at bit 8k, with no carries)
 inline uint4 spread4(uint4 h) { return ((h * 0x00204081u) & (uint4)(0x01010101u)) << 4u; }
-inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+inline grp_t grp_Q5_0(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
   uint b = r * gpr + g;
   uint qh = w[b * 5u];
   uint4 q = vload4(0, w + b * 5u + 1u);
@@ -485,21 +484,20 @@ inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, u
   grp_t o = {(q & M4) | hl, ((q >> 4u) & M4) | hh, d, d, 0.0f};
   return o;
 }
-#elif defined(QT_Q8_0)
-#define QZ 128
+// Q8_0
+#define QZ_Q8_0 128
 // signed bytes; XOR 0x80 makes a signed byte s the unsigned s + 128
-inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+inline grp_t grp_Q8_0(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
   uint b = r * gpr + g;
   float d = dplane(w, moff, b);
   grp_t o = {W4(w)[2u * b] ^ (uint4)(0x80808080u), W4(w)[2u * b + 1u] ^ (uint4)(0x80808080u), d, d, 0.0f};
   return o;
 }
-#elif defined(QT_Q4_K)
-#define QZ 0
-#define HAS_MIN 1
+// Q4_K
+#define QZ_Q4_K 0
 // the super-block as it is (9 uint4): (d, dmin), 12 bytes of 6-bit scales and mins, then 128 bytes of
 // nibbles: groups 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31
-inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+inline grp_t grp_Q4_K(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
   uint sb = r * (gpr >> 3u) + (g >> 3u), s = g & 7u;
   uint4 h = W4(w)[sb * 9u];
   float2 dm = vload_half2(0, (__global const half*)(w + sb * 36u));
@@ -516,12 +514,12 @@ inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, u
   grp_t o = {(W4(w)[qi] >> sh) & M4, (W4(w)[qi + 1u] >> sh) & M4, d, d, -dm.y * (float)mn};
   return o;
 }
-#elif defined(QT_Q6_K)
-#define QZ 32
+// Q6_K
+#define QZ_Q6_K 32
 // ql (8 uint4), qh (4 uint4), 16 signed scales (1 uint4) a super-block; d in the scale plane. Group
 // gg: half n = gg / 4, quarter qd = gg % 4: low bits from ql's nibble qd / 2, high bits from qh's
 // bit pair qd; its halves have scales 8n + 2qd and 8n + 2qd + 1
-inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
+inline grp_t grp_Q6_K(__global const uint* restrict w, uint moff, uint gpr, uint r, uint g) {
   uint sb = r * (gpr >> 3u) + (g >> 3u), gg = g & 7u;
   uint n = gg >> 2u, qd = gg & 3u;
   uint base = sb * 13u;
@@ -537,12 +535,36 @@ inline grp_t grp(__global const uint* restrict w, uint moff, uint gpr, uint r, u
   grp_t o = {lo, hi, d * (float)s0, d * (float)s1, 0.0f};
   return o;
 }
-#endif
+#define HAS_MIN_Q4_0 0
+#define HAS_MIN_Q4_1 1
+#define HAS_MIN_Q5_0 0
+#define HAS_MIN_Q8_0 0
+#define HAS_MIN_Q4_K 1
+#define HAS_MIN_Q6_K 0
+#define XCAT_(a, b) a##b
+#define XCAT(a, b) XCAT_(a, b)
+#define QZF_OF(t) (8388608.0f + (float)XCAT(QZ_, t))   // 2^23 + a type's zero point
+inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+#endif  // the weight types' groups
 
-#ifndef HAS_MIN
-#define HAS_MIN 0
+#ifdef QT_WPB   // one weight type's build: QT_<type> names it
+#if defined(QT_Q4_0)
+#define QTN Q4_0
+#elif defined(QT_Q4_1)
+#define QTN Q4_1
+#elif defined(QT_Q5_0)
+#define QTN Q5_0
+#elif defined(QT_Q8_0)
+#define QTN Q8_0
+#elif defined(QT_Q4_K)
+#define QTN Q4_K
+#elif defined(QT_Q6_K)
+#define QTN Q6_K
 #endif
-#define QZF (8388608.0f + (float)QZ)
+#define grp XCAT(grp_, QTN)
+#define QZ XCAT(QZ_, QTN)
+#define HAS_MIN XCAT(HAS_MIN_, QTN)
+#define QZF QZF_OF(QTN)
 
 inline float4 f4(uint w) {
   uint4 bytes = ((uint4)(w) >> (uint4)(0u, 8u, 16u, 24u)) & (uint4)(0xFFu);
@@ -570,8 +592,6 @@ inline float4 dot32v(grp_t q, __global const float* restrict x) {
   return dot32r(q, vload4(0, x), vload4(1, x), vload4(2, x), vload4(3, x), vload4(4, x), vload4(5, x),
                 vload4(6, x), vload4(7, x));
 }
-
-inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 inline float dot32(grp_t q, __global const float* restrict x) { return hsum(dot32v(q, x)); }
 
@@ -911,3 +931,313 @@ __kernel void matmul_reg(ARGS_matmul_q) {
 #endif
 
 #endif  // QT_WPB
+
+// ------------------------------------------------------------------------------------------------
+// Fused decode kernels (one row of x; framework/core/graph/fusion.py decides which nodes each takes,
+// fused.py lowers them). A prologue makes x in local memory (F_K values, each 32-element group padded
+// to 36 floats, as the matrix-vector kernel's staging): F_PRO 0, x = a; 1, x = rms_norm(y) * gn, y =
+// a (F_PRE 0), a + b (1), rms_norm(a) * gp + b (2: a post-norm and the residual add after it) or
+// a * ys (3), y also written to y where write_y (by work-group 0); 2, x = the split attention's
+// partials p (nc parts of (F_CD + 2) a head) combined, as flash_combine does. Weights may differ in
+// type (F_T0, F_T1, F_T2): each is read through its own type's group function.
+//
+// * rowvec: products of x by one weight (or gate and up, F_NW 2), teams of F_TPR threads sharing F_R
+//   rows, the sums met by warp shuffles (PTX_SHFL) or a tree in local memory; the epilogue adds the
+//   residual r (F_EPI 1) or takes act(op, gate) * up (2).
+// * attn_block: one work-group per (head, part of the keys) and one per head for the new key: each
+//   makes x, projects its head's q (rows of wq), its per-head norm (F_QN), rope (its angle as the rope
+//   kernel makes it) and the scale of q; a part attends over its keys, the new key's row left out; the
+//   new key's work-group projects k and v (F_KN: k's norm; rope), writes them into the caches (the
+//   first head of those sharing them) and attends over the new key alone. Partials as flash_attn_part.
+// ------------------------------------------------------------------------------------------------
+
+#ifdef FUSED
+#define F_GPR (F_K / 32)
+#define XI(c) ((((c) >> 5) * 36u) + ((c) & 31u))
+
+inline float4 f4z(uint w, float qzf) {
+  uint4 bytes = ((uint4)(w) >> (uint4)(0u, 8u, 16u, 24u)) & (uint4)(0xFFu);
+  return as_float4(bytes | (uint4)(0x4B000000u)) - (float4)(qzf);
+}
+
+// a group's dot product with x's group at xg (9 float4: 8 of values, one of padding); q.m is 0 for the
+// types without a minimum
+inline float dot32z(grp_t q, __local const float4* xg, float qzf) {
+  float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
+  float4 lo = f4z(q.lo.s0, qzf) * x0 + f4z(q.lo.s1, qzf) * x1 + f4z(q.lo.s2, qzf) * x2 + f4z(q.lo.s3, qzf) * x3;
+  float4 hi = f4z(q.hi.s0, qzf) * x4 + f4z(q.hi.s1, qzf) * x5 + f4z(q.hi.s2, qzf) * x6 + f4z(q.hi.s3, qzf) * x7;
+  return hsum(q.a * lo + q.b * hi + q.m * (((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))));
+}
+
+#define GRP0 XCAT(grp_, F_T0)
+#define QZF0 QZF_OF(F_T0)
+#ifdef F_T1
+#define GRP1 XCAT(grp_, F_T1)
+#define QZF1 QZF_OF(F_T1)
+#endif
+#ifdef F_T2
+#define GRP2 XCAT(grp_, F_T2)
+#define QZF2 QZF_OF(F_T2)
+#endif
+
+// the sum of v over the work-group, in a fixed order (every thread gets it)
+inline float wg_sum(float v, __local float* red, uint li) {
+  red[li] = v;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_WG / 2; s > 0; s >>= 1) {
+    if (li < s) red[li] += red[li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  float r = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
+}
+
+#define PRO_ARGS __global const float* restrict a, uint a_off, __global const float* restrict b, uint b_off, \
+  __global const float* restrict gp, uint gp_off, __global const float* restrict gn, uint gn_off,            \
+  __global float* restrict y, uint y_off, __global const float* restrict p, uint p_off, uint nc, uint write_y, \
+  float eps, float eps1, float ys
+#define PRO_PASS a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, p, p_off, nc, write_y, eps, eps1, ys
+
+inline void prologue(__local float* xsf, __local float* red, uint li, uint wid, PRO_ARGS) {
+#if F_PRO == 2
+  for (uint c = li; c < F_K; c += F_WG) {
+    uint base = p_off + (c / F_CD) * nc * (F_CD + 2), d = c % F_CD;
+    float m = NEG_BIG;
+    for (uint j = 0; j < nc; j++) m = max(m, p[base + j * (F_CD + 2) + F_CD]);
+    float l = 0.0f, acc = 0.0f;
+    for (uint j = 0; j < nc; j++) {
+      uint pc = base + j * (F_CD + 2);
+      float f = exp(p[pc + F_CD] - m);
+      l += p[pc + F_CD + 1] * f;
+      acc += p[pc + d] * f;
+    }
+    xsf[XI(c)] = acc / l;
+  }
+#else
+#if F_PRE == 2
+  float s1 = 0.0f;
+  for (uint c = li; c < F_K; c += F_WG) { float v = a[a_off + c]; s1 += v * v; }
+  float r1 = 1.0f / sqrt(wg_sum(s1, red, li) * (1.0f / (float)F_K) + eps1);
+#endif
+  float ss = 0.0f;
+  for (uint c = li; c < F_K; c += F_WG) {
+#if F_PRE == 1
+    float v = a[a_off + c] + b[b_off + c];
+#elif F_PRE == 2
+    float v = a[a_off + c] * r1 * gp[gp_off + c] + b[b_off + c];
+#elif F_PRE == 3
+    float v = a[a_off + c] * ys;
+#else
+    float v = a[a_off + c];
+#endif
+    xsf[XI(c)] = v;
+    ss += v * v;
+    if (write_y && wid == 0) y[y_off + c] = v;
+  }
+#if F_PRO == 1
+  float rn = 1.0f / sqrt(wg_sum(ss, red, li) * (1.0f / (float)F_K) + eps);
+  for (uint c = li; c < F_K; c += F_WG) xsf[XI(c)] *= rn * gn[gn_off + c];
+#endif
+#endif
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+#ifdef F_TPR
+__kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec(ARGS_rowvec) {
+  __local float4 xs[F_GPR * 9];
+  __local float red[F_WG * F_NW * F_R];
+  uint li = get_local_id(0), wid = get_group_id(0);
+  prologue((__local float*)xs, red, li, wid, PRO_PASS);
+  uint team = li / F_TPR, lane = li % F_TPR;
+  uint r0 = (wid * (F_WG / F_TPR) + team) * F_R;
+  float acc[F_NW * F_R];
+#pragma unroll
+  for (uint i = 0; i < F_NW * F_R; i++) acc[i] = 0.0f;
+  if (r0 < N) {
+    for (uint g = lane; g < F_GPR; g += F_TPR) {
+#pragma unroll
+      for (uint k = 0; k < F_R; k++) {
+        uint row = min(r0 + k, N - 1u);
+        acc[k] += dot32z(GRP0(w0, w0_moff, F_GPR, row, g), xs + g * 9u, QZF0);
+#if F_NW == 2
+        acc[F_R + k] += dot32z(GRP1(w1, w1_moff, F_GPR, row, g), xs + g * 9u, QZF1);
+#endif
+      }
+    }
+  }
+#if PTX_SHFL
+#pragma unroll
+  for (uint s = F_TPR / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (uint i = 0; i < F_NW * F_R; i++) acc[i] += shfl_xor(acc[i], s);
+  }
+#else
+  for (uint i = 0; i < F_NW * F_R; i++) red[i * F_WG + li] = acc[i];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_TPR / 2; s > 0; s >>= 1) {
+    if (lane < s)
+      for (uint i = 0; i < F_NW * F_R; i++) red[i * F_WG + li] += red[i * F_WG + li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  for (uint i = 0; i < F_NW * F_R; i++) acc[i] = red[i * F_WG + li];
+#endif
+  if (lane == 0) {
+#pragma unroll
+    for (uint k = 0; k < F_R; k++) {
+      if (r0 + k < N) {
+#if F_EPI == 1
+        float v = acc[k] + r[r_off + col0 + r0 + k];
+#elif F_EPI == 2
+        float v = act(op, acc[k]) * acc[F_R + k];
+#else
+        float v = acc[k];
+#endif
+        o[o_off + col0 + r0 + k] = v;
+      }
+    }
+  }
+}
+#endif
+
+#ifdef F_D
+#define F_TPRA (F_WG / F_D)    // threads a projected row
+
+// rows rowbase .. rowbase + F_D of a weight times x, into dst (where `on`: else zeros)
+#define PROJECT(GRPF, QZFV, wt, moff, rowbase, dst, on)                                     \
+  {                                                                                         \
+    uint row_ = (rowbase) + li / F_TPRA, lane_ = li % F_TPRA;                               \
+    float acc_ = 0.0f;                                                                      \
+    for (uint g = lane_; g < ((on) ? F_GPR : 0u); g += F_TPRA)                              \
+      acc_ += dot32z(GRPF(wt, moff, F_GPR, row_, g), xs + g * 9u, QZFV);                    \
+    red[li] = acc_;                                                                         \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                           \
+    for (uint s = F_TPRA / 2; s > 0; s >>= 1) {                                             \
+      if (lane_ < s) red[li] += red[li + s];                                                \
+      barrier(CLK_LOCAL_MEM_FENCE);                                                         \
+    }                                                                                       \
+    if (lane_ == 0) dst[li / F_TPRA] = red[li];                                             \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                           \
+  }
+
+// v (F_D values) times rms_norm's scale and the gain
+inline void head_norm(__local float* v, __global const float* restrict g, uint g_off, float eps, __local float* red,
+                      uint li) {
+  float ss = 0.0f;
+  for (uint j = li; j < F_D; j += F_WG) ss += v[j] * v[j];
+  float rn = 1.0f / sqrt(wg_sum(ss, red, li) * (1.0f / (float)F_D) + eps);
+  for (uint j = li; j < F_D; j += F_WG) v[j] = v[j] * rn * g[g_off + j];
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+// ROPE's rotation of v's first F_ND values at position ps (the rope kernel's angles), then times s
+inline void rope_head(__local float* v, int ps, __global const TABLE_T* restrict inv, float s, uint li) {
+  for (uint j = li; j < F_ND / 2; j += F_WG) {
+    TABLE_T theta = (TABLE_T)ps * inv[j];
+    float c = (float)cos(theta), sn = (float)sin(theta);
+    uint i0 = F_NEOX ? j : 2 * j, i1 = F_NEOX ? j + F_ND / 2 : 2 * j + 1;
+    float x0 = v[i0], x1 = v[i1];
+    v[i0] = (x0 * c - x1 * sn) * s;
+    v[i1] = (x0 * sn + x1 * c) * s;
+  }
+  for (uint j = F_ND + li; j < F_D; j += F_WG) v[j] *= s;
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+__kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_attn_block) {
+  __local float4 xs[F_GPR * 9];
+  __local float red[F_WG], qf[F_D], kf[F_D], vf[F_D], ps[64];
+  uint li = get_local_id(0), wid = get_group_id(0);
+  uint h = wid / nc1, c = wid % nc1, NC = nc1 - 1u;
+  uint hk = h / (H / Hkv);
+  uint kr = (uint)krow[krow_off];           // the new key's row (a negative index: none)
+  int at = pos[pos_off];
+  prologue((__local float*)xs, red, li, wid, PRO_PASS);
+  PROJECT(GRP0, QZF0, wq, wq_moff, h * F_D, qf, true)
+#if F_QN
+  head_norm(qf, gq, gq_off, q_eps, red, li);
+#endif
+  rope_head(qf, at, inv, q_scale, li);
+  uint pb = po_off + wid * (F_D + 2);
+  // every barrier below is reached by the whole work-group (no branch around one): the new key's
+  // work-group projects k and v while the others run the same loops with no groups and no keys
+  bool newk = c == NC;
+  PROJECT(GRP1, QZF1, wk, wk_moff, hk * F_D, kf, newk)
+  PROJECT(GRP2, QZF2, wv, wv_moff, hk * F_D, vf, newk)
+#if F_KN
+  head_norm(kf, gk, gk_off, k_eps, red, li);
+#endif
+  rope_head(kf, at, inv, 1.0f, li);
+  uint c0 = newk ? 0u : c * chunk, c1 = newk ? 0u : min(S, c0 + chunk);
+  uint kstride = Hkv * F_D;
+  uint kb = kc_off + hk * F_D, vb = vc_off + hk * F_D;
+  // blocks of 64 keys: 4 threads a key's score (a quarter of the dims each, interleaved), and the
+  // values' sums shared by F_WG / F_D groups of threads (group g takes keys g, g + G, ...; the groups'
+  // sums meet once, after the last block)
+  uint key = li >> 2, sub = li & 3u;
+  uint G = F_WG / F_D, vg = li / F_D, vd = li % F_D;
+  float m = NEG_BIG, l = 0.0f, acc = 0.0f;
+  for (uint s0 = c0; s0 < c1; s0 += 64u) {
+    uint s = s0 + key;
+    bool live = s < c1 && s != kr;
+    float dd = 0.0f;
+    if (live) {
+      uint kr0 = kb + s * kstride;
+      for (uint d = sub; d < F_D; d += 4u) dd += qf[d] * kc[kr0 + d];
+    }
+    red[li] = dd;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float sc = NEG_BIG;
+    if (sub == 0u && live)
+      sc = ((red[li] + red[li + 1u]) + (red[li + 2u] + red[li + 3u])) * scale
+           + (has_mask ? max(mk[mk_off + s], NEG_BIG) : 0.0f);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (sub == 0u) red[key] = sc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint k = 32u; k > 0u; k >>= 1) {
+      if (li < k) red[li] = max(red[li], red[li + k]);
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float mn = max(m, red[0]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float pv = sub == 0u && live ? exp(sc - mn) : 0.0f;
+    if (sub == 0u) { ps[key] = pv; red[key] = pv; }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint k = 32u; k > 0u; k >>= 1) {
+      if (li < k) red[li] += red[li + k];
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    acc *= alpha;
+    uint nv = min(64u, c1 - s0);
+    for (uint j = vg; j < nv; j += G)
+      if (s0 + j != kr) acc += ps[j] * vc[vb + (s0 + j) * kstride + vd];
+    m = mn;
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  red[li] = acc;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (li < F_D) {
+    acc = 0.0f;
+    for (uint g = 0; g < G; g++) acc += red[g * F_D + li];
+  }
+  if (newk) {          // the new key alone, and into the caches (by the first head of those sharing them)
+    if (h % (H / Hkv) == 0 && kr < cache_rows) {
+      uint cb = kr * Hkv * F_D + hk * F_D;
+      for (uint i = li; i < F_D; i += F_WG) { kc[kc_off + cb + i] = kf[i]; vc[vc_off + cb + i] = vf[i]; }
+    }
+    m = NEG_BIG;
+    l = kr < S ? 1.0f : 0.0f;
+    if (kr < S) {
+      float dd = 0.0f;
+      for (uint i = 0; i < F_D; i++) dd += qf[i] * kf[i];
+      m = dd * scale + (has_mask ? max(mk[mk_off + kr], NEG_BIG) : 0.0f);
+    }
+    acc = li < F_D ? vf[li] * l : 0.0f;
+  }
+  if (li < F_D) po[pb + li] = acc;
+  if (li == 0) { po[pb + F_D] = m; po[pb + F_D + 1] = l; }
+}
+#endif
+#endif  // FUSED

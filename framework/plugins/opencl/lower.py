@@ -6,10 +6,11 @@ Values: every tensor of the fragment is a ``Ref``: an argument of the fragment (
 a value from another fragment) or a value computed here, plus an element offset, a shape and strides.
 View ops (VIEW, RESHAPE, PERMUTE, TRANSPOSE) only make new Refs.
 
-Fusions: RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch; a quantized
-product or such a norm whose only reader is an ADD of a residual of the same shape (the layers' x + f(x))
-writes the sum itself, so the ADD costs no launch; a ROPE whose only reader is a SCALE (Gemma's query
-scaling) is one launch with it.
+Fusions: for decode on a GPU, the groups of nodes the core's matcher finds (fused.py) are one kernel
+each, emitted at the group's last node. Elsewhere: RMS_NORM followed by its only reader, a MUL by a
+gain vector, is one launch; a quantized product or such a norm whose only reader is an ADD of a
+residual of the same shape (the layers' x + f(x)) writes the sum itself, so the ADD costs no launch; a
+ROPE whose only reader is a SCALE (Gemma's query scaling) is one launch with it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...contract import Ref, Tensor, contiguous_strides, ops, reference
+from . import fused as fused_kernels
 from . import kernels, layout
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE, is_weight
 
@@ -62,6 +64,9 @@ class Lowering:
         self.written_args: set[int] = set()
         self.xq: dict[tuple, Ref] = {}        # x -> its 8-bit form, made once per computed value
         self.ewg = min(kernels.EWG, dev.max_wg)
+        self.partials: dict[int, tuple] = {}  # id(attention) -> (partials, parts, head size): combined later
+        off = fused_kernels.fusions_off()
+        self.fusion = fused_kernels.plan(dev, fragment, off)
         readers: dict[int, list[Tensor]] = {}
         for n in fragment.nodes:
             for s in n.src:
@@ -69,12 +74,16 @@ class Lowering:
         outs = {id(t) for t in fragment.outputs}
         fused: set[int] = set()
         for n in fragment.nodes:
-            if id(n) in fused:
+            group = self.fusion.anchor.get(id(n))
+            if group is not None:
+                fused_kernels.emit(self, group)
+                continue
+            if id(n) in fused or id(n) in self.fusion.absorbed:
                 continue
             if n.op in ops.VIEW_OPS:
                 self.refs[id(n)] = self._view(n)
                 continue
-            if n.op == "RMS_NORM" and id(n) not in outs:
+            if n.op == "RMS_NORM" and id(n) not in outs and "rms_mul" not in off:
                 r = readers.get(id(n), [])
                 if len(r) == 1 and r[0].op == "MUL" and r[0].src[0] is n and self._gain_ok(n, r[0].src[1]):
                     add = self._residual_add(r[0], readers, outs)
@@ -137,6 +146,8 @@ class Lowering:
         if id(n) in outs or len(r) != 1 or r[0].op != "ADD" or r[0].src[0] is not n:
             return None
         add, res = r[0], r[0].src[1]
+        if id(add) in self.fusion.absorbed:      # a fused kernel's prologue takes it
+            return None
         ref = self.refs.get(id(res))
         if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
             return None

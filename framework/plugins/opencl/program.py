@@ -37,7 +37,7 @@ class Step:
     lsize: tuple | None
     dynamic: list          # (argument position, Ref | ChunkArg | None)
     reads: tuple = ()      # computed values read
-    writes: int = -1       # the computed value written
+    writes: tuple = ()     # the computed values written
 
 
 def _scalar(kind: str, value):
@@ -67,7 +67,7 @@ class ClProgram:
         import pyopencl as cl
         kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
         given = dict(launch.args)
-        dynamic, reads, writes, pos = [], [], -1, 0
+        dynamic, reads, writes, pos = [], [], [], 0
         for kind, name in params(launch.kernel):
             if name not in given:
                 raise ValueError(f"{launch.name}: kernel {launch.kernel} needs parameter '{name}', not given")
@@ -76,7 +76,7 @@ class ClProgram:
                 dynamic.append((pos, value))
                 if isinstance(value, Ref) and value.kind == "val":
                     if kind == "out":
-                        writes = value.idx
+                        writes.append(value.idx)
                     else:
                         reads.append(value.idx)
                 pos += 2
@@ -91,7 +91,7 @@ class ClProgram:
         if given:
             raise ValueError(f"{launch.name}: kernel {launch.kernel} has no parameter {', '.join(given)}")
         return Step(launch.name, kernel, (launch.gsize,), (launch.lsize,) if launch.lsize else None, dynamic,
-                    tuple(reads), writes)
+                    tuple(reads), tuple(writes))
 
     def _allocate(self) -> None:
         """Fragment outputs get buffers of their own each run; the other values share scratch slots, a
@@ -106,9 +106,8 @@ class ClProgram:
                 self.n_out += 1
         last = [-1] * nv
         for si, st in enumerate(self.steps):
-            for v in (*st.reads, st.writes):
-                if v >= 0:
-                    last[v] = max(last[v], si)
+            for v in (*st.reads, *st.writes):
+                last[v] = max(last[v], si)
         dies: dict[int, list[int]] = {}
         for u in range(nv):
             dies.setdefault(last[u], []).append(u)
@@ -116,8 +115,9 @@ class ClProgram:
         sizes: list[int] = []
         free: list[int] = []
         for si, st in enumerate(self.steps):
-            v = st.writes
-            if v >= 0 and self.val_out[v] < 0 and self.val_slot[v] < 0:
+            for v in st.writes:
+                if self.val_out[v] >= 0 or self.val_slot[v] >= 0:
+                    continue
                 need = self.val_sizes[v]
                 fits = [s for s in free if sizes[s] >= need]
                 best = min(fits, key=lambda s: sizes[s]) if fits else (max(free, key=lambda s: sizes[s]) if free

@@ -40,6 +40,11 @@ SIGNATURES = {
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matmul_reg": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "ptx_probe": "ini p, out o",
+    "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in p, in r, out o, u N, u col0, u nc, u write_y, u op, "
+              "f eps, f eps1, f ys",
+    "attn_block": "w wq, w wk, w wv, in a, in b, in gp, in gn, out y, in p, in gq, in gk, ini pos, tab inv, ini krow, "
+                  "out kc, out vc, in mk, out po, u H, u Hkv, u S, u nc, u nc1, u chunk, u cache_rows, u write_y, "
+                  "u has_mask, f scale, f q_scale, f q_eps, f k_eps, f eps, f eps1, f ys",
 }
 
 TENSOR_KINDS = ("in", "ini", "el", "out")

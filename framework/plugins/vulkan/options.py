@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...contract import settings
+from ...contract import fusion, settings
 
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"
@@ -11,7 +11,7 @@ SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # off: no subgroup operations
 MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"             # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
 MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"             # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "f16=0"
 UNFUSE_ENV = "FRAMEWORK_VULKAN_UNFUSE"             # fusions to turn off (fusion.py), or all
-FUSIONS = ("attn", "combine", "norm", "add", "glu", "rms_mul")
+FUSIONS = fusion.FUSIONS                          # the core's fusions (framework/core/graph/fusion.py)
 MATVEC_KEYS = ("tpr", "r", "wg", "sg", "x8")
 MATMUL_KEYS = ("bm", "bn", "kg", "split", "reg", "wgs", "f16")
 

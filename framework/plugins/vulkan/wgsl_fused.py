@@ -20,10 +20,11 @@ lowering use; its parameter block is a wgsl.Params built here too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ...contract import fusion
 from . import wgsl
 from .wgsl import NEG_BIG, Params
+
+Prologue = fusion.Prologue
 
 # role -> (access, element type) of a tensor binding
 ROLE_TYPES = {
@@ -36,29 +37,14 @@ ROLE_TYPES = {
 WEIGHT_ROLES = ("W0", "W1", "Wq", "Wk", "Wv")
 
 
-@dataclass(frozen=True)
-class Prologue:
-    """How a fused kernel makes its x (see the module docstring)."""
-    src: str                 # "plain" | "norm" | "combine"
-    pre: str = ""            # norm's y: "" (A) | "add" | "prenorm" | "scale"
-    write_y: bool = False
-
-    def roles(self) -> list[str]:
-        if self.src == "combine":
-            return ["P"]
-        if self.src == "plain":
-            return ["A"]
-        return ["A"] + (["B"] if self.pre in ("add", "prenorm") else []) + (["Gp"] if self.pre == "prenorm" else []) \
-            + ["Gn"] + (["Y"] if self.write_y else [])
-
-    def fields(self) -> str:
-        """Its parameter fields."""
-        if self.src == "combine":
-            return "d4 nc"
-        if self.src == "plain":
-            return ""
-        return "eps:f32" + {"prenorm": " eps1:f32", "scale": " y_scale:f32"}.get(self.pre, "") + \
-            (" write_y" if self.write_y else "")
+def prologue_fields(p: Prologue) -> str:
+    """A prologue's parameter fields."""
+    if p.src == "combine":
+        return "d4 nc"
+    if p.src == "plain":
+        return ""
+    return "eps:f32" + {"prenorm": " eps1:f32", "scale": " y_scale:f32"}.get(p.pre, "") + \
+        (" write_y" if p.write_y else "")
 
 
 def _decl(roles: list[str]) -> str:
@@ -149,7 +135,8 @@ def rowvec_roles(p: Prologue, pair: bool, epilogue: str) -> list[str]:
 
 
 def rowvec_params(p: Prologue, pair: bool, epilogue: str) -> Params:
-    fields = "n col0 moff0" + (" moff1" if pair else "") + (" op" if epilogue == "glu" else "") + " " + p.fields()
+    fields = ("n col0 moff0" + (" moff1" if pair else "") + (" op" if epilogue == "glu" else "") + " "
+              + prologue_fields(p))
     return Params(fields, bindings=len(rowvec_roles(p, pair, epilogue)))
 
 
@@ -252,7 +239,7 @@ def attn_params(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> Params:
     """h, hkv heads; s keys; nc chunks of `chunk` keys (and one more workgroup a head: the new key);
     cache_rows: rows of the caches; q_scale: the SCALE of q; scale: the attention's."""
     fields = ("h hkv s nc chunk cache_rows moffq moffk moffv scale:f32 q_scale:f32"
-              + (" q_eps:f32" if q_norm else "") + (" k_eps:f32" if k_norm else "") + " " + p.fields())
+              + (" q_eps:f32" if q_norm else "") + (" k_eps:f32" if k_norm else "") + " " + prologue_fields(p))
     return Params(fields, bindings=len(attn_roles(p, q_norm, k_norm, mask)))
 
 

@@ -1,0 +1,181 @@
+"""The fused decode kernels of a GPU device: which runs of nodes become one kernel is the core's decision
+(framework.contract.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
+by name), and each group becomes launches of kernels.cl's rowvec or attn_block ("Fused decode kernels"):
+
+* a product group: one rowvec launch a weight chunk, x made by its prologue in local memory (the norm, with
+  the residual add or post-norm before it; or the split attention's combine), one weight or gate and up,
+  the residual add or GLU in the epilogue;
+* an attention block: one attn_block launch (q, k and v projected per head, their norms, rope, the scale of
+  q, both cache writes and the split attention), and flash_combine unless the next product's prologue
+  combines the partials.
+
+None on a CPU device (PoCL runs barrier-free kernels best, as lavapipe does for the Vulkan plugin).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...contract import fusion, reference, settings
+from . import kernels, layout
+from .coverage import GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
+from .options import UNFUSE_ENV
+
+AttnGroup, FusionPlan, ProductGroup, Sources = fusion.AttnGroup, fusion.FusionPlan, fusion.ProductGroup, fusion.Sources
+
+ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
+PRO = {"plain": 0, "norm": 1, "combine": 2}
+PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}
+
+
+def fusions_off() -> frozenset[str]:
+    return settings.read(UNFUSE_ENV)
+
+
+def _local_bytes(dev) -> int:
+    return int(dev.data.get("local_mem_bytes") or 32768)
+
+
+def product_shape(dev, g: ProductGroup, rows: int) -> dict:
+    """The matrix-vector kernel's team shape for a chunk of `rows` rows (its tpr, r, wg and shfl; x stays
+    f32 in local memory)."""
+    w = g.muls[0].src[0]
+    gpr = w.shape[1] // layout.GROUP
+    nbytes = max(rows * layout.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
+    return kernels.matvec_shape(dev, gpr, 1, rows, nbytes)
+
+
+class Target:
+    """The core matcher's questions, answered for one OpenCL device."""
+    weight_types = frozenset(layout.QUANT_TYPES)
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def chunks(self, w) -> int:
+        return len(self.dev.chunk_plan(w.dtype.name, w.shape))
+
+    def product_fits(self, g: ProductGroup) -> bool:
+        w = g.muls[0].src[0]
+        sh = product_shape(self.dev, g, self.dev.chunk_plan(w.dtype.name, w.shape)[0][1])
+        nbytes = w.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
+        return nbytes <= _local_bytes(self.dev) and sh["wg"] % sh["tpr"] == 0
+
+    def attn_fits(self, g: AttnGroup) -> bool:
+        d = g.fa.src[0].shape[2]
+        nbytes = g.wq.shape[1] // layout.GROUP * 144 + 4 * ATTN_WG + 12 * d + 256
+        return self.dev.max_wg >= ATTN_WG and nbytes <= _local_bytes(self.dev)
+
+    def head_ok(self, d: int) -> bool:
+        return d % 4 == 0 and ATTN_WG % d == 0
+
+
+def plan(dev, fragment, off: frozenset[str]) -> FusionPlan:
+    if dev.is_cpu:
+        return FusionPlan([])
+    return fusion.plan(Target(dev), fragment, off)
+
+
+def emit(lw, g) -> None:
+    if isinstance(g, AttnGroup):
+        attn_block(lw, g)
+    else:
+        rowvec(lw, g)
+
+
+def _prologue(lw, src: Sources) -> tuple[dict, dict]:
+    """The prologue's arguments and build options."""
+    p = src.prologue
+    args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "p": None, "nc": 0, "write_y": 0, "eps": 0.0,
+            "eps1": 0.0, "ys": 1.0}
+    opts = {"F_PRO": PRO[p.src], "F_PRE": PRE[p.pre]}
+    if p.src == "combine":
+        part, nc, d = lw.partials[id(src.fa)]
+        args.update(p=part, nc=nc)
+        opts["F_CD"] = d
+        return args, opts
+    args["a"] = lw.ref(src.a)
+    for name, t in (("b", src.b), ("gp", src.g1), ("gn", src.g)):
+        if t is not None:
+            args[name] = lw.ref(t)
+    args.update(eps=src.eps, eps1=src.eps1, ys=src.scale)
+    if p.write_y:
+        args.update(y=lw.new_val(src.y), write_y=1)
+    return args, opts
+
+
+def _shfl_options(dev, shfl: int) -> dict:
+    return {"PTX_SHFL": 1, **kernels.ptx_options(dev)} if shfl else {}
+
+
+def rowvec(lw, g: ProductGroup) -> None:
+    from .lower import ChunkArg
+    p = g.src.prologue
+    ws = [m.src[0] for m in g.muls]
+    k = ws[0].shape[1]
+    args, opts = _prologue(lw, g.src)
+    out = lw.new_val(g.out)
+    wargs = [lw.arg_of(w) for w in ws]
+    label = "+".join(filter(None, [{"norm": "NORM", "combine": "COMBINE"}.get(p.src), "MUL_MAT" + "x2" * (len(ws) > 1),
+                                   {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
+    op = UNARY_CODE[GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
+    epi = {"": 0, "add": 1, "glu": 2}[g.epilogue]
+    for ci, (row0, rows) in enumerate(lw.dev.chunk_plan(ws[0].dtype.name, ws[0].shape)):
+        sh = product_shape(lw.dev, g, rows)
+        build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=k, F_WG=sh["wg"], F_TPR=sh["tpr"], F_R=sh["r"],
+                     F_NW=len(ws), F_EPI=epi, **opts, **_shfl_options(lw.dev, sh["shfl"]))
+        for i, w in enumerate(ws):
+            build[f"F_T{i}"] = w.dtype.name
+        groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
+        lw.launch(f"{label} {g.out.name}", "rowvec", build, groups * sh["wg"], sh["wg"],
+                  w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
+                  r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
+                  **dict(args, write_y=args["write_y"] * int(ci == 0)))
+
+
+def split_of(s: int, h: int) -> tuple[int, int]:
+    """(parts, keys a part) of the attention's cached keys for h heads (whole blocks of 64 keys)."""
+    nc = min(-(-s // 64), max(2, kernels.SPLIT_ATTN_BELOW * 2 // h))
+    per = -(-(-(-s // nc)) // 64) * 64
+    return -(-s // per), per
+
+
+def attn_block(lw, g: AttnGroup) -> None:
+    from .lower import ChunkArg
+    fa = g.fa
+    _, h, d = fa.src[0].shape
+    s, hkv, _ = fa.src[1].shape
+    p = g.src.prologue
+    args, opts = _prologue(lw, g.src)
+    caches = []
+    for st in (g.k_set, g.v_set):
+        c = lw.ref(st.src[0])
+        if c.kind != "arg" or c.strides is not None or c.off:
+            raise ValueError(f"{fa.name}: the attention block writes a whole cache argument in place, not "
+                             f"{st.src[0].describe()}")
+        lw.written_args.add(c.idx)
+        lw.refs[id(st)] = c
+        caches.append(c)
+    rp = g.rope.params
+    n_dims = int(rp["n_dims"])
+    inv = reference.rope_inv_freq(n_dims, float(rp["freq_base"]), float(rp["freq_scale"]))
+    nc, chunk = split_of(s, h)
+    part = lw.new_val(size=h * (nc + 1) * (d + 2))
+    mask = len(fa.src) > 3
+    build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=g.wq.shape[1], F_WG=ATTN_WG, F_D=d, F_ND=n_dims,
+                 F_NEOX=ROPE_NEOX[rp["mode"]], F_QN=int(g.q_norm is not None), F_KN=int(g.k_norm is not None),
+                 F_T0=g.wq.dtype.name, F_T1=g.wk.dtype.name, F_T2=g.wv.dtype.name, **opts)
+    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
+    lw.launch(f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG,
+              wq=ChunkArg(lw.arg_of(g.wq), 0), wk=ChunkArg(lw.arg_of(g.wk), 0), wv=ChunkArg(lw.arg_of(g.wv), 0),
+              gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
+              pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
+              krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
+              po=part, H=h, Hkv=hkv, S=s, nc1=nc + 1, chunk=chunk, cache_rows=g.k_set.src[0].shape[0],
+              has_mask=int(mask), scale=float(fa.params["scale"]), q_scale=g.q_scale,
+              q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0, **args)
+    if g.combined:
+        lw.launch(f"FLASH_ATTN_EXT[combine] {fa.name}", "flash_combine", kernels.base_options(lw.dev),
+                  h * kernels.AWG, kernels.AWG, p=part, o=lw.new_val(fa), TH=h, D=d, nc=nc + 1)
+    else:              # the product reading the attention combines the partials in its prologue
+        lw.partials[id(fa)] = (part, nc + 1, d)
