@@ -241,6 +241,34 @@ def mul_mat(a, b):
     return a.matmul(flat).reshape(b.shape[:-1] + (a.shape[0],))
 
 
+# The weight types without a kernel here are multiplied in float32, their activations first rounded as
+# llama.cpp's CPU backend rounds them for that type (its vec_dot_type): the same values a kernel on the
+# blocks would multiply, so the path's numerics are llama.cpp's for every type, not only for FORMATS.
+ACTIVATION_ROUNDING = {DType.F16: "f16", DType.BF16: "bf16", DType.IQ4_NL: "q8_0", DType.Q2_K: "q8_K",
+                       DType.Q3_K: "q8_K", DType.Q5_K: "q8_K", DType.IQ4_XS: "q8_K"}
+
+
+def round_activations(x: np.ndarray, kind: str) -> np.ndarray:
+    """float32 x (..., K) as llama.cpp rounds it before a product: to float16 or bfloat16 (nearest, ties to
+    even), or to the values of its q8_0 (groups of 32) or q8_K (blocks of 256) blocks, as
+    quantize_activations rounds them."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if kind == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if kind == "bf16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    flat = x.reshape(-1, x.shape[-1])
+    xq, xd, _ = quantize_activations(flat, k_quant=kind == "q8_K")
+    return (xq.reshape(len(flat), -1, QK) * xd[..., None]).astype(np.float32).reshape(x.shape)
+
+
+def rounded_mul_mat(kind: str):
+    def run(a, b):
+        return reference.mul_mat(a, round_activations(b, kind))
+    return run
+
+
 def get_rows(a, rows):
     return a.rows(rows) if isinstance(a, QuantizedWeight) else reference.get_rows(a, rows)
 
@@ -255,6 +283,9 @@ def _float_args(fn):
 def bind(node, fn):
     """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn."""
     if node.op == "MUL_MAT":
+        w = node.src[0]
+        if w.is_leaf and w.kind == LeafKind.WEIGHT and w.dtype in ACTIVATION_ROUNDING:
+            return rounded_mul_mat(ACTIVATION_ROUNDING[w.dtype])
         return mul_mat
     if node.op == "GET_ROWS":
         return get_rows
