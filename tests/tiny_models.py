@@ -242,11 +242,12 @@ def decoded(data: np.ndarray, raw) -> np.ndarray:
     return (gguf_quants.dequantize(data, raw) if raw is not None else data).astype(np.float32)
 
 
-def write(arch: str, path: Path) -> Path:
-    """Write the tiny model of `arch` to path; return path."""
+def write(arch: str, path: Path, decoded: bool = False) -> Path:
+    """Write the tiny model of `arch` to path (decoded: every weight in F32, decoded from its type); return
+    path."""
     if arch in GEMMA4:
         return write_gemma4(arch, path)
-    spec = SPECS[arch]
+    spec = replace(SPECS[arch], decoded=True) if decoded else SPECS[arch]
     vocab = vocab_metadata(spec.vocab, N_BASE, spec.n_special)
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     w = GGUFWriter(str(path), spec.arch)

@@ -8,6 +8,8 @@ is what a decode step has to stream from memory. One kernel per weight type, com
 on disk, see jit.py), runs the rows of the weight over the CPU's threads (``prange``); a decode step
 (one row of activations) and a prefill chunk (many) share it: the activations are quantized once per
 product and each weight row, once read, stays in the first-level cache while every activation row passes.
+The other weight types are multiplied in float32, their activations first rounded as llama.cpp rounds them
+for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for every type.
 """
 
 from __future__ import annotations
