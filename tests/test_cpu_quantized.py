@@ -111,6 +111,33 @@ def test_fast_product_equals_reference(fmt, m):
     assert rel < bound, f"{fmt}: 8-bit activations cost {rel:.2%} of the product, over {bound:.1%}"
 
 
+def test_every_type_without_a_kernel_rounds_its_activations():
+    """On the q8 path no weight type is multiplied with unrounded activations unless llama.cpp does so (F32)."""
+    from framework.model.gguf_file import SUPPORTED_TYPES
+    kernels = {DType[f] for f in quantized.FORMATS}
+    assert {t for t in SUPPORTED_TYPES if t.name != "F32"} - kernels == set(quantized.ACTIVATION_ROUNDING)
+
+
+@pytest.mark.parametrize("dtype", sorted(t.name for t in quantized.ACTIVATION_ROUNDING))
+def test_types_without_a_kernel_round_as_llama_cpp(dtype):
+    """Their products: the float32 weight times the activations rounded as llama.cpp's vec_dot_type for the
+    type rounds them (q8_0, q8_K, float16, bfloat16)."""
+    x = activations(5, 512)
+    w = np.random.default_rng(2).standard_normal((16, 512)).astype(np.float32)
+    kind = quantized.ACTIVATION_ROUNDING[DType[dtype]]
+    if kind == "f16":
+        rounded = x.astype(np.float16).astype(np.float64)
+    elif kind == "bf16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    else:
+        rounded = q8_reference(x, "Q4_K" if kind == "q8_K" else "Q8_0")
+    got = quantized.rounded_mul_mat(kind)(w, x)
+    want = np.asarray(rounded, np.float64) @ w.T.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.abs(got - x.astype(np.float64) @ w.T).max() > 1e-5 * np.abs(want).max()     # it did round
+
+
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K"])
 def test_rows_of_a_batch_equal_rows_alone(fmt):
     """Row i of a 7-row product is bit for bit the 1-row product of row i (chunked prefill, decode)."""
