@@ -246,8 +246,9 @@ def mul_mat(a, b):
 # The weight types without a kernel here are multiplied in float32, their activations first rounded as
 # llama.cpp's CPU backend rounds them for that type (its vec_dot_type): the same values a kernel on the
 # blocks would multiply, so the path's numerics are llama.cpp's for every type, not only for FORMATS.
-ACTIVATION_ROUNDING = {DType.F16: "f16", DType.BF16: "bf16", DType.IQ4_NL: "q8_0", DType.Q2_K: "q8_K",
-                       DType.Q3_K: "q8_K", DType.Q5_K: "q8_K", DType.IQ4_XS: "q8_K"}
+LLAMA_CPP_ROUNDING = {DType.F16: "f16", DType.BF16: "bf16", DType.IQ4_NL: "q8_0", DType.Q2_K: "q8_K",
+                      DType.Q3_K: "q8_K", DType.Q5_K: "q8_K", DType.IQ4_XS: "q8_K"}
+ACTIVATION_ROUNDING = {t: kind for t, kind in LLAMA_CPP_ROUNDING.items() if t not in FAST_TYPES}
 
 
 def round_activations(x: np.ndarray, kind: str) -> np.ndarray:
