@@ -85,10 +85,14 @@ def llama_inp_strings(src: Path, vocab_file: str) -> list[str]:
 
 
 def reference_strings(src: Path, vocab_file: str) -> list[str]:
-    """The strings of tests/reference/*.json, llama.cpp's tokenizer test strings and OWN_STRINGS."""
+    """The strings of tests/reference/*.json (their tokenizer strings, prompts and texts), llama.cpp's
+    tokenizer test strings and OWN_STRINGS."""
     out = []
-    for ref in sorted((HERE / "reference").glob("*.json")):
-        out += [e["text"] for e in json.loads(ref.read_text(encoding="utf-8")).get("tokenize", [])]
+    for path in sorted((HERE / "reference").glob("*.json")):
+        ref = json.loads(path.read_text(encoding="utf-8"))
+        out += [e["text"] for e in ref.get("tokenize", [])] + [p["prompt"] for p in ref.get("prompts", [])]
+        if "text_file" in ref.get("text", {}):
+            out.append((HERE / "reference" / ref["text"]["text_file"]).read_bytes().decode("utf-8"))
     return list(dict.fromkeys(out + llama_inp_strings(src, vocab_file) + OWN_STRINGS))
 
 

@@ -47,20 +47,45 @@ def activations(m: int, k: int) -> np.ndarray:
     return x
 
 
+def f16(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).astype(np.float32)
+
+
+def q8_groups(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(int values, float16 scales, unrounded scales) of x in ggml's q8_0 / q8_1 groups of 32 (AVX2):
+    q = round(x * 127 / max|x|), the block's scale fp16(max|x| / 127)."""
+    g = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(g).max(axis=2, keepdims=True)
+    q = np.rint(g * (np.float32(127.0) / np.where(amax > 0, amax, np.float32(1.0))))
+    d = amax / np.float32(127.0)
+    return q, f16(d), d
+
+
 def q8_reference(x: np.ndarray, fmt: str) -> np.ndarray:
     """x after the fast path's activation rounding, in numpy (float32, as the kernel rounds), then in
-    float64: llama.cpp's q8_0 (per 32 values d = max|x| / 127, q = round(x * (1 / d))) or, for the K-quants,
-    q8_K (per 256 values, v the value of largest magnitude: s = -127 / v, q = min(127, round(s * x)), d = 1 / s)."""
+    float64: llama.cpp's q8_0 (see q8_groups) or, for the K-quants, q8_K (per 256 values, v the value of
+    largest magnitude: s = -127 / v, q = min(127, round(s * x)), d = 1 / s)."""
     if fmt in ("Q4_K", "Q6_K"):
         g = x.reshape(x.shape[0], -1, 256)
         top = np.take_along_axis(g, np.abs(g).argmax(axis=2)[..., None], axis=2)
         iscale = np.float32(-127.0) / np.where(top != 0, top, np.float32(1.0))
         q = np.minimum(127, np.rint(iscale * g))
         return (q.astype(np.float64) * (np.float32(1.0) / iscale)).reshape(x.shape)
-    g = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(g).max(axis=2, keepdims=True) / np.float32(127.0)
-    q = np.rint(g * (np.float32(1.0) / np.where(d > 0, d, np.float32(1.0))))
+    q, d, _ = q8_groups(x)
     return (q.astype(np.float64) * d).reshape(x.shape)
+
+
+def q8_1_sums(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
+    """What q8_1's float16 sums add to a Q4_1 or Q5_1 product beyond q8_reference's values: each weight
+    block's minimum times (fp16(d * sum of q) - fp16(d) * sum of q), (M, N)."""
+    if fmt not in ("Q4_1", "Q5_1"):
+        return np.zeros((x.shape[0], raw.shape[0]))
+    q, d16, d = q8_groups(x)
+    s = q.sum(axis=2)
+    delta = f16(d[..., 0] * s) - d16[..., 0] * s                      # (M, groups)
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]][1]
+    mins = raw.reshape(raw.shape[0], -1, block)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return delta.astype(np.float64) @ mins.T
 
 
 @pytest.mark.parametrize("fmt", quantized.FORMATS)
@@ -76,7 +101,7 @@ def test_fast_product_equals_reference(fmt, m):
     got = quantized.QuantizedWeight(raw, DType[fmt], shape).matmul(x)
     assert got.shape == (m, shape[0]) and got.dtype == np.float32
     scale = np.abs(w).max() * np.abs(x).max() * np.sqrt(shape[1])
-    exact = q8_reference(x, fmt) @ w.T
+    exact = q8_reference(x, fmt) @ w.T + q8_1_sums(x, raw, fmt)
     err = np.abs(got - exact).max() / scale
     assert err < 2e-6, f"{fmt}: fast path off the reference of the same rounding by {err:.2e} (scaled)"
     rel = np.linalg.norm(got - x.astype(np.float64) @ w.T) / np.linalg.norm(x.astype(np.float64) @ w.T)
@@ -84,6 +109,32 @@ def test_fast_product_equals_reference(fmt, m):
     # in groups of 32, more in the K-quants' blocks of 256 (a larger maximum per block)
     bound = 4e-2 if fmt in ("Q4_K", "Q6_K") else 2.5e-2
     assert rel < bound, f"{fmt}: 8-bit activations cost {rel:.2%} of the product, over {bound:.1%}"
+
+
+def test_every_type_without_a_kernel_rounds_its_activations():
+    """On the q8 path no weight type is multiplied with unrounded activations unless llama.cpp does so (F32)."""
+    from framework.model.gguf_file import SUPPORTED_TYPES
+    assert {t for t in SUPPORTED_TYPES if t.name != "F32"} - quantized.FAST_TYPES == set(quantized.ACTIVATION_ROUNDING)
+
+
+@pytest.mark.parametrize("dtype", sorted(t.name for t in quantized.ACTIVATION_ROUNDING))
+def test_types_without_a_kernel_round_as_llama_cpp(dtype):
+    """Their products: the float32 weight times the activations rounded as llama.cpp's vec_dot_type for the
+    type rounds them (q8_0, q8_K, float16, bfloat16)."""
+    x = activations(5, 512)
+    w = np.random.default_rng(2).standard_normal((16, 512)).astype(np.float32)
+    kind = quantized.ACTIVATION_ROUNDING[DType[dtype]]
+    if kind == "f16":
+        rounded = x.astype(np.float16).astype(np.float64)
+    elif kind == "bf16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    else:
+        rounded = q8_reference(x, "Q4_K" if kind == "q8_K" else "Q8_0")
+    got = quantized.rounded_mul_mat(kind)(w, x)
+    want = np.asarray(rounded, np.float64) @ w.T.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.abs(got - x.astype(np.float64) @ w.T).max() > 1e-5 * np.abs(want).max()     # it did round
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K"])

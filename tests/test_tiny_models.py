@@ -6,16 +6,18 @@ Over a prefill and DECODE_STEPS decode steps (llama.cpp's greedy tokens fed back
 logits within ggml's matrix-product NMSE threshold of llama.cpp's, the same greedy tokens.
 
 llama.cpp rounds activations to 8 bits (or to f16/bf16) before multiplying them with quantized (or
-f16/bf16) weights; float32 here. Two consequences the thresholds state:
-- qwen35's recurrence amplifies that rounding: its mixed-type model stays within QWEN35_NMSE, and the
-  same model with F32 weights (where llama.cpp rounds nothing) within EXACT_NMSE, which checks the graph
-  and the ops themselves;
-- the thresholds are for one side rounding: the tiny files run on the CPU plugin's float32 products
-  (FLOAT32_CPU, FRAMEWORK_CPU_MATMUL=f32). Its default fast path rounds activations as llama.cpp does but
-  at values that differ by float noise, so the two roundings add: on qwen3's file (every type mixed,
-  random weights) its worst NMSE was 5.7e-4 where the float32 path's is 4.75e-4. The fast path is checked
-  on the real models (tests/test_reference_cpu.py, unchanged bounds) and kernel by kernel
-  (tests/test_cpu_quantized.py);
+f16/bf16) weights; float32 here unless the CPU plugin's q8 path, which rounds them as llama.cpp does
+for every weight type. What the bounds compare:
+- qwen35's mixed-type file on the q8 path: llama.cpp on that file and llama.cpp on the same values in
+  F32 differ by 2e-3 to 4e-3 NMSE (its own rounding, which this hybrid's layers amplify: docs/models.md),
+  so exact products cannot follow it there; the q8 path, rounding as it does, stays within ggml's bound
+  (2.5e-4 measured). The same weights decoded to F32 (qwen35-f32, where llama.cpp rounds nothing) are
+  compared with the float32 path within EXACT_NMSE: the graph, the ops and every type's decoding;
+- the other files run on the CPU plugin's float32 products (FLOAT32_CPU, FRAMEWORK_CPU_MATMUL=f32), their
+  worst NMSE 1.8e-4 (qwen2), 4.75e-4 (qwen3), 2.9e-4 (llama), 1.3e-4 (gemma4); on the q8 path qwen3's
+  is 6.0e-4: its rounding follows llama.cpp's for each type alone, but the two roundings of values that
+  differ by float noise add where the model amplifies them. The fast path is also checked on the real
+  models (tests/test_reference_cpu.py) and kernel by kernel (tests/test_cpu_quantized.py);
 - random weights give near-ties: where llama.cpp's best two logits are closer than the error the NMSE
   bound allows on two logits (4 x sqrt(NMSE) x their RMS), its token must be within that of our best
   logit instead of equal to our argmax.
@@ -39,15 +41,25 @@ from framework.runtime.session import Session
 TINY_REF = REF_DIR / "tiny"
 ARCHS = tuple(tiny_models.SPECS)
 NMSE_MATMUL = 5e-4          # ggml's test-backend-ops threshold for matrix products
-QWEN35_NMSE = 5e-3
 EXACT_NMSE = 1e-6
 
 
 FLOAT32_CPU = [CpuDevice("f32")]
+ROUNDING_AS_LLAMA_CPP = ("qwen35",)     # the files compared on the q8 path
 
 
 def threshold(arch: str) -> float:
-    return {"qwen35": QWEN35_NMSE, "qwen35-f32": EXACT_NMSE}.get(arch, NMSE_MATMUL)
+    return EXACT_NMSE if arch == "qwen35-f32" else NMSE_MATMUL
+
+
+def devices(arch: str) -> list:
+    if arch not in ROUNDING_AS_LLAMA_CPP:
+        return FLOAT32_CPU
+    q8 = CpuDevice("q8")
+    if not q8.available:
+        pytest.skip(f"{arch}'s file is compared on the cpu plugin's q8 path, unavailable here: "
+                    f"{q8.unavailable_reason}")
+    return [q8]
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +108,7 @@ def _check_greedy(ours: np.ndarray, theirs: np.ndarray, want: int, bound: float,
 
 def test_prefill_and_decode_follow_llama_cpp(tiny):
     arch, model, ref, arrays = tiny
-    session = Session(model, FLOAT32_CPU, n_ctx=256)
+    session = Session(model, devices(arch), n_ctx=256)
     worst, same, steps = 0.0, 0, 0
     for p in ref["prompts"]:
         session.reset()
@@ -121,7 +133,7 @@ def test_chunked_prefill_follows_llama_cpp(tiny):
     (and qwen35's convolution and recurrence state) carried from chunk to chunk."""
     arch, model, ref, arrays = tiny
     p = ref["prompts"][0]
-    session = Session(model, FLOAT32_CPU, n_ctx=256, n_batch=3)
+    session = Session(model, devices(arch), n_ctx=256, n_batch=3)
     ours = session.eval(p["ids"], all_logits=True)
     want = arrays[p["prefill_key"]].astype(np.float32)
     errors = [nmse(o, w) for o, w in zip(ours, want)]

@@ -10,11 +10,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from .metadata import MetadataError, get_str
 
 # Used only when the file has no tokenizer.chat_template, and always said so: llama.cpp's
-# built-in templates for these architectures.
+# built-in templates for these architectures (gemma3: llama-chat.cpp's "gemma", which merges the system
+# messages into the next user turn; BOS written here, where llama.cpp's tokenizer adds it).
 BUILTIN_TEMPLATES = {
-    "gemma3": ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
-               "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}<end_of_turn>\n"
-               "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
+    "gemma3": ("{{ bos_token }}{% set ns = namespace(system='') %}{% for m in messages %}"
+               "{% if m['role'] == 'system' %}{% set ns.system = ns.system + (m['content'] | trim) %}"
+               "{% else %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+               "<start_of_turn>{{ role }}\n{% if ns.system and role != 'model' %}{{ ns.system }}\n\n"
+               "{% set ns.system = '' %}{% endif %}{{ m['content'] | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
+               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"),
 }
 
 
@@ -36,10 +40,11 @@ def chat_template_for(metadata: dict, arch: str) -> tuple[str, str]:
                             f"for architecture '{arch}' (built-in: {', '.join(BUILTIN_TEMPLATES)})")
 
 
-def render_chat(template: str, messages: list[dict], bos_token: str, eos_token: str) -> str:
+def render_chat(template: str, messages: list[dict], bos_token: str, eos_token: str,
+                add_generation_prompt: bool = True) -> str:
     try:
         return _compiled(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                          add_generation_prompt=True)
+                                          add_generation_prompt=add_generation_prompt)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:

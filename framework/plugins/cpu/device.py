@@ -30,7 +30,8 @@ CPU_BLOCKS_BUFFER = BufferType("cpu_gguf_blocks", host=True)
 
 MATMUL_ENV = "FRAMEWORK_CPU_MATMUL"
 MATMUL_MODES = {"q8": "quantized weights in their GGUF blocks times 8-bit activations (numba kernels, AVX2 or "
-                      "AVX-512 VNNI; the default where the CPU has AVX2)",
+                      "AVX-512 VNNI; the default where the CPU has AVX2); the types without a kernel in float32, "
+                      "their activations rounded as llama.cpp rounds them",
                 "f32": "every weight unpacked to float32 at load, products by numpy's BLAS"}
 
 

@@ -8,11 +8,14 @@ is what a decode step has to stream from memory. One kernel per weight type, com
 on disk, see jit.py), runs the rows of the weight over the CPU's threads (``prange``); a decode step
 (one row of activations) and a prefill chunk (many) share it: the activations are quantized once per
 product and each weight row, once read, stays in the first-level cache while every activation row passes.
+The other weight types are multiplied in float32, their activations first rounded as llama.cpp rounds them
+for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for every type.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import prange
@@ -25,9 +28,24 @@ QK = 32      # values per activation group (q8), and per block of the 32-value w
 
 
 # -- the activations, in 8 bits -------------------------------------------------------------------------
-def _quantize_q8(x, xq, xd, xsum):
-    """Each row of x (M, K) in groups of 32: scale d = max|x| / 127, values round(x / d) in int8, and the
-    group's sum of values times d (what a weight's minimum or offset multiplies)."""
+@kernel()
+def _f16(v):
+    """v rounded to the nearest float16 (ties to even), as float32: the F16C conversion by which llama.cpp
+    stores the scale (and the sum) of a q8_0 or q8_1 block."""
+    a = abs(v)
+    if a == 0.0:
+        return np.float32(0.0)
+    if a < 2.0 ** -14:                     # float16's subnormals: steps of 2^-24
+        return np.float32(np.rint(np.float64(v) * 2.0 ** 24) * 2.0 ** -24)
+    m, e = math.frexp(np.float64(v))       # 11 significant bits
+    return np.float32(math.ldexp(np.rint(m * 2048.0), e - 11))
+
+
+def _quantize_q8(x, xq, xd, xsum, sums_f16):
+    """Each row of x (M, K) in groups of 32, as ggml's quantize_row_q8_0 / q8_1 (AVX2) round them: values
+    round(x * 127 / max|x|) in int8, the scale d = max|x| / 127 kept in float16 (the block's field), and the
+    group's sum of values times d (what a weight's minimum or offset multiplies): for q8_1 (sums_f16, the
+    Q4_1 and Q5_1 weights) the block's float16 field fp16(d * sum), else the sum times the float16 d."""
     m_rows, k = x.shape
     for m in prange(m_rows):
         for g in range(k // QK):
@@ -36,14 +54,14 @@ def _quantize_q8(x, xq, xd, xsum):
             for i in range(QK):
                 amax = max(amax, abs(x[m, base + i]))
             d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
             s = 0
             for i in range(QK):
                 q = np.int32(np.rint(x[m, base + i] * inv))
                 xq[m, base + i] = q
                 s += q
-            xd[m, g] = d
-            xsum[m, g] = np.float32(s) * d
+            xd[m, g] = _f16(d)
+            xsum[m, g] = _f16(np.float32(s) * d) if sums_f16 else np.float32(s) * xd[m, g]
 
 
 # Two builds of one loop (a decode step's one row does not pay for waking the threads; see _matmul_one)
@@ -86,19 +104,20 @@ _quantize_k_threads = kernel(parallel=True)(_quantize_q8_k)
 _quantize_k_one = kernel()(_quantize_q8_k)
 
 
-def quantize_activations(x: np.ndarray, k_quant: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_activations(x: np.ndarray, k_quant: bool = False,
+                         q8_1: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values int8 (M, K), scales float32 (M, K/32), group sums float32 (M, K/32)) of float32 x (M, K):
-    in groups of 32 (q8_0, llama.cpp's for the 32-value types) or, for a K-quant weight, in blocks of 256
-    (q8_K), as llama.cpp rounds them."""
+    in groups of 32 (q8_0, llama.cpp's for the 32-value types; q8_1, with its float16 sums, for Q4_1 and
+    Q5_1) or, for a K-quant weight, in blocks of 256 (q8_K), as llama.cpp rounds them."""
     m, k = x.shape
     xq = np.empty((m, k), np.int8)
     xd = np.empty((m, k // QK), np.float32)
     xsum = np.empty((m, k // QK), np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
     if k_quant:
-        run = _quantize_k_threads if m >= 16 else _quantize_k_one
+        (_quantize_k_threads if m >= 16 else _quantize_k_one)(x, xq, xd, xsum)
     else:
-        run = _quantize_threads if m >= 16 else _quantize_one
-    run(np.ascontiguousarray(x, dtype=np.float32), xq, xd, xsum)
+        (_quantize_threads if m >= 16 else _quantize_one)(x, xq, xd, xsum, q8_1)
     return xq, xd, xsum
 
 
@@ -174,6 +193,7 @@ THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's
 
 FAST_TYPES = frozenset(DType[f] for f in FORMATS)
 K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K))     # their activations in q8_K blocks
+WITH_MIN = frozenset((DType.Q4_1, DType.Q5_1))     # theirs in q8_1 blocks (the sums in float16)
 _FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
 
 
@@ -199,7 +219,7 @@ class QuantizedWeight:
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
         """x (M, K) float32 @ weight^T: (M, N) float32."""
-        xq, xd, xsum = quantize_activations(x, k_quant=self.dtype in K_QUANTS)
+        xq, xd, xsum = quantize_activations(x, k_quant=self.dtype in K_QUANTS, q8_1=self.dtype in WITH_MIN)
         out = np.empty((x.shape[0], self.shape[0]), np.float32)
         run = _matmul_threads if x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM else _matmul_one
         run(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
@@ -223,6 +243,35 @@ def mul_mat(a, b):
     return a.matmul(flat).reshape(b.shape[:-1] + (a.shape[0],))
 
 
+# The weight types without a kernel here are multiplied in float32, their activations first rounded as
+# llama.cpp's CPU backend rounds them for that type (its vec_dot_type): the same values a kernel on the
+# blocks would multiply, so the path's numerics are llama.cpp's for every type, not only for FORMATS.
+LLAMA_CPP_ROUNDING = {DType.F16: "f16", DType.BF16: "bf16", DType.IQ4_NL: "q8_0", DType.Q2_K: "q8_K",
+                      DType.Q3_K: "q8_K", DType.Q5_K: "q8_K", DType.IQ4_XS: "q8_K"}
+ACTIVATION_ROUNDING = {t: kind for t, kind in LLAMA_CPP_ROUNDING.items() if t not in FAST_TYPES}
+
+
+def round_activations(x: np.ndarray, kind: str) -> np.ndarray:
+    """float32 x (..., K) as llama.cpp rounds it before a product: to float16 or bfloat16 (nearest, ties to
+    even), or to the values of its q8_0 (groups of 32) or q8_K (blocks of 256) blocks, as
+    quantize_activations rounds them."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if kind == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if kind == "bf16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    flat = x.reshape(-1, x.shape[-1])
+    xq, xd, _ = quantize_activations(flat, k_quant=kind == "q8_K")
+    return (xq.reshape(len(flat), -1, QK) * xd[..., None]).astype(np.float32).reshape(x.shape)
+
+
+def rounded_mul_mat(kind: str):
+    def run(a, b):
+        return reference.mul_mat(a, round_activations(b, kind))
+    return run
+
+
 def get_rows(a, rows):
     return a.rows(rows) if isinstance(a, QuantizedWeight) else reference.get_rows(a, rows)
 
@@ -237,6 +286,9 @@ def _float_args(fn):
 def bind(node, fn):
     """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn."""
     if node.op == "MUL_MAT":
+        w = node.src[0]
+        if w.is_leaf and w.kind == LeafKind.WEIGHT and w.dtype in ACTIVATION_ROUNDING:
+            return rounded_mul_mat(ACTIVATION_ROUNDING[w.dtype])
         return mul_mat
     if node.op == "GET_ROWS":
         return get_rows
