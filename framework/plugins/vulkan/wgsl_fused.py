@@ -305,6 +305,99 @@ def _rope(v: str, roles: list[str]) -> str:
 """
 
 
+ATTN_KEYS = 64         # keys a block of the chunk loop scores at once (ATTN_WG / ATTN_KEYS threads a key)
+
+
+def _chunk_attention(d: int, o: dict, score_mask) -> str:
+    """The chunk's keys against q4, ATTN_KEYS at a time, with every thread busy: ATTN_WG / ATTN_KEYS threads
+    score a key (a share of its dims each), and ATTN_WG / (d / 4) groups of threads sum the values (each
+    vec4 of the output over a share of the block's keys), their partials added in a fixed order. Every
+    thread's loads are written out (a compile-time count, no loop): they are all in flight at once, where
+    a loop over the keys waited for each load in turn (a chain of up to 96 loads a workgroup)."""
+    d4 = d // 4
+    tpk = ATTN_WG // ATTN_KEYS
+    vg = max(1, ATTN_WG // d4)
+    kpt = -(-ATTN_KEYS // vg)
+    dots = []
+    for t in range(-(-d4 // tpk)):
+        line = f"d0 += q4[sp + {t * tpk}u] * Kc[kr0 + sp + {t * tpk}u];"
+        dots.append(f"      {line}" if (t + 1) * tpk <= d4 else f"      if (sp + {t * tpk}u < D4) {{ {line} }}")
+    vals = []
+    for t in range(kpt):
+        j = f"vg + {t * vg}u"
+        line = (f"{{ let s3 = s0 + {j}; if (s3 < c1 && s3 != kr) {{ va += ps[{j}] * Vc[vb + s3 * kstride + vi]; }} }}")
+        vals.append(f"    {line}" if (t + 1) * vg <= ATTN_KEYS else f"    if ({j} < {ATTN_KEYS}u) {line}")
+    total = (" ".join(f"tot += vacc[{g * d4}u + li];" for g in range(vg)) if vg <= 16 else
+             f"for (var g = 0u; g < {vg}u; g++) {{ tot += vacc[g * D4 + li]; }}")
+    dot_lines = "\n".join(dots)
+    val_lines = "\n".join(vals)
+    return f"""  // a chunk of cached keys, the new key's row left out (another workgroup attends to it)
+  let c0 = c * U.chunk; let c1 = min(S, c0 + U.chunk);
+  let kstride = U.hkv * D4;
+  let kb = {o['Kc']} / 4u + hk * D4;
+  let vb = {o['Vc']} / 4u + hk * D4;
+  let sk = li / {tpk}u; let sp = li % {tpk}u;      // scoring: key sk of the block, dims sp, sp + {tpk}, ...
+  let vi = li % D4; let vg = li / D4;             // values: vec4 vi of the output, keys vg, vg + {vg}, ...
+  var m = {NEG_BIG};
+  var l = 0.0;
+  var acc = vec4<f32>(0.0);
+  for (var s0 = c0; s0 < c1; s0 += {ATTN_KEYS}u) {{
+    {{
+      let s = s0 + sk;
+      var d0 = vec4<f32>(0.0);
+      if (s < c1 && s != kr) {{
+        let kr0 = kb + s * kstride;
+{dot_lines}
+      }}
+      tsum[li] = dot(d0, vec4<f32>(1.0));
+    }}
+    workgroupBarrier();
+    let s = s0 + li;
+    let live = li < {ATTN_KEYS}u && s < c1 && s != kr;
+    var sc = {NEG_BIG};
+    if (live) {{
+      let b = li * {tpk}u;
+      var part = 0.0;
+      for (var j = 0u; j < {tpk}u; j++) {{ part += tsum[b + j]; }}
+      sc = part * scale{score_mask("s")};
+    }}
+    if (li < {ATTN_KEYS}u) {{ red[li] = sc; }}
+    workgroupBarrier();
+    for (var k = {ATTN_KEYS // 2}u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
+      workgroupBarrier();
+    }}
+    let mn = max(m, red[0]);
+    workgroupBarrier();
+    var p = 0.0;
+    if (live) {{ p = exp(sc - mn); }}
+    if (li < {ATTN_KEYS}u) {{ ps[li] = p; red[li] = p; }}
+    workgroupBarrier();
+    for (var k = {ATTN_KEYS // 2}u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] += red[li + k]; }}
+      workgroupBarrier();
+    }}
+    let alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    var va = vec4<f32>(0.0);
+    if (vg < {vg}u) {{
+{val_lines}
+    }}
+    vacc[li] = va;
+    workgroupBarrier();
+    if (li < D4) {{
+      var tot = vec4<f32>(0.0);
+      {total}
+      acc = acc * alpha + tot;
+    }}
+    m = mn;
+    workgroupBarrier();
+  }}
+  if (li < D4) {{ PO[pb + li] = acc; }}
+  if (li == 0u) {{ PO[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }}
+"""
+
+
 def attn_block(qtypes: tuple[str, str, str], k: int, d: int, n_dims: int, neox: bool, p: Prologue, q_norm: bool,
                k_norm: bool, mask: bool) -> str:
     """qtypes: Wq's, Wk's, Wv's; k: x's length; d: the head size (dividing ATTN_WG); n_dims: roped dims."""
@@ -336,6 +429,7 @@ var<workgroup> vf: array<f32, {d}>;
 var<workgroup> q4: array<vec4<f32>, {d // 4}>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
+var<workgroup> vacc: array<vec4<f32>, WG>;
 {ROW_SUM}
 fn xsg(g: u32) -> array<vec4<f32>, 8> {{
   let b = g * 8u;
@@ -390,57 +484,6 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     }}
     return;
   }}
-  // a chunk of cached keys, the new key's row left out (another workgroup attends to it)
-  let c0 = c * U.chunk; let c1 = min(S, c0 + U.chunk);
-  let kstride = U.hkv * D4;
-  let kb = {o['Kc']} / 4u + hk * D4;
-  let vb = {o['Vc']} / 4u + hk * D4;
-  var m = {NEG_BIG};
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  for (var s0 = c0; s0 < c1; s0 += 64u) {{
-    let s = s0 + li;
-    let live = li < 64u && s < c1 && s != kr;
-    var sc = {NEG_BIG};
-    if (live) {{
-      var d0 = vec4<f32>(0.0);
-      var d1 = vec4<f32>(0.0);
-      let kr0 = kb + s * kstride;
-      var d = 0u;
-      for (; d + 1u < D4; d += 2u) {{ d0 += q4[d] * Kc[kr0 + d]; d1 += q4[d + 1u] * Kc[kr0 + d + 1u]; }}
-      if (d < D4) {{ d0 += q4[d] * Kc[kr0 + d]; }}
-      sc = dot(d0 + d1, vec4<f32>(1.0)) * scale{score_mask("s")};
-    }}
-    if (li < 64u) {{ red[li] = sc; }}
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {{
-      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
-      workgroupBarrier();
-    }}
-    let mn = max(m, red[0]);
-    workgroupBarrier();
-    var p = 0.0;
-    if (live) {{ p = exp(sc - mn); }}
-    if (li < 64u) {{ ps[li] = p; red[li] = p; }}
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {{
-      if (li < k) {{ red[li] += red[li + k]; }}
-      workgroupBarrier();
-    }}
-    let alpha = exp(m - mn);
-    l = l * alpha + red[0];
-    acc = acc * alpha;
-    let nv = min(64u, c1 - s0);
-    if (li < D4) {{
-      for (var j = 0u; j < nv; j++) {{
-        if (s0 + j != kr) {{ acc += ps[j] * Vc[vb + (s0 + j) * kstride + li]; }}
-      }}
-    }}
-    m = mn;
-    workgroupBarrier();
-  }}
-  if (li < D4) {{ PO[pb + li] = acc; }}
-  if (li == 0u) {{ PO[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }}
-}}
+{_chunk_attention(d, o, score_mask)}}}
 """
     return attn_params(p, q_norm, k_norm, mask).source(body)
