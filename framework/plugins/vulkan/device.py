@@ -121,6 +121,7 @@ class VulkanDevice(BufferPools, Device):
         # FRAMEWORK_VULKAN_PROFILE=1: GPU time per kernel (one pass per dispatch, timestamps around each)
         self.timestamps = "timestamp-query" in feats
         self.profile = {} if settings.read(PROFILE_ENV) and self.timestamps else None
+        self.pass_times: list[float] | None = None     # a list: each run's GPU time, one pass timed whole
 
     # -- the wgpu device, made on first use ----------------------------------------------------
     @property

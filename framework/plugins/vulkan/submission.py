@@ -40,6 +40,7 @@ class VkProgram:
         self.rope_bufs: list = [None] * len(self.ropes)
         self.rope_keys: list = [None] * len(self.ropes)
         self.last_sig, self.last_cmds = None, None
+        self.timer = None          # (query set, resolve buffer) of device.pass_times
         # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
         self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
                           for r in (self.refs[id(t)] for t in self.outputs)]
@@ -60,7 +61,8 @@ class VkProgram:
         if dev.profile is not None:
             self._run_profiled(encoder, cmds)
             return self._results(args, bufs, out_of_val)
-        cpass = encoder.begin_compute_pass()
+        timed = dev.pass_times is not None
+        cpass = encoder.begin_compute_pass(**self._pass_timer() if timed else {})
         last_pipe = None
         set_pipeline, set_bind_group, dispatch = cpass.set_pipeline, cpass.set_bind_group, cpass.dispatch_workgroups
         for pipe, bg, (gx, gy, gz), _ in cmds:
@@ -70,9 +72,24 @@ class VkProgram:
             set_bind_group(0, bg)
             dispatch(gx, gy, gz)
         cpass.end()
+        if timed:
+            encoder.resolve_query_set(self.timer[0], 0, 2, self.timer[1], 0)
         queue.submit([encoder.finish()])
         dev.submits += 1
+        if timed:
+            t0, t1 = np.frombuffer(queue.read_buffer(self.timer[1], 0, 16), dtype=np.uint64)
+            dev.pass_times.append((int(t1) - int(t0)) * 1e-9)
         return self._results(args, bufs, out_of_val)
+
+    def _pass_timer(self) -> dict:
+        """device.pass_times set (a list): GPU timestamps around the run's one pass, its GPU time appended
+        there after the run (a read-back a run: for measuring only)."""
+        import wgpu
+        if self.timer is None:
+            self.timer = (self.dev.gpu.create_query_set(type=wgpu.QueryType.timestamp, count=2),
+                          self.dev.new_buffer(16, wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC))
+        return {"timestamp_writes": {"query_set": self.timer[0], "beginning_of_pass_write_index": 0,
+                                     "end_of_pass_write_index": 1}}
 
     def _bind_args(self, args):
         """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
