@@ -42,7 +42,7 @@ def rowvec_fits(dev, g: ProductGroup) -> bool:
 
 
 def attn_fits(dev, k: int, d: int, n_roles: int) -> bool:
-    nbytes = 4 * k + 4 * wgsl_fused.ATTN_WG * 2 + 16 * d + 512
+    nbytes = 4 * k + 4 * wgsl_fused.ATTN_WG * 2 + 16 * wgsl_fused.ATTN_WG + 16 * d + 512
     return nbytes <= _shared_limit(dev) and n_roles <= _buffers_limit(dev)
 
 
