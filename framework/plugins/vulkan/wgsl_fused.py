@@ -32,7 +32,7 @@ ROLE_TYPES = {
     "Y": ("read_write", "vec4<f32>"), "P": ("read", "vec4<f32>"), "R": ("read", "f32"), "O": ("read_write", "f32"),
     "Gq": ("read", "f32"), "Gk": ("read", "f32"), "CS": ("read", "vec2<f32>"), "KR": ("read", "i32"),
     "Kc": ("read_write", "vec4<f32>"), "Vc": ("read_write", "vec4<f32>"), "Mk": ("read", "f32"),
-    "PO": ("read_write", "vec4<f32>"),
+    "PO": ("read_write", "vec4<f32>"), "Qp": ("read", "f32"), "Kp": ("read", "f32"), "Vp": ("read", "f32"),
 }
 WEIGHT_ROLES = ("W0", "W1", "Wq", "Wk", "Wv")
 
@@ -230,17 +230,27 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 ATTN_WG = 256
 
 
-def attn_roles(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> list[str]:
-    return p.roles() + ["Wq", "Wk", "Wv"] + (["Gq"] if q_norm else []) + (["Gk"] if k_norm else []) + \
+def attn_roles(p: Prologue | None, q_norm: bool, k_norm: bool, mask: bool) -> list[str]:
+    """p None: q, k and v come projected (Qp, Kp, Vp: matrix-vector kernels' outputs) instead of made here."""
+    made = ["Qp", "Kp", "Vp"] if p is None else p.roles() + ["Wq", "Wk", "Wv"]
+    return made + (["Gq"] if q_norm else []) + (["Gk"] if k_norm else []) + \
         ["CS", "KR", "Kc", "Vc"] + (["Mk"] if mask else []) + ["PO"]
 
 
-def attn_params(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> Params:
+def attn_params(p: Prologue | None, q_norm: bool, k_norm: bool, mask: bool) -> Params:
     """h, hkv heads; s keys; nc chunks of `chunk` keys (and one more workgroup a head: the new key);
     cache_rows: rows of the caches; q_scale: the SCALE of q; scale: the attention's."""
-    fields = ("h hkv s nc chunk cache_rows moffq moffk moffv scale:f32 q_scale:f32"
-              + (" q_eps:f32" if q_norm else "") + (" k_eps:f32" if k_norm else "") + " " + prologue_fields(p))
+    own = "" if p is None else " moffq moffk moffv"
+    fields = ("h hkv s nc chunk cache_rows" + own + " scale:f32 q_scale:f32" + (" q_eps:f32" if q_norm else "")
+              + (" k_eps:f32" if k_norm else "") + ("" if p is None else " " + prologue_fields(p)))
     return Params(fields, bindings=len(attn_roles(p, q_norm, k_norm, mask)))
+
+
+def _load_head(src: str, dst: str, head: str, roles: list[str]) -> str:
+    """A head's D values of a projection made by another kernel, into dst."""
+    return f"""  for (var j = li; j < D; j += WG) {{ {dst}[j] = {src}[{_off(roles, src)} + {head} * D + j]; }}
+  workgroupBarrier();
+"""
 
 
 PROJECT_UNROLL = 4     # a thread's groups of a row, this many a loop iteration (their loads in flight together)
@@ -398,21 +408,36 @@ def _chunk_attention(d: int, o: dict, score_mask) -> str:
 """
 
 
-def attn_block(qtypes: tuple[str, str, str], k: int, d: int, n_dims: int, neox: bool, p: Prologue, q_norm: bool,
-               k_norm: bool, mask: bool) -> str:
-    """qtypes: Wq's, Wk's, Wv's; k: x's length; d: the head size (dividing ATTN_WG); n_dims: roped dims."""
+def attn_block(qtypes: tuple[str, str, str] | None, k: int, d: int, n_dims: int, neox: bool, p: Prologue | None,
+               q_norm: bool, k_norm: bool, mask: bool) -> str:
+    """qtypes: Wq's, Wk's, Wv's; k: x's length; d: the head size (dividing ATTN_WG); n_dims: roped dims.
+    p None (and qtypes): q, k and v come projected by other kernels (Qp, Kp, Vp); the rest is the same."""
     roles = attn_roles(p, q_norm, k_norm, mask)
-    weights = "".join(wgsl.weight_source(q, f"_{s}", roles.index(f"W{s}") + 1) for q, s in zip(qtypes, "qkv"))
+    projected = p is None
+    weights = "" if projected else "".join(wgsl.weight_source(q, f"_{s}", roles.index(f"W{s}") + 1)
+                                           for q, s in zip(qtypes, "qkv"))
     o = {r: _off(roles, r) for r in roles}
     mk = f"max(Mk[{o['Mk']} + {{s}}], {NEG_BIG})" if mask else ""
     score_mask = (lambda s: f" + {mk.format(s=s)}") if mask else (lambda s: "")
     gpr, tpr = k // 32, ATTN_WG // d
-    q_head = (_project("q", "qf", gpr, tpr) + (_head_norm("qf", "Gq", "U.q_eps", roles) if q_norm else "")
-              + _rope("qf", roles))
-    kv_heads = (_project("k", "kf", gpr, tpr) + _project("v", "vf", gpr, tpr)
-                + (_head_norm("kf", "Gk", "U.k_eps", roles) if k_norm else "") + _rope("kf", roles))
+    if projected:
+        q_made = _load_head("Qp", "qf", "h", roles)
+        kv_made = _load_head("Kp", "kf", "hk", roles) + _load_head("Vp", "vf", "hk", roles)
+        make_x, weight_words, x_decl = "", "", ""
+    else:
+        q_made = _project("q", "qf", gpr, tpr)
+        kv_made = _project("k", "kf", gpr, tpr) + _project("v", "vf", gpr, tpr)
+        make_x = prologue_source(p, roles)
+        weight_words = "gpr_q = GPR; moff_q = U.moffq; gpr_k = GPR; moff_k = U.moffk; gpr_v = GPR; moff_v = U.moffv;"
+        x_decl = f"""var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+fn xsg(g: u32) -> array<vec4<f32>, 8> {{
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}}"""
+    q_head = q_made + (_head_norm("qf", "Gq", "U.q_eps", roles) if q_norm else "") + _rope("qf", roles)
+    kv_heads = kv_made + (_head_norm("kf", "Gk", "U.k_eps", roles) if k_norm else "") + _rope("kf", roles)
     body = f"""
-{_decl(roles)}{wgsl.Q_GROUP}{wgsl.Q_CONSTS}{weights}
+{_decl(roles)}{"" if projected else wgsl.Q_GROUP + wgsl.Q_CONSTS}{weights}
 const WG: u32 = {ATTN_WG}u;
 const TPR: u32 = {ATTN_WG // d}u;
 const K4: u32 = {k // 4}u;
@@ -421,7 +446,7 @@ const D: u32 = {d}u;
 const D4: u32 = {d // 4}u;
 const ND: u32 = {n_dims}u;
 const NEOX: bool = {"true" if neox else "false"};
-var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+{x_decl}
 var<workgroup> tsum: array<f32, WG>;
 var<workgroup> qf: array<f32, {d}>;
 var<workgroup> kf: array<f32, {d}>;
@@ -431,14 +456,10 @@ var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
 var<workgroup> vacc: array<vec4<f32>, WG>;
 {ROW_SUM}
-fn xsg(g: u32) -> array<vec4<f32>, 8> {{
-  let b = g * 8u;
-  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
-}}
 @compute @workgroup_size({ATTN_WG})
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  gpr_q = GPR; moff_q = U.moffq; gpr_k = GPR; moff_k = U.moffk; gpr_v = GPR; moff_v = U.moffv;
+  {weight_words}
   let wid = lin(w, nw);
   let NC = U.nc; let H = U.h; let S = U.s;
   if (wid >= H * (NC + 1u)) {{ return; }}
@@ -446,7 +467,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
   let hk = h / (H / U.hkv);
   let kr = u32(KR[{o['KR']}]);          // the new key's row (a negative index: none)
   let scale = U.scale;
-{prologue_source(p, roles)}  let rowbaseq = h * D;
+{make_x}  let rowbaseq = h * D;
 {q_head}\
   for (var i = li; i < D4; i += WG) {{
     q4[i] = vec4<f32>(qf[4u * i], qf[4u * i + 1u], qf[4u * i + 2u], qf[4u * i + 3u]) * U.q_scale;
