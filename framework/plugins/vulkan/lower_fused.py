@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from . import kernel_shapes, wgsl, wgsl_fused
-from .fusion import AttnGroup, ProductGroup, Sources, rowvec_fits, shape_of
+from .fusion import AttnGroup, ProductGroup, Sources, buffers_limit, rowvec_fits, shape_of
 from .kernel_shapes import SPLIT_ATTN_BELOW
 from .wgsl import GLU_CODE
 
@@ -115,12 +115,37 @@ def own_products(lw, g: AttnGroup) -> bool:
 
 
 def _products(lw, g: AttnGroup) -> dict:
-    """The Q, K and V ROWVECs emitted, across the whole GPU; their outputs by the attention kernel's roles."""
-    out = {}
-    for role, pg in zip(("Qp", "Kp", "Vp"), _product_groups(g)):
-        rowvec(lw, pg)
-        out[role] = ("ref", lw.ref(pg.out))
-    return out
+    """Q, K and V across the whole GPU, one ROWVEC kernel over the three weights where they fit one (else
+    one each); their outputs by the attention kernel's roles."""
+    pgs = _product_groups(g)
+    muls = _qkv(g)
+    stacked = ProductGroup(muls, g.src, "", muls[0])
+    sh = shape_of(lw.dev, stacked)
+    roles = wgsl_fused.stack_roles(g.src.prologue, 3)
+    if sh["x8"] or not rowvec_fits(lw.dev, pgs[0]) or len(roles) > buffers_limit(lw.dev):
+        for pg in pgs:
+            rowvec(lw, pg)
+        return {role: ("ref", lw.ref(pg.out)) for role, pg in zip(("Qp", "Kp", "Vp"), pgs)}
+    p = g.src.prologue
+    binds, params = _sources(lw, g.src)
+    if p.write_y:
+        params["write_y"] = 1
+    qtypes = tuple(m.src[0].dtype.name for m in muls)
+    k = muls[0].src[0].shape[1]
+    per = sh["wg"] // sh["tpr"] * sh["r"]
+    groups = 0
+    for i, m in enumerate(muls):
+        a = lw.arg_of(m.src[0])
+        binds[f"W{i}"] = ("chunk", a, 0)
+        binds[f"O{i}"] = ("ref", lw.new_val(m))
+        rows = m.src[0].shape[0]
+        params |= {f"n{i}": rows, f"moff{i}": ("moff", a, 0)}
+        groups += -(-rows // per)
+    key = ("rowvec_stack", qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], sh["sg"])
+    lw.emit(f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key,
+            lambda: wgsl_fused.rowvec_stack(qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"])),
+            _rw(roles), [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
+    return {role: binds[f"O{i}"] for i, role in enumerate(("Qp", "Kp", "Vp"))}
 
 
 def attn_block(lw, g: AttnGroup) -> None:

@@ -371,11 +371,12 @@ class Stage:
             self.mapped = True
 
     def read(self, run: int, at: int, nbytes: int):
-        """The bytes a handle of run `run` was copied to, or None where a later run has copied over them."""
+        """The bytes a handle of run `run` was copied to (valid until the next run), or None where a later run
+        has copied over them."""
         if run != self.runs:
             return None
         self.wait()
-        return self.buffer.read_mapped(at, nbytes)
+        return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
 
 
 def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:

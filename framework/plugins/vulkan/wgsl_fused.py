@@ -32,9 +32,10 @@ ROLE_TYPES = {
     "Y": ("read_write", "vec4<f32>"), "P": ("read", "vec4<f32>"), "R": ("read", "f32"), "O": ("read_write", "f32"),
     "Gq": ("read", "f32"), "Gk": ("read", "f32"), "CS": ("read", "vec2<f32>"), "KR": ("read", "i32"),
     "Kc": ("read_write", "vec4<f32>"), "Vc": ("read_write", "vec4<f32>"), "Mk": ("read", "f32"),
-    "PO": ("read_write", "vec4<f32>"), "Qp": ("read", "f32"), "Kp": ("read", "f32"), "Vp": ("read", "f32"),
+    "PO": ("read_write", "vec4<f32>"), "O0": ("read_write", "f32"), "O1": ("read_write", "f32"),
+    "O2": ("read_write", "f32"), "Qp": ("read", "f32"), "Kp": ("read", "f32"), "Vp": ("read", "f32"),
 }
-WEIGHT_ROLES = ("W0", "W1", "Wq", "Wk", "Wv")
+WEIGHT_ROLES = ("W0", "W1", "W2", "Wq", "Wk", "Wv")
 
 
 def prologue_fields(p: Prologue) -> str:
@@ -221,6 +222,91 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 }}
 """
     return rowvec_params(p, pair, epilogue).source(body)
+
+
+def stack_roles(p: Prologue, n: int) -> list[str]:
+    return [f"W{i}" for i in range(n)] + p.roles() + [f"O{i}" for i in range(n)]
+
+
+def stack_params(p: Prologue, n: int) -> Params:
+    fields = " ".join(f"n{i} moff{i}" for i in range(n)) + " " + prologue_fields(p)
+    return Params(fields, bindings=len(stack_roles(p, n)))
+
+
+def rowvec_stack(qtypes: tuple[str, ...], k: int, p: Prologue, tpr: int, r: int, wg: int, subgroup: bool) -> str:
+    """Products of one x by several weights (Q, K and V: x the norm of the attention's input) in one
+    dispatch, each weight its own output: the first weight's rows take the first workgroups, and so on,
+    each workgroup one weight's (a uniform branch), so all of them spread over the whole GPU at once."""
+    n = len(qtypes)
+    roles = stack_roles(p, n)
+    weights = "".join(wgsl.weight_source(q, f"_{i}", roles.index(f"W{i}") + 1) for i, q in enumerate(qtypes))
+    accs = [f"a_{j}" for j in range(r)]
+    rows = "\n".join(f"    let row{j} = min(r0 + {j}u, N - 1u);" for j in range(r))
+    loops = []
+    for i in range(n):
+        dots = " ".join(f"a_{j} += dot32_{i}(row{j}, g, x);" for j in range(r))
+        head = "if" if i == 0 else "} else if" if i < n - 1 else "} else"
+        cond = f" (seg == {i}u)" if i < n - 1 else ""
+        loops.append(f"    {head}{cond} {{\n      for (var g = lane; g < GPR; g += TPR) {{ let x = xsg(g); {dots} }}")
+    loop = "\n".join(loops) + "\n    }"
+    if subgroup:
+        red_decl = ""
+        reduce = wgsl.RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
+    else:
+        red_decl = f"var<workgroup> red: array<f32, {wg * r}>;"
+        reduce = wgsl.RED_SHARED.format(
+            store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
+            step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(r)),
+            load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+    stores = []
+    for i in range(n):
+        head = "if" if i == 0 else "} else if" if i < n - 1 else "} else"
+        cond = f" (seg == {i}u)" if i < n - 1 else ""
+        st = " ".join(f"if (r0 + {j}u < N) {{ O{i}[{_off(roles, f'O{i}')} + r0 + {j}u] = a_{j}; }}" for j in range(r))
+        stores.append(f"    {head}{cond} {{ {st}")
+    store = "\n".join(stores) + " }"
+    moffs = " ".join(f"gpr_{i} = GPR; moff_{i} = U.moff{i};" for i in range(n))
+    ns = [f"U.n{i}" for i in range(n)]
+    bounds = []          # seg from the workgroup's index: each weight's workgroups in turn
+    for i in range(1, n):
+        first = " + ".join(f"((U.n{m} + PER - 1u) / PER)" for m in range(i))
+        bounds.append(f"  if (wid >= {first}) {{ seg = {i}u; base = {first}; N = {ns[i]}; }}")
+    body = f"""
+{_decl(roles)}{wgsl.Q_GROUP}{wgsl.Q_CONSTS}{weights}
+const WG: u32 = {wg}u;
+const TPR: u32 = {tpr}u;
+const RPW: u32 = {wg // tpr}u;
+const PER: u32 = {wg // tpr * r}u;
+const K4: u32 = {k // 4}u;
+const GPR: u32 = {k // 32}u;
+var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+{red_decl}
+{ROW_SUM}
+fn xsg(g: u32) -> array<vec4<f32>, 8> {{
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}}
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+  {moffs}
+  let wid = lin(w, nw);
+{prologue_source(p, roles)}  var seg = 0u; var base = 0u; var N = {ns[0]};
+{chr(10).join(bounds)}
+  let rl = li / TPR; let lane = li % TPR;
+  let r0 = ((wid - base) * RPW + rl) * {r}u;
+{chr(10).join(f"  var {a} = 0.0;" for a in accs)}
+  if (r0 < N) {{
+{rows}
+{loop}
+  }}
+{reduce}
+  if (lane == 0u && r0 < N) {{
+{store}
+  }}
+}}
+"""
+    return stack_params(p, n).source(body)
 
 
 # ------------------------------------------------------------------------------------------------------
