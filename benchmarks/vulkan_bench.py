@@ -14,7 +14,9 @@ runs it on the nvidia-h200 machine). Prints, in one run:
   weights, manual decode loop with a KV cache); --matmul-variants compares prefill kernel settings
   (FRAMEWORK_VULKAN_MATMUL); --unfuse-variants compares the plugin's decode fusions
   (FRAMEWORK_VULKAN_UNFUSE: ";all" measures every fusion on, then none), with the dispatches a decode
-  step takes and the decode logits against the CPU plugin for each;
+  step takes and the decode logits against the CPU plugin for each, and where a decode step's wall
+  time goes (host_breakdown: the program's run, the wait for the GPU, the read-back, the rest; the
+  GPU time of the step's one pass; a cProfile of 32 steps);
 * a correctness check on that GPU: the op conformance cases, and the random-weight models' logits
   against the CPU plugin.
 
