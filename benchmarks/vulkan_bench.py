@@ -14,7 +14,9 @@ runs it on the nvidia-h200 machine). Prints, in one run:
   weights, manual decode loop with a KV cache); --matmul-variants compares prefill kernel settings
   (FRAMEWORK_VULKAN_MATMUL); --unfuse-variants compares the plugin's decode fusions
   (FRAMEWORK_VULKAN_UNFUSE: ";all" measures every fusion on, then none), with the dispatches a decode
-  step takes and the decode logits against the CPU plugin for each;
+  step takes and the decode logits against the CPU plugin for each, and where a decode step's wall
+  time goes (host_breakdown: the program's run, the wait for the GPU, the read-back, the rest; the
+  GPU time of the step's one pass; a cProfile of 32 steps);
 * a correctness check on that GPU: the op conformance cases, and the random-weight models' logits
   against the CPU plugin.
 
@@ -260,6 +262,7 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int = 5) ->
            "dispatches_per_decode_step": sum(len(dev_prog.steps) for dev_prog in _programs(s, 1)),
            "prefill_kernels": sorted({st.name.split(" ")[0] for p in _programs(s, n_prompt) for st in p.steps}),
            "decode_kernels": sorted({st.name.split(" ")[0] for p in _programs(s, 1) for st in p.steps})}
+    out["host"] = host_breakdown(dev, s, tok, 32)
     if dev.timestamps:      # GPU time per kernel (one pass per dispatch while profiling)
         for phase, run in (("prefill", lambda: (s.reset(), s.eval(prompt))),
                            ("decode", lambda: [s.eval([tok]) for _ in range(8)])):
@@ -274,6 +277,56 @@ def model_speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int = 5) ->
             if phase == "prefill":
                 s.reset()
                 s.eval(prompt)
+    return out
+
+
+def host_breakdown(dev, s, tok: int, n: int) -> dict:
+    """Where a decode step's wall time goes (ms a step, over n steps): the program's run (arguments bound,
+    tables and uploads, the dispatches encoded and submitted), the device's synchronize (waiting for the
+    GPU), to_host (the logits read back), and the rest (session and executor); then the GPU time of the
+    step's one pass (timestamps around it), and the host functions that take most time (cProfile)."""
+    import cProfile
+    import io
+    import pstats
+    progs = _programs(s, 1)
+    acc = {"run": 0.0, "synchronize": 0.0, "to_host": 0.0}
+
+    def timer(name, fn):
+        def timed_call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name] += time.perf_counter() - t0
+        return timed_call
+    for p in progs:
+        p.run = timer("run", p.run)            # an instance attribute over the method, removed below
+    dev.synchronize, dev.to_host = timer("synchronize", dev.synchronize), timer("to_host", dev.to_host)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = int(np.argmax(s.eval([tok])))
+    wall = time.perf_counter() - t0
+    for p in progs:
+        del p.run
+    del dev.synchronize, dev.to_host
+    out = {k: round(v / n * 1e3, 3) for k, v in acc.items()}
+    out["wall"] = round(wall / n * 1e3, 3)
+    out["rest"] = round(out["wall"] - sum(out[k] for k in acc), 3)
+    out["dispatches"] = sum(len(p.steps) for p in progs)
+    if dev.timestamps:
+        dev.pass_times = []
+        for _ in range(n):
+            tok = int(np.argmax(s.eval([tok])))
+        times, dev.pass_times = dev.pass_times, None
+        out["gpu_one_pass"] = round(float(np.median(times)) * 1e3, 3)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        tok = int(np.argmax(s.eval([tok])))
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+    out["cprofile_top"] = [line for line in text.getvalue().splitlines() if line.strip()][-19:]
     return out
 
 
@@ -785,6 +838,11 @@ def main() -> None:
                 f"{tv['decode_tok_s']:.1f} tok/s ({tv['decode_runs']['min']:.1f}..{tv['decode_runs']['max']:.1f}; "
                 f"{tv['decode_ms_per_token']:.2f} ms/token, {tv['dispatches_per_decode_step']} dispatches a step); "
                 f"prefill kernels {tv['prefill_kernels']}; decode kernels {tv['decode_kernels']}")
+            h = tv["host"]
+            log(f"  decode host breakdown (ms a step, {h['dispatches']} dispatches): wall {h['wall']}, program run "
+                f"{h['run']}, synchronize {h['synchronize']}, to_host {h['to_host']}, rest {h['rest']}; GPU time of "
+                f"the step's one pass {h.get('gpu_one_pass')}")
+            log("  cProfile of 32 decode steps, by own time:\n    " + "\n    ".join(h["cprofile_top"]))
             for phase in ("prefill", "decode"):
                 if f"gpu_profile_{phase}" in tv:
                     log(f"  {phase}: GPU {tv[f'gpu_ms_per_{phase}_token']:.3f} ms/token; per kernel (us/token): "

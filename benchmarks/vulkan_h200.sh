@@ -13,7 +13,7 @@
 # Then, through the device tool, decode and prefill of both models (random weights, the real shapes and
 # tensor types), fused and unfused, against PyTorch eager bf16, in one run of about 3-5 minutes (the
 # conformance cases after the models stop at --deadline-s; the whole run is cut at VULKAN_H200_TIMEOUT):
-#   run(command='bash benchmarks/vulkan_h200.sh --skip-matvec --skip-matmul --unfuse-variants ";attn,combine,norm,add,glu" --deadline-s 330',
+#   run(command='bash benchmarks/vulkan_h200.sh --skip-matvec --skip-matmul --unfuse-variants ";attn,combine,norm,add,glu" --deadline-s 200',
 #       carry=[".gl", ".whl"], kind="nvidia-h200", timeout_s=600)
 # With no options it measures everything (the copy, each matrix-vector kernel, the tiled product, both
 # models). It prints the figures, a SUMMARY table, and leaves $OUT/vulkan_h200.json (written after each

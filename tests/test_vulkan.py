@@ -244,6 +244,22 @@ def test_fused_decode_kernels(variant, monkeypatch, unfuse):
             assert any("GLU" in n and "MUL_MAT" in n for n in names) == ("glu" not in off), names
 
 
+def test_fused_attention_with_its_own_products(variant, monkeypatch):
+    """The attention block with Q, K and V made before it by their own matrix-vector kernel (what heads as
+    large as Gemma 3's take: kernel_shapes.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
+    every output of the DECODE cases against the CPU plugin."""
+    from framework.plugins.vulkan import kernel_shapes
+    monkeypatch.setattr(kernel_shapes, "ATTN_OWN_PRODUCTS", 0)
+    variant.cpu_adapter = False
+    for case in DECODE_CASES:
+        assert _check_case(variant, case) == "ok"
+        if "-layer" in case.id:
+            plan = make_plan(case.build().graph, [variant])
+            names = [st.name.split(" ")[0] for st in variant.compile(plan.fragments[0]).steps]
+            assert "ROPE+SET_ROWS+FLASH_ATTN_EXT" in names and "NORM+MUL_MATx3" in names, names
+            assert not any(n.endswith("QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") for n in names), names
+
+
 @pytest.mark.parametrize("shape", ["x8=1", "x8=1,tpr=4,sg=1,r=2", "x8=0,tpr=8,sg=0,r=1", "x8=0,r=8,wg=128"])
 def test_fused_decode_kernel_shapes(variant, monkeypatch, shape):
     """The fused kernels in other matrix-vector shapes (FRAMEWORK_VULKAN_MATVEC): x quantized to 8 bits in
@@ -437,7 +453,10 @@ def test_gpu_decode_kernels_follow_llama_cpp(variant, monkeypatch, name, fused):
     layers = model.hp.n_layer
     if fused:
         assert len(steps) <= MAX_DECODE_DISPATCHES, (len(steps), sorted(set(steps)))
-        assert steps.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers
+        # Gemma 3's heads (256 rows of 640) have Q, K and V in a kernel of their own, SmolLM2's inside
+        attn = "ROPE+SET_ROWS+FLASH_ATTN_EXT" if name == "gemma3" else "NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT"
+        assert steps.count(attn) == layers
+        assert steps.count("NORM+MUL_MATx3") == (layers if name == "gemma3" else 0)
         assert steps.count("NORM+MUL_MATx2+GLU") == layers
         assert steps.count("COMBINE+MUL_MAT" + ("+ADD" if name == "smollm2" else "")) == layers
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -23,7 +24,7 @@ from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
 from .submission import VkProgram
-from .tensors import VkTensor, VkWeight
+from .tensors import StagedTensor, VkTensor, VkWeight
 from .verdicts import OPS, verdict
 
 options.declare(OPS)
@@ -121,6 +122,8 @@ class VulkanDevice(BufferPools, Device):
         # FRAMEWORK_VULKAN_PROFILE=1: GPU time per kernel (one pass per dispatch, timestamps around each)
         self.timestamps = "timestamp-query" in feats
         self.profile = {} if settings.read(PROFILE_ENV) and self.timestamps else None
+        self.pass_times: list[float] | None = None     # a list: each run's GPU time, one pass timed whole
+        self.last_stage = None         # the read-back copies of the last run submitted (submission.Stage), if any
 
     # -- the wgpu device, made on first use ----------------------------------------------------
     @property
@@ -196,12 +199,25 @@ class VulkanDevice(BufferPools, Device):
         data = self.gpu.queue.read_buffer(buffer, byte_offset, count * 4)
         return np.frombuffer(data, dtype=dtype, count=count)
 
+    def to_host(self, handle) -> np.ndarray:
+        if isinstance(handle, StagedTensor) and handle.host is None:   # its run copied it for reading back
+            n = math.prod(handle.shape)
+            stage, run, at = handle.readback
+            data = stage.read(run, at, 4 * n) if n else None
+            if data is not None:
+                return np.frombuffer(data, dtype=handle.dtype, count=n).reshape(handle.shape).copy()
+        return super().to_host(handle)
+
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its commands are submitted, and the executor stops its
         clock here, so the time reported for this device includes the GPU's own."""
         # reading 16 bytes back waits for every command submitted before it (queue order); wgpu-py 0.32's
         # queue.on_submitted_work_done_sync() fails in its own bindings (a cffi callback type mismatch)
-        if self._gpu is not None:
+        # where the last run copied its outputs for reading back, mapping that copy waits as well, and the
+        # read-back then needs no submission of its own
+        if self.last_stage is not None:
+            self.last_stage.wait()
+        elif self._gpu is not None:
             self._gpu.queue.read_buffer(self.dummy(), 0, 16)
 
     def compile(self, fragment):

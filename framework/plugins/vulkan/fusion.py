@@ -38,19 +38,19 @@ def rowvec_fits(dev, g: ProductGroup) -> bool:
     accs = len(g.muls) * sh["r"]
     nbytes = 4 * k + (k // 32 * 48 if sh["x8"] else 0) + 4 * sh["wg"] + (0 if sh["sg"] else 4 * sh["wg"] * accs)
     roles = wgsl_fused.rowvec_roles(g.src.prologue, len(g.muls) == 2, g.epilogue)
-    return nbytes <= _shared_limit(dev) and len(roles) <= _buffers_limit(dev) and sh["wg"] % sh["tpr"] == 0
+    return nbytes <= _shared_limit(dev) and len(roles) <= buffers_limit(dev) and sh["wg"] % sh["tpr"] == 0
 
 
 def attn_fits(dev, k: int, d: int, n_roles: int) -> bool:
-    nbytes = 4 * k + 4 * wgsl_fused.ATTN_WG * 2 + 16 * d + 512
-    return nbytes <= _shared_limit(dev) and n_roles <= _buffers_limit(dev)
+    nbytes = 4 * k + 4 * wgsl_fused.ATTN_WG * 2 + 16 * wgsl_fused.ATTN_WG + 16 * d + 512
+    return nbytes <= _shared_limit(dev) and n_roles <= buffers_limit(dev)
 
 
 def _shared_limit(dev) -> int:
     return int(dev.data.get("max_compute_workgroup_storage_size") or 16384)
 
 
-def _buffers_limit(dev) -> int:
+def buffers_limit(dev) -> int:
     return int(dev.data.get("max_storage_buffers_per_shader_stage") or 8)
 
 

@@ -1,10 +1,14 @@
 """Lowering the fused groups fusion.py found: each becomes a ROWVEC or ATTN_BLOCK dispatch (wgsl_fused.py),
-its bindings in the kernel's order of roles, its parameters by name."""
+its bindings in the kernel's order of roles, its parameters by name. An attention block whose heads are
+large (a head's q rows times x's length at least kernel_shapes.ATTN_OWN_PRODUCTS) has its Q, K and V
+made first by one ROWVEC over the three weights, across the whole GPU, and the ATTN_BLOCK reads them."""
 
 from __future__ import annotations
 
-from . import wgsl, wgsl_fused
-from .fusion import AttnGroup, ProductGroup, Sources, shape_of
+from dataclasses import replace
+
+from . import kernel_shapes, wgsl, wgsl_fused
+from .fusion import AttnGroup, ProductGroup, Sources, buffers_limit, rowvec_fits, shape_of
 from .kernel_shapes import SPLIT_ATTN_BELOW
 from .wgsl import GLU_CODE
 
@@ -87,14 +91,72 @@ def split_of(s: int, rows: int) -> tuple[int, int]:
     return -(-s // ch), ch
 
 
+def _qkv(g: AttnGroup) -> list:
+    """The group's Q, K and V products (MUL_MAT nodes it absorbed), in that order."""
+    return [next(n for n in g.nodes if n.op == "MUL_MAT" and n.src[0] is w) for w in (g.wq, g.wk, g.wv)]
+
+
+def _product_groups(g: AttnGroup) -> list[ProductGroup]:
+    """Q, K and V as ROWVECs with the attention's prologue (the first writes its y, where it has one)."""
+    out = []
+    for i, m in enumerate(_qkv(g)):
+        src = g.src
+        if i and src.prologue.write_y:
+            src = replace(src, prologue=replace(src.prologue, write_y=False), y=None)
+        out.append(ProductGroup([m], src, "", m))
+    return out
+
+
+def own_products(lw, g: AttnGroup) -> bool:
+    """Whether the attention's Q, K and V products are matrix-vector kernels of their own (see fusion.py)."""
+    d = g.fa.src[0].shape[2]
+    wanted = d * g.wq.shape[1] >= kernel_shapes.ATTN_OWN_PRODUCTS
+    return wanted and all(rowvec_fits(lw.dev, pg) for pg in _product_groups(g))
+
+
+def _products(lw, g: AttnGroup) -> dict:
+    """Q, K and V across the whole GPU, one ROWVEC kernel over the three weights where they fit one (else
+    one each); their outputs by the attention kernel's roles."""
+    pgs = _product_groups(g)
+    muls = _qkv(g)
+    stacked = ProductGroup(muls, g.src, "", muls[0])
+    sh = shape_of(lw.dev, stacked)
+    roles = wgsl_fused.stack_roles(g.src.prologue, 3)
+    if sh["x8"] or not rowvec_fits(lw.dev, pgs[0]) or len(roles) > buffers_limit(lw.dev):
+        for pg in pgs:
+            rowvec(lw, pg)
+        return {role: ("ref", lw.ref(pg.out)) for role, pg in zip(("Qp", "Kp", "Vp"), pgs)}
+    p = g.src.prologue
+    binds, params = _sources(lw, g.src)
+    if p.write_y:
+        params["write_y"] = 1
+    qtypes = tuple(m.src[0].dtype.name for m in muls)
+    k = muls[0].src[0].shape[1]
+    per = sh["wg"] // sh["tpr"] * sh["r"]
+    groups = 0
+    for i, m in enumerate(muls):
+        a = lw.arg_of(m.src[0])
+        binds[f"W{i}"] = ("chunk", a, 0)
+        binds[f"O{i}"] = ("ref", lw.new_val(m))
+        rows = m.src[0].shape[0]
+        params |= {f"n{i}": rows, f"moff{i}": ("moff", a, 0)}
+        groups += -(-rows // per)
+    key = ("rowvec_stack", qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], sh["sg"])
+    lw.emit(f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key,
+            lambda: wgsl_fused.rowvec_stack(qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"])),
+            _rw(roles), [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
+    return {role: binds[f"O{i}"] for i, role in enumerate(("Qp", "Kp", "Vp"))}
+
+
 def attn_block(lw, g: AttnGroup) -> None:
     fa = g.fa
     _, h, d = fa.src[0].shape
     s, hkv, _ = fa.src[1].shape
-    p = g.src.prologue
+    own = own_products(lw, g)
+    p = None if own else g.src.prologue
     mask = len(fa.src) > 3
     roles = wgsl_fused.attn_roles(p, g.q_norm is not None, g.k_norm is not None, mask)
-    binds, params = _sources(lw, g.src)
+    binds, params = (_products(lw, g), {}) if own else _sources(lw, g.src)
     caches = []
     for st in (g.k_set, g.v_set):
         c = lw.ref(st.src[0])
@@ -114,9 +176,13 @@ def attn_block(lw, g: AttnGroup) -> None:
         lw.ropes.append(rope_key)
     nc, ch = split_of(s, h)
     part = lw.scratch((h * (nc + 1) * (d + 4),))
-    args = [lw.arg_of(w) for w in (g.wq, g.wk, g.wv)]
-    binds |= {"Wq": ("chunk", args[0], 0), "Wk": ("chunk", args[1], 0), "Wv": ("chunk", args[2], 0),
-              "CS": ("rope", lw.ropes.index(rope_key)), "KR": ("ref", lw.ref(g.k_set.src[2])),
+    if not own:
+        args = [lw.arg_of(w) for w in (g.wq, g.wk, g.wv)]
+        binds |= {"Wq": ("chunk", args[0], 0), "Wk": ("chunk", args[1], 0), "Wv": ("chunk", args[2], 0)}
+        params |= {"moffq": ("moff", args[0], 0), "moffk": ("moff", args[1], 0), "moffv": ("moff", args[2], 0)}
+        if p.write_y:
+            params["write_y"] = 1
+    binds |= {"CS": ("rope", lw.ropes.index(rope_key)), "KR": ("ref", lw.ref(g.k_set.src[2])),
               "Kc": ("ref", caches[0]), "Vc": ("ref", caches[1]), "PO": ("ref", part)}
     if mask:
         binds["Mk"] = ("ref", lw.ref(fa.src[3]))
@@ -126,16 +192,14 @@ def attn_block(lw, g: AttnGroup) -> None:
     if g.k_norm is not None:
         binds["Gk"] = ("ref", lw.ref(g.k_norm[0]))
         params["k_eps"] = g.k_norm[1]
-    if p.write_y:
-        params["write_y"] = 1
     params |= {"h": h, "hkv": hkv, "s": s, "nc": nc, "chunk": ch, "cache_rows": g.k_set.src[0].shape[0],
-               "moffq": ("moff", args[0], 0), "moffk": ("moff", args[1], 0), "moffv": ("moff", args[2], 0),
                "scale": float(fa.params["scale"]), "q_scale": g.q_scale}
-    qtypes = tuple(w.dtype.name for w in (g.wq, g.wk, g.wv))
+    qtypes = None if own else tuple(w.dtype.name for w in (g.wq, g.wk, g.wv))
     k = g.wq.shape[1]
     neox = rp["mode"] == "neox"
     key = ("attn_block", qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None, mask)
-    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
+    made = [] if own else ["NORM" if p.src == "norm" else "", "QKV"]
+    label = "+".join(filter(None, made + ["ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
     lw.emit(f"{label} {fa.name}", key,
             lambda: wgsl_fused.attn_block(qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None,
                                           mask),

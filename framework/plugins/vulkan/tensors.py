@@ -8,4 +8,17 @@ from ...contract import Chunk, DeviceTensor, DeviceWeight, Lease, contiguous_str
 
 VkTensor, VkWeight, contig = DeviceTensor, DeviceWeight, contiguous_strides
 
-__all__ = ["Chunk", "Lease", "VkTensor", "VkWeight", "contig"]
+
+
+class StagedTensor(DeviceTensor):
+    """An output handle whose values its run also copied for reading back, in the run's own submission
+    (submission.Stage): ``readback`` is (stage, run, byte offset there)."""
+
+    __slots__ = ("readback",)
+
+    def __init__(self, *a, readback=None, **k):
+        super().__init__(*a, **k)
+        self.readback = readback
+
+
+__all__ = ["Chunk", "Lease", "StagedTensor", "VkTensor", "VkWeight", "contig"]

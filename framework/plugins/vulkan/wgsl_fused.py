@@ -32,9 +32,10 @@ ROLE_TYPES = {
     "Y": ("read_write", "vec4<f32>"), "P": ("read", "vec4<f32>"), "R": ("read", "f32"), "O": ("read_write", "f32"),
     "Gq": ("read", "f32"), "Gk": ("read", "f32"), "CS": ("read", "vec2<f32>"), "KR": ("read", "i32"),
     "Kc": ("read_write", "vec4<f32>"), "Vc": ("read_write", "vec4<f32>"), "Mk": ("read", "f32"),
-    "PO": ("read_write", "vec4<f32>"),
+    "PO": ("read_write", "vec4<f32>"), "O0": ("read_write", "f32"), "O1": ("read_write", "f32"),
+    "O2": ("read_write", "f32"), "Qp": ("read", "f32"), "Kp": ("read", "f32"), "Vp": ("read", "f32"),
 }
-WEIGHT_ROLES = ("W0", "W1", "Wq", "Wk", "Wv")
+WEIGHT_ROLES = ("W0", "W1", "W2", "Wq", "Wk", "Wv")
 
 
 def prologue_fields(p: Prologue) -> str:
@@ -223,6 +224,91 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     return rowvec_params(p, pair, epilogue).source(body)
 
 
+def stack_roles(p: Prologue, n: int) -> list[str]:
+    return [f"W{i}" for i in range(n)] + p.roles() + [f"O{i}" for i in range(n)]
+
+
+def stack_params(p: Prologue, n: int) -> Params:
+    fields = " ".join(f"n{i} moff{i}" for i in range(n)) + " " + prologue_fields(p)
+    return Params(fields, bindings=len(stack_roles(p, n)))
+
+
+def rowvec_stack(qtypes: tuple[str, ...], k: int, p: Prologue, tpr: int, r: int, wg: int, subgroup: bool) -> str:
+    """Products of one x by several weights (Q, K and V: x the norm of the attention's input) in one
+    dispatch, each weight its own output: the first weight's rows take the first workgroups, and so on,
+    each workgroup one weight's (a uniform branch), so all of them spread over the whole GPU at once."""
+    n = len(qtypes)
+    roles = stack_roles(p, n)
+    weights = "".join(wgsl.weight_source(q, f"_{i}", roles.index(f"W{i}") + 1) for i, q in enumerate(qtypes))
+    accs = [f"a_{j}" for j in range(r)]
+    rows = "\n".join(f"    let row{j} = min(r0 + {j}u, N - 1u);" for j in range(r))
+    loops = []
+    for i in range(n):
+        dots = " ".join(f"a_{j} += dot32_{i}(row{j}, g, x);" for j in range(r))
+        head = "if" if i == 0 else "} else if" if i < n - 1 else "} else"
+        cond = f" (seg == {i}u)" if i < n - 1 else ""
+        loops.append(f"    {head}{cond} {{\n      for (var g = lane; g < GPR; g += TPR) {{ let x = xsg(g); {dots} }}")
+    loop = "\n".join(loops) + "\n    }"
+    if subgroup:
+        red_decl = ""
+        reduce = wgsl.RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
+    else:
+        red_decl = f"var<workgroup> red: array<f32, {wg * r}>;"
+        reduce = wgsl.RED_SHARED.format(
+            store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
+            step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(r)),
+            load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+    stores = []
+    for i in range(n):
+        head = "if" if i == 0 else "} else if" if i < n - 1 else "} else"
+        cond = f" (seg == {i}u)" if i < n - 1 else ""
+        st = " ".join(f"if (r0 + {j}u < N) {{ O{i}[{_off(roles, f'O{i}')} + r0 + {j}u] = a_{j}; }}" for j in range(r))
+        stores.append(f"    {head}{cond} {{ {st}")
+    store = "\n".join(stores) + " }"
+    moffs = " ".join(f"gpr_{i} = GPR; moff_{i} = U.moff{i};" for i in range(n))
+    ns = [f"U.n{i}" for i in range(n)]
+    bounds = []          # seg from the workgroup's index: each weight's workgroups in turn
+    for i in range(1, n):
+        first = " + ".join(f"((U.n{m} + PER - 1u) / PER)" for m in range(i))
+        bounds.append(f"  if (wid >= {first}) {{ seg = {i}u; base = {first}; N = {ns[i]}; }}")
+    body = f"""
+{_decl(roles)}{wgsl.Q_GROUP}{wgsl.Q_CONSTS}{weights}
+const WG: u32 = {wg}u;
+const TPR: u32 = {tpr}u;
+const RPW: u32 = {wg // tpr}u;
+const PER: u32 = {wg // tpr * r}u;
+const K4: u32 = {k // 4}u;
+const GPR: u32 = {k // 32}u;
+var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+{red_decl}
+{ROW_SUM}
+fn xsg(g: u32) -> array<vec4<f32>, 8> {{
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}}
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+  {moffs}
+  let wid = lin(w, nw);
+{prologue_source(p, roles)}  var seg = 0u; var base = 0u; var N = {ns[0]};
+{chr(10).join(bounds)}
+  let rl = li / TPR; let lane = li % TPR;
+  let r0 = ((wid - base) * RPW + rl) * {r}u;
+{chr(10).join(f"  var {a} = 0.0;" for a in accs)}
+  if (r0 < N) {{
+{rows}
+{loop}
+  }}
+{reduce}
+  if (lane == 0u && r0 < N) {{
+{store}
+  }}
+}}
+"""
+    return stack_params(p, n).source(body)
+
+
 # ------------------------------------------------------------------------------------------------------
 # ATTN_BLOCK
 # ------------------------------------------------------------------------------------------------------
@@ -230,17 +316,27 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
 ATTN_WG = 256
 
 
-def attn_roles(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> list[str]:
-    return p.roles() + ["Wq", "Wk", "Wv"] + (["Gq"] if q_norm else []) + (["Gk"] if k_norm else []) + \
+def attn_roles(p: Prologue | None, q_norm: bool, k_norm: bool, mask: bool) -> list[str]:
+    """p None: q, k and v come projected (Qp, Kp, Vp: matrix-vector kernels' outputs) instead of made here."""
+    made = ["Qp", "Kp", "Vp"] if p is None else p.roles() + ["Wq", "Wk", "Wv"]
+    return made + (["Gq"] if q_norm else []) + (["Gk"] if k_norm else []) + \
         ["CS", "KR", "Kc", "Vc"] + (["Mk"] if mask else []) + ["PO"]
 
 
-def attn_params(p: Prologue, q_norm: bool, k_norm: bool, mask: bool) -> Params:
+def attn_params(p: Prologue | None, q_norm: bool, k_norm: bool, mask: bool) -> Params:
     """h, hkv heads; s keys; nc chunks of `chunk` keys (and one more workgroup a head: the new key);
     cache_rows: rows of the caches; q_scale: the SCALE of q; scale: the attention's."""
-    fields = ("h hkv s nc chunk cache_rows moffq moffk moffv scale:f32 q_scale:f32"
-              + (" q_eps:f32" if q_norm else "") + (" k_eps:f32" if k_norm else "") + " " + prologue_fields(p))
+    own = "" if p is None else " moffq moffk moffv"
+    fields = ("h hkv s nc chunk cache_rows" + own + " scale:f32 q_scale:f32" + (" q_eps:f32" if q_norm else "")
+              + (" k_eps:f32" if k_norm else "") + ("" if p is None else " " + prologue_fields(p)))
     return Params(fields, bindings=len(attn_roles(p, q_norm, k_norm, mask)))
+
+
+def _load_head(src: str, dst: str, head: str, roles: list[str]) -> str:
+    """A head's D values of a projection made by another kernel, into dst."""
+    return f"""  for (var j = li; j < D; j += WG) {{ {dst}[j] = {src}[{_off(roles, src)} + {head} * D + j]; }}
+  workgroupBarrier();
+"""
 
 
 PROJECT_UNROLL = 4     # a thread's groups of a row, this many a loop iteration (their loads in flight together)
@@ -305,21 +401,129 @@ def _rope(v: str, roles: list[str]) -> str:
 """
 
 
-def attn_block(qtypes: tuple[str, str, str], k: int, d: int, n_dims: int, neox: bool, p: Prologue, q_norm: bool,
-               k_norm: bool, mask: bool) -> str:
-    """qtypes: Wq's, Wk's, Wv's; k: x's length; d: the head size (dividing ATTN_WG); n_dims: roped dims."""
+ATTN_KEYS = 64         # keys a block of the chunk loop scores at once (ATTN_WG / ATTN_KEYS threads a key)
+
+
+def _chunk_attention(d: int, o: dict, score_mask) -> str:
+    """The chunk's keys against q4, ATTN_KEYS at a time, with every thread busy: ATTN_WG / ATTN_KEYS threads
+    score a key (a share of its dims each), and ATTN_WG / (d / 4) groups of threads sum the values (each
+    vec4 of the output over a share of the block's keys), their partials added in a fixed order. Every
+    thread's loads are written out (a compile-time count, no loop): they are all in flight at once, where
+    a loop over the keys waited for each load in turn (a chain of up to 96 loads a workgroup)."""
+    d4 = d // 4
+    tpk = ATTN_WG // ATTN_KEYS
+    vg = max(1, ATTN_WG // d4)
+    kpt = -(-ATTN_KEYS // vg)
+    dots = []
+    for t in range(-(-d4 // tpk)):
+        line = f"d0 += q4[sp + {t * tpk}u] * Kc[kr0 + sp + {t * tpk}u];"
+        dots.append(f"      {line}" if (t + 1) * tpk <= d4 else f"      if (sp + {t * tpk}u < D4) {{ {line} }}")
+    vals = []
+    for t in range(kpt):
+        j = f"vg + {t * vg}u"
+        line = (f"{{ let s3 = s0 + {j}; if (s3 < c1 && s3 != kr) {{ va += ps[{j}] * Vc[vb + s3 * kstride + vi]; }} }}")
+        vals.append(f"    {line}" if (t + 1) * vg <= ATTN_KEYS else f"    if ({j} < {ATTN_KEYS}u) {line}")
+    total = (" ".join(f"tot += vacc[{g * d4}u + li];" for g in range(vg)) if vg <= 16 else
+             f"for (var g = 0u; g < {vg}u; g++) {{ tot += vacc[g * D4 + li]; }}")
+    dot_lines = "\n".join(dots)
+    val_lines = "\n".join(vals)
+    return f"""  // a chunk of cached keys, the new key's row left out (another workgroup attends to it)
+  let c0 = c * U.chunk; let c1 = min(S, c0 + U.chunk);
+  let kstride = U.hkv * D4;
+  let kb = {o['Kc']} / 4u + hk * D4;
+  let vb = {o['Vc']} / 4u + hk * D4;
+  let sk = li / {tpk}u; let sp = li % {tpk}u;      // scoring: key sk of the block, dims sp, sp + {tpk}, ...
+  let vi = li % D4; let vg = li / D4;             // values: vec4 vi of the output, keys vg, vg + {vg}, ...
+  var m = {NEG_BIG};
+  var l = 0.0;
+  var acc = vec4<f32>(0.0);
+  for (var s0 = c0; s0 < c1; s0 += {ATTN_KEYS}u) {{
+    {{
+      let s = s0 + sk;
+      var d0 = vec4<f32>(0.0);
+      if (s < c1 && s != kr) {{
+        let kr0 = kb + s * kstride;
+{dot_lines}
+      }}
+      tsum[li] = dot(d0, vec4<f32>(1.0));
+    }}
+    workgroupBarrier();
+    let s = s0 + li;
+    let live = li < {ATTN_KEYS}u && s < c1 && s != kr;
+    var sc = {NEG_BIG};
+    if (live) {{
+      let b = li * {tpk}u;
+      var part = 0.0;
+      for (var j = 0u; j < {tpk}u; j++) {{ part += tsum[b + j]; }}
+      sc = part * scale{score_mask("s")};
+    }}
+    if (li < {ATTN_KEYS}u) {{ red[li] = sc; }}
+    workgroupBarrier();
+    for (var k = {ATTN_KEYS // 2}u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
+      workgroupBarrier();
+    }}
+    let mn = max(m, red[0]);
+    workgroupBarrier();
+    var p = 0.0;
+    if (live) {{ p = exp(sc - mn); }}
+    if (li < {ATTN_KEYS}u) {{ ps[li] = p; red[li] = p; }}
+    workgroupBarrier();
+    for (var k = {ATTN_KEYS // 2}u; k > 0u; k >>= 1u) {{
+      if (li < k) {{ red[li] += red[li + k]; }}
+      workgroupBarrier();
+    }}
+    let alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    var va = vec4<f32>(0.0);
+    if (vg < {vg}u) {{
+{val_lines}
+    }}
+    vacc[li] = va;
+    workgroupBarrier();
+    if (li < D4) {{
+      var tot = vec4<f32>(0.0);
+      {total}
+      acc = acc * alpha + tot;
+    }}
+    m = mn;
+    workgroupBarrier();
+  }}
+  if (li < D4) {{ PO[pb + li] = acc; }}
+  if (li == 0u) {{ PO[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }}
+"""
+
+
+def attn_block(qtypes: tuple[str, str, str] | None, k: int, d: int, n_dims: int, neox: bool, p: Prologue | None,
+               q_norm: bool, k_norm: bool, mask: bool) -> str:
+    """qtypes: Wq's, Wk's, Wv's; k: x's length; d: the head size (dividing ATTN_WG); n_dims: roped dims.
+    p None (and qtypes): q, k and v come projected by other kernels (Qp, Kp, Vp); the rest is the same."""
     roles = attn_roles(p, q_norm, k_norm, mask)
-    weights = "".join(wgsl.weight_source(q, f"_{s}", roles.index(f"W{s}") + 1) for q, s in zip(qtypes, "qkv"))
+    projected = p is None
+    weights = "" if projected else "".join(wgsl.weight_source(q, f"_{s}", roles.index(f"W{s}") + 1)
+                                           for q, s in zip(qtypes, "qkv"))
     o = {r: _off(roles, r) for r in roles}
     mk = f"max(Mk[{o['Mk']} + {{s}}], {NEG_BIG})" if mask else ""
     score_mask = (lambda s: f" + {mk.format(s=s)}") if mask else (lambda s: "")
     gpr, tpr = k // 32, ATTN_WG // d
-    q_head = (_project("q", "qf", gpr, tpr) + (_head_norm("qf", "Gq", "U.q_eps", roles) if q_norm else "")
-              + _rope("qf", roles))
-    kv_heads = (_project("k", "kf", gpr, tpr) + _project("v", "vf", gpr, tpr)
-                + (_head_norm("kf", "Gk", "U.k_eps", roles) if k_norm else "") + _rope("kf", roles))
+    if projected:
+        q_made = _load_head("Qp", "qf", "h", roles)
+        kv_made = _load_head("Kp", "kf", "hk", roles) + _load_head("Vp", "vf", "hk", roles)
+        make_x, weight_words, x_decl = "", "", ""
+    else:
+        q_made = _project("q", "qf", gpr, tpr)
+        kv_made = _project("k", "kf", gpr, tpr) + _project("v", "vf", gpr, tpr)
+        make_x = prologue_source(p, roles)
+        weight_words = "gpr_q = GPR; moff_q = U.moffq; gpr_k = GPR; moff_k = U.moffk; gpr_v = GPR; moff_v = U.moffv;"
+        x_decl = f"""var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+fn xsg(g: u32) -> array<vec4<f32>, 8> {{
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}}"""
+    q_head = q_made + (_head_norm("qf", "Gq", "U.q_eps", roles) if q_norm else "") + _rope("qf", roles)
+    kv_heads = kv_made + (_head_norm("kf", "Gk", "U.k_eps", roles) if k_norm else "") + _rope("kf", roles)
     body = f"""
-{_decl(roles)}{wgsl.Q_GROUP}{wgsl.Q_CONSTS}{weights}
+{_decl(roles)}{"" if projected else wgsl.Q_GROUP + wgsl.Q_CONSTS}{weights}
 const WG: u32 = {ATTN_WG}u;
 const TPR: u32 = {ATTN_WG // d}u;
 const K4: u32 = {k // 4}u;
@@ -328,7 +532,7 @@ const D: u32 = {d}u;
 const D4: u32 = {d // 4}u;
 const ND: u32 = {n_dims}u;
 const NEOX: bool = {"true" if neox else "false"};
-var<workgroup> xs: array<vec4<f32>, {k // 4}>;
+{x_decl}
 var<workgroup> tsum: array<f32, WG>;
 var<workgroup> qf: array<f32, {d}>;
 var<workgroup> kf: array<f32, {d}>;
@@ -336,15 +540,12 @@ var<workgroup> vf: array<f32, {d}>;
 var<workgroup> q4: array<vec4<f32>, {d // 4}>;
 var<workgroup> ps: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
+var<workgroup> vacc: array<vec4<f32>, WG>;
 {ROW_SUM}
-fn xsg(g: u32) -> array<vec4<f32>, 8> {{
-  let b = g * 8u;
-  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
-}}
 @compute @workgroup_size({ATTN_WG})
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
-  gpr_q = GPR; moff_q = U.moffq; gpr_k = GPR; moff_k = U.moffk; gpr_v = GPR; moff_v = U.moffv;
+  {weight_words}
   let wid = lin(w, nw);
   let NC = U.nc; let H = U.h; let S = U.s;
   if (wid >= H * (NC + 1u)) {{ return; }}
@@ -352,7 +553,7 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
   let hk = h / (H / U.hkv);
   let kr = u32(KR[{o['KR']}]);          // the new key's row (a negative index: none)
   let scale = U.scale;
-{prologue_source(p, roles)}  let rowbaseq = h * D;
+{make_x}  let rowbaseq = h * D;
 {q_head}\
   for (var i = li; i < D4; i += WG) {{
     q4[i] = vec4<f32>(qf[4u * i], qf[4u * i + 1u], qf[4u * i + 2u], qf[4u * i + 3u]) * U.q_scale;
@@ -390,57 +591,6 @@ fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u
     }}
     return;
   }}
-  // a chunk of cached keys, the new key's row left out (another workgroup attends to it)
-  let c0 = c * U.chunk; let c1 = min(S, c0 + U.chunk);
-  let kstride = U.hkv * D4;
-  let kb = {o['Kc']} / 4u + hk * D4;
-  let vb = {o['Vc']} / 4u + hk * D4;
-  var m = {NEG_BIG};
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  for (var s0 = c0; s0 < c1; s0 += 64u) {{
-    let s = s0 + li;
-    let live = li < 64u && s < c1 && s != kr;
-    var sc = {NEG_BIG};
-    if (live) {{
-      var d0 = vec4<f32>(0.0);
-      var d1 = vec4<f32>(0.0);
-      let kr0 = kb + s * kstride;
-      var d = 0u;
-      for (; d + 1u < D4; d += 2u) {{ d0 += q4[d] * Kc[kr0 + d]; d1 += q4[d + 1u] * Kc[kr0 + d + 1u]; }}
-      if (d < D4) {{ d0 += q4[d] * Kc[kr0 + d]; }}
-      sc = dot(d0 + d1, vec4<f32>(1.0)) * scale{score_mask("s")};
-    }}
-    if (li < 64u) {{ red[li] = sc; }}
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {{
-      if (li < k) {{ red[li] = max(red[li], red[li + k]); }}
-      workgroupBarrier();
-    }}
-    let mn = max(m, red[0]);
-    workgroupBarrier();
-    var p = 0.0;
-    if (live) {{ p = exp(sc - mn); }}
-    if (li < 64u) {{ ps[li] = p; red[li] = p; }}
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {{
-      if (li < k) {{ red[li] += red[li + k]; }}
-      workgroupBarrier();
-    }}
-    let alpha = exp(m - mn);
-    l = l * alpha + red[0];
-    acc = acc * alpha;
-    let nv = min(64u, c1 - s0);
-    if (li < D4) {{
-      for (var j = 0u; j < nv; j++) {{
-        if (s0 + j != kr) {{ acc += ps[j] * Vc[vb + (s0 + j) * kstride + li]; }}
-      }}
-    }}
-    m = mn;
-    workgroupBarrier();
-  }}
-  if (li < D4) {{ PO[pb + li] = acc; }}
-  if (li == 0u) {{ PO[pb + D4] = vec4<f32>(m, l, 0.0, 0.0); }}
-}}
+{_chunk_attention(d, o, score_mask)}}}
 """
     return attn_params(p, q_norm, k_norm, mask).source(body)
