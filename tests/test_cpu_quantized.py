@@ -290,3 +290,20 @@ def test_fast_rms_norm_equals_reference_and_rows_alone(shape):
     flat, rows = got.reshape(-1, shape[-1]), x.reshape(-1, shape[-1])
     for i in range(flat.shape[0]):
         np.testing.assert_array_equal(rms_norm(rows[i:i + 1], eps=1e-6)[0], flat[i])
+
+
+def test_framework_cache_off_caches_no_kernel(tmp_path):
+    """FRAMEWORK_CACHE=off: the kernels are not cached anywhere, and no folder named 'off' appears where the
+    process runs (as one once did, under the repository's root)."""
+    code = ("import numpy as np, gguf\n"
+            "import framework.plugins.cpu.quantized as q\n"
+            "from framework.core.graph import DType\n"
+            "assert q.cache_dir() is None, q.cache_dir()\n"
+            "w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)\n"
+            "raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)\n"
+            "out = q.QuantizedWeight(raw, DType.Q8_0, (8, 64)).matmul(np.ones((1, 64), np.float32))\n"
+            "assert out.shape == (1, 8)\n")
+    env = {**os.environ, "FRAMEWORK_CACHE": "off"}
+    env.pop("NUMBA_CACHE_DIR", None)
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=120)
+    assert not (tmp_path / "off").exists()

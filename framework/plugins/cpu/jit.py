@@ -13,28 +13,38 @@ from pathlib import Path
 
 import numba
 
+from ...contract import caches, settings
 from .vectors import isa_for
 
 SOURCES = ("jit.py", "quantized.py", "vectors.py", "attention.py", "norm.py")
 
 
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: under numba's own place when NUMBA_CACHE_DIR is set, else under
-    $FRAMEWORK_CACHE/numba (default ~/.cache/framework/numba, which `make clean-cache` removes). numba
-    checks only a kernel's own file for changes, not the intrinsics it inlines from vectors.py, so the
-    folder is named by a digest of the plugin's kernel files: an edit of any compiles afresh."""
-    root = (Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR") else
-            Path(os.environ.get("FRAMEWORK_CACHE", Path.home() / ".cache" / "framework")) / "numba")
+def cache_dir() -> Path | None:
+    """Where compiled kernels are kept: under numba's own place when NUMBA_CACHE_DIR is set, else numba/
+    under the cache root (FRAMEWORK_CACHE; `framework cache clear` removes it); None when FRAMEWORK_CACHE=off
+    (the kernels are compiled in every process, nothing is written). numba checks only a kernel's own file
+    for changes, not the intrinsics it inlines from vectors.py, so the folder is named by a digest of the
+    plugin's kernel files: an edit of any compiles afresh."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        root = Path(os.environ["NUMBA_CACHE_DIR"])
+    else:
+        root = settings.cache_dir("numba")
+        if root is None:
+            return None
     here = Path(__file__).resolve().parent
     digest = hashlib.sha1(b"".join((here / f).read_bytes() for f in SOURCES)).hexdigest()
     return root / f"cpu-{digest[:12]}"
 
 
+# (a NUMBA_CACHE_DIR of the user's own is numba's to manage, not listed or cleared here)
+caches.register("numba", "the cpu plugin's compiled numba kernels", lambda: settings.cache_dir("numba"))
+
+
 @contextlib.contextmanager
-def _cache_dir_set():
+def _cache_dir_set(folder: Path):
     """numba fixes a function's cache directory when it is decorated; set ours for our functions only."""
     saved = numba.config.CACHE_DIR
-    numba.config.CACHE_DIR = str(cache_dir())
+    numba.config.CACHE_DIR = str(folder)
     try:
         yield
     finally:
@@ -49,8 +59,12 @@ def target() -> tuple[str, str]:
 
 
 def kernel(parallel: bool = False):
-    """numba's njit, compiled on first use and cached on disk (a later process loads it in milliseconds)."""
+    """numba's njit, compiled on first use and cached on disk (a later process loads it in milliseconds),
+    or not cached at all with FRAMEWORK_CACHE=off."""
     def wrap(fn):
-        with _cache_dir_set():
+        folder = cache_dir()
+        if folder is None:
+            return numba.njit(cache=False, fastmath=False, parallel=parallel, nogil=True)(fn)
+        with _cache_dir_set(folder):
             return numba.njit(cache=True, fastmath=False, parallel=parallel, nogil=True)(fn)
     return wrap
