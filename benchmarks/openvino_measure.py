@@ -10,6 +10,8 @@
     python benchmarks/openvino_measure.py floor       # a decode step's time per kernel kind, from
                                                       # OpenVINO's profiler, and the ceiling that
                                                       # the FullyConnected kernels alone leave
+    python benchmarks/openvino_measure.py fused-model # both models with their products fused and separate,
+                                                      # interleaved in one process: tok/s and logits
     python benchmarks/openvino_measure.py host        # a decode step's wall time: OpenVINO's infer, the
                                                       # program's feeding and cache writes, the session
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
@@ -276,6 +278,40 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     return out
 
 
+def fused_model(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
+    """Each model's products fused (translate.FUSE_PRODUCTS, the plugin's translation) and separate, in one
+    process and interleaved rounds (a slow period of a shared machine hits both): prefill and decode tok/s as
+    `framework bench` measures them (a 256-token prompt, 32 decoded), medians, and the largest logit difference
+    between the two translations."""
+    from framework.bench import FrameworkEngine, interleave
+    from framework.model.default import model_path
+    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+
+    for name in names:
+        engines = {}
+        for fuse in (True, False):
+            translate.FUSE_PRODUCTS = fuse          # read when the step's model is translated, at compile
+            engines["fused" if fuse else "separate"] = FrameworkEngine(model_path(name), [OpenVinoDevice("CPU")],
+                                                                       256, 32)
+        translate.FUSE_PRODUCTS = True
+        logits = {k: e.session.eval(e.ids) for k, e in engines.items()}
+        for e in engines.values():
+            e.session.reset()
+        got = interleave({k: e.run for k, e in engines.items()}, rounds)
+        f, p = got["fused"], got["separate"]
+        cpu = {}
+        for k, e in engines.items():        # CPU time on the calling thread and OpenVINO's: what load disturbs least
+            cpu[k] = _cpu_time_per_token(e.session.reset, e.session.eval, e.ids, rounds=rounds)
+        print(f"{name}: fused prefill {f['prefill'].median:.1f}, decode {f['decode'].median:.1f} tok/s; separate "
+              f"prefill {p['prefill'].median:.1f}, decode {p['decode'].median:.1f} tok/s; decode ratio "
+              f"{f['decode'].median / p['decode'].median:.2f}x (medians of {rounds}); CPU time a decoded token "
+              f"{cpu['fused'][0] * 1e3:.1f} ms fused, {cpu['separate'][0] * 1e3:.1f} ms separate (best of {rounds}); "
+              f"largest logit difference {np.abs(logits['fused'] - logits['separate']).max():.2e} (of "
+              f"{np.abs(logits['separate']).max():.1f})", flush=True)
+        del engines
+
+
 class _TimedRequest:
     """An infer request that adds the seconds each ``infer`` takes to ``seconds``."""
 
@@ -498,4 +534,5 @@ def _dynquant_model(name, model, ids, label, dq, rounds, Session, OpenVinoDevice
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
     {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor,
-     "dynquant": dynquant, "host": host}[what]()
+     "dynquant": dynquant, "host": host,
+     "fused-model": fused_model}[what]()
