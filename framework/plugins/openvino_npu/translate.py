@@ -235,7 +235,9 @@ class Translator:
     def _fusion_groups(self) -> dict[int, tuple[list[Tensor], int]]:
         """MUL_MATs of one input by weights of one form (Q, K and V; gate and up) become one product of the
         weights' rows concatenated, split after: fewer, larger FullyConnected kernels, each of which pays a
-        fixed cost per run (benchmarks/openvino_measure.py fused). id(node) -> (the group, its place)."""
+        fixed cost per run (benchmarks/openvino_measure.py fused). id(node) -> (the group, its place). (Not
+        framework.core.graph.fusion's groups: those are one-row decode kernels of the GPU plugins; this is a
+        graph rewrite for any number of rows, decided by OpenVINO's weight forms, and OpenVINO fuses the rest.)"""
         groups: dict[tuple, list[Tensor]] = {}
         for n in self.f.nodes if FUSE_PRODUCTS else ():
             if n.op != "MUL_MAT":
