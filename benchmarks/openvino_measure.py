@@ -10,6 +10,10 @@
     python benchmarks/openvino_measure.py floor       # a decode step's time per kernel kind, from
                                                       # OpenVINO's profiler, and the ceiling that
                                                       # the FullyConnected kernels alone leave
+    python benchmarks/openvino_measure.py fused-model # both models with their products fused and separate,
+                                                      # interleaved in one process: tok/s and logits
+    python benchmarks/openvino_measure.py host        # a decode step's wall time: OpenVINO's infer, the
+                                                      # program's feeding and cache writes, the session
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -216,9 +220,14 @@ def fused(layers: int = 30, k: int = 576, repeats: int = 2) -> None:
 
 def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     """Decode on openvino:CPU (2 threads, as `framework bench`) with OpenVINO's per-node profiler on:
-    milliseconds per token by kernel kind, and the tokens per second the FullyConnected kernels alone
-    would allow if everything else cost nothing."""
+    milliseconds per token by kernel kind and how many kernels of each kind a step runs, and the tokens per
+    second the FullyConnected kernels alone would allow if everything else cost nothing. ``floor separate``
+    keeps every product separate (translate.FUSE_PRODUCTS off), for comparison."""
     import collections
+
+    if "separate" in sys.argv[2:]:
+        from framework.plugins.openvino_npu import translate
+        translate.FUSE_PRODUCTS = False
 
     from framework.model.default import model_path
     from framework.model.model import Model
@@ -249,21 +258,127 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
             logits = s.eval([int(np.argmax(logits))])
         decode = programs[-1]
         per_kind: dict[str, float] = collections.defaultdict(float)
+        count: dict[str, int] = collections.Counter()
         wall = time.perf_counter()
         for _ in range(steps):
             logits = s.eval([int(np.argmax(logits))])
             for info in decode.request.get_profiling_info():
                 per_kind[info.node_type] += info.real_time.total_seconds() / steps
+                if info.status == info.Status.EXECUTED and info.real_time.total_seconds() > 0:
+                    count[info.node_type] += 1
         wall = (time.perf_counter() - wall) / steps
         fc = sum(v for k, v in per_kind.items() if k.startswith("FullyConnected"))
         kernels = sum(per_kind.values())
         print(f"{name}: decode {wall * 1e3:.1f} ms a token ({1 / wall:.1f} tok/s); OpenVINO's kernels "
-              f"{kernels * 1e3:.1f} ms, of which FullyConnected {fc * 1e3:.1f} ms: the weight products alone allow "
-              f"at most {1 / fc:.1f} tok/s")
-        for kind, v in sorted(per_kind.items(), key=lambda kv: -kv[1])[:8]:
-            print(f"    {kind:28s} {v * 1e3:6.2f} ms")
+              f"{kernels * 1e3:.1f} ms in {sum(count.values()) / steps:.0f} kernels a step, of which FullyConnected "
+              f"{fc * 1e3:.1f} ms: the weight products alone allow at most {1 / fc:.1f} tok/s")
+        for kind, v in sorted(per_kind.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"    {kind:28s} {v * 1e3:6.2f} ms in {count[kind] / steps:4.0f} kernels")
         out[name] = {"wall_s": wall, "kernels_s": kernels, "fc_s": fc}
     return out
+
+
+def fused_model(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
+    """Each model's products fused (translate.FUSE_PRODUCTS, the plugin's translation) and separate, in one
+    process and interleaved rounds (a slow period of a shared machine hits both): prefill and decode tok/s as
+    `framework bench` measures them (a 256-token prompt, 32 decoded), medians, and the largest logit difference
+    between the two translations."""
+    from framework.bench import FrameworkEngine, interleave
+    from framework.model.default import model_path
+    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+
+    for name in names:
+        engines = {}
+        for fuse in (True, False):
+            translate.FUSE_PRODUCTS = fuse          # read when the step's model is translated, at compile
+            engines["fused" if fuse else "separate"] = FrameworkEngine(model_path(name), [OpenVinoDevice("CPU")],
+                                                                       256, 32)
+        translate.FUSE_PRODUCTS = True
+        logits = {k: e.session.eval(e.ids) for k, e in engines.items()}
+        for e in engines.values():
+            e.session.reset()
+        got = interleave({k: e.run for k, e in engines.items()}, rounds)
+        f, p = got["fused"], got["separate"]
+        cpu = {}
+        for k, e in engines.items():        # CPU time on the calling thread and OpenVINO's: what load disturbs least
+            cpu[k] = _cpu_time_per_token(e.session.reset, e.session.eval, e.ids, rounds=rounds)
+        print(f"{name}: fused prefill {f['prefill'].median:.1f}, decode {f['decode'].median:.1f} tok/s; separate "
+              f"prefill {p['prefill'].median:.1f}, decode {p['decode'].median:.1f} tok/s; decode ratio "
+              f"{f['decode'].median / p['decode'].median:.2f}x (medians of {rounds}); CPU time a decoded token "
+              f"{cpu['fused'][0] * 1e3:.1f} ms fused, {cpu['separate'][0] * 1e3:.1f} ms separate (best of {rounds}); "
+              f"largest logit difference {np.abs(logits['fused'] - logits['separate']).max():.2e} (of "
+              f"{np.abs(logits['separate']).max():.1f})", flush=True)
+        del engines
+
+
+class _TimedRequest:
+    """An infer request that adds the seconds each ``infer`` takes to ``seconds``."""
+
+    def __init__(self, request, seconds: list):
+        self.request, self.seconds = request, seconds
+
+    def infer(self, *args, **kwargs):
+        t = time.perf_counter()
+        out = self.request.infer(*args, **kwargs)
+        self.seconds.append(time.perf_counter() - t)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.request, name)
+
+
+def host(names=("smollm2", "gemma3"), steps: int = 32, rounds: int = 3) -> None:
+    """Where a decode step's wall time goes, the profiler off: OpenVINO's infer call, the rest of the
+    program's run (feeding the inputs, writing the new K and V rows into the cache, copying the outputs out),
+    and the session and executor around it (inputs, masks, checks). Medians over ``rounds`` of ``steps`` steps
+    after a 256-token prompt, as `framework bench`."""
+    from framework.bench import prompt_ids
+    from framework.model.default import model_path
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.session import Session
+
+    infer: list[float] = []
+    runs: list[float] = []
+
+    class Timed(OpenVinoDevice):
+        def compile(self, fragment):
+            program = super().compile(fragment)
+            plain_run = program.run
+
+            def run(args):
+                if not isinstance(program.request, _TimedRequest) and program.request is not None:
+                    program.request = _TimedRequest(program.request, infer)
+                t = time.perf_counter()
+                out = plain_run(args)
+                runs.append(time.perf_counter() - t)
+                return out
+
+            program.run = run
+            return program
+
+    for name in names:
+        model = Model(model_path(name))
+        s = Session(model, [Timed("CPU")], n_ctx=512)
+        ids = prompt_ids(model.tokenizer, 256)
+        figures = []
+        for _ in range(rounds + 1):
+            s.reset()
+            logits = s.eval(ids)
+            infer.clear()
+            runs.clear()
+            evals = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                logits = s.eval([int(np.argmax(logits))])
+                evals.append(time.perf_counter() - t)
+            figures.append([np.median(evals), np.median(runs), np.median(infer)])
+        step, run, inf = np.median(np.array(figures[1:]), axis=0)
+        print(f"{name}: decode step {step * 1e3:.2f} ms (median): OpenVINO's infer {inf * 1e3:.2f} ms, the rest of "
+              f"the program's run {(run - inf) * 1e3:.2f} ms (inputs, cache rows, outputs), session and executor "
+              f"{(step - run) * 1e3:.2f} ms", flush=True)
+        del s
 
 
 def _matvec(n: int, k: int, group_size: int | None, threads: int | None) -> tuple[float, float, float]:
@@ -419,4 +534,5 @@ def _dynquant_model(name, model, ids, label, dq, rounds, Session, OpenVinoDevice
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
     {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor,
-     "dynquant": dynquant}[what]()
+     "dynquant": dynquant, "host": host,
+     "fused-model": fused_model}[what]()

@@ -233,6 +233,33 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
     assert any(p in ("i4", "i8") for p in consts), consts
 
 
+def _fully_connected(program) -> int:
+    return sum(str(n.get_rt_info()["layerType"].astype(str)) == "FullyConnected"
+               for n in program.compiled.get_runtime_model().get_ops())
+
+
+def test_products_of_one_input_by_weights_of_one_form_are_one_kernel(ov_cpu):
+    """Q, K and V (gate and up) read one input: weights of one compressed form (element type, block size, scale
+    type, offsets) become one product of their rows, split after. Q4_1 and Q4_1 are one (i4 with offsets), Q8_0
+    and Q5_0 another (both i8 without offsets), the F16 weight stays apart: 3 kernels for 5 products, each output
+    still its own weight's product, and the weights' values unchanged."""
+    rng = np.random.default_rng(12)
+    shapes = {"q": (Q.Q4_1, 64), "k": (Q.Q4_1, 32), "v": (Q.Q8_0, 32), "u": (Q.Q5_0, 48), "p": (Q.F16, 16)}
+    raws = {f"blk.0.{k}.weight": raw_weight(qt, (n, 256), seed=i) for i, (k, (qt, n)) in enumerate(shapes.items())}
+    b = GraphBuilder()
+    x = T.f32(rng, 3, 256)
+    tx = b.input("x", F32, x.shape)
+    leaves = [leaf(f"blk.0.{k}.weight", qt, (n, 256), LeafKind.WEIGHT) for k, (qt, n) in shapes.items()]
+    outs, ex = run_on(ov_cpu, b, [b.mul_mat(b.use(tw), tx) for tw in leaves], {id(tx): x}, raws)
+    for tw, out in zip(leaves, outs):
+        ref = dequantize(raws[tw.name], tw.dtype, tw.shape)
+        T.check(out, T.ref_mul_mat(ref, x), T.NMSE_MATMUL)
+        handle = ex.weights[(ov_cpu.name, id(tw))]
+        np.testing.assert_allclose(W.values(handle), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+    (program,) = ex.programs.values()
+    assert _fully_connected(program) == 3
+
+
 # ---------------------------------------------------------------------------------------------
 # settings: every one that changes results is requested, and a compiled model reports it
 # ---------------------------------------------------------------------------------------------

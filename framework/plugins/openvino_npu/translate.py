@@ -44,6 +44,9 @@ SQRT_2_OVER_PI = 0.7978845608028654
 # llama.cpp computes it). Measured on this machine they run at the same speed; "zero_point" makes the
 # smaller graph (it compiles faster), so it is the default. A block with a zero scale uses "product".
 OFFSETS = "zero_point"
+# MUL_MATs of one input by weights of one form are one product (Translator._fusion_groups); False keeps every
+# product separate (benchmarks/openvino_measure.py fused-model compares the two).
+FUSE_PRODUCTS = True
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
 
@@ -153,6 +156,41 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
     return _reshape(x, shape)
 
 
+def fusion_key(w: OvWeight | None) -> tuple | None:
+    """What weights must share to be one product: their rows concatenated make one weight of the same
+    form (element type, blocks and block size, scale type, offsets or none; or one plain dtype), None
+    for a weight that is not fused."""
+    if w is None or len(w.shape) != 2:
+        return None
+    if w.kind == "plain":
+        return ("plain", w.data.dtype.str, w.shape[1])
+    if w.offset is not None and not (OFFSETS == "zero_point" and zero_point_ok(w)):
+        return None
+    return ("compressed", w.element, w.data.shape[1:], w.scale.dtype.str, w.offset is not None)
+
+
+def fused_weight(ws: list[OvWeight]) -> OvWeight:
+    """One weight whose rows are those of ``ws`` in order, made once for every model that fuses them. The
+    parts' arrays then become views of the fused ones, so the values are held once."""
+    c = ws[0]._constants
+    key = ("fused",) + tuple(w.name for w in ws)
+    if key not in c:
+        fields = ("data", "scale", "offset") if ws[0].kind == "compressed" else ("data",)
+        whole = {f: np.concatenate([getattr(w, f) for w in ws]) if getattr(ws[0], f) is not None else None
+                 for f in fields}
+        start = 0
+        for w in ws:
+            rows = w.shape[0]
+            for f, arr in whole.items():
+                if arr is not None:
+                    setattr(w, f, arr[start:start + rows])
+            start += rows
+        c[key] = OvWeight("+".join(w.name for w in ws), "+".join(w.dtype for w in ws), (start, ws[0].shape[1]),
+                          ws[0].kind, whole["data"], element=ws[0].element, scale=whole.get("scale"),
+                          offset=whole.get("offset"))
+    return c[key]
+
+
 def zero_point_ok(w: OvWeight) -> bool:
     return w.kind == "compressed" and w.offset is not None and bool(np.all(w.scale != 0))
 
@@ -191,6 +229,28 @@ class Translator:
             for s in n.src:
                 self.consumers.setdefault(id(s), []).append(n)
         self.internal = internal
+        self.fusion = self._fusion_groups()
+        self.fused: dict[int, list[ov.Output]] = {}     # id(first member) -> the parts of its fused product
+
+    def _fusion_groups(self) -> dict[int, tuple[list[Tensor], int]]:
+        """MUL_MATs of one input by weights of one form (Q, K and V; gate and up) become one product of the
+        weights' rows concatenated, split after: fewer, larger FullyConnected kernels, each of which pays a
+        fixed cost per run (benchmarks/openvino_measure.py fused). id(node) -> (the group, its place). (Not
+        framework.core.graph.fusion's groups: those are one-row decode kernels of the GPU plugins; this is a
+        graph rewrite for any number of rows, decided by OpenVINO's weight forms, and OpenVINO fuses the rest.)"""
+        groups: dict[tuple, list[Tensor]] = {}
+        for n in self.f.nodes if FUSE_PRODUCTS else ():
+            if n.op != "MUL_MAT":
+                continue
+            a, b = n.src
+            w = self.weights.get(id(a)) if a.is_leaf and a.kind == LeafKind.WEIGHT else None
+            key = fusion_key(w)
+            if key is None or tuple(a.shape) != tuple(w.shape):
+                continue
+            group = groups.setdefault((id(b), key), [])
+            if all(m.src[0] is not a for m in group):
+                group.append(n)
+        return {id(m): (g, i) for g in groups.values() if len(g) > 1 for i, m in enumerate(g)}
 
     # -- inputs -------------------------------------------------------------------------------
     def _param(self, shape, dtype, name, feed: Feed) -> ov.Output:
@@ -271,6 +331,8 @@ class Translator:
 
     def op_mul_mat(self, n):
         a, b = n.src
+        if id(n) in self.fusion:
+            return self._fused_product(*self.fusion[id(n)])
         w = self.weights.get(id(a)) if a.is_leaf and a.kind == LeafKind.WEIGHT else None
         if w is not None and len(a.shape) == 2 and OFFSETS == "zero_point" and zero_point_ok(w):
             return ops.matmul(self.out(b), weight_node(w, a.shape, offsets="zero_point"), False, True).output(0)
@@ -295,6 +357,16 @@ class Translator:
             av = ops.broadcast(av, _i64(target + list(a.shape[-2:]))).output(0)
             av = _reshape(av, bb + a.shape[-2:])
         return ops.matmul(bv, av, False, True).output(0)
+
+    def _fused_product(self, group: list[Tensor], place: int) -> ov.Output:
+        first = id(group[0])
+        if first not in self.fused:
+            w = fused_weight([self.weights[id(m.src[0])] for m in group])
+            offsets = "zero_point" if w.offset is not None else True
+            y = ops.matmul(self.out(group[0].src[1]), weight_node(w, w.shape, offsets=offsets), False, True)
+            split = ops.variadic_split(y, _i64(-1), _i64([m.src[0].shape[0] for m in group]))
+            self.fused[first] = [split.output(i) for i in range(len(group))]
+        return self.fused[first][place]
 
     def _binary(self, n, fn):
         a, b = n.src
