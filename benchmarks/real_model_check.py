@@ -84,6 +84,23 @@ def llama_side(path: Path, threads: int, text: str, kv: str) -> dict:
     return res
 
 
+def llama_perplexity(path: Path, threads: int, text_file: Path) -> tuple[int, float]:
+    """llama.cpp's perplexity of a whole text file in one window, scored as `framework perplexity` scores
+    it (every token after the first, given all before it): the figure to set beside that command's."""
+    from llama_cpp import Llama
+    text = text_file.read_text(encoding="utf-8")
+    llm = Llama(str(path), n_ctx=2048, n_batch=2048, n_threads=threads, n_threads_batch=threads, logits_all=True,
+                verbose=False)
+    ids = llm.tokenize(text.encode(), add_bos=llm.tokenize(b"a", add_bos=True) != llm.tokenize(b"a", add_bos=False),
+                       special=False)
+    if len(ids) > 2048:
+        raise SystemExit(f"{text_file}: {len(ids)} tokens, more than the one 2048-token window this scores")
+    llm.eval(ids)
+    nll = nll_rows(np.array(llm.scores[:len(ids)], dtype=np.float32), ids)
+    llm.close()
+    return len(ids), float(math.exp(nll.mean()))
+
+
 def framework_side(path: Path, backends: str, ref: dict, text: str) -> dict:
     from framework.cli.common import select_devices
     from framework.model.model import Model
@@ -146,7 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-kv", choices=("f16", "f32"), default="f16",
                     help="llama.cpp's KV cache type (f16 is its default; this framework's cpu cache is float32)")
     ap.add_argument("--out", type=Path, help="write the comparison as JSON here too")
+    ap.add_argument("--llama-perplexity-of", type=Path, metavar="TEXT",
+                    help="only print llama.cpp's perplexity of this text file in one window (compare with "
+                         "`framework perplexity -m FILE -f TEXT --ctx N`, N at least its tokens)")
     a = ap.parse_args(argv)
+    if a.llama_perplexity_of:
+        n, ppl = llama_perplexity(a.file, a.threads, a.llama_perplexity_of)
+        print(f"llama.cpp perplexity {ppl:.4f} over {n} tokens ({n - 1} scored, one window)")
+        return 0
     text = TEXT.read_text(encoding="utf-8")[:TEXT_CHARS]
     ref = llama_side(a.file, a.threads, text, a.llama_kv)
     gc.collect()
