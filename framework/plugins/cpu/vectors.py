@@ -107,11 +107,15 @@ class Emitter:
         return b.shuffle_vector(lo, hi, _const_vec(I32, range(32)))
 
     def high_bits(self, offset):
-        """The uint32 at offset as 32 bytes: bit i of it, times 16, in byte i (Q5's fifth bit)."""
+        """The uint32 at offset as 32 bytes: bit i of it, times 16, in byte i (Q5's fifth bit). As ggml's
+        bytes_from_bits_32: each of the 4 bytes copied to 8 lanes, each lane tested against its bit."""
         b = self.b
-        word = _splat(b, self.load(self.row, offset, I32), 32)
-        bits = b.and_(b.lshr(word, _const_vec(I32, range(32))), _const_vec(I32, [1] * 32))
-        return b.trunc(b.shl(bits, _const_vec(I32, [4] * 32)), V32I8)
+        word = b.bitcast(self.load(self.row, offset, I32), ir.VectorType(I8, 4))
+        spread = b.shuffle_vector(word, ir.Constant(ir.VectorType(I8, 4), ir.Undefined),
+                                  _const_vec(I32, [i // 8 for i in range(32)]))
+        bit = _const_vec(I8, [1 << (i % 8) for i in range(32)])
+        is_set = b.icmp_unsigned("!=", b.and_(spread, bit), ir.Constant(V32I8, None))
+        return b.select(is_set, _const_vec(I8, [16] * 32), ir.Constant(V32I8, None))
 
     def dot(self, u, s):
         """<8 x i32>: lane j = sum of u[4j + i] * s[4j + i], u unsigned and s signed bytes (<32 x i8>)."""
@@ -294,6 +298,139 @@ def row_dot(layout: Layout, n_x: int):
                                           acc_sum[i])
             outs = [builder.fadd(_reduce(builder, builder.load(acc[i])), builder.load(acc_sum[i])) for i in range(n_x)]
             return context.make_tuple(builder, signature.return_type, outs)
+
+        return sig, codegen
+
+    return dot
+
+
+# -- many activation rows: each weight row unpacked once, then a tile of weight rows by activation rows ---
+# A prefill chunk multiplies every weight row by many activation rows. row_dot would unpack a row's blocks
+# again for every few activation rows (Q5_0's fifth bits cost more than the products), so a batch first
+# unpacks TILE_R weight rows into scratch (``unpack_row``: each group's 32 bytes, for signed types their
+# magnitudes too, its 8-lane scale vector and its group-sum factor) and then multiplies that tile by
+# TILE_M activation rows at a time (``tile_dot``), each group's values and scales loaded once for the
+# whole tile. Every output runs the same float operations in the same order as row_dot's (the integer
+# lanes, converted, times the scale vector, added to eight running lanes; the group-sum term in its own
+# running sum; the lanes summed in order, then that sum added): a row of a batch is the bits of that
+# row alone.
+TILE_R, TILE_M = 4, 4
+
+
+def signed_of(layout: Layout) -> bool:
+    return layout.name in SIGNED
+
+
+def has_sum_of(layout: Layout) -> bool:
+    return layout.name not in NO_SUM
+
+
+SIGNED = frozenset(("Q8_0", "Q6_K"))      # weights whose values are signed bytes (the sign trick)
+NO_SUM = frozenset(("Q8_0", "Q6_K"))      # weights without a minimum or offset (no group-sum term)
+
+
+def unpack_row(layout: Layout):
+    """An intrinsic ``(row, slot, wq, wa, ws, wsf) -> int64``: weight row ``row`` (uint8, its blocks) into
+    slot ``slot`` of a tile's scratch: wq int8 (TILE_R, K) its values, wa int8 (TILE_R, K) their
+    magnitudes (signed types), ws float32 (TILE_R, K/32 * 8) each group's scale in 8 lanes (lanes 4-7
+    from the second scale where a group has two), wsf float32 (K/32, TILE_R) each group's sum factor."""
+    signed, with_sum = signed_of(layout), has_sum_of(layout)
+
+    @intrinsic
+    def unpack(typingctx, row, slot, wq, wa, ws, wsf):
+        sig = types.int64(row, slot, wq, wa, ws, wsf)
+
+        def codegen(context, builder, signature, args):
+            arow, awq, awa, aws, awsf = (context.make_array(t)(context, builder, a)
+                                         for t, a in zip((signature.args[0], *signature.args[2:]), (args[0], *args[2:])))
+            j = context.cast(builder, args[1], signature.args[1], types.int64)
+            k = cgutils.unpack_tuple(builder, awq.shape, 2)[1]
+            n_groups = builder.udiv(k, _i64(QK))
+            tile_r = cgutils.unpack_tuple(builder, awsf.shape, 2)[1]
+            e = Emitter(builder, isa_of(context) or "avx2", arow.data)
+            q_base, s_base = builder.mul(j, k), builder.mul(j, builder.mul(n_groups, _i64(8)))
+            n_blocks = builder.udiv(n_groups, _i64(layout.groups))
+            with cgutils.for_range(builder, n_blocks) as loop:
+                blk = loop.index
+                for gi, g in enumerate(layout.emit(e, builder.mul(blk, _i64(layout.block_bytes)))):
+                    group = builder.add(builder.mul(blk, _i64(layout.groups)), _i64(gi))
+                    at = builder.add(q_base, builder.mul(group, _i64(QK)))
+                    builder.store(g.values, e.ptr(awq.data, at, V32I8), align=1)
+                    if signed:
+                        sign = _declare(builder, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
+                        builder.store(builder.call(sign, [g.values, g.values]), e.ptr(awa.data, at, V32I8), align=1)
+                    scale = _splat(builder, g.scale, 8)
+                    if g.scale_hi is not None:
+                        hi = _splat(builder, g.scale_hi, 8)
+                        scale = builder.shuffle_vector(scale, hi, _const_vec(I32, [0, 1, 2, 3, 12, 13, 14, 15]))
+                    builder.store(scale, e.ptr(aws.data, builder.add(s_base, builder.mul(group, _i64(8))), V8F32),
+                                  align=4)
+                    if with_sum:
+                        builder.store(g.sum_factor, builder.gep(awsf.data, [builder.add(builder.mul(group, tile_r), j)]))
+            return ir.Constant(I64, 0)
+
+        return sig, codegen
+
+    return unpack
+
+
+def tile_dot(signed: bool, with_sum: bool, n_w: int, n_x: int):
+    """An intrinsic ``(wq, wa, ws, wsf, xq, xd, xsum, m) -> UniTuple(float32, n_x * n_w)``: the first n_w
+    rows of a tile's scratch (unpack_row) times activation rows m .. m + n_x - 1; element i * n_w + j is
+    activation row m + i times weight row j."""
+
+    @intrinsic
+    def dot(typingctx, wq, wa, ws, wsf, xq, xd, xsum, m):
+        sig = types.UniTuple(types.float32, n_x * n_w)(wq, wa, ws, wsf, xq, xd, xsum, m)
+
+        def codegen(context, builder, signature, args):
+            awq, awa, aws, awsf, axq, axd, axs = (context.make_array(t)(context, builder, a)
+                                                  for t, a in zip(signature.args[:7], args[:7]))
+            b = builder
+            m0 = context.cast(b, args[7], signature.args[7], types.int64)
+            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+            tile_r = cgutils.unpack_tuple(b, awsf.shape, 2)[1]
+            isa = isa_of(context)
+            if not isa:
+                raise RuntimeError("the CPU plugin's quantized products need AVX2; numba compiles for "
+                                   f"{context.codegen().magic_tuple()[1]} without it: set FRAMEWORK_CPU_MATMUL=f32")
+            e = Emitter(b, isa, None)
+            x_rows = [b.add(m0, _i64(i)) for i in range(n_x)]
+            x_base = [b.mul(r, k) for r in x_rows]
+            d_base = [b.mul(r, n_groups) for r in x_rows]
+            w_base = [b.mul(_i64(j), k) for j in range(n_w)]
+            s_base = [b.mul(_i64(j), b.mul(n_groups, _i64(8))) for j in range(n_w)]
+            zero_sum = ir.Constant(ir.VectorType(F32, n_w), None)
+            acc = [[cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_w)] for _ in range(n_x)]
+            acc_sum = [cgutils.alloca_once_value(b, zero_sum) for _ in range(n_x)]
+            sign = _declare(b, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
+            with cgutils.for_range(b, n_groups) as loop:
+                group = loop.index
+                goff = b.mul(group, _i64(QK))
+                w = [e.load(awq.data, b.add(w_base[j], goff), V32I8) for j in range(n_w)]
+                wabs = [e.load(awa.data, b.add(w_base[j], goff), V32I8) for j in range(n_w)] if signed else w
+                wsc = [b.load(e.ptr(aws.data, b.add(s_base[j], b.mul(group, _i64(8))), V8F32), align=4)
+                       for j in range(n_w)]
+                if with_sum:
+                    wsf = b.load(e.ptr(awsf.data, b.mul(group, tile_r), ir.VectorType(F32, n_w)), align=4)
+                for i in range(n_x):
+                    x = e.load(axq.data, b.add(x_base[i], goff), V32I8)
+                    at = b.add(d_base[i], group)
+                    dx = _splat(b, b.load(b.gep(axd.data, [at])), 8)
+                    for j in range(n_w):
+                        xs = b.call(sign, [x, w[j]]) if signed else x
+                        lanes = b.sitofp(e.dot(wabs[j], xs), V8F32)
+                        b.store(b.fadd(b.load(acc[i][j]), b.fmul(lanes, b.fmul(wsc[j], dx))), acc[i][j])
+                    if with_sum:
+                        xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), n_w)
+                        b.store(b.fadd(b.load(acc_sum[i]), b.fmul(wsf, xsum_at)), acc_sum[i])
+            outs = []
+            for i in range(n_x):
+                sums = b.load(acc_sum[i])
+                for j in range(n_w):
+                    outs.append(b.fadd(_reduce(b, b.load(acc[i][j])), b.extract_element(sums, _i32(j))))
+            return context.make_tuple(b, signature.return_type, outs)
 
         return sig, codegen
 
