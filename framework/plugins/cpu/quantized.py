@@ -22,7 +22,7 @@ from numba import prange
 
 from ...contract import DType, LeafKind, dequantize, reference
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
-from .vectors import LAYOUTS, TILE_M, TILE_R, has_sum_of, row_dot, signed_of, tile_dot, unpack_row
+from .vectors import LAYOUTS, TILE_M, TILE_R, has_sum_of, row_dot, rows_dot, signed_of, tile_dot, unpack_row
 
 QK = 32      # values per activation group (q8), and per block of the 32-value weight types
 
@@ -128,6 +128,10 @@ FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
 _q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1 = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
 
 
+_r4 = [rows_dot(LAYOUTS[f], 4) for f in FORMATS]
+_q4_0_r4, _q4_1_r4, _q5_0_r4, _q5_1_r4, _q8_0_r4, _q4_k_r4, _q6_k_r4 = _r4
+
+
 @kernel()
 def _dot1(fmt, row, xq, xd, xsum, m):
     if fmt == 0:
@@ -145,14 +149,39 @@ def _dot1(fmt, row, xq, xd, xsum, m):
     return _q6_k_1(row, xq, xd, xsum, m)[0]
 
 
+@kernel()
+def _dot_rows4(fmt, w, r, xq, xd, xsum, m):
+    if fmt == 0:
+        return _q4_0_r4(w, r, xq, xd, xsum, m)
+    if fmt == 1:
+        return _q4_1_r4(w, r, xq, xd, xsum, m)
+    if fmt == 2:
+        return _q5_0_r4(w, r, xq, xd, xsum, m)
+    if fmt == 3:
+        return _q5_1_r4(w, r, xq, xd, xsum, m)
+    if fmt == 4:
+        return _q8_0_r4(w, r, xq, xd, xsum, m)
+    if fmt == 5:
+        return _q4_k_r4(w, r, xq, xd, xsum, m)
+    return _q6_k_r4(w, r, xq, xd, xsum, m)
+
+
 def _matmul(fmt, w, xq, xd, xsum, out):
-    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], the
-    rows over the threads (for few activation rows: _matmul_tiled takes many)."""
-    m_rows = xq.shape[0]
-    for r in prange(w.shape[0]):
-        row = w[r]
+    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], four rows
+    at a time over the threads (for few activation rows: _matmul_tiled takes many)."""
+    m_rows, n_rows = xq.shape[0], w.shape[0]
+    n4 = n_rows // 4
+    for q in prange(n4):
+        r = q * 4
         for m in range(m_rows):
-            out[m, r] = _dot1(fmt, row, xq, xd, xsum, m)
+            a, b, c, d = _dot_rows4(fmt, w, r, xq, xd, xsum, m)
+            out[m, r] = a
+            out[m, r + 1] = b
+            out[m, r + 2] = c
+            out[m, r + 3] = d
+    for r in range(n4 * 4, n_rows):
+        for m in range(m_rows):
+            out[m, r] = _dot1(fmt, w[r], xq, xd, xsum, m)
 
 
 # Two builds of one loop, as attention.py: a small product does not pay for waking the threads.

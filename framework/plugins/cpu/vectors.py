@@ -435,3 +435,59 @@ def tile_dot(signed: bool, with_sum: bool, n_w: int, n_x: int):
         return sig, codegen
 
     return dot
+
+
+def rows_dot(layout: Layout, n_w: int):
+    """An intrinsic ``(w, r, xq, xd, xsum, m) -> UniTuple(float32, n_w)``: weight rows r .. r + n_w - 1 of w
+    (uint8 (N, bytes per row)) times activation row m, each block unpacked in registers: for a decode step,
+    where each weight row is read once. The n_w rows' running sums are independent chains (a one-row loop
+    waits on its float additions); each output runs row_dot's operations in row_dot's order."""
+
+    @intrinsic
+    def dot(typingctx, w, r, xq, xd, xsum, m):
+        sig = types.UniTuple(types.float32, n_w)(w, r, xq, xd, xsum, m)
+
+        def codegen(context, builder, signature, args):
+            b = builder
+            aw, axq, axd, axs = (context.make_array(t)(context, b, a)
+                                 for t, a in zip((signature.args[0], *signature.args[2:5]), (args[0], *args[2:5])))
+            r0 = context.cast(b, args[1], signature.args[1], types.int64)
+            m0 = context.cast(b, args[5], signature.args[5], types.int64)
+            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+            isa = isa_of(context)
+            if not isa:
+                raise RuntimeError("the CPU plugin's quantized products need AVX2; numba compiles for "
+                                   f"{context.codegen().magic_tuple()[1]} without it: set FRAMEWORK_CPU_MATMUL=f32")
+            rows = [b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)]) for j in range(n_w)]
+            es = [Emitter(b, isa, p) for p in rows]
+            x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
+            acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_w)]
+            acc_sum = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(n_w)]
+            n_blocks = b.udiv(n_groups, _i64(layout.groups))
+            with cgutils.for_range(b, n_blocks) as loop:
+                blk = loop.index
+                per_row = [layout.emit(e, b.mul(blk, _i64(layout.block_bytes))) for e in es]
+                for gi in range(layout.groups):
+                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                    x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
+                    at = b.add(s_base, group)
+                    dx = b.load(b.gep(axd.data, [at]))
+                    xsum_at = b.load(b.gep(axs.data, [at])) if layout.name not in NO_SUM else None
+                    for j in range(n_w):
+                        g = per_row[j][gi]
+                        lanes = b.sitofp(es[j].sdot(g.values, x) if g.signed else es[j].dot(g.values, x), V8F32)
+                        scale = _splat(b, b.fmul(g.scale, dx), 8)
+                        if g.scale_hi is not None:
+                            hi = _splat(b, b.fmul(g.scale_hi, dx), 8)
+                            scale = b.shuffle_vector(scale, hi, _const_vec(I32, [0, 1, 2, 3, 12, 13, 14, 15]))
+                        b.store(b.fadd(b.load(acc[j]), b.fmul(lanes, scale)), acc[j])
+                        if g.sum_factor is not None:
+                            b.store(b.fadd(b.load(acc_sum[j]), b.fmul(g.sum_factor, xsum_at)), acc_sum[j])
+            outs = [b.fadd(_reduce(b, b.load(acc[j])), b.load(acc_sum[j])) for j in range(n_w)]
+            return context.make_tuple(b, signature.return_type, outs)
+
+        return sig, codegen
+
+    return dot
