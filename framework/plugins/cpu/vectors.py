@@ -183,6 +183,10 @@ def _q8_0(e, o):
 def _q4_k(e, o):
     """d, dmin, 12 bytes of 6-bit scales and minimums (ggml's get_scale_min_k4), 128 bytes of nibbles:
     bytes 32j..32j+31 hold group 2j in their low nibbles and group 2j+1 in their high ones."""
+    return _q4_k_like(e, o, 16)
+
+
+def _q4_k_like(e, o, nibbles_at: int):
     b = e.b
     d, dmin = e.f16(o), e.f16(b.add(o, _i64(2)))
     q = [e.byte(b.add(o, _i64(4 + i))) for i in range(12)]
@@ -196,7 +200,7 @@ def _q4_k(e, o):
 
     groups = []
     for j in range(4):
-        raw = e.bytes32(b.add(o, _i64(16 + 32 * j)))
+        raw = e.bytes32(b.add(o, _i64(nibbles_at + 32 * j)))
         halves = (b.and_(raw, _const_vec(I8, [15] * 32)), b.lshr(raw, _const_vec(I8, [4] * 32)))
         for h, values in enumerate(halves):
             sc, mn = scale_min(2 * j + h)
@@ -226,6 +230,47 @@ def _q6_k(e, o):
     return groups
 
 
+def _q5_k(e, o):
+    """d, dmin, Q4_K's 12 bytes of scales and minimums, 32 bytes of fifth bits (bit 2j and 2j+1 of byte l:
+    value l of groups 2j and 2j+1), 128 bytes of nibbles as Q4_K's."""
+    b = e.b
+    groups = _q4_k_like(e, o, 48)
+    hb = e.bytes32(b.add(o, _i64(16)))
+    for gi, g in enumerate(groups):
+        bit = b.shl(b.and_(b.lshr(hb, _const_vec(I8, [gi] * 32)), _const_vec(I8, [1] * 32)), _const_vec(I8, [4] * 32))
+        g.values = b.or_(g.values, bit)
+    return groups
+
+
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_values(e, offset):
+    """16 bytes of nibbles (low ones elements 0-15, high ones 16-31) through IQ4_NL's table (signed bytes)."""
+    shuffle = _declare(e.b, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
+    table = _const_vec(I8, [v & 255 for v in KVALUES_IQ4NL] * 2)
+    return e.b.call(shuffle, [table, e.nibbles16(offset)])
+
+
+def _iq4_nl(e, o):
+    return [Group(_iq4_values(e, e.b.add(o, _i64(2))), True, e.f16(o))]
+
+
+def _iq4_xs(e, o):
+    """d, 16 bits of the scales' high parts (2 per group), 4 bytes of their low nibbles, 128 bytes of nibbles
+    (16 per group, as IQ4_NL's): group ib's scale is d x (its 6-bit scale - 32)."""
+    b = e.b
+    d = e.f16(o)
+    high = b.zext(e.load(e.row, b.add(o, _i64(2)), I16), I32)
+    groups = []
+    for ib in range(8):
+        low = b.and_(b.lshr(e.byte(b.add(o, _i64(4 + ib // 2))), _i32(4 * (ib % 2))), _i32(15))
+        ls = b.or_(low, b.shl(b.and_(b.lshr(high, _i32(2 * ib)), _i32(3)), _i32(4)))
+        scale = b.fmul(d, b.sitofp(b.sub(ls, _i32(32)), F32))
+        groups.append(Group(_iq4_values(e, b.add(o, _i64(8 + 16 * ib))), True, scale))
+    return groups
+
+
 def _i64(v: int):
     return ir.Constant(I64, v)
 
@@ -242,6 +287,9 @@ LAYOUTS = {
     "Q8_0": Layout("Q8_0", 34, 1, _q8_0),
     "Q4_K": Layout("Q4_K", 144, 8, _q4_k),
     "Q6_K": Layout("Q6_K", 210, 8, _q6_k),
+    "Q5_K": Layout("Q5_K", 176, 8, _q5_k),
+    "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl),
+    "IQ4_XS": Layout("IQ4_XS", 136, 8, _iq4_xs),
 }
 
 
@@ -325,8 +373,8 @@ def has_sum_of(layout: Layout) -> bool:
     return layout.name not in NO_SUM
 
 
-SIGNED = frozenset(("Q8_0", "Q6_K"))      # weights whose values are signed bytes (the sign trick)
-NO_SUM = frozenset(("Q8_0", "Q6_K"))      # weights without a minimum or offset (no group-sum term)
+SIGNED = frozenset(("Q8_0", "Q6_K", "IQ4_NL", "IQ4_XS"))   # values are signed bytes (the sign trick)
+NO_SUM = SIGNED                                           # no minimum or offset (no group-sum term)
 
 
 def unpack_row(layout: Layout):
