@@ -22,12 +22,12 @@ from framework.plugins.cpu.device import MATMUL_ENV, CpuDevice
 
 # A weight of each type the kernels read: the models' own tensors where a model has that type (rows
 # 0..63), else gguf's quantizer on random values (Q4_0, Q5_1: neither model holds them), else random
-# bytes with their float16 scales set to small values (Q5_K, IQ4_NL, IQ4_XS: gguf cannot quantize them).
+# bytes with their float16 scales set to small values (Q5_K, Q3_K, IQ4_NL, IQ4_XS: gguf cannot quantize them).
 FROM_MODEL = {"Q4_1": ("smollm2", "blk.0.ffn_down.weight"), "Q8_0": ("smollm2", "token_embd.weight"),
               "Q5_0": ("gemma3", "blk.0.attn_k.weight"), "Q4_K": ("gemma3", "blk.0.attn_output.weight"),
               "Q6_K": ("gemma3", "blk.0.ffn_down.weight")}
 ROWS = 64
-SCALES_AT = {"Q5_K": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}      # byte offsets of a block's float16 scales
+SCALES_AT = {"Q5_K": (0, 2), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)}      # byte offsets of a block's float16 scales
 
 
 @cache

@@ -124,12 +124,12 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 # -- the products: out[m, r] = sum over k of weight[r, k] * x[m, k] --------------------------------------
 # One intrinsic per weight type (vectors.row_dot) for a few activation rows (a decode step): each weight row
 # read once, unpacked in registers.
-FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS")
-_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1 = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
+_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1, _q3_k_1 = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
 
 
 _r4 = [rows_dot(LAYOUTS[f], 4) for f in FORMATS]
-_q4_0_r4, _q4_1_r4, _q5_0_r4, _q5_1_r4, _q8_0_r4, _q4_k_r4, _q6_k_r4, _q5_k_r4, _iq4nl_r4, _iq4xs_r4 = _r4
+_q4_0_r4, _q4_1_r4, _q5_0_r4, _q5_1_r4, _q8_0_r4, _q4_k_r4, _q6_k_r4, _q5_k_r4, _iq4nl_r4, _iq4xs_r4, _q3_k_r4 = _r4
 
 
 @kernel()
@@ -152,7 +152,9 @@ def _dot1(fmt, row, xq, xd, xsum, m):
         return _q5_k_1(row, xq, xd, xsum, m)[0]
     if fmt == 8:
         return _iq4nl_1(row, xq, xd, xsum, m)[0]
-    return _iq4xs_1(row, xq, xd, xsum, m)[0]
+    if fmt == 9:
+        return _iq4xs_1(row, xq, xd, xsum, m)[0]
+    return _q3_k_1(row, xq, xd, xsum, m)[0]
 
 
 @kernel()
@@ -175,7 +177,9 @@ def _dot_rows4(fmt, w, r, xq, xd, xsum, m):
         return _q5_k_r4(w, r, xq, xd, xsum, m)
     if fmt == 8:
         return _iq4nl_r4(w, r, xq, xd, xsum, m)
-    return _iq4xs_r4(w, r, xq, xd, xsum, m)
+    if fmt == 9:
+        return _iq4xs_r4(w, r, xq, xd, xsum, m)
+    return _q3_k_r4(w, r, xq, xd, xsum, m)
 
 
 def _matmul(fmt, w, xq, xd, xsum, out):
@@ -204,7 +208,7 @@ THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's
 
 # -- a batch of activation rows: weight rows unpacked once per tile (vectors.unpack_row / tile_dot) -------
 _unpack = [unpack_row(LAYOUTS[f]) for f in FORMATS]
-_u0, _u1, _u2, _u3, _u4, _u5, _u6, _u7, _u8, _u9 = _unpack
+_u0, _u1, _u2, _u3, _u4, _u5, _u6, _u7, _u8, _u9, _u10 = _unpack
 
 
 @kernel()
@@ -227,7 +231,9 @@ def _unpack_into(fmt, row, slot, wq, wa, ws, wsf):
         return _u7(row, slot, wq, wa, ws, wsf)
     if fmt == 8:
         return _u8(row, slot, wq, wa, ws, wsf)
-    return _u9(row, slot, wq, wa, ws, wsf)
+    if fmt == 9:
+        return _u9(row, slot, wq, wa, ws, wsf)
+    return _u10(row, slot, wq, wa, ws, wsf)
 
 
 # the tile's products by (signed weights, group-sum term): (TILE_R x TILE_M, TILE_R x 1, 1 x TILE_M, 1 x 1)
@@ -329,7 +335,7 @@ CHUNK_ROWS = 64              # weight rows a thread takes at a time (one scratch
 
 
 FAST_TYPES = frozenset(DType[f] for f in FORMATS)
-K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K, DType.Q5_K, DType.IQ4_XS))   # activations in q8_K blocks (ggml's)
+K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K, DType.Q5_K, DType.Q3_K, DType.IQ4_XS))   # activations in q8_K blocks (ggml's)
 WITH_MIN = frozenset((DType.Q4_1, DType.Q5_1))     # theirs in q8_1 blocks (the sums in float16)
 _FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
 # tile_dot's variant of each type: 0 signed with a group-sum term, 1 signed, 2 unsigned with one, 3 unsigned

@@ -242,6 +242,34 @@ def _q5_k(e, o):
     return groups
 
 
+def _q3_k(e, o):
+    """32 bytes of high bits (hmask), 64 of 2-bit values, 12 bytes of sixteen 6-bit scales, d (ggml's
+    dequantize_row_q3_K): two halves of 128 values, four groups of 32 each; group j of half n reads bits
+    2j of bytes 32n..32n+31 and bit 4n + j of the high bits, value (2 bits) - (4 where that bit is clear),
+    its two halves of 16 scaled by scales 8n + 2j and 8n + 2j + 1, each d x (scale - 32)."""
+    b = e.b
+    d = e.f16(b.add(o, _i64(108)))
+    sb = [e.byte(b.add(o, _i64(96 + i))) for i in range(12)]
+
+    def scale(s: int):
+        t, part = s % 4, s // 4
+        low = b.and_(b.lshr(sb[t + 4 * (part % 2)], _i32(4 * (part // 2))), _i32(15))
+        high = b.and_(b.lshr(sb[8 + t], _i32(2 * part)), _i32(3))
+        return b.fmul(d, b.sitofp(b.sub(b.or_(low, b.shl(high, _i32(4))), _i32(32)), F32))
+
+    hm = e.bytes32(o)
+    groups = []
+    for n in range(2):
+        q = e.bytes32(b.add(o, _i64(32 + 32 * n)))
+        for j in range(4):
+            two = b.and_(b.lshr(q, _const_vec(I8, [2 * j] * 32)), _const_vec(I8, [3] * 32))
+            bit = b.and_(hm, _const_vec(I8, [1 << (4 * n + j)] * 32))
+            clear = b.icmp_unsigned("==", bit, ir.Constant(V32I8, None))
+            values = b.sub(two, b.select(clear, _const_vec(I8, [4] * 32), ir.Constant(V32I8, None)))
+            groups.append(Group(values, True, scale(8 * n + 2 * j), scale_hi=scale(8 * n + 2 * j + 1)))
+    return groups
+
+
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
@@ -288,6 +316,7 @@ LAYOUTS = {
     "Q4_K": Layout("Q4_K", 144, 8, _q4_k),
     "Q6_K": Layout("Q6_K", 210, 8, _q6_k),
     "Q5_K": Layout("Q5_K", 176, 8, _q5_k),
+    "Q3_K": Layout("Q3_K", 110, 8, _q3_k),
     "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl),
     "IQ4_XS": Layout("IQ4_XS", 136, 8, _iq4_xs),
 }
@@ -373,7 +402,7 @@ def has_sum_of(layout: Layout) -> bool:
     return layout.name not in NO_SUM
 
 
-SIGNED = frozenset(("Q8_0", "Q6_K", "IQ4_NL", "IQ4_XS"))   # values are signed bytes (the sign trick)
+SIGNED = frozenset(("Q8_0", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"))   # values are signed bytes (the sign trick)
 NO_SUM = SIGNED                                           # no minimum or offset (no group-sum term)
 
 
