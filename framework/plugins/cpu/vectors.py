@@ -18,9 +18,9 @@ it was built with. The two paths compute the same integers, and the float arithm
 plain IEEE in a fixed order (no fast-math, no multiply-add contraction, the lanes summed in order), so a
 product's result is the same bit for bit whichever path, CPU or thread count computed it. A CPU without
 AVX2 has neither path (``isa_of`` says so and the plugin keeps the float32 products). Signed weights
-(Q8_0, Q6_K) go through the sign trick of ggml's AVX2 code: |w| times x with w's sign. The unsigned
-operand never exceeds 128 (|q8| <= 128, nibbles <= 63), so the int16 pairs of ``vpmaddubsw`` cannot
-saturate (2 x 128 x 127 < 32768).
+(Q8_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS) go through the sign trick of ggml's AVX2 code: |w| times x with w's
+sign. The unsigned operand never exceeds 128 (|w| <= 128, unsigned values <= 63), so the int16 pairs of
+``vpmaddubsw`` cannot saturate (2 x 128 x 127 < 32768).
 
 Each weight type is a ``Layout``: its block's bytes, how many groups of 32 values a block holds, and
 for each group the 32 weight bytes (unpacked), their scale and, for types with a minimum or an offset,
