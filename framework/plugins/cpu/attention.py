@@ -4,7 +4,8 @@ The reference kernel (numpy) multiplies all queries by all keys in a few large B
 rounding depends on how many queries a call holds; with 8-bit activations after it, a last-bit change
 there can flip an activation's rounding step and grow through the layers. Here each (query, head)
 output is computed by itself, the keys the mask hides skipped, every sum in a fixed order (a key's
-score sums its D products in order, the keys side by side in vector lanes), and no fast-math: a row's result
+score in eight running sums over its D products, combined in a fixed tree; the keys side by side in vector
+lanes), and no fast-math: a row's result
 is the same bits in a prefill chunk of any size and in a decode step, on any CPU and thread count."""
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ _NO_MASK = np.zeros((1, 1), np.float32)
 
 
 def _attend(q, kt, v, mask, has_mask, scale, out):
-    """kt: the keys by kv head, transposed (Hkv, D, S), so that a query's scores over the keys are a loop
-    over the keys (vectorized, no reduction across lanes): each key's dot product sums its D products in
-    order."""
+    """kt: the keys by kv head, transposed (Hkv, D, S), so that a query's scores are loops over the keys
+    (vectorized, no reduction across lanes). A key's dot product keeps the order of a loop over its D
+    products in eight running sums (element j into sum j mod 8, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5)
+    + (s6 + s7)), then the tail past a multiple of 8): each key's eight sums are a row of ``parts``."""
     t, h, d = q.shape
     n_keys = kt.shape[2]
     group = h // kt.shape[0]
+    d8 = d // 8 * 8
     neg_inf = np.float32(-np.inf)
     for job in prange(t * h):
         i = job // h
@@ -33,11 +36,21 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
         if has_mask:
             while seen > 0 and mask[i, seen - 1] == neg_inf:
                 seen -= 1
-        scores = np.zeros(seen, np.float32)
-        for j in range(d):
+        parts = np.zeros((8, seen), np.float32)
+        for j0 in range(0, d8, 8):
+            for lane in range(8):
+                qj = q[i, head, j0 + lane]
+                for s in range(seen):
+                    parts[lane, s] += qj * kt[g, j0 + lane, s]
+        tail = np.zeros(seen, np.float32)
+        for j in range(d8, d):
             qj = q[i, head, j]
             for s in range(seen):
-                scores[s] += qj * kt[g, j, s]
+                tail[s] += qj * kt[g, j, s]
+        scores = np.empty(seen, np.float32)
+        for s in range(seen):
+            scores[s] = (((parts[0, s] + parts[1, s]) + (parts[2, s] + parts[3, s]))
+                         + ((parts[4, s] + parts[5, s]) + (parts[6, s] + parts[7, s]))) + tail[s]
         top = neg_inf
         for s in range(seen):
             m = mask[i, s] if has_mask else np.float32(0.0)
