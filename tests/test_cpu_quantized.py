@@ -21,11 +21,13 @@ from framework.plugins.cpu import quantized
 from framework.plugins.cpu.device import MATMUL_ENV, CpuDevice
 
 # A weight of each type the kernels read: the models' own tensors where a model has that type (rows
-# 0..63), else gguf's quantizer on random values (Q4_0, Q5_1: neither model holds them).
+# 0..63), else gguf's quantizer on random values (Q4_0, Q5_1: neither model holds them), else random
+# bytes with their float16 scales set to small values (Q5_K, Q3_K, IQ4_NL, IQ4_XS: gguf cannot quantize them).
 FROM_MODEL = {"Q4_1": ("smollm2", "blk.0.ffn_down.weight"), "Q8_0": ("smollm2", "token_embd.weight"),
               "Q5_0": ("gemma3", "blk.0.attn_k.weight"), "Q4_K": ("gemma3", "blk.0.attn_output.weight"),
               "Q6_K": ("gemma3", "blk.0.ffn_down.weight")}
 ROWS = 64
+SCALES_AT = {"Q5_K": (0, 2), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)}      # byte offsets of a block's float16 scales
 
 
 @cache
@@ -37,8 +39,16 @@ def weight(fmt: str) -> tuple[np.ndarray, tuple[int, int]]:
         assert t.tensor_type.name == fmt, f"{name}'s {tensor} is {t.tensor_type.name}, not {fmt}"
         raw = np.array(t.data[:ROWS])
         return raw, (ROWS, int(t.shape[0]))
-    values = np.random.default_rng(1).standard_normal((ROWS, 512)).astype(np.float32)
-    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[fmt]), (ROWS, 512)
+    rng = np.random.default_rng(1)
+    if fmt not in SCALES_AT:
+        values = rng.standard_normal((ROWS, 512)).astype(np.float32)
+        return gguf.quants.quantize(values, gguf.GGMLQuantizationType[fmt]), (ROWS, 512)
+    per_block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[fmt]]
+    blocks = rng.integers(0, 256, (ROWS, 512 // per_block, block_bytes), dtype=np.uint8)
+    for at in SCALES_AT[fmt]:
+        scales = rng.uniform(0.002, 0.02, blocks.shape[:2]).astype(np.float16)
+        blocks[:, :, at:at + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(ROWS, -1), (ROWS, 512)
 
 
 def activations(m: int, k: int) -> np.ndarray:
@@ -65,7 +75,7 @@ def q8_reference(x: np.ndarray, fmt: str) -> np.ndarray:
     """x after the fast path's activation rounding, in numpy (float32, as the kernel rounds), then in
     float64: llama.cpp's q8_0 (see q8_groups) or, for the K-quants, q8_K (per 256 values, v the value of
     largest magnitude: s = -127 / v, q = min(127, round(s * x)), d = 1 / s)."""
-    if fmt in ("Q4_K", "Q6_K"):
+    if DType[fmt] in quantized.K_QUANTS:
         g = x.reshape(x.shape[0], -1, 256)
         top = np.take_along_axis(g, np.abs(g).argmax(axis=2)[..., None], axis=2)
         iscale = np.float32(-127.0) / np.where(top != 0, top, np.float32(1.0))
@@ -107,7 +117,7 @@ def test_fast_product_equals_reference(fmt, m):
     rel = np.linalg.norm(got - x.astype(np.float64) @ w.T) / np.linalg.norm(x.astype(np.float64) @ w.T)
     # rounding to steps of max|x| / 127 costs about (max / 127 / sqrt(12)) / rms of x: 1.4% for these values
     # in groups of 32, more in the K-quants' blocks of 256 (a larger maximum per block)
-    bound = 4e-2 if fmt in ("Q4_K", "Q6_K") else 2.5e-2
+    bound = 4e-2 if DType[fmt] in quantized.K_QUANTS else 2.5e-2
     assert rel < bound, f"{fmt}: 8-bit activations cost {rel:.2%} of the product, over {bound:.1%}"
 
 
@@ -137,11 +147,13 @@ def test_types_without_a_kernel_round_as_llama_cpp(dtype):
     assert np.abs(got - x.astype(np.float64) @ w.T).max() > 1e-5 * np.abs(want).max()     # it did round
 
 
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K"])
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q4_K", "Q6_K", "IQ4_XS"])
 def test_rows_of_a_batch_equal_rows_alone(fmt):
-    """Row i of a 7-row product is bit for bit the 1-row product of row i (chunked prefill, decode)."""
+    """Row i of a 7-row product (the tiled kernel: a 4-row tile, then 3 rows) is bit for bit the 1-row
+    product of row i (the decode kernel), as in chunked prefill and decode; 63 weight rows, so the last
+    rows take the kernels' one-row tails too."""
     raw, shape = weight(fmt)
-    w = quantized.QuantizedWeight(raw, DType[fmt], shape)
+    w = quantized.QuantizedWeight(raw[:63], DType[fmt], (63, shape[1]))
     x = activations(7, shape[1])
     whole = w.matmul(x)
     for i in range(7):

@@ -3,8 +3,9 @@
 The reference kernel (numpy) multiplies all queries by all keys in a few large BLAS products, whose
 rounding depends on how many queries a call holds; with 8-bit activations after it, a last-bit change
 there can flip an activation's rounding step and grow through the layers. Here each (query, head)
-output is computed by itself, the keys the mask hides skipped, every sum in a fixed order (eight
-running lanes over the head's values, then combined in a fixed tree), and no fast-math: a row's result
+output is computed by itself, the keys the mask hides skipped, every sum in a fixed order (a key's
+score in eight running sums over its D products, combined in a fixed tree; the keys side by side in vector
+lanes), and no fast-math: a row's result
 is the same bits in a prefill chunk of any size and in a decode step, on any CPU and thread count."""
 
 from __future__ import annotations
@@ -17,45 +18,48 @@ from .jit import kernel
 _NO_MASK = np.zeros((1, 1), np.float32)
 
 
-def _attend(q, k, v, mask, has_mask, scale, out):
+def _attend(q, kt, v, mask, has_mask, scale, out):
+    """kt: the keys by kv head, transposed (Hkv, D, S), so that a query's scores are loops over the keys
+    (vectorized, no reduction across lanes). A key's dot product keeps the order of a loop over its D
+    products in eight running sums (element j into sum j mod 8, then ((s0 + s1) + (s2 + s3)) + ((s4 + s5)
+    + (s6 + s7)), then the tail past a multiple of 8): each key's eight sums are a row of ``parts``."""
     t, h, d = q.shape
-    n_keys = k.shape[0]
-    group = h // k.shape[1]
+    n_keys = kt.shape[2]
+    group = h // kt.shape[0]
     d8 = d // 8 * 8
     neg_inf = np.float32(-np.inf)
     for job in prange(t * h):
         i = job // h
         head = job - i * h
         g = head // group
-        scores = np.empty(n_keys, np.float32)
+        seen = n_keys                      # keys past the last one this query sees weigh exactly 0
+        if has_mask:
+            while seen > 0 and mask[i, seen - 1] == neg_inf:
+                seen -= 1
+        parts = np.zeros((8, seen), np.float32)
+        for j0 in range(0, d8, 8):
+            for lane in range(8):
+                qj = q[i, head, j0 + lane]
+                for s in range(seen):
+                    parts[lane, s] += qj * kt[g, j0 + lane, s]
+        tail = np.zeros(seen, np.float32)
+        for j in range(d8, d):
+            qj = q[i, head, j]
+            for s in range(seen):
+                tail[s] += qj * kt[g, j, s]
+        scores = np.empty(seen, np.float32)
+        for s in range(seen):
+            scores[s] = (((parts[0, s] + parts[1, s]) + (parts[2, s] + parts[3, s]))
+                         + ((parts[4, s] + parts[5, s]) + (parts[6, s] + parts[7, s]))) + tail[s]
         top = neg_inf
-        for s in range(n_keys):
-            m = np.float32(0.0)
-            if has_mask:
-                m = mask[i, s]
-                if m == neg_inf:
-                    scores[s] = neg_inf
-                    continue
-            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-            for j in range(0, d8, 8):
-                a0 += q[i, head, j] * k[s, g, j]
-                a1 += q[i, head, j + 1] * k[s, g, j + 1]
-                a2 += q[i, head, j + 2] * k[s, g, j + 2]
-                a3 += q[i, head, j + 3] * k[s, g, j + 3]
-                a4 += q[i, head, j + 4] * k[s, g, j + 4]
-                a5 += q[i, head, j + 5] * k[s, g, j + 5]
-                a6 += q[i, head, j + 6] * k[s, g, j + 6]
-                a7 += q[i, head, j + 7] * k[s, g, j + 7]
-            tail = np.float32(0.0)
-            for j in range(d8, d):
-                tail += q[i, head, j] * k[s, g, j]
-            dot = (((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))) + tail
-            sc = dot * scale + m
+        for s in range(seen):
+            m = mask[i, s] if has_mask else np.float32(0.0)
+            sc = scores[s] * scale + m if m != neg_inf else neg_inf
             scores[s] = sc
             top = max(top, sc)
         acc = np.zeros(d, np.float32)
         total = np.float32(0.0)
-        for s in range(n_keys):
+        for s in range(seen):
             if scores[s] == neg_inf:
                 continue
             p = np.exp(scores[s] - top)
@@ -79,6 +83,11 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     out = np.empty(q.shape, np.float32)
     m = _NO_MASK if mask is None else np.ascontiguousarray(mask, dtype=np.float32)
     run = _attend_threads if q.shape[0] * q.shape[1] * k.shape[0] * q.shape[2] >= THREADED_FROM else _attend_one
-    run(np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(k, dtype=np.float32),
-            np.ascontiguousarray(v, dtype=np.float32), m, mask is not None, np.float32(scale), out)
+    n = k.shape[0]
+    if mask is not None:           # keys past the last one any query sees are not transposed
+        seen = np.flatnonzero(np.isfinite(m).any(axis=0))
+        n = int(seen[-1]) + 1 if seen.size else 1
+    kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
+    run(np.ascontiguousarray(q, dtype=np.float32), kt, np.ascontiguousarray(v, dtype=np.float32), np.ascontiguousarray(m[:, :n]) if
+        mask is not None else m, mask is not None, np.float32(scale), out)
     return out

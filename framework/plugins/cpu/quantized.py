@@ -22,7 +22,7 @@ from numba import prange
 
 from ...contract import DType, LeafKind, dequantize, reference
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
-from .vectors import LAYOUTS, row_dot
+from .vectors import LAYOUTS, TILE_M, TILE_R, has_sum_of, row_dot, rows_dot, signed_of, tile_dot, unpack_row
 
 QK = 32      # values per activation group (q8), and per block of the 32-value weight types
 
@@ -122,33 +122,14 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 
 
 # -- the products: out[m, r] = sum over k of weight[r, k] * x[m, k] --------------------------------------
-# One intrinsic per weight type and number of activation rows (vectors.row_dot): 1 for the last rows,
-# 4 for the rest, which share each unpacked weight block.
-FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")
-_q4_0_1, _q4_0_4 = row_dot(LAYOUTS["Q4_0"], 1), row_dot(LAYOUTS["Q4_0"], 4)
-_q4_1_1, _q4_1_4 = row_dot(LAYOUTS["Q4_1"], 1), row_dot(LAYOUTS["Q4_1"], 4)
-_q5_0_1, _q5_0_4 = row_dot(LAYOUTS["Q5_0"], 1), row_dot(LAYOUTS["Q5_0"], 4)
-_q5_1_1, _q5_1_4 = row_dot(LAYOUTS["Q5_1"], 1), row_dot(LAYOUTS["Q5_1"], 4)
-_q8_0_1, _q8_0_4 = row_dot(LAYOUTS["Q8_0"], 1), row_dot(LAYOUTS["Q8_0"], 4)
-_q4_k_1, _q4_k_4 = row_dot(LAYOUTS["Q4_K"], 1), row_dot(LAYOUTS["Q4_K"], 4)
-_q6_k_1, _q6_k_4 = row_dot(LAYOUTS["Q6_K"], 1), row_dot(LAYOUTS["Q6_K"], 4)
+# One intrinsic per weight type (vectors.row_dot) for a few activation rows (a decode step): each weight row
+# read once, unpacked in registers.
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
+_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1, _q3_k_1 = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
 
 
-@kernel()
-def _dot4(fmt, row, xq, xd, xsum, m):
-    if fmt == 0:
-        return _q4_0_4(row, xq, xd, xsum, m)
-    if fmt == 1:
-        return _q4_1_4(row, xq, xd, xsum, m)
-    if fmt == 2:
-        return _q5_0_4(row, xq, xd, xsum, m)
-    if fmt == 3:
-        return _q5_1_4(row, xq, xd, xsum, m)
-    if fmt == 4:
-        return _q8_0_4(row, xq, xd, xsum, m)
-    if fmt == 5:
-        return _q4_k_4(row, xq, xd, xsum, m)
-    return _q6_k_4(row, xq, xd, xsum, m)
+_r4 = [rows_dot(LAYOUTS[f], 4) for f in FORMATS]
+_q4_0_r4, _q4_1_r4, _q5_0_r4, _q5_1_r4, _q8_0_r4, _q4_k_r4, _q6_k_r4, _q5_k_r4, _iq4nl_r4, _iq4xs_r4, _q3_k_r4 = _r4
 
 
 @kernel()
@@ -165,24 +146,58 @@ def _dot1(fmt, row, xq, xd, xsum, m):
         return _q8_0_1(row, xq, xd, xsum, m)[0]
     if fmt == 5:
         return _q4_k_1(row, xq, xd, xsum, m)[0]
-    return _q6_k_1(row, xq, xd, xsum, m)[0]
+    if fmt == 6:
+        return _q6_k_1(row, xq, xd, xsum, m)[0]
+    if fmt == 7:
+        return _q5_k_1(row, xq, xd, xsum, m)[0]
+    if fmt == 8:
+        return _iq4nl_1(row, xq, xd, xsum, m)[0]
+    if fmt == 9:
+        return _iq4xs_1(row, xq, xd, xsum, m)[0]
+    return _q3_k_1(row, xq, xd, xsum, m)[0]
+
+
+@kernel()
+def _dot_rows4(fmt, w, r, xq, xd, xsum, m):
+    if fmt == 0:
+        return _q4_0_r4(w, r, xq, xd, xsum, m)
+    if fmt == 1:
+        return _q4_1_r4(w, r, xq, xd, xsum, m)
+    if fmt == 2:
+        return _q5_0_r4(w, r, xq, xd, xsum, m)
+    if fmt == 3:
+        return _q5_1_r4(w, r, xq, xd, xsum, m)
+    if fmt == 4:
+        return _q8_0_r4(w, r, xq, xd, xsum, m)
+    if fmt == 5:
+        return _q4_k_r4(w, r, xq, xd, xsum, m)
+    if fmt == 6:
+        return _q6_k_r4(w, r, xq, xd, xsum, m)
+    if fmt == 7:
+        return _q5_k_r4(w, r, xq, xd, xsum, m)
+    if fmt == 8:
+        return _iq4nl_r4(w, r, xq, xd, xsum, m)
+    if fmt == 9:
+        return _iq4xs_r4(w, r, xq, xd, xsum, m)
+    return _q3_k_r4(w, r, xq, xd, xsum, m)
 
 
 def _matmul(fmt, w, xq, xd, xsum, out):
-    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], the
-    rows over the threads."""
-    m_rows = xq.shape[0]
-    m4 = m_rows // 4 * 4
-    for r in prange(w.shape[0]):
-        row = w[r]
-        for m in range(0, m4, 4):
-            a, b, c, d = _dot4(fmt, row, xq, xd, xsum, m)
+    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], four rows
+    at a time over the threads (for few activation rows: _matmul_tiled takes many)."""
+    m_rows, n_rows = xq.shape[0], w.shape[0]
+    n4 = n_rows // 4
+    for q in prange(n4):
+        r = q * 4
+        for m in range(m_rows):
+            a, b, c, d = _dot_rows4(fmt, w, r, xq, xd, xsum, m)
             out[m, r] = a
-            out[m + 1, r] = b
-            out[m + 2, r] = c
-            out[m + 3, r] = d
-        for m in range(m4, m_rows):
-            out[m, r] = _dot1(fmt, row, xq, xd, xsum, m)
+            out[m, r + 1] = b
+            out[m, r + 2] = c
+            out[m, r + 3] = d
+    for r in range(n4 * 4, n_rows):
+        for m in range(m_rows):
+            out[m, r] = _dot1(fmt, w[r], xq, xd, xsum, m)
 
 
 # Two builds of one loop, as attention.py: a small product does not pay for waking the threads.
@@ -191,10 +206,140 @@ _matmul_one = kernel()(_matmul)
 THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's rows go over the threads
 
 
+# -- a batch of activation rows: weight rows unpacked once per tile (vectors.unpack_row / tile_dot) -------
+_unpack = [unpack_row(LAYOUTS[f]) for f in FORMATS]
+_u0, _u1, _u2, _u3, _u4, _u5, _u6, _u7, _u8, _u9, _u10 = _unpack
+
+
+@kernel()
+def _unpack_into(fmt, row, slot, wq, wa, ws, wsf):
+    if fmt == 0:
+        return _u0(row, slot, wq, wa, ws, wsf)
+    if fmt == 1:
+        return _u1(row, slot, wq, wa, ws, wsf)
+    if fmt == 2:
+        return _u2(row, slot, wq, wa, ws, wsf)
+    if fmt == 3:
+        return _u3(row, slot, wq, wa, ws, wsf)
+    if fmt == 4:
+        return _u4(row, slot, wq, wa, ws, wsf)
+    if fmt == 5:
+        return _u5(row, slot, wq, wa, ws, wsf)
+    if fmt == 6:
+        return _u6(row, slot, wq, wa, ws, wsf)
+    if fmt == 7:
+        return _u7(row, slot, wq, wa, ws, wsf)
+    if fmt == 8:
+        return _u8(row, slot, wq, wa, ws, wsf)
+    if fmt == 9:
+        return _u9(row, slot, wq, wa, ws, wsf)
+    return _u10(row, slot, wq, wa, ws, wsf)
+
+
+# the tile's products by (signed weights, group-sum term): (TILE_R x TILE_M, TILE_R x 1, 1 x TILE_M, 1 x 1)
+_t_ss = [tile_dot(True, True, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
+_t_sn = [tile_dot(True, False, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
+_t_us = [tile_dot(False, True, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
+_t_un = [tile_dot(False, False, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
+_ss_rm, _ss_r1, _ss_1m, _ss_11 = _t_ss
+_sn_rm, _sn_r1, _sn_1m, _sn_11 = _t_sn
+_us_rm, _us_r1, _us_1m, _us_11 = _t_us
+_un_rm, _un_r1, _un_1m, _un_11 = _t_un
+
+
+@kernel()
+def _tile_full(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
+    if kind == 0:
+        return _ss_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
+    if kind == 1:
+        return _sn_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
+    if kind == 2:
+        return _us_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
+    return _un_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
+
+
+@kernel()
+def _tile_rows(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
+    if kind == 0:
+        return _ss_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
+    if kind == 1:
+        return _sn_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
+    if kind == 2:
+        return _us_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
+    return _un_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
+
+
+@kernel()
+def _tile_one_w(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
+    if kind == 0:
+        return _ss_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
+    if kind == 1:
+        return _sn_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
+    if kind == 2:
+        return _us_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
+    return _un_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
+
+
+@kernel()
+def _tile_one(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
+    if kind == 0:
+        return _ss_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
+    if kind == 1:
+        return _sn_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
+    if kind == 2:
+        return _us_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
+    return _un_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
+
+
+def _matmul_tiled(fmt, kind, w, xq, xd, xsum, out, chunk):
+    """As _matmul, for many activation rows: the weight rows in chunks of ``chunk`` over the threads, each
+    chunk in tiles of TILE_R rows unpacked once, each tile times all activation rows, TILE_M at a time."""
+    n_rows, k = w.shape[0], xq.shape[1]
+    m_rows = xq.shape[0]
+    m_full = m_rows // TILE_M * TILE_M
+    n_groups = k // QK
+    n_chunks = (n_rows + chunk - 1) // chunk
+    for c in prange(n_chunks):
+        wq = np.zeros((TILE_R, k), np.int8)
+        wa = np.zeros((TILE_R, k), np.int8)
+        ws = np.zeros((TILE_R, n_groups * 8), np.float32)
+        wsf = np.zeros((n_groups, TILE_R), np.float32)
+        for r0 in range(c * chunk, min(n_rows, (c + 1) * chunk), TILE_R):
+            if r0 + TILE_R <= n_rows:
+                for j in range(TILE_R):
+                    _unpack_into(fmt, w[r0 + j], j, wq, wa, ws, wsf)
+                for m in range(0, m_full, TILE_M):
+                    t = _tile_full(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
+                    for i in range(TILE_M):
+                        for j in range(TILE_R):
+                            out[m + i, r0 + j] = t[i * TILE_R + j]
+                for m in range(m_full, m_rows):
+                    t = _tile_rows(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
+                    for j in range(TILE_R):
+                        out[m, r0 + j] = t[j]
+            else:
+                for r in range(r0, n_rows):
+                    _unpack_into(fmt, w[r], 0, wq, wa, ws, wsf)
+                    for m in range(0, m_full, TILE_M):
+                        t = _tile_one_w(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
+                        for i in range(TILE_M):
+                            out[m + i, r] = t[i]
+                    for m in range(m_full, m_rows):
+                        out[m, r] = _tile_one(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
+
+
+_tiled_threads = kernel(parallel=True)(_matmul_tiled)
+_tiled_one = kernel()(_matmul_tiled)
+TILED_FROM = 4               # activation rows from which the weight rows are unpacked once per tile
+CHUNK_ROWS = 64              # weight rows a thread takes at a time (one scratch per chunk)
+
+
 FAST_TYPES = frozenset(DType[f] for f in FORMATS)
-K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K))     # their activations in q8_K blocks
+K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K, DType.Q5_K, DType.Q3_K, DType.IQ4_XS))   # activations in q8_K blocks (ggml's)
 WITH_MIN = frozenset((DType.Q4_1, DType.Q5_1))     # theirs in q8_1 blocks (the sums in float16)
 _FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
+# tile_dot's variant of each type: 0 signed with a group-sum term, 1 signed, 2 unsigned with one, 3 unsigned
+_KIND = {DType[f]: (0 if signed_of(LAYOUTS[f]) else 2) + (0 if has_sum_of(LAYOUTS[f]) else 1) for f in FORMATS}
 
 
 class QuantizedWeight:
@@ -221,8 +366,12 @@ class QuantizedWeight:
         """x (M, K) float32 @ weight^T: (M, N) float32."""
         xq, xd, xsum = quantize_activations(x, k_quant=self.dtype in K_QUANTS, q8_1=self.dtype in WITH_MIN)
         out = np.empty((x.shape[0], self.shape[0]), np.float32)
-        run = _matmul_threads if x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM else _matmul_one
-        run(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
+        threaded = x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM
+        if x.shape[0] >= TILED_FROM:
+            (_tiled_threads if threaded else _tiled_one)(_FMT[self.dtype], _KIND[self.dtype], self.raw, xq, xd, xsum,
+                                                         out, CHUNK_ROWS)
+        else:
+            (_matmul_threads if threaded else _matmul_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
         return out
 
     def __repr__(self) -> str:
