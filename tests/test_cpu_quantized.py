@@ -27,7 +27,8 @@ FROM_MODEL = {"Q4_1": ("smollm2", "blk.0.ffn_down.weight"), "Q8_0": ("smollm2", 
               "Q5_0": ("gemma3", "blk.0.attn_k.weight"), "Q4_K": ("gemma3", "blk.0.attn_output.weight"),
               "Q6_K": ("gemma3", "blk.0.ffn_down.weight")}
 ROWS = 64
-SCALES_AT = {"Q5_K": (0, 2), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)}      # byte offsets of a block's float16 scales
+# byte offsets of a block's float16 scales
+SCALES_AT = {"Q5_K": (0, 2), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 @cache

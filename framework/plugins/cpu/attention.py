@@ -88,6 +88,7 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
         seen = np.flatnonzero(np.isfinite(m).any(axis=0))
         n = int(seen[-1]) + 1 if seen.size else 1
     kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
-    run(np.ascontiguousarray(q, dtype=np.float32), kt, np.ascontiguousarray(v, dtype=np.float32), np.ascontiguousarray(m[:, :n]) if
-        mask is not None else m, mask is not None, np.float32(scale), out)
+    mm = np.ascontiguousarray(m[:, :n]) if mask is not None else m
+    run(np.ascontiguousarray(q, dtype=np.float32), kt, np.ascontiguousarray(v, dtype=np.float32), mm,
+        mask is not None, np.float32(scale), out)
     return out

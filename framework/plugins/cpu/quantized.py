@@ -125,7 +125,8 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 # One intrinsic per weight type (vectors.row_dot) for a few activation rows (a decode step): each weight row
 # read once, unpacked in registers.
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
-_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1, _q3_k_1 = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
+(_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
+ _q3_k_1) = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
 
 
 _r4 = [rows_dot(LAYOUTS[f], 4) for f in FORMATS]
@@ -335,7 +336,8 @@ CHUNK_ROWS = 64              # weight rows a thread takes at a time (one scratch
 
 
 FAST_TYPES = frozenset(DType[f] for f in FORMATS)
-K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K, DType.Q5_K, DType.Q3_K, DType.IQ4_XS))   # activations in q8_K blocks (ggml's)
+# activations in q8_K blocks (ggml's)
+K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K, DType.Q5_K, DType.Q3_K, DType.IQ4_XS))
 WITH_MIN = frozenset((DType.Q4_1, DType.Q5_1))     # theirs in q8_1 blocks (the sums in float16)
 _FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
 # tile_dot's variant of each type: 0 signed with a group-sum term, 1 signed, 2 unsigned with one, 3 unsigned

@@ -418,8 +418,8 @@ def unpack_row(layout: Layout):
         sig = types.int64(row, slot, wq, wa, ws, wsf)
 
         def codegen(context, builder, signature, args):
-            arow, awq, awa, aws, awsf = (context.make_array(t)(context, builder, a)
-                                         for t, a in zip((signature.args[0], *signature.args[2:]), (args[0], *args[2:])))
+            types_, values = (signature.args[0], *signature.args[2:]), (args[0], *args[2:])
+            arow, awq, awa, aws, awsf = (context.make_array(t)(context, builder, a) for t, a in zip(types_, values))
             j = context.cast(builder, args[1], signature.args[1], types.int64)
             k = cgutils.unpack_tuple(builder, awq.shape, 2)[1]
             n_groups = builder.udiv(k, _i64(QK))
@@ -443,7 +443,8 @@ def unpack_row(layout: Layout):
                     builder.store(scale, e.ptr(aws.data, builder.add(s_base, builder.mul(group, _i64(8))), V8F32),
                                   align=4)
                     if with_sum:
-                        builder.store(g.sum_factor, builder.gep(awsf.data, [builder.add(builder.mul(group, tile_r), j)]))
+                        at = builder.add(builder.mul(group, tile_r), j)
+                        builder.store(g.sum_factor, builder.gep(awsf.data, [at]))
             return ir.Constant(I64, 0)
 
         return sig, codegen
