@@ -513,13 +513,13 @@ def test_fused_decode_kernels(variant, monkeypatch):
 
 def test_fused_attention_with_its_own_products(variant, monkeypatch):
     """The attention block with Q, K and V made before it by one rowvec3 launch over the three weights (what
-    heads as large as Gemma 3's take: kernels.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
+    heads as large as Gemma 3's take: fusion.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
     forced on PoCL: every output of the DECODE cases with layers, the caches included, against the CPU
     plugin."""
     from framework.conformance.cases import all_cases
-    from framework.plugins.opencl import kernels
+    from framework.core.graph import fusion
     from framework.plugins.opencl.program import ClProgram
-    monkeypatch.setattr(kernels, "ATTN_OWN_PRODUCTS", 0)
+    monkeypatch.setattr(fusion, "ATTN_OWN_PRODUCTS", 0)
     variant.is_cpu = False
     for case in [c for c in all_cases() if c.id.startswith("DECODE-") and "-layer" in c.id]:
         plan = _check_case(variant, case)

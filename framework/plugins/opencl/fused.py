@@ -7,9 +7,9 @@ by name), and each group becomes launches of kernels.cl's rowvec or attn_block (
   the residual add or GLU in the epilogue;
 * an attention block: one attn_block launch (q, k and v projected per head, their norms, rope, the scale of
   q, both cache writes and the split attention), and flash_combine unless the next product's prologue
-  combines the partials. Where a head is large (its q rows times x's length at least
-  kernels.ATTN_OWN_PRODUCTS: Gemma 3's), Q, K and V are one rowvec3 launch before it over the whole device
-  (the norm in its prologue), and attn_block reads them (`own_products`).
+  combines the partials. Where a head is large (its q rows times x's length at least the core's
+  fusion.ATTN_OWN_PRODUCTS, which the Vulkan plugin shares: Gemma 3's), Q, K and V are one rowvec3 launch
+  before it over the whole device (the norm in its prologue), and attn_block reads them (`own_products`).
 
 None on a CPU device (PoCL runs barrier-free kernels best, as lavapipe does for the Vulkan plugin).
 """
@@ -150,9 +150,8 @@ def _stack_shape(dev, g: AttnGroup) -> dict:
 
 def own_products(dev, g: AttnGroup) -> bool:
     """Whether the attention's Q, K and V are made before it by one rowvec3 launch: for heads from
-    kernels.ATTN_OWN_PRODUCTS (q rows times x's length), where each weight is one chunk and x fits."""
-    d = g.fa.src[0].shape[2]
-    if d * g.wq.shape[1] < kernels.ATTN_OWN_PRODUCTS:
+    fusion.ATTN_OWN_PRODUCTS (q rows times x's length), where each weight is one chunk and x fits."""
+    if not fusion.wants_own_products(g):
         return False
     if any(len(dev.chunk_plan(w.dtype.name, w.shape)) > 1 for w in (g.wq, g.wk, g.wv)):
         return False

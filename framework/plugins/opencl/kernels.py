@@ -29,12 +29,6 @@ MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix
 MATVEC_MIN_GROUPS = 264  # work-groups a matrix-vector product should make at least (2 an SM on an H200)
 MATVEC_X8_BYTES = 4 << 20   # weights from this size take x in 8 bits where the device has a 4-way byte dot product
 MATVEC_XL_BYTES = 36 << 10  # local memory the matrix-vector kernel may take to stage f32 x (rows x groups x 144 B)
-# a head's q rows times x's length from which the fused attention's Q, K and V are one matrix-vector launch
-# of their own before it (fused.own_products; the tests set it to 0 to take that path on small models):
-# inside the attention kernel every work-group of a head projects that head's rows again. The Vulkan
-# plugin's kernel_shapes.ATTN_OWN_PRODUCTS, the same measurement on the same chip (Gemma 3's 256 x 640 takes
-# it, SmolLM2's 64 x 576 does not).
-ATTN_OWN_PRODUCTS = 1 << 17
 SPLIT_ATTN_BELOW = 64    # query rows x heads under which attention splits its keys over work-groups (GPUs)
 
 
