@@ -511,6 +511,25 @@ def test_fused_decode_kernels(variant, monkeypatch):
     assert "RMS_NORM" in names and not any(n.startswith(("NORM+", "COMBINE+", "RMS_NORM+")) for n in names), names
 
 
+def test_fused_attention_with_its_own_products(variant, monkeypatch):
+    """The attention block with Q, K and V made before it by one rowvec3 launch over the three weights (what
+    heads as large as Gemma 3's take: fusion.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
+    forced on PoCL: every output of the DECODE cases with layers, the caches included, against the CPU
+    plugin."""
+    from framework.conformance.cases import all_cases
+    from framework.core.graph import fusion
+    from framework.plugins.opencl.program import ClProgram
+    monkeypatch.setattr(fusion, "ATTN_OWN_PRODUCTS", 0)
+    variant.is_cpu = False
+    for case in [c for c in all_cases() if c.id.startswith("DECODE-") and "-layer" in c.id]:
+        plan = _check_case(variant, case)
+        names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+        layers = int(case.id.split("-")[2])
+        assert names.count("ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers, (case.id, names)
+        assert names.count("NORM+MUL_MATx3") == layers, (case.id, names)
+        assert not any(n.endswith("QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") for n in names), (case.id, names)
+
+
 def test_unknown_fusion_names_are_refused(ocl, monkeypatch):
     from framework.plugins.opencl import fused
     monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "attn,gluu")

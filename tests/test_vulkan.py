@@ -246,10 +246,10 @@ def test_fused_decode_kernels(variant, monkeypatch, unfuse):
 
 def test_fused_attention_with_its_own_products(variant, monkeypatch):
     """The attention block with Q, K and V made before it by their own matrix-vector kernel (what heads as
-    large as Gemma 3's take: kernel_shapes.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
+    large as Gemma 3's take: the core's fusion.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
     every output of the DECODE cases against the CPU plugin."""
-    from framework.plugins.vulkan import kernel_shapes
-    monkeypatch.setattr(kernel_shapes, "ATTN_OWN_PRODUCTS", 0)
+    from framework.core.graph import fusion
+    monkeypatch.setattr(fusion, "ATTN_OWN_PRODUCTS", 0)
     variant.cpu_adapter = False
     for case in DECODE_CASES:
         assert _check_case(variant, case) == "ok"

@@ -31,6 +31,12 @@ from .ops import VIEW_OPS
 from .tensor import LeafKind, Tensor
 
 FUSIONS = ("attn", "combine", "norm", "add", "glu", "rms_mul")
+# a head's q rows times x's length from which an attention block's Q, K and V are a matrix-vector kernel of
+# their own before the attention kernel (over the three weights, the norm in its prologue) in both GPU
+# plugins (the tests set it to 0 to take that path on small models). Inside the attention kernel every
+# workgroup of a head projects that head's rows again: on the H200 Gemma 3's 256 x 640 took 53 us a layer
+# that way through Vulkan; SmolLM2's 64 x 576 is faster inside than as 30 more kernels.
+ATTN_OWN_PRODUCTS = 1 << 17
 GROUP_FUSIONS = frozenset({"attn", "combine", "norm", "add", "glu"})    # those plan() forms groups for
 
 
@@ -119,6 +125,12 @@ class AttnGroup:
     v_set: Tensor
     combined: bool = True            # False: the partials are read by a product's prologue instead
     nodes: list[Tensor] = field(default_factory=list)
+
+
+def wants_own_products(g: AttnGroup) -> bool:
+    """Whether an attention block's heads are large enough for Q, K and V to be a kernel of their own
+    (ATTN_OWN_PRODUCTS); the plugin then checks that its kernel fits."""
+    return g.fa.src[0].shape[2] * g.wq.shape[1] >= ATTN_OWN_PRODUCTS
 
 
 @dataclass

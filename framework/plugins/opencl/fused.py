@@ -7,7 +7,9 @@ by name), and each group becomes launches of kernels.cl's rowvec or attn_block (
   the residual add or GLU in the epilogue;
 * an attention block: one attn_block launch (q, k and v projected per head, their norms, rope, the scale of
   q, both cache writes and the split attention), and flash_combine unless the next product's prologue
-  combines the partials.
+  combines the partials. Where a head is large (its q rows times x's length at least the core's
+  fusion.ATTN_OWN_PRODUCTS, which the Vulkan plugin shares: Gemma 3's), Q, K and V are one rowvec3 launch
+  before it over the whole device (the norm in its prologue), and attn_block reads them (`own_products`).
 
 None on a CPU device (PoCL runs barrier-free kernels best, as lavapipe does for the Vulkan plugin).
 """
@@ -133,6 +135,52 @@ def rowvec(lw, g: ProductGroup) -> None:
                   **dict(args, write_y=args["write_y"] * int(ci == 0)))
 
 
+def _qkv(g: AttnGroup) -> list:
+    """The group's Q, K and V products (the MUL_MAT nodes it absorbed), in that order."""
+    return [next(n for n in g.nodes if n.op == "MUL_MAT" and n.src[0] is w) for w in (g.wq, g.wk, g.wv)]
+
+
+def _stack_shape(dev, g: AttnGroup) -> dict:
+    ws = (g.wq, g.wk, g.wv)
+    k = g.wq.shape[1]
+    rows = sum(w.shape[0] for w in ws)
+    return kernels.matvec_shape(dev, k // layout.GROUP, 1, rows, sum(w.shape[0] * layout.row_bytes(w.dtype.name, k)
+                                                                      for w in ws))
+
+
+def own_products(dev, g: AttnGroup) -> bool:
+    """Whether the attention's Q, K and V are made before it by one rowvec3 launch: for heads from
+    fusion.ATTN_OWN_PRODUCTS (q rows times x's length), where each weight is one chunk and x fits."""
+    if not fusion.wants_own_products(g):
+        return False
+    if any(len(dev.chunk_plan(w.dtype.name, w.shape)) > 1 for w in (g.wq, g.wk, g.wv)):
+        return False
+    sh = _stack_shape(dev, g)
+    nbytes = g.wq.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * sh["r"]
+    return nbytes <= _local_bytes(dev) and sh["wg"] % sh["tpr"] == 0
+
+
+def _products(lw, g: AttnGroup) -> tuple:
+    """Q, K and V, one rowvec3 launch (the attention's prologue in it): their values."""
+    from .lower import ChunkArg
+    p = g.src.prologue
+    muls = _qkv(g)
+    args, opts = _prologue(lw, g.src)
+    sh = _stack_shape(lw.dev, g)
+    build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=g.wq.shape[1], F_WG=sh["wg"], F_TPR=sh["tpr"],
+                 F_R=sh["r"], F_NW=3, F_EPI=0, **opts, **_shfl_options(lw.dev, sh["shfl"]))
+    per = sh["wg"] // sh["tpr"] * sh["r"]
+    binds, groups = {}, 0
+    for i, m in enumerate(muls):
+        w = m.src[0]
+        build[f"F_T{i}"] = w.dtype.name
+        binds |= {f"w{i}": ChunkArg(lw.arg_of(w), 0), f"o{i}": lw.new_val(m), f"n{i}": w.shape[0]}
+        groups += -(-w.shape[0] // per)
+    lw.launch(f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", "rowvec3", build, groups * sh["wg"],
+              sh["wg"], **binds, **args)
+    return binds["o0"], binds["o1"], binds["o2"]
+
+
 def split_of(s: int, h: int) -> tuple[int, int]:
     """(parts, keys a part) of the attention's cached keys for h heads (whole blocks of 64 keys)."""
     nc = min(-(-s // 64), max(2, kernels.SPLIT_ATTN_BELOW * 2 // h))
@@ -145,8 +193,15 @@ def attn_block(lw, g: AttnGroup) -> None:
     fa = g.fa
     _, h, d = fa.src[0].shape
     s, hkv, _ = fa.src[1].shape
-    p = g.src.prologue
-    args, opts = _prologue(lw, g.src)
+    own = own_products(lw.dev, g)
+    if own:
+        qkv = _products(lw, g)
+        args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "p": None, "nc": 0, "write_y": 0,
+                "eps": 0.0, "eps1": 0.0, "ys": 1.0}
+        opts = {"F_PRO": 0, "F_PRE": 0}
+    else:
+        qkv = (None, None, None)
+        args, opts = _prologue(lw, g.src)
     caches = []
     for st in (g.k_set, g.v_set):
         c = lw.ref(st.src[0])
@@ -164,10 +219,14 @@ def attn_block(lw, g: AttnGroup) -> None:
     mask = len(fa.src) > 3
     build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=g.wq.shape[1], F_WG=ATTN_WG, F_D=d, F_ND=n_dims,
                  F_NEOX=ROPE_NEOX[rp["mode"]], F_QN=int(g.q_norm is not None), F_KN=int(g.k_norm is not None),
-                 F_T0=g.wq.dtype.name, F_T1=g.wk.dtype.name, F_T2=g.wv.dtype.name, **opts)
-    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
-    lw.launch(f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG,
-              wq=ChunkArg(lw.arg_of(g.wq), 0), wk=ChunkArg(lw.arg_of(g.wk), 0), wv=ChunkArg(lw.arg_of(g.wv), 0),
+                 F_OWN=int(own), **opts)
+    if not own:
+        build |= {"F_T0": g.wq.dtype.name, "F_T1": g.wk.dtype.name, "F_T2": g.wv.dtype.name}
+    norm = g.src.prologue.src == "norm" and not own
+    label = "+".join(filter(None, ["NORM" if norm else "", "" if own else "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
+    weights = {n: None if own else ChunkArg(lw.arg_of(w), 0) for n, w in (("wq", g.wq), ("wk", g.wk), ("wv", g.wv))}
+    lw.launch(f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG, **weights,
+              qp=qkv[0], kp=qkv[1], vp=qkv[2],
               gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
               pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
               krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,

@@ -949,6 +949,9 @@ __kernel void matmul_reg(ARGS_matmul_q) {
 //   kernel makes it) and the scale of q; a part attends over its keys, the new key's row left out; the
 //   new key's work-group projects k and v (F_KN: k's norm; rope), writes them into the caches (the
 //   first head of those sharing them) and attends over the new key alone. Partials as flash_attn_part.
+//   F_OWN: q, k and v are read from qp, kp and vp instead, which rowvec3 made before (heads as large as
+//   Gemma 3's, where every work-group of a head projecting its rows again costs more than a launch).
+// * rowvec3 (F_NW 3): x times three weights (Q, K and V) in one launch over the whole device.
 // ------------------------------------------------------------------------------------------------
 
 #ifdef FUSED
@@ -1044,6 +1047,7 @@ inline void prologue(__local float* xsf, __local float* red, uint li, uint wid, 
 }
 
 #ifdef F_TPR
+#if F_NW < 3
 __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec(ARGS_rowvec) {
   __local float4 xs[F_GPR * 9];
   __local float red[F_WG * F_NW * F_R];
@@ -1098,6 +1102,64 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec(ARGS_rowv
     }
   }
 }
+#else
+// a team's F_R sums met (shuffles, or a tree in local memory: the whole work-group reaches its barriers)
+inline void team_sums(float* acc, __local float* red, uint li, uint lane) {
+#if PTX_SHFL
+#pragma unroll
+  for (uint s = F_TPR / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (uint i = 0; i < F_R; i++) acc[i] += shfl_xor(acc[i], s);
+  }
+#else
+  for (uint i = 0; i < F_R; i++) red[i * F_WG + li] = acc[i];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_TPR / 2; s > 0; s >>= 1) {
+    if (lane < s)
+      for (uint i = 0; i < F_R; i++) red[i * F_WG + li] += red[i * F_WG + li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  for (uint i = 0; i < F_R; i++) acc[i] = red[i * F_WG + li];
+#endif
+}
+
+// a team's sums of its F_R rows of one of rowvec3's weights times x
+#define ROWS3(GRPF, QZFV, wt, moff)                                                         \
+  if (r0 < nr)                                                                              \
+    for (uint g = lane; g < F_GPR; g += F_TPR)                                              \
+      for (uint k = 0; k < F_R; k++)                                                        \
+        acc[k] += dot32z(GRPF(wt, moff, F_GPR, min(r0 + k, nr - 1u), g), xs + g * 9u, QZFV);
+
+// Q, K and V of an attention whose heads are large (fused.py's own_products): x made once a work-group
+// by the prologue, the three weights' rows spread over the whole device (work-groups for q's rows, then
+// k's, then v's; a work-group takes one weight's rows only)
+__kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec3(ARGS_rowvec3) {
+  __local float4 xs[F_GPR * 9];
+  __local float red[F_WG * F_R];
+  uint li = get_local_id(0), wid = get_group_id(0);
+  prologue((__local float*)xs, red, li, wid, PRO_PASS);
+  uint team = li / F_TPR, lane = li % F_TPR, per = (F_WG / F_TPR) * F_R;
+  uint g0 = (n0 + per - 1u) / per, g1 = (n1 + per - 1u) / per;
+  uint which = wid < g0 ? 0u : wid < g0 + g1 ? 1u : 2u;
+  uint gi = wid - (which > 0u ? g0 : 0u) - (which > 1u ? g1 : 0u);
+  uint nr = which == 0u ? n0 : which == 1u ? n1 : n2;
+  uint r0 = (gi * (F_WG / F_TPR) + team) * F_R;
+  float acc[F_R];
+  for (uint i = 0; i < F_R; i++) acc[i] = 0.0f;
+  if (which == 0u) {
+    ROWS3(GRP0, QZF0, w0, w0_moff)
+  } else if (which == 1u) {
+    ROWS3(GRP1, QZF1, w1, w1_moff)
+  } else {
+    ROWS3(GRP2, QZF2, w2, w2_moff)
+  }
+  team_sums(acc, red, li, lane);
+  __global float* out = which == 0u ? o0 + o0_off : which == 1u ? o1 + o1_off : o2 + o2_off;
+  if (lane == 0)
+    for (uint k = 0; k < F_R; k++)
+      if (r0 + k < nr) out[r0 + k] = acc[k];
+}
+#endif
 #endif
 
 #ifdef F_D
@@ -1145,15 +1207,26 @@ inline void rope_head(__local float* v, int ps, __global const TABLE_T* restrict
 }
 
 __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_attn_block) {
+#if !F_OWN
   __local float4 xs[F_GPR * 9];
+#endif
   __local float red[F_WG], qf[F_D], kf[F_D], vf[F_D], ps[64];
   uint li = get_local_id(0), wid = get_group_id(0);
   uint h = wid / nc1, c = wid % nc1, NC = nc1 - 1u;
   uint hk = h / (H / Hkv);
   uint kr = (uint)krow[krow_off];           // the new key's row (a negative index: none)
   int at = pos[pos_off];
+  bool newk = c == NC;
+#if F_OWN   // q, k and v made before by rowvec3: this head's rows of them
+  for (uint j = li; j < F_D; j += F_WG) {
+    qf[j] = qp[qp_off + h * F_D + j];
+    if (newk) { kf[j] = kp[kp_off + hk * F_D + j]; vf[j] = vp[vp_off + hk * F_D + j]; }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+#else
   prologue((__local float*)xs, red, li, wid, PRO_PASS);
   PROJECT(GRP0, QZF0, wq, wq_moff, h * F_D, qf, true)
+#endif
 #if F_QN
   head_norm(qf, gq, gq_off, q_eps, red, li);
 #endif
@@ -1161,9 +1234,10 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
   uint pb = po_off + wid * (F_D + 2);
   // every barrier below is reached by the whole work-group (no branch around one): the new key's
   // work-group projects k and v while the others run the same loops with no groups and no keys
-  bool newk = c == NC;
+#if !F_OWN
   PROJECT(GRP1, QZF1, wk, wk_moff, hk * F_D, kf, newk)
   PROJECT(GRP2, QZF2, wv, wv_moff, hk * F_D, vf, newk)
+#endif
 #if F_KN
   head_norm(kf, gk, gk_off, k_eps, red, li);
 #endif

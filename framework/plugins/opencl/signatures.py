@@ -42,7 +42,10 @@ SIGNATURES = {
     "ptx_probe": "ini p, out o",
     "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in p, in r, out o, u N, u col0, u nc, u write_y, u op, "
               "f eps, f eps1, f ys",
-    "attn_block": "w wq, w wk, w wv, in a, in b, in gp, in gn, out y, in p, in gq, in gk, ini pos, tab inv, ini krow, "
+    "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, in p, out o0, out o1, out o2, u n0, u n1, u n2, "
+               "u nc, u write_y, f eps, f eps1, f ys",
+    "attn_block": "w wq, w wk, w wv, in qp, in kp, in vp, in a, in b, in gp, in gn, out y, in p, in gq, in gk, "
+                  "ini pos, tab inv, ini krow, "
                   "out kc, out vc, in mk, out po, u H, u Hkv, u S, u nc, u nc1, u chunk, u cache_rows, u write_y, "
                   "u has_mask, f scale, f q_scale, f q_eps, f k_eps, f eps, f eps1, f ys",
 }

@@ -9,11 +9,6 @@ from .options import MATMUL_ENV, MATVEC_ENV  # noqa: F401 (MATMUL_ENV: re-export
 
 MATVEC_MAX_ROWS = 8
 GPU_THREADS = 32768       # threads a GPU's tiled product should have at least (else smaller tiles)
-# a head's q rows times x's length from which the fused attention's Q, K and V products are a matrix-vector
-# kernel of their own (lower_fused.py; the tests set it to 0 to take that path on small models). Inside
-# the attention kernel every workgroup of a head reads that head's rows: on the H200 Gemma 3's 256 x 640
-# took 53 us a layer that way; SmolLM2's 64 x 576 is faster inside than as 30 more dispatches.
-ATTN_OWN_PRODUCTS = 1 << 17
 SPLIT_ATTN_BELOW = 64     # query rows x heads under which attention splits its keys across workgroups
 MATVEC_ROWS = {1: 4, 2: 2, 4: 1, 8: 1}   # weight rows per thread, by rows of x: each x group used that often
 MATVEC_MIN_WORKGROUPS = 256               # ... fewer where a matrix would make fewer workgroups (2 an SM on an H200)

@@ -1,13 +1,15 @@
 """Lowering the fused groups fusion.py found: each becomes a ROWVEC or ATTN_BLOCK dispatch (wgsl_fused.py),
 its bindings in the kernel's order of roles, its parameters by name. An attention block whose heads are
-large (a head's q rows times x's length at least kernel_shapes.ATTN_OWN_PRODUCTS) has its Q, K and V
-made first by one ROWVEC over the three weights, across the whole GPU, and the ATTN_BLOCK reads them."""
+large (a head's q rows times x's length at least the core's fusion.ATTN_OWN_PRODUCTS, which the OpenCL plugin
+shares) has its Q, K and V made first by one ROWVEC over the three weights, across the whole GPU, and the
+ATTN_BLOCK reads them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from . import kernel_shapes, wgsl, wgsl_fused
+from ...contract import fusion as core_fusion
+from . import wgsl, wgsl_fused
 from .fusion import AttnGroup, ProductGroup, Sources, buffers_limit, rowvec_fits, shape_of
 from .kernel_shapes import SPLIT_ATTN_BELOW
 from .wgsl import GLU_CODE
@@ -109,9 +111,7 @@ def _product_groups(g: AttnGroup) -> list[ProductGroup]:
 
 def own_products(lw, g: AttnGroup) -> bool:
     """Whether the attention's Q, K and V products are matrix-vector kernels of their own (see fusion.py)."""
-    d = g.fa.src[0].shape[2]
-    wanted = d * g.wq.shape[1] >= kernel_shapes.ATTN_OWN_PRODUCTS
-    return wanted and all(rowvec_fits(lw.dev, pg) for pg in _product_groups(g))
+    return core_fusion.wants_own_products(g) and all(rowvec_fits(lw.dev, pg) for pg in _product_groups(g))
 
 
 def _products(lw, g: AttnGroup) -> dict:
