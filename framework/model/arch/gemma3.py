@@ -46,5 +46,5 @@ class Gemma3(Architecture):
             k = b.rope_ext(k, inp.pos, hp.n_rot, self.rope_mode, base, name=f"Kcur_rope-{il}")
             q = b.scale(q, 1.0 / math.sqrt(hp.head_dim), name=f"Qcur_scaled-{il}")
             att = self.attention(b, inp, cache, il, q, k, v, 1.0)
-            x = post_norm_tail(self, b, il, att, x)
+            x = post_norm_tail(self, b, il, att, x, ("sa_out", "l_out"))
         return self.logits(b, x, inp)
