@@ -81,13 +81,14 @@ def conformance(dev) -> dict:
     """Every conformance case on dev against the CPU plugin; a case that raises is listed with its error."""
     from framework.conformance.cases import all_cases, nmse
     from framework.core.scheduler import Executor, make_plan
+    from framework.core.scheduler.verdicts import ask
     from framework.plugins.cpu.device import CpuDevice
     cpu = CpuDevice("f32")
     ok = refused = 0
     failed, errors = [], []
     for case in all_cases():
         b = case.build()
-        if not all(dev.supports_op(n).ok for n in b.graph.nodes):
+        if not all(ask(dev, n).ok for n in b.graph.nodes):     # the central checks too (op list, weight types)
             refused += 1
             continue
         try:

@@ -418,6 +418,7 @@ def conformance(dev, select=lambda case_id: True, deadline: float = math.inf) ->
     until time.monotonic() passes `deadline`: the cases left then are counted, not run."""
     from framework.conformance.cases import all_cases, nmse
     from framework.core.scheduler import Executor, make_plan
+    from framework.core.scheduler.verdicts import ask
     from framework.plugins.cpu.device import CpuDevice
     cpu = CpuDevice("f32")
     ok = refused = left = 0
@@ -429,7 +430,7 @@ def conformance(dev, select=lambda case_id: True, deadline: float = math.inf) ->
             left += 1
             continue
         b = case.build()
-        if not all(dev.supports_op(n).ok for n in b.graph.nodes):
+        if not all(ask(dev, n).ok for n in b.graph.nodes):     # the central checks too (op list, weight types)
             refused += 1
             continue
         outs = []
