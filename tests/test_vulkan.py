@@ -382,6 +382,8 @@ def test_one_submission_per_run_and_pipelines_made_once(vk):
         ex.run(plan, b.fresh_inputs())
     assert len(vk._pipelines) == pipes
     assert vk.submits - submits == 3 * len(plan.fragments)
+    # how the commands were encoded is said, whichever way it was (wgpu-native's C functions or wgpu's methods)
+    assert "pass commands through wgpu" in vk.compile_summary()
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from ...contract import (
 from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
-from .submission import VkProgram
+from .submission import ENCODING, VkProgram
 from .tensors import StagedTensor, VkTensor, VkWeight
 from .verdicts import OPS, verdict
 
@@ -232,7 +232,7 @@ class VulkanDevice(BufferPools, Device):
         runs = ", ".join(f"{d} ({r} row{'s' * (r != 1)} of x)" for r, d in self.compiled)
         off = sorted(fusions_off())
         return (f"{self.name}: {len(self.compiled)} programs, {len(self._pipelines)} pipelines; dispatches a run: "
-                f"{runs or 'none'}; fusions off: {', '.join(off) if off else 'none'}"
+                f"{runs or 'none'}; fusions off: {', '.join(off) if off else 'none'}; {ENCODING}"
                 + ("" if not self.cpu_adapter else " (a CPU adapter fuses no decode kernels)"))
 
     def describe(self) -> str:

@@ -22,8 +22,10 @@ STAGE_MAX = 8 << 20       # bytes of a run's outputs copied for reading back in 
 
 try:      # wgpu-native's C functions, as wgpu's own methods call them (see VkProgram._encode)
     from wgpu.backends.wgpu_native import _ffi as _native
-except ImportError:       # another wgpu layout: its methods are called instead
+except ImportError:       # another wgpu layout: its methods are called instead (the report line says so)
     _native = None
+ENCODING = ("pass commands through wgpu-native's C functions" if _native is not None else
+            "pass commands through wgpu's methods (wgpu.backends.wgpu_native._ffi is missing: slower encoding)")
 
 
 class VkProgram:
