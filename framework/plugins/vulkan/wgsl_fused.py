@@ -80,6 +80,12 @@ fn row_sum(v: f32, li: u32) -> f32 {
 }
 """
 
+# a group of 32 x values (eight vec4) from the workgroup's copy of x, xs
+X_GROUP = """fn xsg(g: u32) -> array<vec4<f32>, 8> {
+  let b = g * 8u;
+  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
+}"""
+
 
 def prologue_source(p: Prologue, roles: list[str]) -> str:
     """WGSL lines of main() filling xs (K4 vec4) with x; `wid` is the workgroup's index, `li` the thread's."""
@@ -195,10 +201,7 @@ var<workgroup> xs: array<vec4<f32>, {k // 4}>;
 {f"var<workgroup> xq: array<vec4<u32>, {3 * gpr}>;" if x8 else ""}
 {red_decl}
 {ROW_SUM}
-fn xsg(g: u32) -> array<vec4<f32>, 8> {{
-  let b = g * 8u;
-  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
-}}
+{X_GROUP}
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
@@ -282,10 +285,7 @@ const GPR: u32 = {k // 32}u;
 var<workgroup> xs: array<vec4<f32>, {k // 4}>;
 {red_decl}
 {ROW_SUM}
-fn xsg(g: u32) -> array<vec4<f32>, 8> {{
-  let b = g * 8u;
-  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
-}}
+{X_GROUP}
 @compute @workgroup_size({wg})
 fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
@@ -516,10 +516,7 @@ def attn_block(qtypes: tuple[str, str, str] | None, k: int, d: int, n_dims: int,
         make_x = prologue_source(p, roles)
         weight_words = "gpr_q = GPR; moff_q = U.moffq; gpr_k = GPR; moff_k = U.moffk; gpr_v = GPR; moff_v = U.moffv;"
         x_decl = f"""var<workgroup> xs: array<vec4<f32>, {k // 4}>;
-fn xsg(g: u32) -> array<vec4<f32>, 8> {{
-  let b = g * 8u;
-  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
-}}"""
+{X_GROUP}"""
     q_head = q_made + (_head_norm("qf", "Gq", "U.q_eps", roles) if q_norm else "") + _rope("qf", roles)
     kv_heads = kv_made + (_head_norm("kf", "Gk", "U.k_eps", roles) if k_norm else "") + _rope("kf", roles)
     body = f"""
