@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import real_vocab  # noqa: E402
+from make_chat_reference import apply_template  # noqa: E402
 import tiny_models  # noqa: E402
 
 OUT = HERE / "reference" / "tiny"
@@ -100,21 +101,9 @@ def tokenize(llm, strings: list[str], special: bool) -> list[dict]:
     return [{"text": s, "ids": llm.tokenize(s.encode("utf-8"), add_bos=False, special=special)} for s in strings]
 
 
-def chat_renderings(model_path: Path, template: str) -> list[dict]:
+def chat_renderings(template: str) -> list[dict]:
     """llama_chat_apply_template (llama.cpp's C++ rendering of a recognised template) of CHATS."""
-    import llama_cpp
-    out = []
-    for chat in CHATS:
-        msgs = (llama_cpp.llama_chat_message * len(chat))()
-        keep = []
-        for i, m in enumerate(chat):
-            role, content = m["role"].encode(), m["content"].encode()
-            keep += [role, content]
-            msgs[i].role, msgs[i].content = role, content
-        buf = ctypes.create_string_buffer(1 << 16)
-        n = llama_cpp.llama_chat_apply_template(template.encode(), msgs, len(chat), True, buf, len(buf))
-        out.append({"messages": chat, "text": buf.raw[:n].decode("utf-8") if n > 0 else None})
-    return out
+    return [{"messages": chat, "text": apply_template(template, chat, True) or None} for chat in CHATS]
 
 
 def model_reference(arch: str, work: Path) -> tuple[dict, dict]:
@@ -143,7 +132,7 @@ def model_reference(arch: str, work: Path) -> tuple[dict, dict]:
                                "greedy_text": llm.detokenize(greedy).decode("utf-8", errors="replace"),
                                "steps_key": f"p{i}_steps", "prefill_key": f"p{i}_prefill" if i == 0 else None})
     template = (tiny_models.TEMPLATES / tiny_models.SPECS[arch].template).read_text(encoding="utf-8")
-    ref["chat"] = chat_renderings(path, template)
+    ref["chat"] = chat_renderings(template)
     del llm
     return ref, arrays
 
