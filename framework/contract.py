@@ -89,16 +89,17 @@ class Verdict:
 _YES = Verdict(True)
 
 
-def plain_operand_refusal(device: str, n: Tensor, max_bytes: int, unit: str, f32_chunks) -> Verdict | None:
-    """The refusal (or None) every plugin that computes in device buffers of F32 values gives a node whose
+def plain_operand_refusal(dev, n: Tensor, unit: str) -> Verdict | None:
+    """The refusal (or None) a device with BufferPools (device buffers of F32 values) gives a node whose
     operands it reads as plain values: weights other than a product's or a row gather's first operand must
-    be F32 and within one chunk (`f32_chunks(shape)`: how many an F32 weight of that shape takes), other
-    operands F32 or I32, contiguous (except CONT's) and at most `max_bytes` (`unit`: what that limit is,
-    e.g. "one storage binding"); the result F32 and within the same limit."""
+    be F32 and within one chunk of dev.chunk_plan, other operands F32 or I32, contiguous (except CONT's) and
+    at most dev.max_chunk_bytes (`unit`: what that limit is, e.g. "one storage binding"); the result F32 and
+    within the same limit."""
+    device, max_bytes = dev.name, dev.max_chunk_bytes
     for i, s in enumerate(n.src):
         if s.is_leaf and s.kind == LeafKind.WEIGHT:
             in_kernel = n.op in ("GET_ROWS", "MUL_MAT") and i == 0
-            if not in_kernel and (s.dtype.name != "F32" or f32_chunks(s.shape) > 1):
+            if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
                 return Verdict.no("unsupported_dtype", f"{n.op} reads weight {s.describe()} as plain float32 values; "
                                   f"{device} does that only for F32 weights within {unit}")
             continue

@@ -71,8 +71,7 @@ def _operands(dev, n: Tensor) -> Verdict | None:
         if t.nelements >= MAX_ELEMENTS:
             return Verdict.no("unsupported_shape", f"{t.describe()} has {t.nelements} elements; {dev.name} kernels "
                               f"index at most {MAX_ELEMENTS - 1}")
-    return plain_operand_refusal(dev.name, n, dev.max_alloc, "one allocation",
-                                 lambda shape: len(dev.chunk_plan("F32", shape)))
+    return plain_operand_refusal(dev, n, "one allocation")
 
 
 def _op_specific(dev, n: Tensor) -> Verdict | None:

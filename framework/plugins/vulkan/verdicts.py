@@ -27,8 +27,7 @@ def verdict(dev, n: Tensor) -> Verdict:
         return Verdict.yes()
     if any(len(t.shape) > 4 for t in (n, *n.src)):
         return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most 4 axes ({n.describe()})")
-    refusal = plain_operand_refusal(dev.name, n, dev.max_binding, "one storage binding",
-                                    lambda shape: len(dev.chunk_plan("F32", shape)))
+    refusal = plain_operand_refusal(dev, n, "one storage binding")
     if refusal is not None:
         return refusal
     if op == "MUL_MAT":
