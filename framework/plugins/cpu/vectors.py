@@ -52,6 +52,15 @@ def isa_of(context) -> str:
     return isa_for(context.codegen().magic_tuple()[2])
 
 
+def product_isa(context) -> str:
+    """isa_of, for a kernel that has no form without AVX2: its absence is an error naming the CPU and the fix."""
+    isa = isa_of(context)
+    if not isa:
+        raise RuntimeError("the CPU plugin's quantized products need AVX2; numba compiles for "
+                           f"{context.codegen().magic_tuple()[1]} without it: set FRAMEWORK_CPU_MATMUL=f32")
+    return isa
+
+
 def isa_for(features: str) -> str:
     flags = set(features.split(","))
     if {"+avx512vnni", "+avx512vl", "+avx512bw"} <= flags:
@@ -344,10 +353,7 @@ def row_dot(layout: Layout, n_x: int):
             m0 = context.cast(builder, args[4], signature.args[4], types.int64)
             k = cgutils.unpack_tuple(builder, axq.shape, 2)[1]
             n_groups = cgutils.unpack_tuple(builder, axd.shape, 2)[1]
-            isa = isa_of(context)
-            if not isa:
-                raise RuntimeError("the CPU plugin's quantized products need AVX2; numba compiles for "
-                                   f"{context.codegen().magic_tuple()[1]} without it: set FRAMEWORK_CPU_MATMUL=f32")
+            isa = product_isa(context)
             e = Emitter(builder, isa, arow.data)
             xs = [builder.add(m0, _i64(i)) for i in range(n_x)]
             x_base = [builder.mul(r, k) for r in xs]           # element offsets of the activation rows
@@ -469,10 +475,7 @@ def tile_dot(signed: bool, with_sum: bool, n_w: int, n_x: int):
             k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
             n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
             tile_r = cgutils.unpack_tuple(b, awsf.shape, 2)[1]
-            isa = isa_of(context)
-            if not isa:
-                raise RuntimeError("the CPU plugin's quantized products need AVX2; numba compiles for "
-                                   f"{context.codegen().magic_tuple()[1]} without it: set FRAMEWORK_CPU_MATMUL=f32")
+            isa = product_isa(context)
             e = Emitter(b, isa, None)
             x_rows = [b.add(m0, _i64(i)) for i in range(n_x)]
             x_base = [b.mul(r, k) for r in x_rows]
@@ -534,10 +537,7 @@ def rows_dot(layout: Layout, n_w: int):
             row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
             k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
             n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-            isa = isa_of(context)
-            if not isa:
-                raise RuntimeError("the CPU plugin's quantized products need AVX2; numba compiles for "
-                                   f"{context.codegen().magic_tuple()[1]} without it: set FRAMEWORK_CPU_MATMUL=f32")
+            isa = product_isa(context)
             rows = [b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)]) for j in range(n_w)]
             es = [Emitter(b, isa, p) for p in rows]
             x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
