@@ -38,6 +38,7 @@ class Step:
     dynamic: list          # (argument position, Ref | ChunkArg | None)
     reads: tuple = ()      # computed values read
     writes: tuple = ()     # the computed values written
+    vec4: tuple = ()       # (argument position, parameter) of the tensors read as float4
 
 
 def _scalar(kind: str, value):
@@ -67,13 +68,15 @@ class ClProgram:
         import pyopencl as cl
         kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
         given = dict(launch.args)
-        dynamic, reads, writes, pos = [], [], [], 0
+        dynamic, reads, writes, vec4, pos = [], [], [], [], 0
         for kind, name in params(launch.kernel):
             if name not in given:
                 raise ValueError(f"{launch.name}: kernel {launch.kernel} needs parameter '{name}', not given")
             value = given.pop(name)
             if kind in TENSOR_KINDS or kind == "w":
                 dynamic.append((pos, value))
+                if name in launch.vec4:
+                    vec4.append((pos, name))
                 if isinstance(value, Ref) and value.kind == "val":
                     if kind == "out":
                         writes.append(value.idx)
@@ -81,7 +84,7 @@ class ClProgram:
                         reads.append(value.idx)
                 pos += 2
                 continue
-            if kind == "tab":
+            if kind in ("tab", "ctr"):    # a table, or counters the kernel keeps between runs (this launch's own)
                 buf = self.dev.buffer_with(np.ascontiguousarray(value))
                 self.tables.append(buf)
                 kernel.set_arg(pos, buf)
@@ -91,7 +94,7 @@ class ClProgram:
         if given:
             raise ValueError(f"{launch.name}: kernel {launch.kernel} has no parameter {', '.join(given)}")
         return Step(launch.name, kernel, (launch.gsize,), (launch.lsize,) if launch.lsize else None, dynamic,
-                    tuple(reads), tuple(writes))
+                    tuple(reads), tuple(writes), tuple(vec4))
 
     def _allocate(self) -> None:
         """Fragment outputs get buffers of their own each run; the other values share scratch slots, a
@@ -200,6 +203,10 @@ class ClProgram:
                     buf, off = outs[what.idx][0], what.off
                 else:
                     buf, off = slots[self.val_slot[what.idx]], what.off
+                for p, name in st.vec4:
+                    if p == pos and off % 4:
+                        raise ValueError(f"{st.name}: its kernel reads '{name}' as float4, so the tensor must start at "
+                                         f"a multiple of 4 elements, not at element {off}: hand it a whole buffer")
                 st.kernel.set_arg(pos, buf)
                 st.kernel.set_arg(pos + 1, np.uint32(off))
 
