@@ -30,7 +30,7 @@ AttnGroup, FusionPlan, ProductGroup, Sources = fusion.AttnGroup, fusion.FusionPl
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
 ATTN_MAX_PARTS = 256   # partials a head at most (kernels.cl's AT_MAXP: the combine's local memory)
-ATTN_GROUPS_PER_UNIT = 2   # attention work-groups to make at least per compute unit, where the keys allow
+ATTN_GROUPS_PER_UNIT = 1   # attention work-groups to make at least per compute unit, where the keys allow
 PRO = {"plain": 0, "norm": 1, "combine": 0}    # combine: x is the attention's result (it combined itself)
 PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}
 

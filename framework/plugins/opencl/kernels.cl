@@ -1178,28 +1178,34 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec3(ARGS_row
     barrier(CLK_LOCAL_MEM_FENCE);                                                           \
   }
 
-// v (F_D values) times rms_norm's scale and the gain
-inline void head_norm(__local float* v, __global const float* restrict g, uint g_off, float eps, __local float* red,
-                      uint li) {
-  float ss = 0.0f;
-  for (uint j = li; j < F_D; j += F_WG) ss += v[j] * v[j];
-  float rn = 1.0f / sqrt(wg_sum(ss, red, li) * (1.0f / (float)F_D) + eps);
-  for (uint j = li; j < F_D; j += F_WG) v[j] = v[j] * rn * g[g_off + j];
+// ROPE's rotation of q's and k's first F_ND values (pair li's angle, the rope kernel's, made once for both:
+// cos rc, sin rs), q then times s
+inline void rope_qk(__local float* q, __local float* k, float rc, float rs, float s, uint li) {
+  if (li < F_ND / 2) {
+    uint i0 = F_NEOX ? li : 2 * li, i1 = F_NEOX ? li + F_ND / 2 : 2 * li + 1;
+    float x0 = q[i0], x1 = q[i1];
+    q[i0] = (x0 * rc - x1 * rs) * s;
+    q[i1] = (x0 * rs + x1 * rc) * s;
+    x0 = k[i0];
+    x1 = k[i1];
+    k[i0] = x0 * rc - x1 * rs;
+    k[i1] = x0 * rs + x1 * rc;
+  }
+  for (uint j = F_ND + li; j < F_D; j += F_WG) q[j] *= s;
   barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// ROPE's rotation of v's first F_ND values at position ps (the rope kernel's angles), then times s
-inline void rope_head(__local float* v, int ps, __global const TABLE_T* restrict inv, float s, uint li) {
-  for (uint j = li; j < F_ND / 2; j += F_WG) {
-    TABLE_T theta = (TABLE_T)ps * inv[j];
-    float c = (float)cos(theta), sn = (float)sin(theta);
-    uint i0 = F_NEOX ? j : 2 * j, i1 = F_NEOX ? j + F_ND / 2 : 2 * j + 1;
-    float x0 = v[i0], x1 = v[i1];
-    v[i0] = (x0 * c - x1 * sn) * s;
-    v[i1] = (x0 * sn + x1 * c) * s;
-  }
-  for (uint j = F_ND + li; j < F_D; j += F_WG) v[j] *= s;
+// the sums of a and of b over the work-group at once, in wg_sum's order
+inline float2 wg_sum2(float2 v, __local float2* red, uint li) {
+  red[li] = v;
   barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_WG / 2; s > 0; s >>= 1) {
+    if (li < s) red[li] += red[li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  float2 r = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
 }
 
 // The key loop's shape: blocks of AT_KB keys, AT_TPK threads scoring a key (AT_KPT float4 of its dims
@@ -1215,15 +1221,15 @@ inline void rope_head(__local float* v, int ps, __global const TABLE_T* restrict
 #define AT_MAXP 256          // parts a head at most (fused.split_of keeps to it)
 
 // a block's keys (kq: this thread's share of key s0 + li / AT_TPK) and values (vv: keys s0 + vg + AT_VG i,
-// column vd), zeros for keys past the part or the new key's row (which another work-group attends to);
-// the mask of key s0 + li for the threads that sum a key's score
-#define AT_LOAD(s0_)                                                                                      \
+// column vd), zeros for keys past the part; the mask of key s0 + li for the threads that sum a key's score.
+// The new key's row is loaded too (it may be being written: its score is dropped and its value zeroed)
+#define AT_LOAD(s0_, kr_)                                                                                 \
   {                                                                                                      \
     uint sk_ = (s0_) + key;                                                                              \
     for (uint i = 0; i < AT_KPT; i++) {                                                                  \
       uint sv_ = (s0_) + vg + AT_VG * i;                                                                 \
-      kq[i] = sk_ < c1 && sk_ != kr ? k4[sk_ * kstride4 + sub + AT_TPK * i] : (float4)(0.0f);            \
-      vv[i] = sv_ < c1 && sv_ != kr ? v4[sv_ * kstride4 + vd] : (float4)(0.0f);                           \
+      kq[i] = sk_ < c1 ? k4[sk_ * kstride4 + sub + AT_TPK * i] : (float4)(0.0f);                         \
+      vv[i] = sv_ < c1 && sv_ != kr_ ? v4[sv_ * kstride4 + vd] : (float4)(0.0f);                         \
     }                                                                                                    \
     mkv = has_mask && li < AT_KB && (s0_) + li < c1 ? mk[mk_off + (s0_) + li] : 0.0f;                    \
   }
@@ -1234,6 +1240,9 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
 #endif
   __local float red[F_WG], qf[F_D], kf[F_D], vf[F_D], sc[AT_KB], pl[AT_KB];
   __local float4 red4[F_WG];
+#if F_QN || F_KN
+  __local float2 red2[F_WG];
+#endif
 #if F_SELF
   __local float fm[AT_MAXP], fw[AT_MAXP];
   __local int last;
@@ -1241,8 +1250,6 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
   uint li = get_local_id(0), wid = get_group_id(0);
   uint h = wid / nc1, c = wid % nc1, NC = nc1 - 1u;
   uint hk = h / (H / Hkv);
-  uint kr = (uint)krow[krow_off];           // the new key's row (a negative index: none)
-  int at = pos[pos_off];
   bool newk = c == NC;
   uint c0 = newk ? 0u : c * chunk, c1 = newk ? 0u : min(S, c0 + chunk);
   uint kstride4 = Hkv * AT_D4;
@@ -1251,38 +1258,60 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
   uint key = li / AT_TPK, sub = li % AT_TPK, vg = li / AT_D4, vd = li % AT_D4;
   float4 kq[AT_KPT], vv[AT_KPT];
   float mkv;
-  AT_LOAD(c0)
+  AT_LOAD(c0, S)     // before anything else (the new key's row among them is zeroed once it is known)
+  uint kr = (uint)krow[krow_off];           // the new key's row (a negative index: none)
+  int at = pos[pos_off];
+#if F_QN
+  float gqv = li < F_D ? gq[gq_off + li] : 0.0f;
+#endif
+#if F_KN
+  float gkv = li < F_D ? gk[gk_off + li] : 0.0f;
+#endif
+  float rc = 1.0f, rs = 0.0f;       // this thread's pair's rotation (cos, sin), for q and k alike
+  if (li < F_ND / 2) {
+    TABLE_T theta = (TABLE_T)at * inv[li];
+    rc = (float)cos(theta);
+    rs = (float)sin(theta);
+  }
 #if F_OWN   // q, k and v made before by rowvec3: this head's rows of them
-  for (uint j = li; j < F_D; j += F_WG) {
-    qf[j] = qp[qp_off + h * F_D + j];
-    if (newk) { kf[j] = kp[kp_off + hk * F_D + j]; vf[j] = vp[vp_off + hk * F_D + j]; }
+  if (li < F_D) {
+    qf[li] = qp[qp_off + h * F_D + li];
+    if (newk) { kf[li] = kp[kp_off + hk * F_D + li]; vf[li] = vp[vp_off + hk * F_D + li]; }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 #else
+  // every barrier below is reached by the whole work-group (no branch around one): the new key's
+  // work-group projects k and v while the others run the same loops with no groups
   prologue((__local float*)xs, red, li, wid, PRO_PASS);
   PROJECT(GRP0, QZF0, wq, wq_moff, h * F_D, qf, true)
-#endif
-#if F_QN
-  head_norm(qf, gq, gq_off, q_eps, red, li);
-#endif
-  rope_head(qf, at, inv, q_scale, li);
-  // every barrier below is reached by the whole work-group (no branch around one): the new key's
-  // work-group projects k and v while the others run the same loops with no groups and no keys
-#if !F_OWN
   PROJECT(GRP1, QZF1, wk, wk_moff, hk * F_D, kf, newk)
   PROJECT(GRP2, QZF2, wv, wv_moff, hk * F_D, vf, newk)
 #endif
-#if F_KN
-  head_norm(kf, gk, gk_off, k_eps, red, li);
+#if F_QN || F_KN     // the per-head norms, one reduction for both (k's is only used by the new key's group)
+  {
+    float qv = li < F_D ? qf[li] : 0.0f, kv = li < F_D ? kf[li] : 0.0f;
+    float2 ss = wg_sum2((float2)(qv * qv, kv * kv), red2, li);
+    if (li < F_D) {
+#if F_QN
+      qf[li] = qv * (1.0f / sqrt(ss.x * (1.0f / (float)F_D) + q_eps)) * gqv;
 #endif
-  rope_head(kf, at, inv, 1.0f, li);
+#if F_KN
+      kf[li] = kv * (1.0f / sqrt(ss.y * (1.0f / (float)F_D) + k_eps)) * gkv;
+#endif
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+#endif
+  rope_qk(qf, kf, rc, rs, q_scale, li);
+  for (uint i = 0; i < AT_KPT; i++)
+    if (vg + AT_VG * i == kr - c0) vv[i] = (float4)(0.0f);     // the new key's value: not this part's
   float4 q4[AT_KPT];
 #pragma unroll
   for (uint i = 0; i < AT_KPT; i++) q4[i] = vload4(sub + AT_TPK * i, qf);
   float m = NEG_BIG, l = 0.0f;
   float4 acc = (float4)(0.0f);
   for (uint s0 = c0; s0 < c1; s0 += AT_KB) {
-    if (s0 != c0) AT_LOAD(s0)
+    if (s0 != c0) AT_LOAD(s0, kr)
     float dd = 0.0f;
 #pragma unroll
     for (uint i = 0; i < AT_KPT; i++) dd += dot(q4[i], kq[i]);

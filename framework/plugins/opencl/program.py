@@ -1,7 +1,9 @@
 """A compiled fragment: its launches (lower.py) as kernel objects of their own, enqueued in order on
 the device's in-order queue, with no host synchronisation between them (nor after: only reading a
-result back waits). The queue is flushed every FLUSH_EVERY kernels and at the end of a run (a flush
-submits what is queued, it does not wait), so the device starts while the host is still enqueueing.
+result back waits). The queue is flushed after the first FLUSH_FIRST kernels, every FLUSH_EVERY after
+that and at the end of a run (a flush submits what is queued, it does not wait), so the device starts
+while the host is still enqueueing, and keeps up with it (NVIDIA's driver holds enqueued kernels back
+until a flush: the device waited for the first 64 of a decode step's, 1.4 ms of enqueueing).
 
 Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those whose
 buffer or offset changed since the last one (none, step after step of decode). Computed values live
@@ -26,7 +28,8 @@ from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
 from .signatures import TENSOR_KINDS, params
 
-FLUSH_EVERY = 64     # kernels enqueued between two flushes (a flush submits, it does not wait)
+FLUSH_FIRST = 4      # kernels enqueued before the first flush (a flush submits, it does not wait)
+FLUSH_EVERY = 16     # kernels enqueued between two flushes after it
 
 
 @dataclass
@@ -179,7 +182,7 @@ class ClProgram:
         if dev.profile is None:
             for i, st in enumerate(self.steps, 1):
                 enqueue(queue, st.kernel, st.gsize, st.lsize)
-                if i % FLUSH_EVERY == 0:      # hand what is queued to the device while the host enqueues on
+                if i % FLUSH_EVERY == 0 or i == FLUSH_FIRST:   # hand the device what is queued, enqueue on
                     queue.flush()
             queue.flush()
         else:
