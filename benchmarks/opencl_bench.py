@@ -637,6 +637,9 @@ def main() -> None:
     ptx(dev)
     result["inline_ptx"] = dev.data.get("inline_ptx")
     log(f"inline PTX on opencl:0: {dev.data.get('inline_ptx')} (twin: {ptx(twin)})")
+    from framework.plugins.opencl import enqueue
+    result["enqueue"] = enqueue.how()
+    log(f"kernels enqueued by {result['enqueue']}")
     save()
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     if not args.matvec_only:       # the models first: their figures must not depend on the sweep's time

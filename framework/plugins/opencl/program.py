@@ -1,9 +1,11 @@
 """A compiled fragment: its launches (lower.py) as kernel objects of their own, enqueued in order on
 the device's in-order queue, with no host synchronisation between them (nor after: only reading a
-result back waits). The queue is flushed after the first FLUSH_FIRST kernels, every FLUSH_EVERY after
-that and at the end of a run (a flush submits what is queued, it does not wait), so the device starts
-while the host is still enqueueing, and keeps up with it (NVIDIA's driver holds enqueued kernels back
-until a flush: the device waited for the first 64 of a decode step's, 1.4 ms of enqueueing).
+result back waits; enqueue.py says how they are enqueued). The queue is flushed after the first
+FLUSH_FIRST kernels, every FLUSH_EVERY after that, FLUSH_LAST kernels before the end and at the end of a
+run (a flush submits what is queued, it does not wait, but it costs the host time), so the device starts
+while the host is still enqueueing and has little left to run once the host is done (NVIDIA's driver
+holds enqueued kernels back until a flush: flushed every 64, the device waited for a decode step's first
+64 kernels, 1.4 ms of enqueueing).
 
 Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those whose
 buffer or offset changed since the last one (none, step after step of decode). Computed values live
@@ -24,12 +26,20 @@ import numpy as np
 
 from ...contract import contiguous_strides
 from .device import ClTensor, ClWeight
+from .enqueue import Launches
 from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
 from .signatures import TENSOR_KINDS, params
 
-FLUSH_FIRST = 4      # kernels enqueued before the first flush (a flush submits, it does not wait)
-FLUSH_EVERY = 16     # kernels enqueued between two flushes after it
+FLUSH_FIRST = 4          # kernels enqueued before the first flush
+FLUSH_EVERY = 32         # kernels between two flushes after it
+FLUSH_LAST = (12, 4)     # kernels before the end at which the queue is flushed too
+
+
+def flush_points(n: int) -> frozenset[int]:
+    """After which of a run's n kernels (counted from 1) the queue is flushed, the last one apart."""
+    at = set(range(FLUSH_FIRST, n, FLUSH_EVERY)) | {n - k for k in FLUSH_LAST}
+    return frozenset(i for i in at if 0 < i < n)
 
 
 @dataclass
@@ -62,6 +72,7 @@ class ClProgram:
         self.refs, self.val_sizes, self.written_args = low.refs, low.val_sizes, low.written_args
         self.tables: list = []             # buffers of the tables made here (kept alive with the kernels)
         self.steps = [self._step(launch) for launch in low.launches]
+        self.launches, self.flush_at = Launches(self.steps), flush_points(len(self.steps))
         self._allocate()
         self.arg_bufs: dict[int, object] = {}
         self.bound_sig, self.bound = None, None
@@ -167,7 +178,6 @@ class ClProgram:
         return bufs, offs, weights
 
     def run(self, args):
-        import pyopencl as cl
         dev = self.dev
         bufs, offs, weights = self._arguments(args)
         outs = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes)) if self.val_out[v] >= 0}
@@ -178,12 +188,9 @@ class ClProgram:
         if sig != self.bound_sig:
             self._bind(bufs, offs, weights, outs, slots)
             self.bound_sig, self.bound = sig, (bufs, [b for b, _ in outs.values()], slots, chunks)
-        queue, enqueue = dev.queue, cl.enqueue_nd_range_kernel
+        queue = dev.queue
         if dev.profile is None:
-            for i, st in enumerate(self.steps, 1):
-                enqueue(queue, st.kernel, st.gsize, st.lsize)
-                if i % FLUSH_EVERY == 0 or i == FLUSH_FIRST:   # hand the device what is queued, enqueue on
-                    queue.flush()
+            self.launches.enqueue(queue, self.flush_at)
             queue.flush()
         else:
             self._run_profiled(queue)
