@@ -1161,22 +1161,37 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec3(ARGS_row
 #ifdef F_D
 #define F_TPRA (F_WG / F_D)    // threads a projected row
 
-// rows rowbase .. rowbase + F_D of a weight times x, into dst (where `on`: else zeros)
-#define PROJECT(GRPF, QZFV, wt, moff, rowbase, dst, on)                                     \
-  {                                                                                         \
-    uint row_ = (rowbase) + li / F_TPRA, lane_ = li % F_TPRA;                               \
-    float acc_ = 0.0f;                                                                      \
-    for (uint g = lane_; g < ((on) ? F_GPR : 0u); g += F_TPRA)                              \
-      acc_ += dot32z(GRPF(wt, moff, F_GPR, row_, g), xs + g * 9u, QZFV);                    \
-    red[li] = acc_;                                                                         \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                           \
-    for (uint s = F_TPRA / 2; s > 0; s >>= 1) {                                             \
-      if (lane_ < s) red[li] += red[li + s];                                                \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                         \
-    }                                                                                       \
-    if (lane_ == 0) dst[li / F_TPRA] = red[li];                                             \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                           \
+#if !F_OWN
+// this head's F_D rows of wq times x into qf and, where `kv` (the new key's work-group), its kv head's of
+// wk and wv into kf and vf: one pass over the groups for the three (their loads in flight together) and
+// one reduction, F_TPRA threads a row
+inline void project_qkv(__global const uint* restrict wq, uint wq_moff, __global const uint* restrict wk,
+                        uint wk_moff, __global const uint* restrict wv, uint wv_moff, uint h, uint hk, bool kv,
+                        __local const float4* xs, __local float4* red4, __local float* qf, __local float* kf,
+                        __local float* vf, uint li) {
+  uint row = li / F_TPRA, lane = li % F_TPRA;
+  float aq = 0.0f, ak = 0.0f, av = 0.0f;
+  for (uint g = lane; g < F_GPR; g += F_TPRA) {
+    aq += dot32z(GRP0(wq, wq_moff, F_GPR, h * F_D + row, g), xs + g * 9u, QZF0);
+    if (kv) {
+      ak += dot32z(GRP1(wk, wk_moff, F_GPR, hk * F_D + row, g), xs + g * 9u, QZF1);
+      av += dot32z(GRP2(wv, wv_moff, F_GPR, hk * F_D + row, g), xs + g * 9u, QZF2);
+    }
   }
+  red4[li] = (float4)(aq, ak, av, 0.0f);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_TPRA / 2; s > 0; s >>= 1) {
+    if (lane < s) red4[li] += red4[li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lane == 0) {
+    float4 t = red4[li];
+    qf[row] = t.x;
+    if (kv) { kf[row] = t.y; vf[row] = t.z; }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+#endif
 
 // ROPE's rotation of q's and k's first F_ND values (pair li's angle, the rope kernel's, made once for both:
 // cos rc, sin rs), q then times s
@@ -1280,12 +1295,10 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 #else
-  // every barrier below is reached by the whole work-group (no branch around one): the new key's
-  // work-group projects k and v while the others run the same loops with no groups
+  // every barrier below is reached by the whole work-group (no branch around one): only the new key's
+  // work-group projects k and v, in the same loop as q
   prologue((__local float*)xs, red, li, wid, PRO_PASS);
-  PROJECT(GRP0, QZF0, wq, wq_moff, h * F_D, qf, true)
-  PROJECT(GRP1, QZF1, wk, wk_moff, hk * F_D, kf, newk)
-  PROJECT(GRP2, QZF2, wv, wv_moff, hk * F_D, vf, newk)
+  project_qkv(wq, wq_moff, wk, wk_moff, wv, wv_moff, h, hk, newk, xs, red4, qf, kf, vf, li);
 #endif
 #if F_QN || F_KN     // the per-head norms, one reduction for both (k's is only used by the new key's group)
   {
