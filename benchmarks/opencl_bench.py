@@ -685,6 +685,8 @@ def main() -> None:
     from framework.plugins.opencl import enqueue
     result["enqueue"] = enqueue.how()
     log(f"kernels enqueued by {result['enqueue']}")
+    result["extensions"] = sorted(str(dev.cl_device.extensions).split())
+    log(f"opencl:0 extensions: {' '.join(result['extensions'])}")
     save()
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     if not args.matvec_only:       # the models first: their figures must not depend on the sweep's time
