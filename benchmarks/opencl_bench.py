@@ -12,7 +12,9 @@
   FRAMEWORK_OPENCL_MATVEC, the first the one reported; "" is the plugin's choice), on vulkan:0 and in
   PyTorch bf16 eager; what bounds decode on opencl:0: kernels a decode step, host time a step inside
   the program runs (enqueueing, no waiting) and per kernel enqueue, device time a step (profiling
-  events, with the kernels that take it), and wall time a step;
+  events, with the kernels that take it), and wall time a step; then --pairs decode runs of each plugin
+  taken in turns (ABBA), opencl:0's and vulkan:0's medians and the median of the pairs' ratios (the
+  host's speed drifts within a run, so the ratio of runs seconds apart is the one to quote);
 * the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
 * each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
   --matvec-bytes by one row of x) with each --big-variants setting: weight bytes read a second over
@@ -374,6 +376,37 @@ def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int, 
     return out
 
 
+def decode_interleaved(dev, vk, model, n_prompt: int, n_decode: int, rng, pairs: int) -> dict:
+    """Decode on opencl:0 and vulkan:0 in turns (ABBA: a pair's order flips each time), so both see the same
+    machine: the host's speed drifts over a run by up to half. n_decode tokens after an n_prompt prompt per
+    run, as model_speed's; medians of each device's runs and of the pairs' ratios."""
+    from framework.runtime.session import Session
+    prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
+    sessions = {}
+    for key, d in (("opencl", dev), ("vulkan", vk)):
+        s = sessions[key] = Session(model, [d], n_ctx=1024, n_batch=n_prompt)
+        s.eval(prompt)
+        for _ in range(8):
+            s.eval([1])                               # the decode plan compiled (not timed)
+
+    def decode_run(s) -> float:
+        s.reset()
+        s.eval(prompt)
+        t0 = time.perf_counter()
+        t = 1
+        for _ in range(n_decode):
+            t = int(np.argmax(s.eval([t])))
+        return n_decode / (time.perf_counter() - t0)
+    rates: dict = {"opencl": [], "vulkan": []}
+    for i in range(pairs):
+        for key in (("opencl", "vulkan") if i % 2 == 0 else ("vulkan", "opencl")):
+            rates[key].append(decode_run(sessions[key]))
+    ratios = [a / b for a, b in zip(rates["opencl"], rates["vulkan"])]
+    return {"pairs": pairs, "opencl_tok_s": rates["opencl"], "vulkan_tok_s": rates["vulkan"],
+            "opencl_median": float(np.median(rates["opencl"])), "vulkan_median": float(np.median(rates["vulkan"])),
+            "ratio_median": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
 def log_model(name: str, to: dict, tag: str) -> None:
     b = to["decode_bounds"] or {}
     log(f"{name}: opencl:0{tag} prefill {to['prefill_tok_s']:.0f} tok/s ({to['prefill_runs']['min']:.0f}.."
@@ -428,6 +461,13 @@ def models_section(args, result, specs, dev, twin, vk, rng, work: Path, save) ->
                     f"{to['decode_tok_s'] / tv['decode_tok_s']:.2f}x")
             except Exception as e:  # noqa: BLE001  (report, keep the rest)
                 log(f"{name}: vulkan:0 failed: {type(e).__name__}: {e}")
+            if args.pairs:
+                entry["interleaved"] = il = guarded(f"{name} interleaved decode", decode_interleaved, dev, vk, model,
+                                                    args.prompt, args.decode, rng, args.pairs)
+                if il:
+                    log(f"{name}: decode in turns ({il['pairs']} pairs): opencl:0 {il['opencl_median']:.1f} tok/s, "
+                        f"vulkan:0 {il['vulkan_median']:.1f} tok/s; opencl/vulkan {il['ratio_median']:.2f}x "
+                        f"(pairs {il['ratio_min']:.2f}x..{il['ratio_max']:.2f}x)")
         if not args.skip_torch and to is not None:
             try:
                 entry["torch_eager_bf16"] = tt = vb.torch_model_speed(model.hp, model.hp.arch, args.prompt,
@@ -525,6 +565,10 @@ def final_summary(result: dict) -> None:
         parts = [f"{k} {v['decode_tok_s']:.1f} tok/s decode, {v['prefill_tok_s']:.0f} prefill" for k, v in runs.items()]
         if "vulkan" in e:
             parts.append(f"vulkan:0 {e['vulkan']['decode_tok_s']:.1f} decode")
+        if e.get("interleaved"):
+            il = e["interleaved"]
+            parts.append(f"in turns: opencl {il['opencl_median']:.1f} / vulkan {il['vulkan_median']:.1f} tok/s = "
+                         f"{il['ratio_median']:.2f}x")
         b = (e.get("opencl") or {}).get("decode_bounds") or {}
         if b:
             parts.append(f"step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms, device "
@@ -554,6 +598,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5, help="timed prefill runs per model (decode: runs // 2 + 1)")
+    ap.add_argument("--pairs", type=int, default=6, help="decode runs of each plugin taken in turns (0: none)")
     ap.add_argument("--matvec-bytes", type=int, default=512 << 20)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--big-variants", default="",
@@ -637,6 +682,11 @@ def main() -> None:
     ptx(dev)
     result["inline_ptx"] = dev.data.get("inline_ptx")
     log(f"inline PTX on opencl:0: {dev.data.get('inline_ptx')} (twin: {ptx(twin)})")
+    from framework.plugins.opencl import enqueue
+    result["enqueue"] = enqueue.how()
+    log(f"kernels enqueued by {result['enqueue']}")
+    result["extensions"] = sorted(str(dev.cl_device.extensions).split())
+    log(f"opencl:0 extensions: {' '.join(result['extensions'])}")
     save()
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     if not args.matvec_only:       # the models first: their figures must not depend on the sweep's time

@@ -231,7 +231,7 @@ def test_matvec_shape_choice_and_settings(variant, monkeypatch):
     from framework.plugins.opencl import kernels
     variant.is_cpu = False
     variant.ptx = None
-    assert kernels.ptx(variant) == {"dp4a": False, "shfl": False}
+    assert kernels.ptx(variant) == {"dp4a": False, "shfl": False, "fence": False}
     assert variant.data["inline_ptx"] == "no: not NVIDIA's OpenCL platform"
     small = kernels.matvec_shape(variant, 20, 1, 2048, 1 << 20)
     assert (small["v"], small["x8"], small["xl"], small["xg"], small["dp4a"], small["shfl"]) == (1, 0, 1, 32, 0, 0)
@@ -491,20 +491,30 @@ def test_fused_decode_kernels(variant, monkeypatch):
     included, against the CPU plugin. Together they take every prologue (the norm alone, after a residual
     add, after a post-norm and its add, after a SCALE; the split attention's combine), both epilogues
     (residual add, GLU), the attention block with and without per-head norms, neox and normal rope, and
-    weights of six types side by side in one kernel. (Unfused, the same cases run in test_conformance.)"""
+    weights of six types side by side in one kernel. The attention block combines its parts itself (its
+    last work-group a head), so the output projection reads its result; with the combine fusion off,
+    flash_combine does, one kernel more. (Unfused, the same cases run in test_conformance.)"""
     from framework.conformance.cases import all_cases
     from framework.plugins.opencl.program import ClProgram
     variant.is_cpu = False
+    attn = "NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT"
     for case in [c for c in all_cases() if c.id.startswith("DECODE-")]:
         plan = _check_case(variant, case)
         names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
         assert any(n.startswith("NORM+") for n in names), (case.id, names)
         if "-layer" in case.id:
             layers = int(case.id.split("-")[2])
-            assert names.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers, (case.id, names)
+            assert names.count(attn) == layers, (case.id, names)
             assert names.count("NORM+MUL_MATx2+GLU") == layers, (case.id, names)
-            assert sum(n.startswith("COMBINE+MUL_MAT") for n in names) == layers, (case.id, names)
-            assert not {"ROPE", "GLU", "RMS_NORM+MUL", "FLASH_ATTN_EXT[split]"} & set(names), (case.id, names)
+            after = [names[i + 1] for i, n in enumerate(names) if n == attn]
+            assert set(after) <= {"MUL_MAT", "MUL_MAT+ADD"}, (case.id, names)     # the fused product, plain x
+            unfused = {"ROPE", "GLU", "RMS_NORM+MUL", "FLASH_ATTN_EXT[split]", "FLASH_ATTN_EXT[combine]"}
+            assert not unfused & set(names), (case.id, names)
+    monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "combine")   # the partials combined by a kernel of their own
+    layered = next(c for c in all_cases() if c.id.startswith("DECODE-") and "-layers-" in c.id)
+    plan = _check_case(variant, layered)
+    names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
+    assert names.count("FLASH_ATTN_EXT[combine]") == names.count(attn) == int(layered.id.split("-")[2]), names
     monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "all")      # every fusion off, by name: node by node
     plan = _check_case(variant, case)
     names = [st.name.split(" ")[0] for st in ClProgram(variant, plan.fragments[0]).steps]
@@ -515,11 +525,14 @@ def test_fused_attention_with_its_own_products(variant, monkeypatch):
     """The attention block with Q, K and V made before it by one rowvec3 launch over the three weights (what
     heads as large as Gemma 3's take: fusion.ATTN_OWN_PRODUCTS, here 0 so the small models take it too),
     forced on PoCL: every output of the DECODE cases with layers, the caches included, against the CPU
-    plugin."""
+    plugin; with the keys cut into as many parts as they allow (one block of keys each: PoCL's two compute
+    units otherwise make two parts a head, of several blocks, as the other fused tests take)."""
     from framework.conformance.cases import all_cases
     from framework.core.graph import fusion
+    from framework.plugins.opencl import fused
     from framework.plugins.opencl.program import ClProgram
     monkeypatch.setattr(fusion, "ATTN_OWN_PRODUCTS", 0)
+    monkeypatch.setattr(fused, "ATTN_GROUPS_PER_UNIT", 1 << 12)
     variant.is_cpu = False
     for case in [c for c in all_cases() if c.id.startswith("DECODE-") and "-layer" in c.id]:
         plan = _check_case(variant, case)
@@ -540,10 +553,11 @@ def test_unknown_fusion_names_are_refused(ocl, monkeypatch):
 
 def test_gpu_decode_kernels_follow_llama_cpp(variant):
     """The decode kernels a GPU takes on SmolLM2's real weights, forced on PoCL: fused (every layer's
-    attention block, its output projection with the combine and the residual add, gate and up with the
-    norm and the GLU, the down projection with its residual add) in at most MAX_DECODE_KERNELS a step;
+    attention block, combining its parts itself, its output projection with the residual add, gate and up
+    with the norm and the GLU, the down projection with its residual add) in at most MAX_DECODE_KERNELS a step;
     llama.cpp's first 12 greedy tokens for the first prompt, fed one decode step at a time, stay within
-    the README's bounds. (The unfused GPU kernels, x in 8 bits among them, are test_gpu_matvec_kernels'.)"""
+    the README's bounds (the attention's counters, which its work-groups leave at zero for the next step,
+    run step after step). (The unfused GPU kernels, x in 8 bits among them, are test_gpu_matvec_kernels'.)"""
     variant.is_cpu = False
     model = load_model("smollm2")
     session = Session(model, [variant], n_ctx=256, n_batch=N_BATCH)
@@ -556,7 +570,7 @@ def test_gpu_decode_kernels_follow_llama_cpp(variant):
     layers = model.hp.n_layer
     assert len(steps) <= MAX_DECODE_KERNELS, (len(steps), sorted(set(steps)))
     assert steps.count("NORM+QKV+ROPE+SET_ROWS+FLASH_ATTN_EXT") == layers
-    assert steps.count("NORM+MUL_MATx2+GLU") == layers and steps.count("COMBINE+MUL_MAT+ADD") == layers
+    assert steps.count("NORM+MUL_MATx2+GLU") == layers and steps.count("MUL_MAT+ADD") == 2 * layers
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

@@ -3,13 +3,16 @@
 by name), and each group becomes launches of kernels.cl's rowvec or attn_block ("Fused decode kernels"):
 
 * a product group: one rowvec launch a weight chunk, x made by its prologue in local memory (the norm, with
-  the residual add or post-norm before it; or the split attention's combine), one weight or gate and up,
-  the residual add or GLU in the epilogue;
+  the residual add or post-norm before it), one weight or gate and up, the residual add or GLU in the
+  epilogue; a product whose prologue the core has combine the split attention's partials reads the
+  attention's result instead, which the attention block combined itself;
 * an attention block: one attn_block launch (q, k and v projected per head, their norms, rope, the scale of
-  q, both cache writes and the split attention), and flash_combine unless the next product's prologue
-  combines the partials. Where a head is large (its q rows times x's length at least the core's
-  fusion.ATTN_OWN_PRODUCTS, which the Vulkan plugin shares: Gemma 3's), Q, K and V are one rowvec3 launch
-  before it over the whole device (the norm in its prologue), and attn_block reads them (`own_products`).
+  q, both cache writes and the split attention, its keys spread over work-groups enough to fill the device,
+  `split_of`), whose last work-group a head combines the head's partials (with the ``combine`` fusion
+  off, flash_combine does, one launch more). Where a head is large (its q rows times x's length at least
+  the core's fusion.ATTN_OWN_PRODUCTS, which the Vulkan plugin shares: Gemma 3's), Q, K and V are one
+  rowvec3 launch before it over the whole device (the norm in its prologue), and attn_block reads them
+  (`own_products`).
 
 None on a CPU device (PoCL runs barrier-free kernels best, as lavapipe does for the Vulkan plugin).
 """
@@ -26,7 +29,9 @@ from .options import UNFUSE_ENV
 AttnGroup, FusionPlan, ProductGroup, Sources = fusion.AttnGroup, fusion.FusionPlan, fusion.ProductGroup, fusion.Sources
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
-PRO = {"plain": 0, "norm": 1, "combine": 2}
+ATTN_MAX_PARTS = 256   # partials a head at most (kernels.cl's AT_MAXP: the combine's local memory)
+ATTN_GROUPS_PER_UNIT = 1   # attention work-groups to make at least per compute unit, where the keys allow
+PRO = {"plain": 0, "norm": 1, "combine": 0}    # combine: x is the attention's result (it combined itself)
 PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}
 
 
@@ -65,7 +70,9 @@ class Target:
 
     def attn_fits(self, g: AttnGroup) -> bool:
         d = g.fa.src[0].shape[2]
-        nbytes = g.wq.shape[1] // layout.GROUP * 144 + 4 * ATTN_WG + 12 * d + 256
+        kb = keys_a_block(d)
+        nbytes = (g.wq.shape[1] // layout.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
+                  + 8 * ATTN_MAX_PARTS + 16)
         return self.dev.max_wg >= ATTN_WG and nbytes <= _local_bytes(self.dev)
 
     def head_ok(self, d: int) -> bool:
@@ -88,13 +95,10 @@ def emit(lw, g) -> None:
 def _prologue(lw, src: Sources) -> tuple[dict, dict]:
     """The prologue's arguments and build options."""
     p = src.prologue
-    args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "p": None, "nc": 0, "write_y": 0, "eps": 0.0,
-            "eps1": 0.0, "ys": 1.0}
+    args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "write_y": 0, "eps": 0.0, "eps1": 0.0, "ys": 1.0}
     opts = {"F_PRO": PRO[p.src], "F_PRE": PRE[p.pre]}
-    if p.src == "combine":
-        part, nc, d = lw.partials[id(src.fa)]
-        args.update(p=part, nc=nc)
-        opts["F_CD"] = d
+    if p.src == "combine":       # the attention block combined its partials into its own result
+        args["a"] = lw.ref(src.fa)
         return args, opts
     args["a"] = lw.ref(src.a)
     for name, t in (("b", src.b), ("gp", src.g1), ("gn", src.g)):
@@ -118,7 +122,7 @@ def rowvec(lw, g: ProductGroup) -> None:
     args, opts = _prologue(lw, g.src)
     out = lw.new_val(g.out)
     wargs = [lw.arg_of(w) for w in ws]
-    label = "+".join(filter(None, [{"norm": "NORM", "combine": "COMBINE"}.get(p.src), "MUL_MAT" + "x2" * (len(ws) > 1),
+    label = "+".join(filter(None, [{"norm": "NORM"}.get(p.src), "MUL_MAT" + "x2" * (len(ws) > 1),
                                    {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
     op = UNARY_CODE[GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
     epi = {"": 0, "add": 1, "glu": 2}[g.epilogue]
@@ -181,10 +185,20 @@ def _products(lw, g: AttnGroup) -> tuple:
     return binds["o0"], binds["o1"], binds["o2"]
 
 
-def split_of(s: int, h: int) -> tuple[int, int]:
-    """(parts, keys a part) of the attention's cached keys for h heads (whole blocks of 64 keys)."""
-    nc = min(-(-s // 64), max(2, kernels.SPLIT_ATTN_BELOW * 2 // h))
-    per = -(-(-(-s // nc)) // 64) * 64
+def keys_a_block(d: int) -> int:
+    """Keys attn_block scores at once for heads of d values (kernels.cl's AT_KB: 8 threads a key, fewer
+    for heads under 32 values)."""
+    return ATTN_WG // min(8, d // 4)
+
+
+def split_of(dev, s: int, h: int, d: int) -> tuple[int, int]:
+    """(parts, keys a part) of the attention's s cached keys for h heads of d values: whole blocks of keys,
+    enough parts for ATTN_GROUPS_PER_UNIT work-groups a compute unit (at least 2 a head where the keys
+    allow: decode's few heads would otherwise leave most of a GPU idle), at most ATTN_MAX_PARTS - 1."""
+    kb = keys_a_block(d)
+    want = max(2, -(-ATTN_GROUPS_PER_UNIT * int(dev.data.get("compute_units") or 1) // h))
+    nc = max(1, min(-(-s // kb), want, ATTN_MAX_PARTS - 1))
+    per = -(-(-(-s // nc)) // kb) * kb
     return -(-s // per), per
 
 
@@ -196,8 +210,8 @@ def attn_block(lw, g: AttnGroup) -> None:
     own = own_products(lw.dev, g)
     if own:
         qkv = _products(lw, g)
-        args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "p": None, "nc": 0, "write_y": 0,
-                "eps": 0.0, "eps1": 0.0, "ys": 1.0}
+        args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "write_y": 0, "eps": 0.0, "eps1": 0.0,
+                "ys": 1.0}
         opts = {"F_PRO": 0, "F_PRE": 0}
     else:
         qkv = (None, None, None)
@@ -214,12 +228,16 @@ def attn_block(lw, g: AttnGroup) -> None:
     rp = g.rope.params
     n_dims = int(rp["n_dims"])
     inv = reference.rope_inv_freq(n_dims, float(rp["freq_base"]), float(rp["freq_scale"]))
-    nc, chunk = split_of(s, h)
+    nc, chunk = split_of(lw.dev, s, h, d)
     part = lw.new_val(size=h * (nc + 1) * (d + 2))
+    out = lw.new_val(fa)
     mask = len(fa.src) > 3
+    itself = "combine" not in lw.fusions_off     # its last work-group a head combines the partials
     build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=g.wq.shape[1], F_WG=ATTN_WG, F_D=d, F_ND=n_dims,
                  F_NEOX=ROPE_NEOX[rp["mode"]], F_QN=int(g.q_norm is not None), F_KN=int(g.k_norm is not None),
-                 F_OWN=int(own), **opts)
+                 F_OWN=int(own), F_SELF=int(itself), **opts)
+    if itself and kernels.ptx(lw.dev).get("fence"):
+        build |= {"PTX_FENCE": 1, **kernels.ptx_options(lw.dev)}
     if not own:
         build |= {"F_T0": g.wq.dtype.name, "F_T1": g.wk.dtype.name, "F_T2": g.wv.dtype.name}
     norm = g.src.prologue.src == "norm" and not own
@@ -230,11 +248,11 @@ def attn_block(lw, g: AttnGroup) -> None:
               gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
               pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
               krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
-              po=part, H=h, Hkv=hkv, S=s, nc1=nc + 1, chunk=chunk, cache_rows=g.k_set.src[0].shape[0],
-              has_mask=int(mask), scale=float(fa.params["scale"]), q_scale=g.q_scale,
-              q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0, **args)
-    if g.combined:
+              po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
+              chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),
+              q_scale=g.q_scale, q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0,
+              **args)
+    lw.launches[-1].vec4 = ("kc", "vc")
+    if not itself:
         lw.launch(f"FLASH_ATTN_EXT[combine] {fa.name}", "flash_combine", kernels.base_options(lw.dev),
-                  h * kernels.AWG, kernels.AWG, p=part, o=lw.new_val(fa), TH=h, D=d, nc=nc + 1)
-    else:              # the product reading the attention combines the partials in its prologue
-        lw.partials[id(fa)] = (part, nc + 1, d)
+                  h * kernels.AWG, kernels.AWG, p=part, o=out, TH=h, D=d, nc=nc + 1)

@@ -27,9 +27,10 @@
 // inline PTX, on NVIDIA's OpenCL only (its compiler takes CUDA's asm statements; the device lists no
 // subgroup or integer dot product extension, but its GPUs have both): PTX_DP4A, a 4-way byte dot
 // product (dp4a: unsigned bytes of u times signed bytes of s, plus c); PTX_SHFL, a butterfly exchange
-// between the lanes of a warp (32 threads of consecutive local ids; every lane must take part).
-// kernels.py builds ptx_probe first and compares its results with the values they must give, so a
-// device that refuses or miscomputes either gets kernels without it.
+// between the lanes of a warp (32 threads of consecutive local ids; every lane must take part);
+// PTX_FENCE, membar.gl (OpenCL 1.2's mem_fence orders a work-item's accesses for its own work-group
+// only). kernels.py builds ptx_probe first and compares its results with the values they must give, so
+// a device that refuses or miscomputes any of them gets kernels without it.
 // ------------------------------------------------------------------------------------------------
 
 #if PTX_ASM_PLAIN   // the statement's spelling: GNU's reserved one, else plain asm (as kernels.ptx found)
@@ -52,8 +53,15 @@ inline float shfl_xor(float v, uint m) {
 }
 #endif
 
+#if PTX_FENCE   // every store before it seen device-wide before any after it (attn_block's combine)
+#define GLOBAL_FENCE() PTX_ASM volatile("membar.gl;" : : : "memory")
+#else
+#define GLOBAL_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+#endif
+
 #ifdef PTX_PROBE
-// one warp: o[i] = dp4a_us(p[i], p[32 + i], i) (PTX_DP4A), o[32 + i] = i ^ 5, lane i ^ 5's value (PTX_SHFL)
+// one warp: o[i] = dp4a_us(p[i], p[32 + i], i) (PTX_DP4A), o[32 + i] = i ^ 5, lane i ^ 5's value (PTX_SHFL),
+// or i ^ 5 stored after a fence (PTX_FENCE)
 __kernel __attribute__((reqd_work_group_size(32, 1, 1))) void ptx_probe(ARGS_ptx_probe) {
   uint i = get_local_id(0);
 #if PTX_DP4A
@@ -61,6 +69,10 @@ __kernel __attribute__((reqd_work_group_size(32, 1, 1))) void ptx_probe(ARGS_ptx
 #endif
 #if PTX_SHFL
   o[o_off + 32u + i] = shfl_xor((float)i, 5u);
+#endif
+#if PTX_FENCE
+  GLOBAL_FENCE();
+  o[o_off + 32u + i] = (float)(i ^ 5u);
 #endif
 }
 #endif
@@ -937,9 +949,8 @@ __kernel void matmul_reg(ARGS_matmul_q) {
 // fused.py lowers them). A prologue makes x in local memory (F_K values, each 32-element group padded
 // to 36 floats, as the matrix-vector kernel's staging): F_PRO 0, x = a; 1, x = rms_norm(y) * gn, y =
 // a (F_PRE 0), a + b (1), rms_norm(a) * gp + b (2: a post-norm and the residual add after it) or
-// a * ys (3), y also written to y where write_y (by work-group 0); 2, x = the split attention's
-// partials p (nc parts of (F_CD + 2) a head) combined, as flash_combine does. Weights may differ in
-// type (F_T0, F_T1, F_T2): each is read through its own type's group function.
+// a * ys (3), y also written to y where write_y (by work-group 0). Weights may differ in type (F_T0,
+// F_T1, F_T2): each is read through its own type's group function.
 //
 // * rowvec: products of x by one weight (or gate and up, F_NW 2), teams of F_TPR threads sharing F_R
 //   rows, the sums met by warp shuffles (PTX_SHFL) or a tree in local memory; the epilogue adds the
@@ -948,7 +959,9 @@ __kernel void matmul_reg(ARGS_matmul_q) {
 //   makes x, projects its head's q (rows of wq), its per-head norm (F_QN), rope (its angle as the rope
 //   kernel makes it) and the scale of q; a part attends over its keys, the new key's row left out; the
 //   new key's work-group projects k and v (F_KN: k's norm; rope), writes them into the caches (the
-//   first head of those sharing them) and attends over the new key alone. Partials as flash_attn_part.
+//   first head of those sharing them) and attends over the new key alone. Partials as flash_attn_part;
+//   F_SELF: the last work-group of a head to finish (a counter a head, in cnt) combines the head's
+//   partials into o, in part order, so no other kernel combines them (else flash_combine does).
 //   F_OWN: q, k and v are read from qp, kp and vp instead, which rowvec3 made before (heads as large as
 //   Gemma 3's, where every work-group of a head projecting its rows again costs more than a launch).
 // * rowvec3 (F_NW 3): x times three weights (Q, K and V) in one launch over the whole device.
@@ -998,26 +1011,10 @@ inline float wg_sum(float v, __local float* red, uint li) {
 
 #define PRO_ARGS __global const float* restrict a, uint a_off, __global const float* restrict b, uint b_off, \
   __global const float* restrict gp, uint gp_off, __global const float* restrict gn, uint gn_off,            \
-  __global float* restrict y, uint y_off, __global const float* restrict p, uint p_off, uint nc, uint write_y, \
-  float eps, float eps1, float ys
-#define PRO_PASS a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, p, p_off, nc, write_y, eps, eps1, ys
+  __global float* restrict y, uint y_off, uint write_y, float eps, float eps1, float ys
+#define PRO_PASS a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, write_y, eps, eps1, ys
 
 inline void prologue(__local float* xsf, __local float* red, uint li, uint wid, PRO_ARGS) {
-#if F_PRO == 2
-  for (uint c = li; c < F_K; c += F_WG) {
-    uint base = p_off + (c / F_CD) * nc * (F_CD + 2), d = c % F_CD;
-    float m = NEG_BIG;
-    for (uint j = 0; j < nc; j++) m = max(m, p[base + j * (F_CD + 2) + F_CD]);
-    float l = 0.0f, acc = 0.0f;
-    for (uint j = 0; j < nc; j++) {
-      uint pc = base + j * (F_CD + 2);
-      float f = exp(p[pc + F_CD] - m);
-      l += p[pc + F_CD + 1] * f;
-      acc += p[pc + d] * f;
-    }
-    xsf[XI(c)] = acc / l;
-  }
-#else
 #if F_PRE == 2
   float s1 = 0.0f;
   for (uint c = li; c < F_K; c += F_WG) { float v = a[a_off + c]; s1 += v * v; }
@@ -1041,7 +1038,6 @@ inline void prologue(__local float* xsf, __local float* red, uint li, uint wid, 
 #if F_PRO == 1
   float rn = 1.0f / sqrt(wg_sum(ss, red, li) * (1.0f / (float)F_K) + eps);
   for (uint c = li; c < F_K; c += F_WG) xsf[XI(c)] *= rn * gn[gn_off + c];
-#endif
 #endif
   barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -1165,137 +1161,199 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void rowvec3(ARGS_row
 #ifdef F_D
 #define F_TPRA (F_WG / F_D)    // threads a projected row
 
-// rows rowbase .. rowbase + F_D of a weight times x, into dst (where `on`: else zeros)
-#define PROJECT(GRPF, QZFV, wt, moff, rowbase, dst, on)                                     \
-  {                                                                                         \
-    uint row_ = (rowbase) + li / F_TPRA, lane_ = li % F_TPRA;                               \
-    float acc_ = 0.0f;                                                                      \
-    for (uint g = lane_; g < ((on) ? F_GPR : 0u); g += F_TPRA)                              \
-      acc_ += dot32z(GRPF(wt, moff, F_GPR, row_, g), xs + g * 9u, QZFV);                    \
-    red[li] = acc_;                                                                         \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                           \
-    for (uint s = F_TPRA / 2; s > 0; s >>= 1) {                                             \
-      if (lane_ < s) red[li] += red[li + s];                                                \
-      barrier(CLK_LOCAL_MEM_FENCE);                                                         \
-    }                                                                                       \
-    if (lane_ == 0) dst[li / F_TPRA] = red[li];                                             \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                           \
+#if !F_OWN
+// this head's F_D rows of wq times x into qf and, where `kv` (the new key's work-group), its kv head's of
+// wk and wv into kf and vf: one pass over the groups for the three (their loads in flight together) and
+// one reduction, F_TPRA threads a row
+inline void project_qkv(__global const uint* restrict wq, uint wq_moff, __global const uint* restrict wk,
+                        uint wk_moff, __global const uint* restrict wv, uint wv_moff, uint h, uint hk, bool kv,
+                        __local const float4* xs, __local float4* red4, __local float* qf, __local float* kf,
+                        __local float* vf, uint li) {
+  uint row = li / F_TPRA, lane = li % F_TPRA;
+  float aq = 0.0f, ak = 0.0f, av = 0.0f;
+  for (uint g = lane; g < F_GPR; g += F_TPRA) {
+    aq += dot32z(GRP0(wq, wq_moff, F_GPR, h * F_D + row, g), xs + g * 9u, QZF0);
+    if (kv) {
+      ak += dot32z(GRP1(wk, wk_moff, F_GPR, hk * F_D + row, g), xs + g * 9u, QZF1);
+      av += dot32z(GRP2(wv, wv_moff, F_GPR, hk * F_D + row, g), xs + g * 9u, QZF2);
+    }
   }
+  red4[li] = (float4)(aq, ak, av, 0.0f);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_TPRA / 2; s > 0; s >>= 1) {
+    if (lane < s) red4[li] += red4[li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lane == 0) {
+    float4 t = red4[li];
+    qf[row] = t.x;
+    if (kv) { kf[row] = t.y; vf[row] = t.z; }
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+}
+#endif
 
-// v (F_D values) times rms_norm's scale and the gain
-inline void head_norm(__local float* v, __global const float* restrict g, uint g_off, float eps, __local float* red,
-                      uint li) {
-  float ss = 0.0f;
-  for (uint j = li; j < F_D; j += F_WG) ss += v[j] * v[j];
-  float rn = 1.0f / sqrt(wg_sum(ss, red, li) * (1.0f / (float)F_D) + eps);
-  for (uint j = li; j < F_D; j += F_WG) v[j] = v[j] * rn * g[g_off + j];
+// ROPE's rotation of q's and k's first F_ND values (pair li's angle, the rope kernel's, made once for both:
+// cos rc, sin rs), q then times s
+inline void rope_qk(__local float* q, __local float* k, float rc, float rs, float s, uint li) {
+  if (li < F_ND / 2) {
+    uint i0 = F_NEOX ? li : 2 * li, i1 = F_NEOX ? li + F_ND / 2 : 2 * li + 1;
+    float x0 = q[i0], x1 = q[i1];
+    q[i0] = (x0 * rc - x1 * rs) * s;
+    q[i1] = (x0 * rs + x1 * rc) * s;
+    x0 = k[i0];
+    x1 = k[i1];
+    k[i0] = x0 * rc - x1 * rs;
+    k[i1] = x0 * rs + x1 * rc;
+  }
+  for (uint j = F_ND + li; j < F_D; j += F_WG) q[j] *= s;
   barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-// ROPE's rotation of v's first F_ND values at position ps (the rope kernel's angles), then times s
-inline void rope_head(__local float* v, int ps, __global const TABLE_T* restrict inv, float s, uint li) {
-  for (uint j = li; j < F_ND / 2; j += F_WG) {
-    TABLE_T theta = (TABLE_T)ps * inv[j];
-    float c = (float)cos(theta), sn = (float)sin(theta);
-    uint i0 = F_NEOX ? j : 2 * j, i1 = F_NEOX ? j + F_ND / 2 : 2 * j + 1;
-    float x0 = v[i0], x1 = v[i1];
-    v[i0] = (x0 * c - x1 * sn) * s;
-    v[i1] = (x0 * sn + x1 * c) * s;
-  }
-  for (uint j = F_ND + li; j < F_D; j += F_WG) v[j] *= s;
+// the sums of a and of b over the work-group at once, in wg_sum's order
+inline float2 wg_sum2(float2 v, __local float2* red, uint li) {
+  red[li] = v;
   barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s = F_WG / 2; s > 0; s >>= 1) {
+    if (li < s) red[li] += red[li + s];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  float2 r = red[0];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  return r;
 }
+
+// The key loop's shape: blocks of AT_KB keys, AT_TPK threads scoring a key (AT_KPT float4 of its dims
+// each, interleaved so that a key's threads read adjacent float4), and AT_VG groups of threads summing
+// the values (a float4 column each; group g takes keys g, g + AT_VG, ...: AT_KPT of a block). Every
+// thread loads its block's keys and values at once (the first block's before q is made), so a block
+// costs one memory latency.
+#define AT_D4 (F_D / 4)
+#define AT_TPK (AT_D4 < 8 ? AT_D4 : 8)
+#define AT_KB (F_WG / AT_TPK)
+#define AT_KPT (AT_D4 / AT_TPK)
+#define AT_VG (F_WG / AT_D4)
+#define AT_MAXP 256          // parts a head at most (fused.split_of keeps to it)
+
+// a block's keys (kq: this thread's share of key s0 + li / AT_TPK) and values (vv: keys s0 + vg + AT_VG i,
+// column vd), zeros for keys past the part; the mask of key s0 + li for the threads that sum a key's score.
+// The new key's row is loaded too (it may be being written: its score is dropped and its value zeroed)
+#define AT_LOAD(s0_, kr_)                                                                                 \
+  {                                                                                                      \
+    uint sk_ = (s0_) + key;                                                                              \
+    for (uint i = 0; i < AT_KPT; i++) {                                                                  \
+      uint sv_ = (s0_) + vg + AT_VG * i;                                                                 \
+      kq[i] = sk_ < c1 ? k4[sk_ * kstride4 + sub + AT_TPK * i] : (float4)(0.0f);                         \
+      vv[i] = sv_ < c1 && sv_ != kr_ ? v4[sv_ * kstride4 + vd] : (float4)(0.0f);                         \
+    }                                                                                                    \
+    mkv = has_mask && li < AT_KB && (s0_) + li < c1 ? mk[mk_off + (s0_) + li] : 0.0f;                    \
+  }
 
 __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_attn_block) {
 #if !F_OWN
   __local float4 xs[F_GPR * 9];
 #endif
-  __local float red[F_WG], qf[F_D], kf[F_D], vf[F_D], ps[64];
+  __local float red[F_WG], qf[F_D], kf[F_D], vf[F_D], sc[AT_KB], pl[AT_KB];
+  __local float4 red4[F_WG];
+#if F_QN || F_KN
+  __local float2 red2[F_WG];
+#endif
+#if F_SELF
+  __local float fm[AT_MAXP], fw[AT_MAXP];
+  __local int last;
+#endif
   uint li = get_local_id(0), wid = get_group_id(0);
   uint h = wid / nc1, c = wid % nc1, NC = nc1 - 1u;
   uint hk = h / (H / Hkv);
+  bool newk = c == NC;
+  uint c0 = newk ? 0u : c * chunk, c1 = newk ? 0u : min(S, c0 + chunk);
+  uint kstride4 = Hkv * AT_D4;
+  __global const float4* k4 = (__global const float4*)(kc + kc_off) + hk * AT_D4;
+  __global const float4* v4 = (__global const float4*)(vc + vc_off) + hk * AT_D4;
+  uint key = li / AT_TPK, sub = li % AT_TPK, vg = li / AT_D4, vd = li % AT_D4;
+  float4 kq[AT_KPT], vv[AT_KPT];
+  float mkv;
+  AT_LOAD(c0, S)     // before anything else (the new key's row among them is zeroed once it is known)
   uint kr = (uint)krow[krow_off];           // the new key's row (a negative index: none)
   int at = pos[pos_off];
-  bool newk = c == NC;
+#if F_QN
+  float gqv = li < F_D ? gq[gq_off + li] : 0.0f;
+#endif
+#if F_KN
+  float gkv = li < F_D ? gk[gk_off + li] : 0.0f;
+#endif
+  float rc = 1.0f, rs = 0.0f;       // this thread's pair's rotation (cos, sin), for q and k alike
+  if (li < F_ND / 2) {
+    TABLE_T theta = (TABLE_T)at * inv[li];
+    rc = (float)cos(theta);
+    rs = (float)sin(theta);
+  }
 #if F_OWN   // q, k and v made before by rowvec3: this head's rows of them
-  for (uint j = li; j < F_D; j += F_WG) {
-    qf[j] = qp[qp_off + h * F_D + j];
-    if (newk) { kf[j] = kp[kp_off + hk * F_D + j]; vf[j] = vp[vp_off + hk * F_D + j]; }
+  if (li < F_D) {
+    qf[li] = qp[qp_off + h * F_D + li];
+    if (newk) { kf[li] = kp[kp_off + hk * F_D + li]; vf[li] = vp[vp_off + hk * F_D + li]; }
   }
   barrier(CLK_LOCAL_MEM_FENCE);
 #else
+  // every barrier below is reached by the whole work-group (no branch around one): only the new key's
+  // work-group projects k and v, in the same loop as q
   prologue((__local float*)xs, red, li, wid, PRO_PASS);
-  PROJECT(GRP0, QZF0, wq, wq_moff, h * F_D, qf, true)
+  project_qkv(wq, wq_moff, wk, wk_moff, wv, wv_moff, h, hk, newk, xs, red4, qf, kf, vf, li);
 #endif
+#if F_QN || F_KN     // the per-head norms, one reduction for both (k's is only used by the new key's group)
+  {
+    float qv = li < F_D ? qf[li] : 0.0f, kv = li < F_D ? kf[li] : 0.0f;
+    float2 ss = wg_sum2((float2)(qv * qv, kv * kv), red2, li);
+    if (li < F_D) {
 #if F_QN
-  head_norm(qf, gq, gq_off, q_eps, red, li);
-#endif
-  rope_head(qf, at, inv, q_scale, li);
-  uint pb = po_off + wid * (F_D + 2);
-  // every barrier below is reached by the whole work-group (no branch around one): the new key's
-  // work-group projects k and v while the others run the same loops with no groups and no keys
-#if !F_OWN
-  PROJECT(GRP1, QZF1, wk, wk_moff, hk * F_D, kf, newk)
-  PROJECT(GRP2, QZF2, wv, wv_moff, hk * F_D, vf, newk)
+      qf[li] = qv * (1.0f / sqrt(ss.x * (1.0f / (float)F_D) + q_eps)) * gqv;
 #endif
 #if F_KN
-  head_norm(kf, gk, gk_off, k_eps, red, li);
+      kf[li] = kv * (1.0f / sqrt(ss.y * (1.0f / (float)F_D) + k_eps)) * gkv;
 #endif
-  rope_head(kf, at, inv, 1.0f, li);
-  uint c0 = newk ? 0u : c * chunk, c1 = newk ? 0u : min(S, c0 + chunk);
-  uint kstride = Hkv * F_D;
-  uint kb = kc_off + hk * F_D, vb = vc_off + hk * F_D;
-  // blocks of 64 keys: 4 threads a key's score (a quarter of the dims each, interleaved), and the
-  // values' sums shared by F_WG / F_D groups of threads (group g takes keys g, g + G, ...; the groups'
-  // sums meet once, after the last block)
-  uint key = li >> 2, sub = li & 3u;
-  uint G = F_WG / F_D, vg = li / F_D, vd = li % F_D;
-  float m = NEG_BIG, l = 0.0f, acc = 0.0f;
-  for (uint s0 = c0; s0 < c1; s0 += 64u) {
-    uint s = s0 + key;
-    bool live = s < c1 && s != kr;
-    float dd = 0.0f;
-    if (live) {
-      uint kr0 = kb + s * kstride;
-      for (uint d = sub; d < F_D; d += 4u) dd += qf[d] * kc[kr0 + d];
     }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+#endif
+  rope_qk(qf, kf, rc, rs, q_scale, li);
+  for (uint i = 0; i < AT_KPT; i++)
+    if (vg + AT_VG * i == kr - c0) vv[i] = (float4)(0.0f);     // the new key's value: not this part's
+  float4 q4[AT_KPT];
+#pragma unroll
+  for (uint i = 0; i < AT_KPT; i++) q4[i] = vload4(sub + AT_TPK * i, qf);
+  float m = NEG_BIG, l = 0.0f;
+  float4 acc = (float4)(0.0f);
+  for (uint s0 = c0; s0 < c1; s0 += AT_KB) {
+    if (s0 != c0) AT_LOAD(s0, kr)
+    float dd = 0.0f;
+#pragma unroll
+    for (uint i = 0; i < AT_KPT; i++) dd += dot(q4[i], kq[i]);
     red[li] = dd;
     barrier(CLK_LOCAL_MEM_FENCE);
-    float sc = NEG_BIG;
-    if (sub == 0u && live)
-      sc = ((red[li] + red[li + 1u]) + (red[li + 2u] + red[li + 3u])) * scale
-           + (has_mask ? max(mk[mk_off + s], NEG_BIG) : 0.0f);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (sub == 0u) red[key] = sc;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = 32u; k > 0u; k >>= 1) {
-      if (li < k) red[li] = max(red[li], red[li + k]);
-      barrier(CLK_LOCAL_MEM_FENCE);
+    if (li < AT_KB) {
+      uint s = s0 + li;
+      float t = 0.0f;
+      for (uint j = 0; j < AT_TPK; j++) t += red[li * AT_TPK + j];
+      sc[li] = s < c1 && s != kr ? t * scale + (has_mask ? max(mkv, NEG_BIG) : 0.0f) : NEG_BIG;
     }
-    float mn = max(m, red[0]);
     barrier(CLK_LOCAL_MEM_FENCE);
-    float pv = sub == 0u && live ? exp(sc - mn) : 0.0f;
-    if (sub == 0u) { ps[key] = pv; red[key] = pv; }
+    float mn = m;
+    for (uint j = 0; j < AT_KB; j++) mn = max(mn, sc[j]);
+    if (li < AT_KB) pl[li] = s0 + li < c1 && s0 + li != kr ? exp(sc[li] - mn) : 0.0f;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint k = 32u; k > 0u; k >>= 1) {
-      if (li < k) red[li] += red[li + k];
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    float bl = 0.0f;
+    for (uint j = 0; j < AT_KB; j++) bl += pl[j];
     float alpha = exp(m - mn);
-    l = l * alpha + red[0];
+    l = l * alpha + bl;
     acc *= alpha;
-    uint nv = min(64u, c1 - s0);
-    for (uint j = vg; j < nv; j += G)
-      if (s0 + j != kr) acc += ps[j] * vc[vb + (s0 + j) * kstride + vd];
+#pragma unroll
+    for (uint i = 0; i < AT_KPT; i++) acc += pl[vg + AT_VG * i] * vv[i];
     m = mn;
-    barrier(CLK_LOCAL_MEM_FENCE);
   }
-  red[li] = acc;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  if (li < F_D) {
-    acc = 0.0f;
-    for (uint g = 0; g < G; g++) acc += red[g * F_D + li];
-  }
+  red4[li] = acc;
+  float dqk = wg_sum(li < F_D ? qf[li] * kf[li] : 0.0f, red, li);     // the new key's score (its work-group's)
+  if (li < AT_D4)
+    for (uint g = 1; g < AT_VG; g++) acc += red4[g * AT_D4 + li];
   if (newk) {          // the new key alone, and into the caches (by the first head of those sharing them)
     if (h % (H / Hkv) == 0 && kr < cache_rows) {
       uint cb = kr * Hkv * F_D + hk * F_D;
@@ -1303,15 +1361,44 @@ __kernel __attribute__((reqd_work_group_size(F_WG, 1, 1))) void attn_block(ARGS_
     }
     m = NEG_BIG;
     l = kr < S ? 1.0f : 0.0f;
-    if (kr < S) {
-      float dd = 0.0f;
-      for (uint i = 0; i < F_D; i++) dd += qf[i] * kf[i];
-      m = dd * scale + (has_mask ? max(mk[mk_off + kr], NEG_BIG) : 0.0f);
-    }
-    acc = li < F_D ? vf[li] * l : 0.0f;
+    if (kr < S) m = dqk * scale + (has_mask ? max(mk[mk_off + kr], NEG_BIG) : 0.0f);
+    acc = li < AT_D4 ? vload4(li, vf) * l : (float4)(0.0f);
   }
-  if (li < F_D) po[pb + li] = acc;
+  uint pb = po_off + wid * (F_D + 2);
+  if (li < AT_D4) {
+    po[pb + 4 * li] = acc.x; po[pb + 4 * li + 1] = acc.y; po[pb + 4 * li + 2] = acc.z; po[pb + 4 * li + 3] = acc.w;
+  }
   if (li == 0) { po[pb + F_D] = m; po[pb + F_D + 1] = l; }
+#if F_SELF
+  // the last of the head's work-groups to get here combines its nc1 partials (the others loop over none)
+  GLOBAL_FENCE();
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  if (li == 0) last = atomic_inc((volatile __global int*)(cnt + h)) == (int)NC;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  uint np = last ? nc1 : 0u;
+  GLOBAL_FENCE();
+  // volatile: read from memory, not from a copy another work-group's writes may have left stale
+  volatile __global const float* pv = po + po_off + h * nc1 * (F_D + 2);
+  for (uint j = li; j < np; j += F_WG) { fm[j] = pv[j * (F_D + 2) + F_D]; fw[j] = pv[j * (F_D + 2) + F_D + 1]; }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float M = NEG_BIG;
+  for (uint j = 0; j < np; j++) M = max(M, fm[j]);
+  float L = 0.0f;
+  for (uint j = 0; j < np; j++) L += fw[j] * exp(fm[j] - M);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint j = li; j < np; j += F_WG) fw[j] = exp(fm[j] - M);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  uint G = F_WG / F_D, gi = li / F_D, d = li % F_D;
+  float a_ = 0.0f;
+  for (uint j = gi; j < np; j += G) a_ += pv[j * (F_D + 2) + d] * fw[j];
+  red[li] = a_;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (last && li < F_D) {
+    for (uint g = 1; g < G; g++) a_ += red[g * F_D + li];
+    o[o_off + h * F_D + li] = a_ / L;
+  }
+  if (last && li == 0) atomic_xchg((volatile __global int*)(cnt + h), 0);    // ready for the next run
+#endif
 }
 #endif
 #endif  // FUSED

@@ -145,7 +145,8 @@ def _local_bytes(dev) -> int:
 
 
 def ptx(dev) -> dict[str, bool]:
-    """Which of PTX's dp4a and warp shuffles dev's compiler takes, as inline assembly, and computes right:
+    """Which of PTX's dp4a, warp shuffles and device-wide memory fence (membar.gl) dev's compiler takes, as
+    inline assembly, and computes right:
     on NVIDIA's OpenCL platform only (other drivers have no PTX), each checked once per device by
     building and running ptx_probe against the values it must give, the statement spelt __asm__, else
     asm. dev.data["inline_ptx"] says what was found, with the errors where a probe failed."""
@@ -153,10 +154,10 @@ def ptx(dev) -> dict[str, bool]:
     if found is not None:
         return found
     if dev.is_cpu or "nvidia" not in str(dev.data.get("platform", "")).lower():
-        found, said = {"dp4a": False, "shfl": False}, "no: not NVIDIA's OpenCL platform"
+        found, said = {"dp4a": False, "shfl": False, "fence": False}, "no: not NVIDIA's OpenCL platform"
     else:
         found, notes = {}, []
-        for feature in ("dp4a", "shfl"):
+        for feature in ("dp4a", "shfl", "fence"):
             errors = []
             for plain in (0, 1):
                 error = _probe(dev, feature, plain)
@@ -208,9 +209,9 @@ def _probe(dev, feature: str, plain: int) -> str | None:
 
 def probe_expected(p, feature: str):
     """What ptx_probe must give for its inputs p (64 words): dp4a of p[i]'s unsigned and p[32 + i]'s
-    signed bytes plus i; lane i ^ 5's own index."""
+    signed bytes plus i; lane i ^ 5's own index (the fence's probe writes that too, after a fence)."""
     import numpy as np
-    if feature == "shfl":
+    if feature in ("shfl", "fence"):
         return np.arange(32) ^ 5
     shifts = np.arange(0, 32, 8, dtype=np.uint32)
     u = (p[:32, None] >> shifts & 0xFF).astype(np.int64)

@@ -40,6 +40,7 @@ class Launch:
     gsize: int
     lsize: int | None
     args: dict                   # parameter name -> Ref | ChunkArg | None (no tensor) | number | table (ndarray)
+    vec4: tuple = ()             # tensor parameters the kernel reads as float4: their offsets must be multiples of 4
 
 
 def _pad4(shape) -> tuple:
@@ -64,8 +65,7 @@ class Lowering:
         self.written_args: set[int] = set()
         self.xq: dict[tuple, Ref] = {}        # x -> its 8-bit form, made once per computed value
         self.ewg = min(kernels.EWG, dev.max_wg)
-        self.partials: dict[int, tuple] = {}  # id(attention) -> (partials, parts, head size): combined later
-        off = fused_kernels.fusions_off()
+        self.fusions_off = off = fused_kernels.fusions_off()
         self.fusion = fused_kernels.plan(dev, fragment, off)
         readers: dict[int, list[Tensor]] = {}
         for n in fragment.nodes:

@@ -1,7 +1,11 @@
 """A compiled fragment: its launches (lower.py) as kernel objects of their own, enqueued in order on
 the device's in-order queue, with no host synchronisation between them (nor after: only reading a
-result back waits). The queue is flushed every FLUSH_EVERY kernels and at the end of a run (a flush
-submits what is queued, it does not wait), so the device starts while the host is still enqueueing.
+result back waits; enqueue.py says how they are enqueued). The queue is flushed after the first
+FLUSH_FIRST kernels, every FLUSH_EVERY after that, FLUSH_LAST kernels before the end and at the end of a
+run (a flush submits what is queued, it does not wait, but it costs the host time), so the device starts
+while the host is still enqueueing and has little left to run once the host is done (NVIDIA's driver
+holds enqueued kernels back until a flush: flushed every 64, the device waited for a decode step's first
+64 kernels, 1.4 ms of enqueueing).
 
 Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those whose
 buffer or offset changed since the last one (none, step after step of decode). Computed values live
@@ -22,11 +26,20 @@ import numpy as np
 
 from ...contract import contiguous_strides
 from .device import ClTensor, ClWeight
+from .enqueue import Launches
 from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
 from .signatures import TENSOR_KINDS, params
 
-FLUSH_EVERY = 64     # kernels enqueued between two flushes (a flush submits, it does not wait)
+FLUSH_FIRST = 2          # kernels enqueued before the first flush
+FLUSH_EVERY = 8          # kernels between two flushes after it (one costs about 1.3 us on the H200)
+FLUSH_LAST = (4, 2)      # kernels before the end at which the queue is flushed too
+
+
+def flush_points(n: int) -> frozenset[int]:
+    """After which of a run's n kernels (counted from 1) the queue is flushed, the last one apart."""
+    at = set(range(FLUSH_FIRST, n, FLUSH_EVERY)) | {n - k for k in FLUSH_LAST}
+    return frozenset(i for i in at if 0 < i < n)
 
 
 @dataclass
@@ -38,6 +51,7 @@ class Step:
     dynamic: list          # (argument position, Ref | ChunkArg | None)
     reads: tuple = ()      # computed values read
     writes: tuple = ()     # the computed values written
+    vec4: tuple = ()       # (argument position, parameter) of the tensors read as float4
 
 
 def _scalar(kind: str, value):
@@ -58,6 +72,7 @@ class ClProgram:
         self.refs, self.val_sizes, self.written_args = low.refs, low.val_sizes, low.written_args
         self.tables: list = []             # buffers of the tables made here (kept alive with the kernels)
         self.steps = [self._step(launch) for launch in low.launches]
+        self.launches, self.flush_at = Launches(self.steps), flush_points(len(self.steps))
         self._allocate()
         self.arg_bufs: dict[int, object] = {}
         self.bound_sig, self.bound = None, None
@@ -67,13 +82,15 @@ class ClProgram:
         import pyopencl as cl
         kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
         given = dict(launch.args)
-        dynamic, reads, writes, pos = [], [], [], 0
+        dynamic, reads, writes, vec4, pos = [], [], [], [], 0
         for kind, name in params(launch.kernel):
             if name not in given:
                 raise ValueError(f"{launch.name}: kernel {launch.kernel} needs parameter '{name}', not given")
             value = given.pop(name)
             if kind in TENSOR_KINDS or kind == "w":
                 dynamic.append((pos, value))
+                if name in launch.vec4:
+                    vec4.append((pos, name))
                 if isinstance(value, Ref) and value.kind == "val":
                     if kind == "out":
                         writes.append(value.idx)
@@ -81,7 +98,7 @@ class ClProgram:
                         reads.append(value.idx)
                 pos += 2
                 continue
-            if kind == "tab":
+            if kind in ("tab", "ctr"):    # a table, or counters the kernel keeps between runs (this launch's own)
                 buf = self.dev.buffer_with(np.ascontiguousarray(value))
                 self.tables.append(buf)
                 kernel.set_arg(pos, buf)
@@ -91,7 +108,7 @@ class ClProgram:
         if given:
             raise ValueError(f"{launch.name}: kernel {launch.kernel} has no parameter {', '.join(given)}")
         return Step(launch.name, kernel, (launch.gsize,), (launch.lsize,) if launch.lsize else None, dynamic,
-                    tuple(reads), tuple(writes))
+                    tuple(reads), tuple(writes), tuple(vec4))
 
     def _allocate(self) -> None:
         """Fragment outputs get buffers of their own each run; the other values share scratch slots, a
@@ -161,7 +178,6 @@ class ClProgram:
         return bufs, offs, weights
 
     def run(self, args):
-        import pyopencl as cl
         dev = self.dev
         bufs, offs, weights = self._arguments(args)
         outs = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes)) if self.val_out[v] >= 0}
@@ -172,12 +188,9 @@ class ClProgram:
         if sig != self.bound_sig:
             self._bind(bufs, offs, weights, outs, slots)
             self.bound_sig, self.bound = sig, (bufs, [b for b, _ in outs.values()], slots, chunks)
-        queue, enqueue = dev.queue, cl.enqueue_nd_range_kernel
+        queue = dev.queue
         if dev.profile is None:
-            for i, st in enumerate(self.steps, 1):
-                enqueue(queue, st.kernel, st.gsize, st.lsize)
-                if i % FLUSH_EVERY == 0:      # hand what is queued to the device while the host enqueues on
-                    queue.flush()
+            self.launches.enqueue(queue, self.flush_at)
             queue.flush()
         else:
             self._run_profiled(queue)
@@ -200,6 +213,10 @@ class ClProgram:
                     buf, off = outs[what.idx][0], what.off
                 else:
                     buf, off = slots[self.val_slot[what.idx]], what.off
+                for p, name in st.vec4:
+                    if p == pos and off % 4:
+                        raise ValueError(f"{st.name}: its kernel reads '{name}' as float4, so the tensor must start at "
+                                         f"a multiple of 4 elements, not at element {off}: hand it a whole buffer")
                 st.kernel.set_arg(pos, buf)
                 st.kernel.set_arg(pos + 1, np.uint32(off))
 

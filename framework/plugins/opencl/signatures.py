@@ -12,6 +12,7 @@ Kinds of parameter, and what one becomes in C:
 | ``out`` | ``__global float* restrict NAME, const uint NAME_off`` | a tensor written |
 | ``w``   | ``__global const uint* restrict NAME, const uint NAME_moff`` | a weight chunk (words, scale plane offset) |
 | ``tab`` | ``__global const TABLE_T* restrict NAME`` | a table made at compile time |
+| ``ctr`` | ``__global int* restrict NAME`` | counters the kernel keeps (zeros, the program's own) |
 | ``u``, ``f``, ``u4`` | ``const uint``, ``const float``, ``const uint4`` | a number, four numbers |
 """
 
@@ -40,14 +41,14 @@ SIGNATURES = {
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matmul_reg": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "ptx_probe": "ini p, out o",
-    "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in p, in r, out o, u N, u col0, u nc, u write_y, u op, "
+    "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in r, out o, u N, u col0, u write_y, u op, "
               "f eps, f eps1, f ys",
-    "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, in p, out o0, out o1, out o2, u n0, u n1, u n2, "
-               "u nc, u write_y, f eps, f eps1, f ys",
-    "attn_block": "w wq, w wk, w wv, in qp, in kp, in vp, in a, in b, in gp, in gn, out y, in p, in gq, in gk, "
+    "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, out o0, out o1, out o2, u n0, u n1, u n2, "
+               "u write_y, f eps, f eps1, f ys",
+    "attn_block": "w wq, w wk, w wv, in qp, in kp, in vp, in a, in b, in gp, in gn, out y, in gq, in gk, "
                   "ini pos, tab inv, ini krow, "
-                  "out kc, out vc, in mk, out po, u H, u Hkv, u S, u nc, u nc1, u chunk, u cache_rows, u write_y, "
-                  "u has_mask, f scale, f q_scale, f q_eps, f k_eps, f eps, f eps1, f ys",
+                  "out kc, out vc, in mk, out po, ctr cnt, out o, u H, u Hkv, u S, u nc1, u chunk, u cache_rows, "
+                  "u write_y, u has_mask, f scale, f q_scale, f q_eps, f k_eps, f eps, f eps1, f ys",
 }
 
 TENSOR_KINDS = ("in", "ini", "el", "out")
@@ -57,6 +58,7 @@ _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "out": "__global float* restrict {n}, const uint {n}_off",
       "w": "__global const uint* restrict {n}, const uint {n}_moff",
       "tab": "__global const TABLE_T* restrict {n}",
+      "ctr": "__global int* restrict {n}",
       "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
 
 

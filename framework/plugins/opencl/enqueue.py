@@ -1,0 +1,72 @@
+"""Enqueueing a program's kernels: clEnqueueNDRangeKernel called through ctypes with no event, where the
+OpenCL library pyopencl loaded is found, else pyopencl's enqueue_nd_range_kernel. pyopencl makes and
+wraps an event for every launch, which a decode step of a hundred kernels never waits on; the driver's
+calls are the same otherwise (the kernel objects, their arguments and the queue are pyopencl's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from functools import lru_cache
+from pathlib import Path
+
+
+@lru_cache(maxsize=1)
+def _library():
+    """(clEnqueueNDRangeKernel, where it was found), or (None, why not)."""
+    import pyopencl
+    libs = sorted((Path(pyopencl.__file__).parent / ".libs").glob("libOpenCL*.so*"))   # the wheel's loader
+    candidates = [str(p) for p in libs] + [n for n in [ctypes.util.find_library("OpenCL")] if n]
+    for name in candidates:
+        try:
+            fn = ctypes.CDLL(name).clEnqueueNDRangeKernel
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        return fn, name
+    return None, "no OpenCL library found beside pyopencl or on the loader path"
+
+
+def how() -> str:
+    """How kernels are enqueued here, in words (for reports)."""
+    fn, where = _library()
+    return f"clEnqueueNDRangeKernel through ctypes, no event ({where})" if fn else \
+        f"pyopencl's enqueue_nd_range_kernel ({where})"
+
+
+class Launches:
+    """A program's kernels, ready to enqueue in order (sizes as the C call takes them)."""
+
+    def __init__(self, steps):
+        self.fn, _ = _library()
+        self.steps = steps
+        if self.fn is not None:
+            self.raw = [(ctypes.c_void_p(st.kernel.int_ptr), (ctypes.c_size_t * 1)(*st.gsize),
+                         (ctypes.c_size_t * 1)(*st.lsize) if st.lsize else None) for st in steps]
+
+    def enqueue(self, queue, flush_at) -> None:
+        """Every kernel, the queue flushed after each index in flush_at (a flush submits, it does not wait)."""
+        if self.fn is None:
+            import pyopencl as cl
+            for i, st in enumerate(self.steps, 1):
+                cl.enqueue_nd_range_kernel(queue, st.kernel, st.gsize, st.lsize)
+                if i in flush_at:
+                    queue.flush()
+            return
+        fn, q = self.fn, ctypes.c_void_p(queue.int_ptr)
+        for i, (k, g, lsz) in enumerate(self.raw, 1):
+            rc = fn(q, k, 1, None, g, lsz, 0, None, None)
+            if rc:
+                self._failed(i - 1, rc)
+            if i in flush_at:
+                queue.flush()
+
+    def _failed(self, i: int, rc: int):
+        from pyopencl import status_code
+        names = {v: k for k, v in vars(status_code).items() if isinstance(v, int)}
+        st = self.steps[i]
+        raise RuntimeError(f"enqueueing {st.name} (global size {st.gsize[0]}, local {st.lsize}) failed: "
+                           f"{names.get(rc, 'OpenCL error')} ({rc})")
