@@ -9,6 +9,8 @@ FRAMEWORK_VULKAN_PROFILE=1 puts each dispatch in a pass of its own between GPU t
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from ...contract import LeafKind, reference
@@ -44,7 +46,9 @@ class VkProgram:
         # weights are the same handles run after run: taken as a block (see _bind_args)
         self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
         self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
+        self.pick_weights = _picker(self.weight_idx)
         self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
+        self.weights_seen = 0      # counts the sets of weight handles taken: the weights' part of the keys below
         self.rope_bufs: list = [None] * len(self.ropes)
         self.rope_keys: list = [None] * len(self.ropes)
         self.last_sig, self.last_cmds = None, None
@@ -52,22 +56,28 @@ class VkProgram:
         self.stage = None          # Stage: the read-back copies of the value outputs
         self.ready = None          # (cmds, command buffer) encoded for the next run
         self.repeated = None       # the last run's cmds: the same again means the next is likely the same too
+        self.out_refs = [self.refs[id(t)] for t in self.outputs]
         # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
         self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
-                          for r in (self.refs[id(t)] for t in self.outputs)]
+                          for r in self.out_refs]
+        # the value outputs read back through the run's own copies: (output, value, byte offset, bytes)
+        self.staged = [(i, r.idx, 4 * r.off, 4 * r.size) for i, r in enumerate(self.out_refs)
+                       if r.kind == "val" and r.contiguous and self.memory.val_out[r.idx] >= 0]
+        if sum(p[3] for p in self.staged) > STAGE_MAX:
+            self.staged = []
 
     # -- running ----------------------------------------------------------------------------
     def run(self, args):
         dev = self.dev
         queue = dev.gpu.queue
-        bufs, offs, host_vals, weights = self._bind_args(args)
-        self.params.update(queue, offs, weights)
+        bufs, offs, host_vals, weights, wkey = self._bind_args(args)
+        self.params.update(queue, offs, weights, wkey)
         self._rope_tables(args, host_vals)
         mem = self.memory
         out_of_val = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
                       if mem.val_out[v] >= 0}
         slot_bufs = [dev.scratch(s, nb) for s, nb in enumerate(mem.slot_bytes)]
-        cmds = self._commands(bufs, weights, out_of_val, slot_bufs)
+        cmds = self._commands(bufs, weights, wkey, out_of_val, slot_bufs)
         if dev.profile is not None:
             self._run_profiled(dev.gpu.create_command_encoder(), cmds)
             return self._results(args, bufs, out_of_val)
@@ -129,13 +139,9 @@ class VkProgram:
     def _stage_for(self, out_of_val: dict):
         """The read-back buffer of this run's value outputs (contiguous float rows, STAGE_MAX bytes in
         all), made again when their buffers change; None where there are none."""
-        places = []
-        for i, t in enumerate(self.outputs):
-            r = self.refs[id(t)]
-            if r.kind == "val" and r.contiguous and self.memory.val_out[r.idx] >= 0:
-                places.append((i, out_of_val[r.idx][0], 4 * r.off, 4 * r.size))
-        if not places or sum(p[3] for p in places) > STAGE_MAX:
+        if not self.staged:
             return None
+        places = [(i, out_of_val[v][0], off, nbytes) for i, v, off, nbytes in self.staged]
         key = tuple((i, id(b), o, n) for i, b, o, n in places)
         if self.stage is None or self.stage.key != key:
             if self.stage is not None:
@@ -156,25 +162,27 @@ class VkProgram:
     def _bind_args(self, args):
         """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
         or for host values (and views a kernel cannot read in place) a place in the program's buffer for
-        them, all uploaded at once."""
+        them, all uploaded at once. Also the weights by argument, and what stands for them in the keys of
+        the parameter blocks and the commands (the same while the weight handles are)."""
         dev = self.dev
         offs: list = [0] * len(args)
         host_vals: dict[int, np.ndarray] = {}
         staged: list[tuple[int, np.ndarray]] = []
-        held = tuple(args[i] for i in self.weight_idx)
+        held = self.pick_weights(args)
         if held != self.last_weights or len(self.weight_bufs) != len(args):      # weights compared by identity
             self._take_weights(held, len(args))
         bufs: list = list(self.weight_bufs)
-        weights: dict[int, VkWeight] = dict(self.weight_map)
+        extra: dict[int, VkWeight] = {}         # weights among the other arguments (a program of other weights)
+        align4 = self.align4
         for i in (self.other_idx if self.weights_ok else range(len(args))):
             h = args[i]
             if isinstance(h, VkWeight):
-                weights[i] = h
+                extra[i] = h
                 bufs[i] = h.chunks[0].buffer
                 continue
             if isinstance(h, np.ndarray):
                 h = dev.from_host(h)
-            if h.host is not None or not h.contiguous or (i in self.align4 and h.offset % 4):
+            if h.host is not None or (h.strides is not None and not h.contiguous) or (i in align4 and h.offset % 4):
                 data = np.ascontiguousarray(h.host if h.host is not None else dev.to_host(h))
                 host_vals[i] = data
                 if i in self.written_args:      # a cache handed over as values: it lives on here from now
@@ -186,11 +194,14 @@ class VkProgram:
                 offs[i] = h.offset
         if staged:
             self._upload(staged, bufs, offs)
-        return bufs, offs, host_vals, weights
+        if not extra:
+            return bufs, offs, host_vals, self.weight_map, self.weights_seen
+        return bufs, offs, host_vals, {**self.weight_map, **extra}, (self.weights_seen, tuple(extra.items()))
 
     def _take_weights(self, held: tuple, n_args: int) -> None:
         """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
         self.last_weights = held
+        self.weights_seen += 1
         self.weights_ok = all(isinstance(h, VkWeight) for h in held)
         self.weight_map = dict(zip(self.weight_idx, held)) if self.weights_ok else {}
         self.weight_bufs = [None] * n_args
@@ -235,15 +246,14 @@ class VkProgram:
                 dev.gpu.queue.write_buffer(rope_bufs[ti], 0, table)
                 self.rope_keys[ti] = key
 
-    def _commands(self, bufs, weights, out_of_val, slot_bufs) -> list:
+    def _commands(self, bufs, weights, wkey, out_of_val, slot_bufs) -> list:
         """(pipeline, bind group, workgroups, buffers) of every step; the same as last run's (no lookups)
         when every buffer is the same (decode, step after step)."""
         dev = self.dev
         rope_bufs = self.rope_bufs
         val_out, val_slot = self.memory.val_out, self.memory.val_slot
         # the buffers themselves (compared by identity), and the weights, whose chunks are theirs for good
-        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), tuple(weights.values()),
-               tuple(rope_bufs))
+        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), wkey, tuple(rope_bufs))
         if sig == self.last_sig:
             return self.last_cmds
         dummy = dev.dummy()
@@ -310,8 +320,7 @@ class VkProgram:
         argument's buffer seen through the output's view."""
         dev = self.dev
         results = []
-        for i, (t, whole) in enumerate(zip(self.outputs, self.whole_arg)):
-            r = self.refs[id(t)]
+        for i, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)):
             if whole:
                 h = args[r.idx]
                 if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
@@ -379,6 +388,15 @@ class Stage:
             return None
         self.wait()
         return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
+
+
+def _picker(idx: list[int]):
+    """A function of a run's arguments that returns those at idx, as a tuple."""
+    if not idx:
+        return lambda args: ()
+    if len(idx) == 1:
+        return lambda args: (args[idx[0]],)
+    return itemgetter(*idx)
 
 
 def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:

@@ -36,10 +36,11 @@ class ParamBlocks:
         self.buffer = dev.new_buffer(self.words.nbytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self.key = None
 
-    def update(self, queue, offs: list[int], weights: dict) -> None:
+    def update(self, queue, offs: list[int], weights: dict, wkey) -> None:
         """Rewrite the blocks when an argument's offset differs from the last run, or a weight is another
-        (its scale planes may lie elsewhere); decode, step after step, writes nothing."""
-        key = (tuple(offs), tuple(weights.values()))      # the weights by identity
+        (its scale planes may lie elsewhere; wkey changes with the weight handles); decode, step after step,
+        writes nothing."""
+        key = (tuple(offs), wkey)
         if key == self.key:
             return
         for si, w, a, off in self.dyn:
