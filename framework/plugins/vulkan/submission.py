@@ -366,19 +366,26 @@ class Stage:
             self.copies.append((buf, off, total, nbytes))
             total += -(-nbytes // 256) * 256
         self.buffer = dev.new_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.native = NativeMap(dev.gpu, self.buffer, total) if _native is not None else None
         self.runs = 0           # runs submitted that copy into it
         self.mapped = False
 
     def release(self) -> None:
         if self.mapped:
-            self.buffer.unmap()
+            if self.native is not None:
+                self.native.unmap()
+            else:
+                self.buffer.unmap()
             self.mapped = False
 
     def wait(self) -> None:
         """Until the last run's copies are done (and every submission before them)."""
         if not self.mapped:
-            import wgpu
-            self.buffer.map_sync(wgpu.MapMode.READ)
+            if self.native is not None:
+                self.native.map()
+            else:
+                import wgpu
+                self.buffer.map_sync(wgpu.MapMode.READ)
             self.mapped = True
 
     def read(self, run: int, at: int, nbytes: int):
@@ -387,7 +394,65 @@ class Stage:
         if run != self.runs:
             return None
         self.wait()
+        if self.native is not None:
+            return self.native.view[at:at + nbytes]
         return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
+
+
+class NativeMap:
+    """Maps a read-back buffer through wgpu-native's C functions, what wgpu's GPUBuffer.map_sync calls, without
+    what map_sync adds around them: an empty submission before each map (for buffers written by
+    queue.write_buffer, wgpu-native issue 305; this one is written by the run's own copies) and the hand-over
+    of the map's callback through wgpu's poll thread. Here the device is polled, waiting, on this thread,
+    which runs the callback."""
+
+    def __init__(self, gpu, buffer, nbytes: int):
+        lib, ffi = _native.lib, _native.ffi
+        self.lib, self.null = lib, ffi.NULL
+        self.device, self.buffer, self.nbytes = gpu._internal, buffer._internal, nbytes
+        self.keep = buffer              # the buffer object outlives its mapping
+        status: list = []
+        self.status = status
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(code, message, _a, _b):
+            text = "" if message.data == ffi.NULL else ffi.string(message.data, message.length).decode(errors="replace")
+            status.append((int(code), text))
+
+        self.callback = mapped
+        self.info = ffi.new("WGPUBufferMapCallbackInfo *")
+        self.info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self.info.callback = mapped
+        self.ffi = ffi
+        self.view = None
+
+    def map(self) -> None:
+        lib, status = self.lib, self.status
+        status.clear()
+        lib.wgpuBufferMapAsync(self.buffer, lib.WGPUMapMode_Read, 0, self.nbytes, self.info[0])
+        for _ in range(100):            # a poll that waits returns with the queue empty: the callback has run
+            if status:
+                break
+            lib.wgpuDevicePoll(self.device, True, self.null)
+        if not status or status[0][0] != lib.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"could not map the read-back buffer ({status[0] if status else 'no answer'})")
+        ptr = lib.wgpuBufferGetMappedRange(self.buffer, 0, self.nbytes)
+        self.view = memoryview(self.ffi.buffer(ptr, self.nbytes))
+
+    def unmap(self) -> None:
+        if self.view is not None:
+            self.view.release()
+            self.view = None
+        self.lib.wgpuBufferUnmap(self.buffer)
+
+
+def wait_for_queue(gpu) -> bool:
+    """Wait, on this thread, until every submission so far has finished (wgpu-native's device poll); False
+    where wgpu's _ffi module is missing (the caller waits another way)."""
+    if _native is None:
+        return False
+    _native.lib.wgpuDevicePoll(gpu._internal, True, _native.ffi.NULL)
+    return True
 
 
 def _picker(idx: list[int]):
