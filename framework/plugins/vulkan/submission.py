@@ -1,6 +1,6 @@
 """A compiled fragment and its runs: the arguments bound (host values copied straight into the
-program's own buffers), the rope tables made, the bind groups found, every dispatch recorded into one
-command encoder and one compute pass, and one submission per run.
+program's own buffer, with the rope tables: one upload a run), the bind groups found, every dispatch
+recorded into one command encoder and one compute pass, and one submission per run.
 
 Pipelines are made once per device; bind groups once per set of buffers, and reused whole while a
 program's buffers stay the same (decode, step after step); parameter blocks once per program.
@@ -42,14 +42,14 @@ class VkProgram:
         self.memory = memory.assign(self.steps, self.val_sizes, [self.refs[id(t)] for t in self.outputs])
         self.params = ParamBlocks(dev, self.steps)
         self.bg_cache: list[dict] = [{} for _ in self.steps]
-        self.host_buf, self.host_key, self.host_place = None, None, {}
+        self.host_buf, self.host_key, self.host_place, self.rope_at = None, None, {}, []
         # weights are the same handles run after run: taken as a block (see _bind_args)
         self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
         self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
         self.pick_weights = _picker(self.weight_idx)
         self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
         self.weights_seen = 0      # counts the sets of weight handles taken: the weights' part of the keys below
-        self.rope_bufs: list = [None] * len(self.ropes)
+        self.rope_tabs: list = [None] * len(self.ropes)
         self.rope_keys: list = [None] * len(self.ropes)
         self.last_sig, self.last_cmds = None, None
         self.timer = None          # (query set, resolve buffer) of device.pass_times
@@ -70,9 +70,10 @@ class VkProgram:
     def run(self, args):
         dev = self.dev
         queue = dev.gpu.queue
-        bufs, offs, host_vals, weights, wkey = self._bind_args(args)
-        self.params.update(queue, offs, weights, wkey)
-        self._rope_tables(args, host_vals)
+        bufs, offs, host_vals, weights, wkey, staged = self._bind_args(args)
+        tables = self._rope_tables(args, host_vals)
+        rope_offs = self._upload(staged, tables, bufs, offs) if staged or tables else ()
+        self.params.update(queue, offs, weights, wkey, rope_offs)
         mem = self.memory
         out_of_val = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
                       if mem.val_out[v] >= 0}
@@ -162,8 +163,8 @@ class VkProgram:
     def _bind_args(self, args):
         """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
         or for host values (and views a kernel cannot read in place) a place in the program's buffer for
-        them, all uploaded at once. Also the weights by argument, and what stands for them in the keys of
-        the parameter blocks and the commands (the same while the weight handles are)."""
+        them (the values returned as `staged`, for _upload). Also the weights by argument, and what stands
+        for them in the keys of the parameter blocks and the commands (the same while the weight handles are)."""
         dev = self.dev
         offs: list = [0] * len(args)
         host_vals: dict[int, np.ndarray] = {}
@@ -192,11 +193,9 @@ class VkProgram:
             else:
                 bufs[i] = h.buffer
                 offs[i] = h.offset
-        if staged:
-            self._upload(staged, bufs, offs)
         if not extra:
-            return bufs, offs, host_vals, self.weight_map, self.weights_seen
-        return bufs, offs, host_vals, {**self.weight_map, **extra}, (self.weights_seen, tuple(extra.items()))
+            return bufs, offs, host_vals, self.weight_map, self.weights_seen, staged
+        return bufs, offs, host_vals, {**self.weight_map, **extra}, (self.weights_seen, tuple(extra.items())), staged
 
     def _take_weights(self, held: tuple, n_args: int) -> None:
         """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
@@ -208,16 +207,21 @@ class VkProgram:
         for i, h in self.weight_map.items():
             self.weight_bufs[i] = h.chunks[0].buffer
 
-    def _upload(self, staged, bufs, offs) -> None:
-        """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) in one buffer, each
-        at a 16-byte aligned place: one upload per run, and the places (the parameter blocks' offsets) the
-        same from run to run while the sizes are."""
-        key = tuple((i, data.nbytes) for i, data in staged)
+    def _upload(self, staged, tables, bufs, offs) -> list[int]:
+        """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) and rope tables in
+        one buffer, each at a 16-byte aligned place: one upload per run, and the places (the parameter blocks'
+        offsets) the same from run to run while the sizes are. Returns each table's offset there, in (cos,
+        sin) pairs."""
+        key = (tuple((i, data.nbytes) for i, data in staged), tuple(t.nbytes for t in tables))
         if key != self.host_key:
             self.host_place, total = {}, 0
             for i, data in staged:
                 self.host_place[i] = total
                 total += max(16, -(-data.nbytes // 16) * 16)
+            self.rope_at = []
+            for t in tables:
+                self.rope_at.append(total)
+                total += max(16, -(-t.nbytes // 16) * 16)
             self.host_total = total
             if self.host_buf is None or self.host_buf.size < total:
                 self.host_buf = self.dev.new_buffer(total)
@@ -227,12 +231,15 @@ class VkProgram:
             at = self.host_place[i]
             block[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
             bufs[i], offs[i] = self.host_buf, at // 4
+        for at, t in zip(self.rope_at, tables):
+            block[at:at + t.nbytes] = t.reshape(-1).view(np.uint8)
         self.dev.gpu.queue.write_buffer(self.host_buf, 0, block)
+        return [at // 8 for at in self.rope_at]
 
-    def _rope_tables(self, args, host_vals) -> None:
-        """The (cos, sin) table of each rope, made on the host and uploaded when the positions change."""
+    def _rope_tables(self, args, host_vals) -> list[np.ndarray]:
+        """The (cos, sin) table of each rope, made on the host when the positions change (uploaded with the
+        host values)."""
         dev = self.dev
-        rope_bufs = self.rope_bufs
         for ti, (pa, poff, n_dims, base, scale, t) in enumerate(self.ropes):
             pos = host_vals.get(pa)
             if pos is None:
@@ -240,20 +247,18 @@ class VkProgram:
             pos = np.asarray(pos).reshape(-1)[poff:poff + t]
             key = (pos.tobytes(), n_dims, base, scale)
             if key != self.rope_keys[ti]:
-                table = rope_table(pos, n_dims, base, scale)
-                if rope_bufs[ti] is None or rope_bufs[ti].size < table.nbytes:
-                    rope_bufs[ti] = dev.new_buffer(table.nbytes)
-                dev.gpu.queue.write_buffer(rope_bufs[ti], 0, table)
+                self.rope_tabs[ti] = rope_table(pos, n_dims, base, scale)
                 self.rope_keys[ti] = key
+        return self.rope_tabs
 
     def _commands(self, bufs, weights, wkey, out_of_val, slot_bufs) -> list:
         """(pipeline, bind group, workgroups, buffers) of every step; the same as last run's (no lookups)
         when every buffer is the same (decode, step after step)."""
         dev = self.dev
-        rope_bufs = self.rope_bufs
+        host_buf = self.host_buf
         val_out, val_slot = self.memory.val_out, self.memory.val_slot
         # the buffers themselves (compared by identity), and the weights, whose chunks are theirs for good
-        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), wkey, tuple(rope_bufs))
+        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), wkey, host_buf)
         if sig == self.last_sig:
             return self.last_cmds
         dummy = dev.dummy()
@@ -267,8 +272,8 @@ class VkProgram:
                 return out_of_val[r.idx][0] if val_out[r.idx] >= 0 else slot_bufs[val_slot[r.idx]]
             if kind == "chunk":
                 return weights[b[1]].chunks[b[2]].buffer
-            if kind == "rope":
-                return rope_bufs[b[1]]
+            if kind == "rope":            # the tables lie in the host values' buffer (_upload)
+                return host_buf
             return dummy
 
         cmds = []
