@@ -23,7 +23,7 @@ from ...contract import (
 from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
-from .submission import ENCODING, VkProgram, wait_for_queue
+from .submission import ENCODING, RopeRows, VkProgram, wait_for_queue
 from .tensors import StagedTensor, VkTensor, VkWeight
 from .verdicts import OPS, verdict
 
@@ -124,6 +124,7 @@ class VulkanDevice(BufferPools, Device):
         self.profile = {} if settings.read(PROFILE_ENV) and self.timestamps else None
         self.pass_times: list[float] | None = None     # a list: each run's GPU time, one pass timed whole
         self.last_stage = None         # the read-back copies of the last run submitted (submission.Stage), if any
+        self.rope_rows = RopeRows()    # the rope tables' rows by position, for every program
 
     # -- the wgpu device, made on first use ----------------------------------------------------
     @property
