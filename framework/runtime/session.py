@@ -292,9 +292,12 @@ class Session:
         n_tokens, n_kv = inp.mask.shape
         pos = np.arange(self.n_past, self.n_past + n_tokens, dtype=np.int32)
         rows = pos.copy()
-        rows[n:] = self.n_ctx + np.arange(n_tokens - n, dtype=np.int32)     # padding writes scratch rows
-        tokens = np.zeros(n_tokens, dtype=np.int32)
-        tokens[:n] = chunk
+        if n < n_tokens:
+            rows[n:] = self.n_ctx + np.arange(n_tokens - n, dtype=np.int32)     # padding writes scratch rows
+            tokens = np.zeros(n_tokens, dtype=np.int32)
+            tokens[:n] = chunk
+        else:
+            tokens = np.array(chunk, dtype=np.int32)
         values = {id(inp.tokens): tokens, id(inp.pos): pos, id(inp.kv_rows): rows,
                   id(inp.mask): causal_mask(pos, n_kv, 0)}
         if inp.mask_swa is not None:

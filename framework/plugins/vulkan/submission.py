@@ -221,11 +221,11 @@ class VkProgram:
             for t in tables:
                 self.rope_at.append(total)
                 total += max(16, -(-t.nbytes // 16) * 16)
-            self.host_total = total
+            self.host_block = np.empty(total, np.uint8)     # written whole every run: write_buffer copies it
             if self.host_buf is None or self.host_buf.size < total:
                 self.host_buf = self.dev.new_buffer(total)
             self.host_key = key
-        block = np.empty(self.host_total, np.uint8)
+        block = self.host_block
         for i, data in staged:
             at = self.host_place[i]
             block[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
