@@ -284,34 +284,76 @@ def host_breakdown(dev, s, tok: int, n: int) -> dict:
     """Where a decode step's wall time goes (ms a step, over n steps): the program's run (arguments bound,
     tables and uploads, the dispatches encoded and submitted), the device's synchronize (waiting for the
     GPU), to_host (the logits read back), and the rest (session and executor); then the GPU time of the
-    step's one pass (timestamps around it), and the host functions that take most time (cProfile)."""
+    step's one pass (timestamps around it), and the host functions that take most time (cProfile).
+
+    The finer split ("split"): the session's own time (eval, outside the executor), the executor's own
+    (outside the program's run, the wait and the read-back), the sampler (the argmax of this loop); the
+    program's run as before_submit (binding, tables, uploads), submit (queue.submit), encode_next (the next
+    step's command buffer, recorded after the submission while the GPU works) and results (the output
+    handles); and the window from the submission's return to the wait's end, which holds the GPU's pass."""
     import cProfile
     import io
     import pstats
     progs = _programs(s, 1)
     acc = {"run": 0.0, "synchronize": 0.0, "to_host": 0.0}
+    fine = dict.fromkeys(("eval", "executor_run", "sampler", "encode", "results", "submit", "window"), 0.0)
+    marks = {"submitted": None}
 
-    def timer(name, fn):
+    def timer(name, fn, into=acc):
         def timed_call(*a, **k):
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                acc[name] += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                into[name] += t1 - t0
+                if name == "synchronize" and marks["submitted"] is not None:
+                    fine["window"] += t1 - marks["submitted"]
+                    marks["submitted"] = None
         return timed_call
+
+    queue = dev.gpu.queue
+    queue_submit = queue.submit
+
+    def submit(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return queue_submit(*a, **k)
+        finally:
+            t1 = time.perf_counter()
+            if marks["submitted"] is None:      # the step's own submission (wgpu's map adds an empty one, waited)
+                fine["submit"] += t1 - t0
+                marks["submitted"] = t1
     for p in progs:
-        p.run = timer("run", p.run)            # an instance attribute over the method, removed below
+        p.run = timer("run", p.run)            # instance attributes over the methods, removed below
+        p._encode = timer("encode", p._encode, fine)
+        p._results = timer("results", p._results, fine)
     dev.synchronize, dev.to_host = timer("synchronize", dev.synchronize), timer("to_host", dev.to_host)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        tok = int(np.argmax(s.eval([tok])))
-    wall = time.perf_counter() - t0
-    for p in progs:
-        del p.run
-    del dev.synchronize, dev.to_host
+    s.eval = timer("eval", s.eval, fine)
+    s.executor.run = timer("executor_run", s.executor.run, fine)
+    queue.submit = submit
+    argmax = timer("sampler", np.argmax, fine)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tok = int(argmax(s.eval([tok])))
+        wall = time.perf_counter() - t0
+    finally:
+        for p in progs:
+            del p.run, p._encode, p._results
+        del dev.synchronize, dev.to_host, s.eval, s.executor.run, queue.submit
     out = {k: round(v / n * 1e3, 3) for k, v in acc.items()}
     out["wall"] = round(wall / n * 1e3, 3)
     out["rest"] = round(out["wall"] - sum(out[k] for k in acc), 3)
+    ms = {k: v / n * 1e3 for k, v in fine.items()}
+    split = {"session": ms["eval"] - ms["executor_run"],
+             "executor": ms["executor_run"] - sum(acc.values()) / n * 1e3,
+             "sampler": ms["sampler"],
+             "before_submit": acc["run"] / n * 1e3 - ms["submit"] - ms["encode"] - ms["results"],
+             "submit": ms["submit"], "encode_next": ms["encode"], "results": ms["results"],
+             "wait": acc["synchronize"] / n * 1e3, "to_host": acc["to_host"] / n * 1e3,
+             "submit_to_wait_end": ms["window"]}
+    out["split"] = {k: round(v, 3) for k, v in split.items()}
     out["dispatches"] = sum(len(p.steps) for p in progs)
     if dev.timestamps:
         dev.pass_times = []
@@ -843,6 +885,8 @@ def main() -> None:
             log(f"  decode host breakdown (ms a step, {h['dispatches']} dispatches): wall {h['wall']}, program run "
                 f"{h['run']}, synchronize {h['synchronize']}, to_host {h['to_host']}, rest {h['rest']}; GPU time of "
                 f"the step's one pass {h.get('gpu_one_pass')}")
+            if "split" in h:
+                log(f"  decode host split (ms a step): {h['split']}")
             log("  cProfile of 32 decode steps, by own time:\n    " + "\n    ".join(h["cprofile_top"]))
             for phase in ("prefill", "decode"):
                 if f"gpu_profile_{phase}" in tv:

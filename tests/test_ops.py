@@ -157,6 +157,23 @@ def causal_mask(t, s, n_past):
     return mask
 
 
+@pytest.mark.parametrize("window", [0, 1, 3, 300])
+def test_session_masks_of_one_row_equal_the_general_ones(window):
+    """The session builds a decode step's mask (one query) another way than a prefill chunk's: both are the
+    loop's here, windowed where window is set (query p sees rows p - window + 1 .. p)."""
+    from framework.runtime.session import causal_mask as session_mask
+    for n_past, n_kv in [(0, 256), (5, 256), (255, 256), (256, 512), (511, 512)]:
+        want = causal_mask(1, n_kv, n_past)
+        if window:
+            want[0, :max(0, n_past - window + 1)] = -np.inf
+        pos = np.array([n_past], dtype=np.int32)
+        got = session_mask(pos, n_kv, window)
+        assert got.shape == (1, n_kv) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+        both = session_mask(np.array([n_past, n_past], dtype=np.int32), n_kv, window)    # the general path
+        np.testing.assert_array_equal(both[:1], want)
+
+
 # ---------------------------------------------------------------------------------------------
 # the metric itself must be able to fail
 # ---------------------------------------------------------------------------------------------

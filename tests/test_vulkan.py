@@ -371,6 +371,21 @@ def test_parameter_blocks_are_filled_and_read_by_name():
         assert params.source(body) == wgsl.simple(name)
 
 
+def test_rope_rows_are_the_reference_table():
+    """A step's rope table is rows of one table by position (made once, grown past its end): the same values
+    as the reference's table of the step's own positions, for a decode step, a prefill chunk, positions past
+    the first rows and in any order."""
+    from framework.plugins.vulkan.submission import RopeRows, rope_table
+    rows = RopeRows()
+    for pos in ([0], [7], [RopeRows.FIRST - 1], [RopeRows.FIRST], [5000], list(range(40, 72)), [9, 2, 9]):
+        pos = np.array(pos, dtype=np.int32)
+        for n_dims, base in ((64, 100000.0), (256, 10000.0)):
+            got, want = rows.table(pos, n_dims, base, 1.0), rope_table(pos, n_dims, base, 1.0)
+            assert got.shape == want.shape == (len(pos), n_dims // 2, 2) and got.dtype == np.float32
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
+    assert len(rows.rows[(64, 100000.0, 1.0)]) >= 5001
+
+
 def test_one_submission_per_run_and_pipelines_made_once(vk):
     case = next(c for c in CASES if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()

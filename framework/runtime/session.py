@@ -292,9 +292,12 @@ class Session:
         n_tokens, n_kv = inp.mask.shape
         pos = np.arange(self.n_past, self.n_past + n_tokens, dtype=np.int32)
         rows = pos.copy()
-        rows[n:] = self.n_ctx + np.arange(n_tokens - n, dtype=np.int32)     # padding writes scratch rows
-        tokens = np.zeros(n_tokens, dtype=np.int32)
-        tokens[:n] = chunk
+        if n < n_tokens:
+            rows[n:] = self.n_ctx + np.arange(n_tokens - n, dtype=np.int32)     # padding writes scratch rows
+            tokens = np.zeros(n_tokens, dtype=np.int32)
+            tokens[:n] = chunk
+        else:
+            tokens = np.array(chunk, dtype=np.int32)
         values = {id(inp.tokens): tokens, id(inp.pos): pos, id(inp.kv_rows): rows,
                   id(inp.mask): causal_mask(pos, n_kv, 0)}
         if inp.mask_swa is not None:
@@ -321,6 +324,11 @@ def _phase_name(key: tuple) -> str:
 
 def causal_mask(pos: np.ndarray, n_kv: int, window: int) -> np.ndarray:
     """0 where query position p may see cache row s (s <= p, and p - s < window when windowed), else -inf."""
+    if len(pos) == 1:           # a decode step: one run of zeros (a third of the time of the general case)
+        p = int(pos[0])
+        row = np.full((1, n_kv), -np.inf, dtype=np.float32)
+        row[0, max(0, p - window + 1) if window else 0:max(0, p + 1)] = 0
+        return row
     s = np.arange(n_kv, dtype=np.int64)[None, :]
     p = pos.astype(np.int64)[:, None]
     visible = s <= p

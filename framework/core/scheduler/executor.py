@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -26,6 +27,23 @@ from .verdicts import check_available, in_distribution, plugin_of
 
 WeightBytes = Callable[[Tensor], np.ndarray]
 Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fragment>", bytes done, bytes total)
+
+
+_INPUT, _CACHE, _VALUE = 0, 1, 2
+
+
+@dataclass(eq=False)
+class _Bound:
+    """What a fragment's run does not have to work out again step after step (made once per plan): its
+    program, its arguments with the weights' handles in place, the other arguments to fetch, and per output
+    what the check wants (shape, dtype) and the cache tensor it writes."""
+
+    device: Device
+    program: Any
+    args: list                  # the weights' handles at their places, None where an argument is fetched per run
+    fetched: list[tuple[int, Tensor, int, int]]         # (place, tensor, id of tensor, _INPUT | _CACHE | _VALUE)
+    outputs: list[tuple[Tensor, tuple, Any, int | None, bool]]
+    # ... (tensor, shape, numpy dtype or None, id of the cache it writes or None, whether its values are checked)
 
 
 class Executor:
@@ -45,6 +63,7 @@ class Executor:
         # pre-allocated tensors: id -> (device, handle); shared with another executor for a shared KV cache
         self.caches: dict[int, tuple[str, Any]] = caches if caches is not None else {}
         self._prepared: dict[int, Plan] = {}    # holds the plans too, so an id is never reused
+        self._bound: dict[int, list[_Bound]] = {}   # id(plan) -> each fragment's _Bound
         self.programs: dict[tuple[str, str], Any] = share_with.programs if share_with is not None else {}
         self.stats = defaultdict(lambda: {"seconds": 0.0, "runs": 0, "bytes_copied": 0, "compiles": 0})
         # (id(plan), fragment index) -> seconds and runs of that fragment (the view of a run shows them)
@@ -87,11 +106,27 @@ class Executor:
                 self.programs[key] = self._device_call(f.device, "compiling", f.describe(),
                                                        self.devices[f.device].compile, f)
                 self.stats[f.device]["compiles"] += 1
+        self._bound[id(plan)] = [self._bind(f) for f in plan.fragments]
         self._prepared[id(plan)] = plan
+
+    def _bind(self, f) -> _Bound:
+        args: list = [None] * len(f.inputs)
+        fetched = []
+        for i, t in enumerate(f.inputs):
+            if t.is_leaf and t.kind == LeafKind.WEIGHT:
+                args[i] = self.weights[(f.device, id(t))]
+            else:
+                kind = _VALUE if not t.is_leaf else _INPUT if t.kind == LeafKind.INPUT else _CACHE
+                fetched.append((i, t, id(t), kind))
+        checked = f.device in self.value_checked
+        outputs = [(t, tuple(t.shape), _numpy_dtype(t), id(t.storage) if ops.writes_source(t.op) else None,
+                    checked and not ops.writes_source(t.op) and not t.storage.is_leaf) for t in f.outputs]
+        return _Bound(self.devices[f.device], self.programs[(f.device, f.program)], args, fetched, outputs)
 
     def forget(self, plan: Plan) -> None:
         """The plan will not run again (its weights and programs stay: other plans use them)."""
         self._prepared.pop(id(plan), None)
+        self._bound.pop(id(plan), None)
 
     # -- running --------------------------------------------------------------------------
     def run(self, plan: Plan, inputs: dict[int, np.ndarray]) -> list[np.ndarray]:
@@ -100,22 +135,35 @@ class Executor:
         values: dict[int, tuple[str, Any]] = {}
         hosted: dict[int, np.ndarray] = {}      # host copies already made (by a check), reused by copies
         made_by: dict[int, Any] = {}            # id(tensor) -> the fragment that made it
-        for f in plan.fragments:
-            args = [self._arg(t, f.device, values, inputs, hosted, made_by) for t in f.inputs]
+        caches = self.caches
+        for f, b in zip(plan.fragments, self._bound[id(plan)]):
+            dev_name = f.device
+            args = list(b.args)
+            for i, t, key, kind in b.fetched:
+                if kind == _INPUT:
+                    args[i] = b.device.from_host(inputs[key])
+                    continue
+                held = caches[key] if kind == _CACHE else values[key]
+                args[i] = held[1] if held[0] == dev_name else self._arg(t, dev_name, values, inputs, hosted, made_by)
             t0 = time.perf_counter()
-            results = self._device_call(f.device, "running", f.describe(), self.programs[(f.device, f.program)].run,
-                                        args)
-            self._device_call(f.device, "finishing", f.describe(), self.devices[f.device].synchronize)
-            seconds = time.perf_counter() - t0
-            for st in (self.stats[f.device], self.fragment_stats[(id(plan), f.index)]):
+            results = self._device_call(dev_name, "running", f.describe(), b.program.run, args)
+            t1 = time.perf_counter()
+            # the handles' shapes need no values: checked before the wait, while the device works
+            self._check_shapes(f, b, results)
+            t2 = time.perf_counter()
+            self._device_call(dev_name, "finishing", f.describe(), b.device.synchronize)
+            seconds = (t1 - t0) + (time.perf_counter() - t2)
+            for st in (self.stats[dev_name], self.fragment_stats[(id(plan), f.index)]):
                 st["seconds"] += seconds
                 st["runs"] += 1
-            self._check_outputs(f, results, values, hosted)
-            for t, h in zip(f.outputs, results):
-                values[id(t)] = (f.device, h)
+            for (t, _, _, written, checked), h in zip(b.outputs, results):
+                held = values[id(t)] = (dev_name, h)
                 made_by[id(t)] = f
-                if ops.writes_source(t.op):     # the written tensor's latest value is this handle
-                    self.caches[id(t.storage)] = (f.device, h)
+                if written is not None:         # the written tensor's latest value is this handle
+                    caches[written] = held
+                elif checked:                   # a value-checked device's: finite, before another device reads it
+                    host = hosted[id(t)] = self._to_host(held)
+                    self._check_finite(f, t, host, values)
         outputs = []
         for t in plan.graph.outputs:            # the answer itself is always checked: never NaN logits
             host = hosted[id(t)] if id(t) in hosted else self._to_host(values[id(t)])
@@ -149,10 +197,9 @@ class Executor:
         return handle
 
     # -- the checks at fragment boundaries ------------------------------------------------------------
-    def _check_outputs(self, f, results, values: dict, hosted: dict) -> None:
-        """What a program returned against what its fragment holds: the count, every shape and dtype,
-        and (for value-checked devices) finite values."""
-        dev = self.devices[f.device]
+    def _check_shapes(self, f, b: _Bound, results) -> None:
+        """What a program returned against what its fragment holds: the count, every shape and dtype (the
+        values of a value-checked device's outputs are checked once they are there, in run)."""
         if not isinstance(results, (list, tuple)) or len(results) != len(f.outputs):
             got = f"{len(results)} outputs" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
             missing = f.outputs[len(results)] if isinstance(results, (list, tuple)) and len(results) < len(f.outputs) \
@@ -160,23 +207,18 @@ class Executor:
             raise self._boundary_error(f, missing, f"program.run returned {got}; the fragment has "
                                        f"{len(f.outputs)} ({', '.join(t.name for t in f.outputs)})",
                                        "Program.run returns a list with one handle per fragment.outputs, in order")
-        checked = f.device in self.value_checked
-        for t, h in zip(f.outputs, results):
+        handle_shape = b.device.handle_shape
+        for (t, want_shape, want, _, _), h in zip(b.outputs, results):
             try:
-                shape, dtype = dev.handle_shape(h)
+                shape, dtype = handle_shape(h)
             except Exception as e:
                 raise self._boundary_error(f, t, f"handle_shape() of its output raised {type(e).__name__}: {e}",
                                            "give handles .shape and .dtype, or override Device.handle_shape") from e
-            want = _numpy_dtype(t)
-            if tuple(shape) != tuple(t.shape) or (want is not None and np.dtype(dtype) != want):
+            if tuple(shape) != want_shape or (want is not None and np.dtype(dtype) != want):
                 raise self._boundary_error(f, t, f"expected shape {list(t.shape)} {want or t.dtype.name}, got shape "
                                            f"{list(shape)} {np.dtype(dtype)}",
-                                           f"the kernel for {t.op} in {type(dev).__qualname__}: its result must have "
-                                           f"the node's shape and dtype (docs/ops.md says what {t.op} computes)")
-            if checked and not ops.writes_source(t.op) and not t.storage.is_leaf:   # views of leaves: theirs
-                host = self._to_host((f.device, h))
-                hosted[id(t)] = host
-                self._check_finite(f, t, host, values)
+                                           f"the kernel for {t.op} in {type(b.device).__qualname__}: its result must "
+                                           f"have the node's shape and dtype (docs/ops.md says what {t.op} computes)")
 
     def _check_finite(self, f, t: Tensor, host: np.ndarray, values: dict) -> None:
         if host.dtype.kind != "f" or t.storage.kind == LeafKind.INPUT or np.isfinite(host).all():

@@ -23,7 +23,7 @@ from ...contract import (
 from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
-from .submission import ENCODING, VkProgram
+from .submission import ENCODING, RopeRows, VkProgram, wait_for_queue
 from .tensors import StagedTensor, VkTensor, VkWeight
 from .verdicts import OPS, verdict
 
@@ -124,6 +124,7 @@ class VulkanDevice(BufferPools, Device):
         self.profile = {} if settings.read(PROFILE_ENV) and self.timestamps else None
         self.pass_times: list[float] | None = None     # a list: each run's GPU time, one pass timed whole
         self.last_stage = None         # the read-back copies of the last run submitted (submission.Stage), if any
+        self.rope_rows = RopeRows()    # the rope tables' rows by position, for every program
 
     # -- the wgpu device, made on first use ----------------------------------------------------
     @property
@@ -211,13 +212,14 @@ class VulkanDevice(BufferPools, Device):
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its commands are submitted, and the executor stops its
         clock here, so the time reported for this device includes the GPU's own."""
-        # reading 16 bytes back waits for every command submitted before it (queue order); wgpu-py 0.32's
-        # queue.on_submitted_work_done_sync() fails in its own bindings (a cffi callback type mismatch)
-        # where the last run copied its outputs for reading back, mapping that copy waits as well, and the
-        # read-back then needs no submission of its own
+        # where the last run copied its outputs for reading back, mapping that copy waits, and the read-back
+        # then needs no submission of its own; else wgpu-native's device poll waits for the queue (and where
+        # wgpu's _ffi module is missing, reading 16 bytes back waits for every command submitted before it:
+        # wgpu-py 0.32's queue.on_submitted_work_done_sync() fails in its own bindings, a cffi callback type
+        # mismatch)
         if self.last_stage is not None:
             self.last_stage.wait()
-        elif self._gpu is not None:
+        elif self._gpu is not None and not wait_for_queue(self._gpu):
             self._gpu.queue.read_buffer(self.dummy(), 0, 16)
 
     def compile(self, fragment):

@@ -1,6 +1,6 @@
 """A compiled fragment and its runs: the arguments bound (host values copied straight into the
-program's own buffers), the rope tables made, the bind groups found, every dispatch recorded into one
-command encoder and one compute pass, and one submission per run.
+program's own buffer, with the rope tables: one upload a run), the bind groups found, every dispatch
+recorded into one command encoder and one compute pass, and one submission per run.
 
 Pipelines are made once per device; bind groups once per set of buffers, and reused whole while a
 program's buffers stay the same (decode, step after step); parameter blocks once per program.
@@ -8,6 +8,8 @@ FRAMEWORK_VULKAN_PROFILE=1 puts each dispatch in a pass of its own between GPU t
 """
 
 from __future__ import annotations
+
+from operator import itemgetter
 
 import numpy as np
 
@@ -40,34 +42,42 @@ class VkProgram:
         self.memory = memory.assign(self.steps, self.val_sizes, [self.refs[id(t)] for t in self.outputs])
         self.params = ParamBlocks(dev, self.steps)
         self.bg_cache: list[dict] = [{} for _ in self.steps]
-        self.host_buf, self.host_key, self.host_place = None, None, {}
+        self.host_buf, self.host_key, self.host_place, self.rope_at = None, None, {}, []
         # weights are the same handles run after run: taken as a block (see _bind_args)
         self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
         self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
+        self.pick_weights = _picker(self.weight_idx)
         self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
-        self.rope_bufs: list = [None] * len(self.ropes)
-        self.rope_keys: list = [None] * len(self.ropes)
+        self.weights_seen = 0      # counts the sets of weight handles taken: the weights' part of the keys below
+        self.rope_tabs: list = [None] * len(self.ropes)
         self.last_sig, self.last_cmds = None, None
         self.timer = None          # (query set, resolve buffer) of device.pass_times
         self.stage = None          # Stage: the read-back copies of the value outputs
         self.ready = None          # (cmds, command buffer) encoded for the next run
         self.repeated = None       # the last run's cmds: the same again means the next is likely the same too
+        self.out_refs = [self.refs[id(t)] for t in self.outputs]
         # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
         self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
-                          for r in (self.refs[id(t)] for t in self.outputs)]
+                          for r in self.out_refs]
+        # the value outputs read back through the run's own copies: (output, value, byte offset, bytes)
+        self.staged = [(i, r.idx, 4 * r.off, 4 * r.size) for i, r in enumerate(self.out_refs)
+                       if r.kind == "val" and r.contiguous and self.memory.val_out[r.idx] >= 0]
+        if sum(p[3] for p in self.staged) > STAGE_MAX:
+            self.staged = []
 
     # -- running ----------------------------------------------------------------------------
     def run(self, args):
         dev = self.dev
         queue = dev.gpu.queue
-        bufs, offs, host_vals, weights = self._bind_args(args)
-        self.params.update(queue, offs, weights)
-        self._rope_tables(args, host_vals)
+        bufs, offs, host_vals, weights, wkey, staged = self._bind_args(args)
+        tables = self._rope_tables(args, host_vals)
+        rope_offs = self._upload(staged, tables, bufs, offs) if staged or tables else ()
+        self.params.update(queue, offs, weights, wkey, rope_offs)
         mem = self.memory
         out_of_val = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
                       if mem.val_out[v] >= 0}
         slot_bufs = [dev.scratch(s, nb) for s, nb in enumerate(mem.slot_bytes)]
-        cmds = self._commands(bufs, weights, out_of_val, slot_bufs)
+        cmds = self._commands(bufs, weights, wkey, out_of_val, slot_bufs)
         if dev.profile is not None:
             self._run_profiled(dev.gpu.create_command_encoder(), cmds)
             return self._results(args, bufs, out_of_val)
@@ -129,13 +139,9 @@ class VkProgram:
     def _stage_for(self, out_of_val: dict):
         """The read-back buffer of this run's value outputs (contiguous float rows, STAGE_MAX bytes in
         all), made again when their buffers change; None where there are none."""
-        places = []
-        for i, t in enumerate(self.outputs):
-            r = self.refs[id(t)]
-            if r.kind == "val" and r.contiguous and self.memory.val_out[r.idx] >= 0:
-                places.append((i, out_of_val[r.idx][0], 4 * r.off, 4 * r.size))
-        if not places or sum(p[3] for p in places) > STAGE_MAX:
+        if not self.staged:
             return None
+        places = [(i, out_of_val[v][0], off, nbytes) for i, v, off, nbytes in self.staged]
         key = tuple((i, id(b), o, n) for i, b, o, n in places)
         if self.stage is None or self.stage.key != key:
             if self.stage is not None:
@@ -156,25 +162,27 @@ class VkProgram:
     def _bind_args(self, args):
         """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
         or for host values (and views a kernel cannot read in place) a place in the program's buffer for
-        them, all uploaded at once."""
+        them (the values returned as `staged`, for _upload). Also the weights by argument, and what stands
+        for them in the keys of the parameter blocks and the commands (the same while the weight handles are)."""
         dev = self.dev
         offs: list = [0] * len(args)
         host_vals: dict[int, np.ndarray] = {}
         staged: list[tuple[int, np.ndarray]] = []
-        held = tuple(args[i] for i in self.weight_idx)
+        held = self.pick_weights(args)
         if held != self.last_weights or len(self.weight_bufs) != len(args):      # weights compared by identity
             self._take_weights(held, len(args))
         bufs: list = list(self.weight_bufs)
-        weights: dict[int, VkWeight] = dict(self.weight_map)
+        extra: dict[int, VkWeight] = {}         # weights among the other arguments (a program of other weights)
+        align4 = self.align4
         for i in (self.other_idx if self.weights_ok else range(len(args))):
             h = args[i]
             if isinstance(h, VkWeight):
-                weights[i] = h
+                extra[i] = h
                 bufs[i] = h.chunks[0].buffer
                 continue
             if isinstance(h, np.ndarray):
                 h = dev.from_host(h)
-            if h.host is not None or not h.contiguous or (i in self.align4 and h.offset % 4):
+            if h.host is not None or (h.strides is not None and not h.contiguous) or (i in align4 and h.offset % 4):
                 data = np.ascontiguousarray(h.host if h.host is not None else dev.to_host(h))
                 host_vals[i] = data
                 if i in self.written_args:      # a cache handed over as values: it lives on here from now
@@ -184,66 +192,69 @@ class VkProgram:
             else:
                 bufs[i] = h.buffer
                 offs[i] = h.offset
-        if staged:
-            self._upload(staged, bufs, offs)
-        return bufs, offs, host_vals, weights
+        if not extra:
+            return bufs, offs, host_vals, self.weight_map, self.weights_seen, staged
+        return bufs, offs, host_vals, {**self.weight_map, **extra}, (self.weights_seen, tuple(extra.items())), staged
 
     def _take_weights(self, held: tuple, n_args: int) -> None:
         """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
         self.last_weights = held
+        self.weights_seen += 1
         self.weights_ok = all(isinstance(h, VkWeight) for h in held)
         self.weight_map = dict(zip(self.weight_idx, held)) if self.weights_ok else {}
         self.weight_bufs = [None] * n_args
         for i, h in self.weight_map.items():
             self.weight_bufs[i] = h.chunks[0].buffer
 
-    def _upload(self, staged, bufs, offs) -> None:
-        """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) in one buffer, each
-        at a 16-byte aligned place: one upload per run, and the places (the parameter blocks' offsets) the
-        same from run to run while the sizes are."""
-        key = tuple((i, data.nbytes) for i, data in staged)
+    def _upload(self, staged, tables, bufs, offs) -> list[int]:
+        """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) and rope tables in
+        one buffer, each at a 16-byte aligned place: one upload per run, and the places (the parameter blocks'
+        offsets) the same from run to run while the sizes are. Returns each table's offset there, in (cos,
+        sin) pairs."""
+        key = (tuple((i, data.nbytes) for i, data in staged), tuple(t.nbytes for t in tables))
         if key != self.host_key:
             self.host_place, total = {}, 0
             for i, data in staged:
                 self.host_place[i] = total
                 total += max(16, -(-data.nbytes // 16) * 16)
-            self.host_total = total
+            self.rope_at = []
+            for t in tables:
+                self.rope_at.append(total)
+                total += max(16, -(-t.nbytes // 16) * 16)
+            self.host_block = np.empty(total, np.uint8)     # written whole every run: write_buffer copies it
             if self.host_buf is None or self.host_buf.size < total:
                 self.host_buf = self.dev.new_buffer(total)
             self.host_key = key
-        block = np.empty(self.host_total, np.uint8)
+        block = self.host_block
         for i, data in staged:
             at = self.host_place[i]
             block[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
             bufs[i], offs[i] = self.host_buf, at // 4
+        for at, t in zip(self.rope_at, tables):
+            block[at:at + t.nbytes] = t.reshape(-1).view(np.uint8)
         self.dev.gpu.queue.write_buffer(self.host_buf, 0, block)
+        return [at // 8 for at in self.rope_at]
 
-    def _rope_tables(self, args, host_vals) -> None:
-        """The (cos, sin) table of each rope, made on the host and uploaded when the positions change."""
+    def _rope_tables(self, args, host_vals) -> list[np.ndarray]:
+        """The (cos, sin) table of each rope, made on the host when the positions change (uploaded with the
+        host values)."""
         dev = self.dev
-        rope_bufs = self.rope_bufs
         for ti, (pa, poff, n_dims, base, scale, t) in enumerate(self.ropes):
             pos = host_vals.get(pa)
             if pos is None:
                 pos = dev.to_host(args[pa])
             pos = np.asarray(pos).reshape(-1)[poff:poff + t]
-            key = (pos.tobytes(), n_dims, base, scale)
-            if key != self.rope_keys[ti]:
-                table = rope_table(pos, n_dims, base, scale)
-                if rope_bufs[ti] is None or rope_bufs[ti].size < table.nbytes:
-                    rope_bufs[ti] = dev.new_buffer(table.nbytes)
-                dev.gpu.queue.write_buffer(rope_bufs[ti], 0, table)
-                self.rope_keys[ti] = key
+            self.rope_tabs[ti] = dev.rope_rows.table(pos, n_dims, base, scale)
+        return self.rope_tabs
 
-    def _commands(self, bufs, weights, out_of_val, slot_bufs) -> list:
+    def _commands(self, bufs, weights, wkey, out_of_val, slot_bufs) -> list:
         """(pipeline, bind group, workgroups, buffers) of every step; the same as last run's (no lookups)
         when every buffer is the same (decode, step after step)."""
         dev = self.dev
-        rope_bufs = self.rope_bufs
+        host_buf = self.host_buf
         val_out, val_slot = self.memory.val_out, self.memory.val_slot
         # the buffers themselves (compared by identity), and the weights, whose chunks are theirs for good
-        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), tuple(weights.values()),
-               tuple(rope_bufs))
+        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), wkey, host_buf)
         if sig == self.last_sig:
             return self.last_cmds
         dummy = dev.dummy()
@@ -257,8 +268,8 @@ class VkProgram:
                 return out_of_val[r.idx][0] if val_out[r.idx] >= 0 else slot_bufs[val_slot[r.idx]]
             if kind == "chunk":
                 return weights[b[1]].chunks[b[2]].buffer
-            if kind == "rope":
-                return rope_bufs[b[1]]
+            if kind == "rope":            # the tables lie in the host values' buffer (_upload)
+                return host_buf
             return dummy
 
         cmds = []
@@ -310,8 +321,7 @@ class VkProgram:
         argument's buffer seen through the output's view."""
         dev = self.dev
         results = []
-        for i, (t, whole) in enumerate(zip(self.outputs, self.whole_arg)):
-            r = self.refs[id(t)]
+        for i, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)):
             if whole:
                 h = args[r.idx]
                 if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
@@ -357,19 +367,26 @@ class Stage:
             self.copies.append((buf, off, total, nbytes))
             total += -(-nbytes // 256) * 256
         self.buffer = dev.new_buffer(total, wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self.native = NativeMap(dev.gpu, self.buffer, total) if _native is not None else None
         self.runs = 0           # runs submitted that copy into it
         self.mapped = False
 
     def release(self) -> None:
         if self.mapped:
-            self.buffer.unmap()
+            if self.native is not None:
+                self.native.unmap()
+            else:
+                self.buffer.unmap()
             self.mapped = False
 
     def wait(self) -> None:
         """Until the last run's copies are done (and every submission before them)."""
         if not self.mapped:
-            import wgpu
-            self.buffer.map_sync(wgpu.MapMode.READ)
+            if self.native is not None:
+                self.native.map()
+            else:
+                import wgpu
+                self.buffer.map_sync(wgpu.MapMode.READ)
             self.mapped = True
 
     def read(self, run: int, at: int, nbytes: int):
@@ -378,9 +395,103 @@ class Stage:
         if run != self.runs:
             return None
         self.wait()
+        if self.native is not None:
+            return self.native.view[at:at + nbytes]
         return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
+
+
+class NativeMap:
+    """Maps a read-back buffer through wgpu-native's C functions, what wgpu's GPUBuffer.map_sync calls, without
+    what map_sync adds around them: an empty submission before each map (for buffers written by
+    queue.write_buffer, wgpu-native issue 305; this one is written by the run's own copies) and the hand-over
+    of the map's callback through wgpu's poll thread. Here the device is polled, waiting, on this thread,
+    which runs the callback."""
+
+    def __init__(self, gpu, buffer, nbytes: int):
+        lib, ffi = _native.lib, _native.ffi
+        self.lib, self.null = lib, ffi.NULL
+        self.device, self.buffer, self.nbytes = gpu._internal, buffer._internal, nbytes
+        self.keep = buffer              # the buffer object outlives its mapping
+        status: list = []
+        self.status = status
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(code, message, _a, _b):
+            text = "" if message.data == ffi.NULL else ffi.string(message.data, message.length).decode(errors="replace")
+            status.append((int(code), text))
+
+        self.callback = mapped
+        self.info = ffi.new("WGPUBufferMapCallbackInfo *")
+        self.info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self.info.callback = mapped
+        self.ffi = ffi
+        self.view = None
+
+    def map(self) -> None:
+        lib, status = self.lib, self.status
+        status.clear()
+        lib.wgpuBufferMapAsync(self.buffer, lib.WGPUMapMode_Read, 0, self.nbytes, self.info[0])
+        for _ in range(100):            # a poll that waits returns with the queue empty: the callback has run
+            if status:
+                break
+            lib.wgpuDevicePoll(self.device, True, self.null)
+        if not status or status[0][0] != lib.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"could not map the read-back buffer ({status[0] if status else 'no answer'})")
+        ptr = lib.wgpuBufferGetMappedRange(self.buffer, 0, self.nbytes)
+        self.view = memoryview(self.ffi.buffer(ptr, self.nbytes))
+
+    def unmap(self) -> None:
+        if self.view is not None:
+            self.view.release()
+            self.view = None
+        self.lib.wgpuBufferUnmap(self.buffer)
+
+
+def wait_for_queue(gpu) -> bool:
+    """Wait, on this thread, until every submission so far has finished (wgpu-native's device poll); False
+    where wgpu's _ffi module is missing (the caller waits another way)."""
+    if _native is None:
+        return False
+    _native.lib.wgpuDevicePoll(gpu._internal, True, _native.ffi.NULL)
+    return True
+
+
+def _picker(idx: list[int]):
+    """A function of a run's arguments that returns those at idx, as a tuple."""
+    if not idx:
+        return lambda args: ()
+    if len(idx) == 1:
+        return lambda args: (args[idx[0]],)
+    return itemgetter(*idx)
 
 
 def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
     """(T, n_dims/2) pairs of (cos, sin): the reference's rope table, interleaved."""
     return np.stack(reference.rope_cos_sin(pos, n_dims, base, scale), axis=-1)
+
+
+class RopeRows:
+    """Each rope's table rows for positions 0..n, made by rope_table in one go and made again, twice as long,
+    when a position reaches past them: a step's table is its positions' rows, so a decode step computes no
+    trigonometry (a dozen numpy calls on a cold cache were a tenth of a decode step's host time)."""
+
+    FIRST = 1024          # positions a table holds at first
+
+    def __init__(self):
+        self.rows: dict[tuple, np.ndarray] = {}
+
+    def table(self, pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
+        if len(pos) == 0:
+            return rope_table(pos, n_dims, base, scale)
+        key = (n_dims, base, scale)
+        rows = self.rows.get(key)
+        if len(pos) == 1:
+            lo = hi = int(pos[0])
+        else:
+            lo, hi = int(pos.min()), int(pos.max())
+        if lo < 0:                                      # no rows for those: the table of the positions themselves
+            return rope_table(pos, n_dims, base, scale)
+        if rows is None or hi >= len(rows):
+            n = max(self.FIRST, 2 * (hi + 1), 0 if rows is None else 2 * len(rows))
+            rows = self.rows[key] = rope_table(np.arange(n, dtype=np.int64), n_dims, base, scale)
+        return rows[lo:lo + 1] if len(pos) == 1 else rows[pos]

@@ -19,6 +19,7 @@ class ParamBlocks:
         self.words = np.zeros((n, UNIFORM_STRIDE // 4), dtype=np.uint32)
         self.dyn: list[tuple[int, int, int, int]] = []    # (step, word, arg, static offset)
         self.moffs: list[tuple[int, int, int, int]] = []  # (step, word, arg, chunk)
+        self.ropes: list[tuple[int, int, int]] = []       # (step, word, rope table)
         for si, st in enumerate(steps):
             for bi, b in enumerate(st.binds):
                 if b[0] == "ref":
@@ -26,6 +27,8 @@ class ParamBlocks:
                     self.words[si, bi] = r.off
                     if r.kind == "arg":
                         self.dyn.append((si, bi, r.idx, r.off))
+                elif b[0] == "rope":
+                    self.ropes.append((si, bi, b[1]))
             for w, typ, v in st.words:
                 if isinstance(v, tuple):
                     self.moffs.append((si, w, v[1], v[2]))
@@ -36,14 +39,17 @@ class ParamBlocks:
         self.buffer = dev.new_buffer(self.words.nbytes, wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self.key = None
 
-    def update(self, queue, offs: list[int], weights: dict) -> None:
-        """Rewrite the blocks when an argument's offset differs from the last run, or a weight is another
-        (its scale planes may lie elsewhere); decode, step after step, writes nothing."""
-        key = (tuple(offs), tuple(weights.values()))      # the weights by identity
+    def update(self, queue, offs: list[int], weights: dict, wkey, rope_offs) -> None:
+        """Rewrite the blocks when an argument's offset differs from the last run, or a rope table's (in its
+        (cos, sin) pairs), or a weight is another (its scale planes may lie elsewhere; wkey changes with the
+        weight handles); decode, step after step, writes nothing."""
+        key = (tuple(offs), wkey, tuple(rope_offs))
         if key == self.key:
             return
         for si, w, a, off in self.dyn:
             self.words[si, w] = off + offs[a]
+        for si, w, ti in self.ropes:
+            self.words[si, w] = rope_offs[ti]
         for si, w, a, c in self.moffs:
             self.words[si, w] = weights[a].chunks[c].moff
         queue.write_buffer(self.buffer, 0, self.words)
