@@ -447,13 +447,20 @@ def test_report_line_says_how_kernels_are_enqueued(ocl, monkeypatch):
     assert "no run enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0" in line, line
 
 
-def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(ocl, monkeypatch):
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeypatch, kernels):
     """SmolLM2's decode steps with the next step enqueued ahead behind a user event (preenqueue.py) give the
     logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit; steps after the
     second are taken from ahead (no kernel enqueued when they come). A run ahead released instead (here by
     reading the caches back) replays the step before with its own values: the caches read then, and the
-    steps after, equal those of the run without it."""
-    session = _session("smollm2", ocl)
+    steps after, equal those of the run without it. With the kernels a CPU device takes, and those a GPU
+    takes forced on PoCL (fused, the split attention with its counters)."""
+    ocl = variant
+    if kernels == "gpu":
+        ocl.is_cpu = False
+        session = Session(load_model("smollm2"), [ocl], n_ctx=256, n_batch=N_BATCH)
+    else:
+        session = _session("smollm2", ocl)
     p = reference("smollm2")[0]["prompts"][0]
     follow = p["greedy_ids"][:5]
 
@@ -480,6 +487,43 @@ def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(ocl, monkeypatch
     assert len(ahead[1]) == len(plain[1]) > 0
     for got, want in zip(ahead[0] + ahead[1], plain[0] + plain[1]):
         np.testing.assert_array_equal(got, want)
+
+
+def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
+    """Outputs of runs that enqueued the next ahead are read back from pinned host memory their run copied
+    them to; a handle of an earlier run than the last reads its own buffer instead: read after later runs,
+    every handle gives its own run's values (those of the same runs without runs ahead)."""
+    from framework.conformance.cases import all_cases
+    from framework.plugins.opencl.preenqueue import StagedTensor
+    case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
+    b = case.build()
+    plan = make_plan(b.graph, [ocl])
+    ex = Executor([ocl], b.weight_bytes)
+    base = b.fresh_inputs()
+    ex.run(plan, base)
+    (prog,) = ex.programs.values()
+    frag = plan.fragments[0]
+    at = frag.outputs.index(plan.graph.outputs[0])
+
+    def runs(read_at_once: bool) -> tuple[list, list]:
+        handles, values = [], []
+        for k in range(4):
+            inputs = {i: v * np.float32(1 + k) if v.dtype == np.float32 else v for i, v in base.items()}
+            args = [ocl.from_host(inputs[id(t)]) if t.kind == LeafKind.INPUT else ex.caches[id(t)][1]
+                    for t in frag.inputs]
+            handles.append(prog.run(args)[at])
+            if read_at_once:
+                values.append(ocl.to_host(handles[-1]))
+        return handles, values
+
+    ahead, _ = runs(False)
+    assert any(isinstance(h, StagedTensor) for h in ahead) and ocl.pending is not None
+    got = [ocl.to_host(h) for h in ahead]
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
+    _, want = runs(True)
+    assert not np.array_equal(want[0], want[1])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():

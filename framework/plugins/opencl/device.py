@@ -181,7 +181,9 @@ class OpenCLDevice(BufferPools, Device):
 
     def to_host(self, handle) -> np.ndarray:
         if isinstance(handle, preenqueue.StagedTensor):       # copied back by its run, ahead of the next
-            return handle.values()
+            got = handle.values()
+            if got is not None:
+                return got
         return super().to_host(handle)
 
     def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:

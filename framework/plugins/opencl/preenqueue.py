@@ -31,10 +31,34 @@ from .options import PREENQUEUE_ENV
 STAGE_MAX = 8 << 20       # bytes of a run's value outputs copied back ahead of the next run (a decode step's logits)
 
 
+class Stage:
+    """Pinned host memory (a buffer made with ALLOC_HOST_PTR, mapped once and never used by a kernel) that a
+    program's value outputs are copied to at the end of each run that enqueues the next one ahead: a copy
+    to pinned memory is a transfer that does not wait for the host, where pageable memory may be copied
+    through a staging buffer by the host. Handles of an earlier run than the last read their own buffers."""
+
+    def __init__(self, dev, sizes: dict[int, int]):
+        import pyopencl as cl
+        self.runs = 0              # runs copied here
+        self.buffers, self.arrays, self.events = {}, {}, {}
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+        for v, n in sizes.items():
+            buf = self.buffers[v] = cl.Buffer(dev.context, flags, max(16, 4 * n))
+            self.arrays[v], _ = cl.enqueue_map_buffer(dev.values_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE,
+                                                      0, (n,), np.float32, is_blocking=True)
+
+    def copy(self, queue, outs: dict) -> dict:
+        """This run's value outputs copied here without waiting: {value: (stage, run, value)} for the handles."""
+        import pyopencl as cl
+        self.runs += 1
+        for v, (buf, _) in outs.items():
+            self.events[v] = cl.enqueue_copy(queue, self.arrays[v], buf, is_blocking=False)
+        return {v: (self, self.runs, v) for v in outs}
+
+
 class StagedTensor(DeviceTensor):
-    """An output whose buffer its run also copied to the host without waiting: ``staged`` is (the flat host
-    copy of the buffer, the copy's event). The device reads it back from there (its buffer may be written
-    again by a run enqueued ahead)."""
+    """An output whose values its run also copied to pinned host memory (Stage): ``staged`` is (stage, run,
+    value). The device reads it back from there while no later run has copied over it."""
 
     __slots__ = ("staged",)
 
@@ -42,9 +66,12 @@ class StagedTensor(DeviceTensor):
         super().__init__(*a, **k)
         self.staged = staged
 
-    def values(self) -> np.ndarray:
-        flat, event = self.staged
-        event.wait()
+    def values(self) -> np.ndarray | None:
+        stage, run, v = self.staged
+        if run != stage.runs:
+            return None
+        stage.events[v].wait()
+        flat = stage.arrays[v]
         shape, strides = self.shape, self.strides or contiguous_strides(self.shape)
         if not int(np.prod(shape)):
             return np.zeros(shape, self.dtype)

@@ -89,7 +89,7 @@ class ClProgram:
         self.ahead_ok = (preenqueue.replayable(self.steps, self.written_args) and
                          4 * sum(self.val_sizes[v] for v in range(len(self.val_sizes)) if self.val_out[v] >= 0)
                          <= preenqueue.STAGE_MAX)
-        self.last_sig = None
+        self.last_sig, self.stage = None, None
 
     # -- building ---------------------------------------------------------------------------
     def _step(self, launch) -> Step:
@@ -243,13 +243,10 @@ class ClProgram:
 
     # -- the next run, enqueued ahead (preenqueue.py) -----------------------------------------------
     def _copy_back(self, outs) -> dict:
-        """This run's value outputs copied to the host without waiting, ahead of the next run's kernels."""
-        import pyopencl as cl
-        queue, staged = self.dev.raw_queue, {}
-        for v, (buf, _) in outs.items():
-            flat = np.empty(self.val_sizes[v], np.float32)
-            staged[v] = (flat, cl.enqueue_copy(queue, flat, buf, is_blocking=False))
-        return staged
+        """This run's value outputs copied to pinned host memory without waiting, ahead of the next run."""
+        if self.stage is None:
+            self.stage = preenqueue.Stage(self.dev, {v: self.val_sizes[v] for v in outs})
+        return self.stage.copy(self.dev.raw_queue, outs)
 
     def _enqueue_next(self, sig) -> None:
         """The next run's kernels behind a user event, with output buffers of their own (the pool's)."""
