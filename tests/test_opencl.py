@@ -526,6 +526,29 @@ def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
         np.testing.assert_array_equal(g, w)
 
 
+def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
+    """A device dropped with a run enqueued ahead (the end of a process, a session closed) opens its gate
+    from the device's finalizer: the queue is never left behind an unset event."""
+    import gc
+
+    import pyopencl as cl
+
+    from framework.conformance.cases import all_cases
+    from framework.plugins.opencl.device import OpenCLDevice
+    dev = OpenCLDevice(0, cl.Platform.from_int_ptr(ocl.cl_device.platform.int_ptr), ocl.cl_device)
+    case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
+    b = case.build()
+    plan = make_plan(b.graph, [dev])
+    ex = Executor([dev], b.weight_bytes)
+    for _ in range(3):
+        ex.run(plan, b.fresh_inputs())
+    gate = dev.pending.gate
+    assert gate.command_execution_status != cl.command_execution_status.COMPLETE
+    del dev, ex, plan
+    gc.collect()
+    assert gate.command_execution_status == cl.command_execution_status.COMPLETE
+
+
 def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():
     """A program whose kernels read a written argument (a cache) before writing it would not replay its last
     run unchanged: it enqueues nothing ahead."""

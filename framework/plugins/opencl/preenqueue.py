@@ -23,6 +23,8 @@ FRAMEWORK_OPENCL_PREENQUEUE=0 turns this off (every run enqueued when it comes);
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ...contract import DeviceTensor, contiguous_strides, settings
@@ -83,7 +85,9 @@ class Pending:
     """A run enqueued ahead: its kernels wait for ``gate``; ``marker`` completes when the run before has."""
 
     def __init__(self, program, fixed: tuple, gate, marker, outs: dict, keep: tuple):
-        self.program, self.fixed, self.gate, self.marker, self.outs = program, fixed, gate, marker, outs
+        # the program weakly: the device's finalizer holds this, and must not keep the device alive through it
+        self.program = weakref.ref(program)
+        self.fixed, self.gate, self.marker, self.outs = fixed, gate, marker, outs
         self.keep = keep          # the buffers its kernels were bound to, alive until it has run
 
     def start(self, values_queue, uploads) -> None:

@@ -199,7 +199,7 @@ class ClProgram:
         chunks = [c.buffer for w in weights.values() for c in w.chunks]
         sig = (tuple(map(id, bufs)), tuple(offs), tuple(map(id, slots)), tuple(map(id, chunks)))
         ahead = dev.pending
-        if ahead is not None and ahead.program is self and ahead.fixed == sig:
+        if ahead is not None and ahead.program() is self and ahead.fixed == sig:
             dev.pending = None                  # taken: this run was enqueued ahead, behind its gate
             dev.ahead_taken += 1
             ahead.start(dev.values_queue, uploads)
