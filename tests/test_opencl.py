@@ -16,7 +16,10 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   device's largest allocation is small; residual adds fused into the products and norms before them,
   and a SCALE into the ROPE before it;
   verdicts with reason codes; programs built once; a run
-  enqueues its kernels on one in-order queue without any host synchronisation;
+  enqueues its kernels on one in-order queue without any host synchronisation; the report line names
+  the enqueue path; the next run enqueued ahead behind a user event (preenqueue.py): decode steps
+  bit-identical to those without, a released run ahead leaving caches and later steps unchanged,
+  handles of earlier runs keeping their values, the gate opened when the device is collected;
 * both models against llama.cpp's reference outputs (tests/reference), held to the README's bounds
   in the cheapest form that still means something (as tests/test_vulkan.py's quick mode): the first
   prompt teacher-forced (prompt and llama.cpp's greedy tokens in one prefill: every prediction within
