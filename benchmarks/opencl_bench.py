@@ -14,7 +14,9 @@
   the program runs (enqueueing, no waiting) and per kernel enqueue, device time a step (profiling
   events, with the kernels that take it), and wall time a step; then --pairs decode runs of each plugin
   taken in turns (ABBA), opencl:0's and vulkan:0's medians and the median of the pairs' ratios (the
-  host's speed drifts within a run, so the ratio of runs seconds apart is the one to quote);
+  host's speed drifts within a run, so the ratio of runs seconds apart is the one to quote), with
+  opencl:0 also without its runs enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0) in the same turns, and
+  opencl:0's report line (how kernels are enqueued, runs taken from ahead and released);
 * the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
 * each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
   --matvec-bytes by one row of x) with each --big-variants setting: weight bytes read a second over
@@ -397,14 +399,25 @@ def decode_interleaved(dev, vk, model, n_prompt: int, n_decode: int, rng, pairs:
         for _ in range(n_decode):
             t = int(np.argmax(s.eval([t])))
         return n_decode / (time.perf_counter() - t0)
-    rates: dict = {"opencl": [], "vulkan": []}
+    from framework.plugins.opencl.options import PREENQUEUE_ENV
+    sessions["plain"] = sessions["opencl"]
+    rates: dict = {"opencl": [], "vulkan": [], "plain": []}
     for i in range(pairs):
-        for key in (("opencl", "vulkan") if i % 2 == 0 else ("vulkan", "opencl")):
-            rates[key].append(decode_run(sessions[key]))
+        for key in (("opencl", "vulkan", "plain") if i % 2 == 0 else ("plain", "vulkan", "opencl")):
+            if key == "plain":             # opencl:0 without runs enqueued ahead, in the same turns
+                os.environ[PREENQUEUE_ENV] = "0"
+            try:
+                rates[key].append(decode_run(sessions[key]))
+            finally:
+                os.environ.pop(PREENQUEUE_ENV, None)
     ratios = [a / b for a, b in zip(rates["opencl"], rates["vulkan"])]
+    gains = [a / b for a, b in zip(rates["opencl"], rates["plain"])]
     return {"pairs": pairs, "opencl_tok_s": rates["opencl"], "vulkan_tok_s": rates["vulkan"],
+            "opencl_plain_tok_s": rates["plain"],
             "opencl_median": float(np.median(rates["opencl"])), "vulkan_median": float(np.median(rates["vulkan"])),
-            "ratio_median": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios)}
+            "opencl_plain_median": float(np.median(rates["plain"])),
+            "ratio_median": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "ahead_gain_median": float(np.median(gains)), "report_line": dev.report_line()}
 
 
 def log_model(name: str, to: dict, tag: str) -> None:
@@ -467,7 +480,9 @@ def models_section(args, result, specs, dev, twin, vk, rng, work: Path, save) ->
                 if il:
                     log(f"{name}: decode in turns ({il['pairs']} pairs): opencl:0 {il['opencl_median']:.1f} tok/s, "
                         f"vulkan:0 {il['vulkan_median']:.1f} tok/s; opencl/vulkan {il['ratio_median']:.2f}x "
-                        f"(pairs {il['ratio_min']:.2f}x..{il['ratio_max']:.2f}x)")
+                        f"(pairs {il['ratio_min']:.2f}x..{il['ratio_max']:.2f}x); opencl:0 without runs enqueued "
+                        f"ahead {il['opencl_plain_median']:.1f} tok/s (with/without {il['ahead_gain_median']:.2f}x)")
+                    log(f"  {il['report_line']}")
         if not args.skip_torch and to is not None:
             try:
                 entry["torch_eager_bf16"] = tt = vb.torch_model_speed(model.hp, model.hp.arch, args.prompt,
@@ -568,7 +583,7 @@ def final_summary(result: dict) -> None:
         if e.get("interleaved"):
             il = e["interleaved"]
             parts.append(f"in turns: opencl {il['opencl_median']:.1f} / vulkan {il['vulkan_median']:.1f} tok/s = "
-                         f"{il['ratio_median']:.2f}x")
+                         f"{il['ratio_median']:.2f}x (opencl without runs ahead {il['opencl_plain_median']:.1f})")
         b = (e.get("opencl") or {}).get("decode_bounds") or {}
         if b:
             parts.append(f"step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms, device "

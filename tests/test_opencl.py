@@ -16,7 +16,10 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   device's largest allocation is small; residual adds fused into the products and norms before them,
   and a SCALE into the ROPE before it;
   verdicts with reason codes; programs built once; a run
-  enqueues its kernels on one in-order queue without any host synchronisation;
+  enqueues its kernels on one in-order queue without any host synchronisation; the report line names
+  the enqueue path; the next run enqueued ahead behind a user event (preenqueue.py): decode steps
+  bit-identical to those without, a released run ahead leaving caches and later steps unchanged,
+  handles of earlier runs keeping their values, the gate opened when the device is collected;
 * both models against llama.cpp's reference outputs (tests/reference), held to the README's bounds
   in the cheapest form that still means something (as tests/test_vulkan.py's quick mode): the first
   prompt teacher-forced (prompt and llama.cpp's greedy tokens in one prefill: every prediction within
@@ -396,10 +399,11 @@ def test_verdicts(ocl, variant):
 def test_programs_built_once_one_queue_and_no_host_sync(ocl, monkeypatch):
     """Kernels are built once per device and set of options; a run enqueues its kernels on the device's one
     in-order queue and returns without waiting on the device (no finish, no wait, no blocking copy):
-    only reading a result back waits."""
+    only reading a result back waits. (Runs enqueued ahead are off here: the next test is theirs.)"""
     import pyopencl as cl
 
     from framework.conformance.cases import all_cases
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
     case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()
     plan = make_plan(b.graph, [ocl])
@@ -431,6 +435,135 @@ def test_programs_built_once_one_queue_and_no_host_sync(ocl, monkeypatch):
     for _ in range(2):
         ex.run(plan, b.fresh_inputs())
     assert len(ocl.programs) == built
+
+
+def test_report_line_says_how_kernels_are_enqueued(ocl, monkeypatch):
+    """The report line names the enqueue path (ctypes' clEnqueueNDRangeKernel, or pyopencl's call where no
+    OpenCL library is found: a fallback said, never silent) and whether runs are enqueued ahead."""
+    from framework.plugins.opencl import enqueue
+    line = ocl.report_line()
+    assert enqueue.how() in line and "runs enqueued ahead behind a user event" in line, line
+    monkeypatch.setattr(enqueue, "_library", lambda: (None, "no OpenCL library found beside pyopencl"))
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "off")
+    line = ocl.report_line()
+    assert "pyopencl's enqueue_nd_range_kernel (no OpenCL library found beside pyopencl)" in line, line
+    assert "no run enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0" in line, line
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeypatch, kernels):
+    """SmolLM2's decode steps with the next step enqueued ahead behind a user event (preenqueue.py) give the
+    logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit; steps after the
+    second are taken from ahead (no kernel enqueued when they come). A run ahead released instead (here by
+    reading the caches back) replays the step before with its own values: the caches read then, and the
+    steps after, equal those of the run without it. With the kernels a CPU device takes, and those a GPU
+    takes forced on PoCL (fused, the split attention with its counters)."""
+    ocl = variant
+    if kernels == "gpu":
+        ocl.is_cpu = False
+        session = Session(load_model("smollm2"), [ocl], n_ctx=256, n_batch=N_BATCH)
+    else:
+        session = _session("smollm2", ocl)
+    p = reference("smollm2")[0]["prompts"][0]
+    follow = p["greedy_ids"][:5]
+
+    def decode() -> tuple[list, list]:
+        session.reset()
+        session.eval(p["ids"])
+        logits = [np.array(session.eval([t])) for t in follow[:3]]
+        n = session.n_past                 # rows written so far (later ones hold what an earlier test left)
+        caches = [ocl.to_host(h)[:n] for dev, h in session.executor.caches.values() if dev == ocl.name]
+        logits += [np.array(session.eval([t])) for t in follow[3:]]
+        return logits, caches
+
+    taken, released = ocl.ahead_taken, ocl.ahead_released
+    ahead = decode()
+    assert ocl.ahead_taken - taken == 2, "steps 3 and 5 taken from ahead (the one after 3, released by the reads)"
+    assert ocl.ahead_released - released >= 1 and ocl.pending is not None
+    ocl.synchronize()                                # waits for what is before the gate, not for the gate
+    ocl.queue.finish()                               # the queue taken for anything else releases it first
+    assert ocl.pending is None
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
+    taken = ocl.ahead_taken
+    plain = decode()
+    assert ocl.ahead_taken == taken and ocl.pending is None
+    assert len(ahead[1]) == len(plain[1]) > 0
+    for got, want in zip(ahead[0] + ahead[1], plain[0] + plain[1]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
+    """Outputs of runs that enqueued the next ahead are read back from pinned host memory their run copied
+    them to; a handle of an earlier run than the last reads its own buffer instead: read after later runs,
+    every handle gives its own run's values (those of the same runs without runs ahead)."""
+    from framework.conformance.cases import all_cases
+    from framework.plugins.opencl.preenqueue import StagedTensor
+    case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
+    b = case.build()
+    plan = make_plan(b.graph, [ocl])
+    ex = Executor([ocl], b.weight_bytes)
+    base = b.fresh_inputs()
+    ex.run(plan, base)
+    (prog,) = ex.programs.values()
+    frag = plan.fragments[0]
+    at = frag.outputs.index(plan.graph.outputs[0])
+
+    def runs(read_at_once: bool) -> tuple[list, list]:
+        handles, values = [], []
+        for k in range(4):
+            inputs = {i: v * np.float32(1 + k) if v.dtype == np.float32 else v for i, v in base.items()}
+            args = [ocl.from_host(inputs[id(t)]) if t.kind == LeafKind.INPUT else ex.caches[id(t)][1]
+                    for t in frag.inputs]
+            handles.append(prog.run(args)[at])
+            if read_at_once:
+                values.append(ocl.to_host(handles[-1]))
+        return handles, values
+
+    ahead, _ = runs(False)
+    assert any(isinstance(h, StagedTensor) for h in ahead) and ocl.pending is not None
+    got = [ocl.to_host(h) for h in ahead]
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
+    _, want = runs(True)
+    assert not np.array_equal(want[0], want[1])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
+    """A device dropped with a run enqueued ahead (the end of a process, a session closed) opens its gate
+    from the device's finalizer: the queue is never left behind an unset event."""
+    import gc
+
+    import pyopencl as cl
+
+    from framework.conformance.cases import all_cases
+    from framework.plugins.opencl.device import OpenCLDevice
+    dev = OpenCLDevice(0, cl.Platform.from_int_ptr(ocl.cl_device.platform.int_ptr), ocl.cl_device)
+    case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
+    b = case.build()
+    plan = make_plan(b.graph, [dev])
+    ex = Executor([dev], b.weight_bytes)
+    for _ in range(3):
+        ex.run(plan, b.fresh_inputs())
+    gate = dev.pending.gate
+    assert gate.command_execution_status != cl.command_execution_status.COMPLETE
+    del dev, ex, plan
+    gc.collect()
+    assert gate.command_execution_status == cl.command_execution_status.COMPLETE
+
+
+def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():
+    """A program whose kernels read a written argument (a cache) before writing it would not replay its last
+    run unchanged: it enqueues nothing ahead."""
+    from framework.plugins.opencl.preenqueue import replayable
+
+    class St:
+        def __init__(self, reads=(), writes=()):
+            self.arg_reads, self.arg_writes = reads, writes
+
+    assert replayable([St(reads=(0,)), St(writes=(1,)), St(reads=(1,))], written_args={1})
+    assert replayable([St(reads=(1,), writes=(1,)), St(reads=(1,))], written_args={1})   # writes rows, reads them
+    assert not replayable([St(reads=(1,)), St(writes=(1,))], written_args={1})
 
 
 # ------------------------------------------------------------------------------------------------------

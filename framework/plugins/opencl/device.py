@@ -5,6 +5,7 @@ buffers; one in-order command queue."""
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from ...contract import (
     Verdict,
     settings,
 )
-from . import layout, options
+from . import enqueue, layout, options, preenqueue
 from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
 from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
 from .properties import device_data, device_type, physical_id
@@ -76,7 +77,7 @@ class OpenCLDevice(BufferPools, Device):
                             f"{self.type.value}, OpenCL through pyopencl{soft}; "
                             f"{self.data['global_mem_bytes'] / 2**30:.1f} GiB, allocations up to "
                             f"{self.max_alloc / 2**20:.0f} MiB")
-        self._context = self._queue = None
+        self._context = self._queue = self._values_queue = None
         self._lock = threading.Lock()
         self.programs: dict = {}          # build options -> cl.Program (kernels.build)
         self.init_pools()
@@ -84,6 +85,10 @@ class OpenCLDevice(BufferPools, Device):
         self.enqueued = 0                 # kernels enqueued, all programs together
         self.runs = 0
         self.profile = {} if settings.read(PROFILE_ENV) else None
+        self._held = [None]               # the run enqueued ahead, if any (a list: the finalizer holds it, not self)
+        self.last_run = None              # the program that ran last here
+        self.ahead_taken = self.ahead_released = 0     # runs enqueued ahead that ran as asked, that replayed
+        weakref.finalize(self, preenqueue.release_held, self._held)
 
     # -- the context and the queue, made on first use -----------------------------------------
     def _open(self):
@@ -101,9 +106,44 @@ class OpenCLDevice(BufferPools, Device):
 
     @property
     def queue(self):
+        """The queue, for anything but a program's own run: a run enqueued ahead is released first (so
+        nothing is queued behind its gate)."""
+        self.settle()
+        return self.raw_queue
+
+    @property
+    def raw_queue(self):
         if self._queue is None:
             self._open()
         return self._queue
+
+    @property
+    def values_queue(self):
+        """A second in-order queue: host values written for a run enqueued ahead (behind a gate on the first)."""
+        if self._values_queue is None:
+            import pyopencl as cl
+            self._values_queue = cl.CommandQueue(self.context, self.cl_device)
+        return self._values_queue
+
+    # -- the run enqueued ahead (preenqueue.py) ------------------------------------------------------
+    @property
+    def ahead(self) -> bool:
+        """Whether a run with the same buffers as the one before enqueues the next one ahead."""
+        return preenqueue.enabled(self)
+
+    @property
+    def pending(self):
+        return self._held[0]
+
+    @pending.setter
+    def pending(self, value) -> None:
+        self._held[0] = value
+
+    def settle(self) -> None:
+        """Release the run enqueued ahead, if any: it replays the last run with that run's own values."""
+        if self._held[0] is not None:
+            self.ahead_released += 1
+            preenqueue.release_held(self._held)
 
     # -- buffers ----------------------------------------------------------------------------------
     def new_buffer(self, nbytes: int):
@@ -139,6 +179,13 @@ class OpenCLDevice(BufferPools, Device):
         cl.enqueue_fill_buffer(self.queue, buf, np.uint32(0), 0, buf.size)
         return ClTensor(buf, 0, tensor.shape, dt)
 
+    def to_host(self, handle) -> np.ndarray:
+        if isinstance(handle, preenqueue.StagedTensor):       # copied back by its run, ahead of the next
+            got = handle.values()
+            if got is not None:
+                return got
+        return super().to_host(handle)
+
     def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
         import pyopencl as cl
         flat = np.empty(count, dtype)
@@ -148,12 +195,25 @@ class OpenCLDevice(BufferPools, Device):
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its kernels are enqueued, and the executor stops a
         fragment's clock here, so the time reported for this device includes the device's own."""
-        if self._queue is not None:
+        pending = self.pending
+        if pending is not None:           # the queue ends behind a gate: wait for what is before it
+            pending.marker.wait()
+        elif self._queue is not None:
             self._queue.finish()
 
     def compile(self, fragment):
         from .program import ClProgram
         return ClProgram(self, fragment)
+
+    def report_line(self) -> str:
+        return self.compile_summary()
+
+    def compile_summary(self) -> str:
+        """The report line: how kernels are enqueued (a fallback is said, never silent), and whether runs
+        are enqueued ahead."""
+        ahead = (f"runs enqueued ahead behind a user event: {self.ahead_taken} taken, {self.ahead_released} released"
+                 if self.ahead else f"no run enqueued ahead ({options.PREENQUEUE_ENV}=0 or profiling)")
+        return f"{self.name}: kernels enqueued by {enqueue.how()}; {ahead}; {self.runs} runs, {self.enqueued} kernels"
 
     def describe(self) -> str:
         state = "available" if self.available else f"unavailable: {self.unavailable_reason}"

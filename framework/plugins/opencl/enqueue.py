@@ -47,18 +47,22 @@ class Launches:
             self.raw = [(ctypes.c_void_p(st.kernel.int_ptr), (ctypes.c_size_t * 1)(*st.gsize),
                          (ctypes.c_size_t * 1)(*st.lsize) if st.lsize else None) for st in steps]
 
-    def enqueue(self, queue, flush_at) -> None:
-        """Every kernel, the queue flushed after each index in flush_at (a flush submits, it does not wait)."""
+    def enqueue(self, queue, flush_at, gate=None) -> None:
+        """Every kernel, the queue flushed after each index in flush_at (a flush submits, it does not wait).
+        With a gate (an event), the first kernel waits for it, and the in-order queue holds the rest behind."""
         if self.fn is None:
             import pyopencl as cl
             for i, st in enumerate(self.steps, 1):
-                cl.enqueue_nd_range_kernel(queue, st.kernel, st.gsize, st.lsize)
+                cl.enqueue_nd_range_kernel(queue, st.kernel, st.gsize, st.lsize,
+                                           wait_for=[gate] if gate is not None and i == 1 else None)
                 if i in flush_at:
                     queue.flush()
             return
         fn, q = self.fn, ctypes.c_void_p(queue.int_ptr)
+        waits = (ctypes.c_void_p * 1)(gate.int_ptr) if gate is not None else None
         for i, (k, g, lsz) in enumerate(self.raw, 1):
-            rc = fn(q, k, 1, None, g, lsz, 0, None, None)
+            rc = fn(q, k, 1, None, g, lsz, 1, waits, None) if i == 1 and waits is not None else \
+                fn(q, k, 1, None, g, lsz, 0, None, None)
             if rc:
                 self._failed(i - 1, rc)
             if i in flush_at:

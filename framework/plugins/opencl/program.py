@@ -14,6 +14,10 @@ reused once its last reader has run), except the fragment's outputs, which get b
 from a pool each run. Host values handed in (tokens, positions, masks) are copied into buffers the
 program keeps, without waiting.
 
+A program run twice in a row with the same buffers (decode) enqueues its next run ahead, behind a user
+event, which the next run opens once its host values are written (preenqueue.py says how, and why a run
+ahead that is not taken is safe to release).
+
 FRAMEWORK_OPENCL_PROFILE=1 (read when the device opens its queue): every launch's device time, from
 OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run then waits for them).
 """
@@ -26,6 +30,7 @@ import numpy as np
 
 from ...contract import contiguous_strides
 from .device import ClTensor, ClWeight
+from . import preenqueue
 from .enqueue import Launches
 from .kernels import build
 from .lower import ChunkArg, Lowering, Ref
@@ -52,6 +57,8 @@ class Step:
     reads: tuple = ()      # computed values read
     writes: tuple = ()     # the computed values written
     vec4: tuple = ()       # (argument position, parameter) of the tensors read as float4
+    arg_reads: tuple = ()  # the program's arguments read
+    arg_writes: tuple = () # and written
 
 
 def _scalar(kind: str, value):
@@ -75,7 +82,14 @@ class ClProgram:
         self.launches, self.flush_at = Launches(self.steps), flush_points(len(self.steps))
         self._allocate()
         self.arg_bufs: dict[int, object] = {}
-        self.bound_sig, self.bound = None, None
+        self.bound_sig, self.bound, self.bound_outs = None, None, None
+        # the kernel arguments that are fragment outputs: rebound alone when only the output buffers change
+        self.out_args = [(st.kernel, pos, what.idx) for st in self.steps for pos, what in st.dynamic
+                         if isinstance(what, Ref) and what.kind == "val" and self.val_out[what.idx] >= 0]
+        self.ahead_ok = (preenqueue.replayable(self.steps, self.written_args) and
+                         4 * sum(self.val_sizes[v] for v in range(len(self.val_sizes)) if self.val_out[v] >= 0)
+                         <= preenqueue.STAGE_MAX)
+        self.last_sig, self.stage = None, None
 
     # -- building ---------------------------------------------------------------------------
     def _step(self, launch) -> Step:
@@ -83,6 +97,7 @@ class ClProgram:
         kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
         given = dict(launch.args)
         dynamic, reads, writes, vec4, pos = [], [], [], [], 0
+        arg_reads, arg_writes = [], []
         for kind, name in params(launch.kernel):
             if name not in given:
                 raise ValueError(f"{launch.name}: kernel {launch.kernel} needs parameter '{name}', not given")
@@ -92,10 +107,9 @@ class ClProgram:
                 if name in launch.vec4:
                     vec4.append((pos, name))
                 if isinstance(value, Ref) and value.kind == "val":
-                    if kind == "out":
-                        writes.append(value.idx)
-                    else:
-                        reads.append(value.idx)
+                    (writes if kind == "out" else reads).append(value.idx)
+                elif isinstance(value, Ref) and value.kind == "arg":
+                    (arg_writes if kind == "out" else arg_reads).append(value.idx)
                 pos += 2
                 continue
             if kind in ("tab", "ctr"):    # a table, or counters the kernel keeps between runs (this launch's own)
@@ -108,7 +122,7 @@ class ClProgram:
         if given:
             raise ValueError(f"{launch.name}: kernel {launch.kernel} has no parameter {', '.join(given)}")
         return Step(launch.name, kernel, (launch.gsize,), (launch.lsize,) if launch.lsize else None, dynamic,
-                    tuple(reads), tuple(writes), tuple(vec4))
+                    tuple(reads), tuple(writes), tuple(vec4), tuple(arg_reads), tuple(arg_writes))
 
     def _allocate(self) -> None:
         """Fragment outputs get buffers of their own each run; the other values share scratch slots, a
@@ -153,9 +167,10 @@ class ClProgram:
 
     # -- running ----------------------------------------------------------------------------
     def _arguments(self, args):
-        """(buffer, element offset) of every argument, weights apart; host values uploaded."""
+        """(buffer, element offset) of every argument, weights apart, and the host values to upload (buffer,
+        array)."""
         dev = self.dev
-        bufs, offs, weights = [None] * len(args), [0] * len(args), {}
+        bufs, offs, weights, uploads = [None] * len(args), [0] * len(args), {}, []
         for i, h in enumerate(args):
             if isinstance(h, ClWeight):
                 weights[i], bufs[i] = h, h.chunks[0].buffer
@@ -173,30 +188,85 @@ class ClProgram:
             if buf is None or buf.size < data.nbytes:
                 buf = self.arg_bufs[i] = dev.new_buffer(max(16, data.nbytes))
             if data.nbytes:
-                dev.upload(buf, data)
+                uploads.append((buf, data))
             bufs[i] = buf
-        return bufs, offs, weights
+        return bufs, offs, weights, uploads
 
     def run(self, args):
         dev = self.dev
-        bufs, offs, weights = self._arguments(args)
-        outs = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes)) if self.val_out[v] >= 0}
+        bufs, offs, weights, uploads = self._arguments(args)
         slots = [dev.scratch(s, nb) for s, nb in enumerate(self.slot_bytes)]
         chunks = [c.buffer for w in weights.values() for c in w.chunks]
-        sig = (tuple(map(id, bufs)), tuple(offs), tuple(id(b) for b, _ in outs.values()), tuple(map(id, slots)),
-               tuple(map(id, chunks)))
+        sig = (tuple(map(id, bufs)), tuple(offs), tuple(map(id, slots)), tuple(map(id, chunks)))
+        ahead = dev.pending
+        if ahead is not None and ahead.program() is self and ahead.fixed == sig:
+            dev.pending = None                  # taken: this run was enqueued ahead, behind its gate
+            dev.ahead_taken += 1
+            ahead.start(dev.values_queue, uploads)
+            outs = ahead.outs
+        else:
+            queue = dev.queue                   # a run ahead of another program or buffers is released here
+            for buf, data in uploads:
+                dev.upload(buf, data)
+            outs = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
+                    if self.val_out[v] >= 0}
+            self._bind_for(sig, bufs, offs, weights, outs, slots, chunks)
+            if dev.profile is None:
+                self.launches.enqueue(queue, self.flush_at)
+                queue.flush()
+            else:
+                self._run_profiled(queue)
+            dev.enqueued += len(self.steps)
+        dev.runs += 1
+        again = dev.ahead and self.ahead_ok and dev.last_run is self and self.last_sig == sig
+        dev.last_run, self.last_sig = self, sig
+        if not again:
+            return self._results(args, bufs, outs)
+        staged = self._copy_back(outs)
+        results = self._results(args, bufs, outs, staged)
+        self._enqueue_next(sig)
+        return results
+
+    def _bind_for(self, sig, bufs, offs, weights, outs, slots, chunks) -> None:
+        """Every kernel argument set where the buffers changed; only the outputs' where only they did."""
         if sig != self.bound_sig:
             self._bind(bufs, offs, weights, outs, slots)
-            self.bound_sig, self.bound = sig, (bufs, [b for b, _ in outs.values()], slots, chunks)
-        queue = dev.queue
-        if dev.profile is None:
-            self.launches.enqueue(queue, self.flush_at)
-            queue.flush()
-        else:
-            self._run_profiled(queue)
+            self.bound_sig, self.bound = sig, (bufs, slots, chunks)
+        elif tuple(id(b) for b, _ in outs.values()) != self.bound_outs:
+            self._bind_outs(outs)
+        self.bound_outs = tuple(id(b) for b, _ in outs.values())
+
+    def _bind_outs(self, outs) -> None:
+        for kernel, pos, v in self.out_args:
+            kernel.set_arg(pos, outs[v][0])
+        self.bound_outs = tuple(id(b) for b, _ in outs.values())
+
+    # -- the next run, enqueued ahead (preenqueue.py) -----------------------------------------------
+    def _copy_back(self, outs) -> dict:
+        """This run's value outputs copied to pinned host memory without waiting, ahead of the next run."""
+        if self.stage is None:
+            self.stage = preenqueue.Stage(self.dev, {v: self.val_sizes[v] for v in outs})
+        return self.stage.copy(self.dev.raw_queue, outs)
+
+    def _enqueue_next(self, sig) -> None:
+        """The next run's kernels behind a user event, with output buffers of their own (the pool's)."""
+        import pyopencl as cl
+        dev = self.dev
+        queue = dev.raw_queue
+        marker = cl.enqueue_marker(queue)
+        outs = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
+                if self.val_out[v] >= 0}
+        self._bind_outs(outs)
+        gate = cl.UserEvent(dev.context)
+        pending = preenqueue.Pending(self, sig, gate, marker, outs, self.bound)
+        try:
+            self.launches.enqueue(queue, (), gate)
+        except Exception:
+            pending.release()                   # what was enqueued of it replays the run before: harmless
+            raise
+        queue.flush()
         dev.enqueued += len(self.steps)
-        dev.runs += 1
-        return self._results(args, bufs, outs)
+        dev.pending = pending
 
     def _bind(self, bufs, offs, weights, outs, slots) -> None:
         dummy = self.dev.dummy()
@@ -230,14 +300,18 @@ class ClProgram:
             tot[0] += (e.profile.end - e.profile.start) * 1e-9
             tot[1] += 1
 
-    def _results(self, args, bufs, outs) -> list:
+    def _results(self, args, bufs, outs, staged=None) -> list:
         dev = self.dev
         results = []
         for t in self.outputs:
             r = self.refs[id(t)]
             if r.kind == "val":
                 buf, lease = outs[r.idx]
-                results.append(ClTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease))
+                if staged:
+                    results.append(preenqueue.StagedTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease,
+                                                           staged=staged[r.idx]))
+                else:
+                    results.append(ClTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease))
                 continue
             h = args[r.idx]
             if isinstance(h, np.ndarray):
