@@ -16,6 +16,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$here/.venv/bin/python}
+# the host's features as numba reads them, AVX-512, AMX and AVX-VNNI switched off (as tests/test_cpu_quantized.py)
+avx2_features() {
+    "$PY" - <<'EOF2'
+from llvmlite import binding
+f = binding.get_host_cpu_features()
+print(",".join(("-" if k.startswith(("avx512", "amx", "avxvnni")) or not v else "+") + k for k, v in f.items()))
+EOF2
+}
 cmd=${1:?usage: cpu_avx2.sh build SRC OUT | bench LIB [framework bench options]}
 shift
 case "$cmd" in
@@ -34,10 +42,8 @@ build)
     ls "$out/lib"
     ;;
 bench)
-    lib=${1:?llama.cpp's AVX2 libraries}; shift
-    features=$("$PY" -c 'from llvmlite import binding
-f = binding.get_host_cpu_features()
-print(",".join(("-" if k.startswith(("avx512", "amx", "avxvnni")) or not v else "+") + k for k, v in f.items()))')
+    lib=${1:?the folder of llama.cpp libraries built for AVX2}; shift
+    features=$(avx2_features)
     export NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=$features LLAMA_CPP_LIB_PATH=$lib
     "$PY" -c 'from framework.plugins.cpu.quantized import target; print("numba compiles for", list(target()))'
     "$PY" -c 'import llama_cpp; print("llama.cpp:", llama_cpp.llama_print_system_info().decode())'
