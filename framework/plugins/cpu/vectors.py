@@ -3,24 +3,26 @@ intrinsics.
 
 A row's product is a sum over its blocks of (weight scale) x (activation scale) x (integer dot product
 of the block's 32 weights and 32 activations). Numba's loop vectorizer does not find that shape (it
-unrolls the 32-element loop and vectorizes nothing), and a horizontal sum per block would cost more
-than the block's arithmetic. So, as ggml's CPU kernels do, each block's integer products land in eight
-int32 lanes (four products each), are converted to float and multiplied into eight float lanes by the
-block's two scales, and the lanes are summed once per row. The product of unsigned bytes by signed ones
-is the CPU's own instruction:
+unrolls the 32-element loop and vectorizes nothing), so the loops are written here: each group's integer
+products are summed exactly in int32 lanes by the CPU's product of unsigned bytes by signed ones,
 
-* ``vnni``: AVX-512 VNNI's ``vpdpbusd`` (32 byte products into 8 lanes, one instruction);
-* ``avx2``: AVX2's ``vpmaddubsw`` then ``vpmaddwd`` (pairs into int16, then into int32).
+* ``vnni``: AVX-512 VNNI's ``vpdpbusd`` (32 byte products into 8 lanes, added to them, one instruction);
+* ``avx2``: AVX2's ``vpmaddubsw`` then ``vpmaddwd`` (pairs into int16, then into int32), then an add;
+
+and each output then runs one float chain over its groups (see "the arithmetic every product shares"
+below): a decode step's products hold a weight row's 32 values in a vector's lanes and gather eight
+rows' group sums into one vector, a batch's tile holds eight weight rows in the lanes and broadcasts the
+activations, and both give the same integers and then the same float operations.
 
 The path is chosen from the features numba compiles for (its codegen's target, the host CPU unless
 NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise), so a kernel cached on disk always matches the path
 it was built with. The two paths compute the same integers, and the float arithmetic around them is
-plain IEEE in a fixed order (no fast-math, no multiply-add contraction, the lanes summed in order), so a
-product's result is the same bit for bit whichever path, CPU or thread count computed it. A CPU without
-AVX2 has neither path (``isa_of`` says so and the plugin keeps the float32 products). Signed weights
-(Q8_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS) go through the sign trick of ggml's AVX2 code: |w| times x with w's
-sign. The unsigned operand never exceeds 128 (|w| <= 128, unsigned values <= 63), so the int16 pairs of
-``vpmaddubsw`` cannot saturate (2 x 128 x 127 < 32768).
+plain IEEE in a fixed order (no fast-math; the multiply-adds are explicit fused ones, llvm.fma, one
+rounding on every CPU; no other contraction), so a product's result is the same bit for bit whichever
+path, CPU or thread count computed it. A CPU without AVX2 has neither path (``isa_of`` says so and the
+plugin keeps the float32 products). Signed weights (Q8_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS) go through the sign
+trick of ggml's AVX2 code: |w| times x with w's sign. The unsigned operand never exceeds 128 (|w| <= 128,
+unsigned values <= 63), so the int16 pairs of ``vpmaddubsw`` cannot saturate (2 x 128 x 127 < 32768).
 
 Each weight type is a ``Layout``: its block's bytes, how many groups of 32 values a block holds, and
 for each group the 32 weight bytes (unpacked), their scale and, for types with a minimum or an offset,
