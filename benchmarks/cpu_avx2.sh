@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/cpu_avx2.sh build SRC OUT     llama.cpp's libraries for AVX2 into OUT/lib, from SRC
 #                                                 (a llama.cpp source tree, e.g. llama-cpp-python's sdist's
-#                                                 vendor/llama.cpp); one job, niced (10+ minutes on 2 cores)
+#                                                 vendor/llama.cpp); one job, niced (4 minutes here)
 #   bash benchmarks/cpu_avx2.sh bench OUT/lib [framework bench options]
 #                                                 `framework bench` with numba compiling for Haswell with
 #                                                 AVX-512 switched off and llama.cpp loading OUT/lib (its
