@@ -22,7 +22,7 @@ from numba import prange
 
 from ...contract import DType, LeafKind, dequantize, reference
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
-from .vectors import LAYOUTS, TILE_M, TILE_R, has_sum_of, row_dot, rows_dot, signed_of, tile_dot, unpack_row
+from .vectors import KINDS, LAYOUTS, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot, tile_dot, unpack_row
 
 QK = 32      # values per activation group (q8), and per block of the 32-value weight types
 
@@ -122,81 +122,74 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 
 
 # -- the products: out[m, r] = sum over k of weight[r, k] * x[m, k] --------------------------------------
-# One intrinsic per weight type (vectors.row_dot) for a few activation rows (a decode step): each weight row
-# read once, unpacked in registers.
+# One intrinsic per weight type (vectors.rows_dot, row_dot) for a few activation rows (a decode step):
+# each weight row read once, unpacked in registers, eight rows at a time.
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
- _q3_k_1) = (row_dot(LAYOUTS[f], 1) for f in FORMATS)
-
-
-_r4 = [rows_dot(LAYOUTS[f], 4) for f in FORMATS]
-_q4_0_r4, _q4_1_r4, _q5_0_r4, _q5_1_r4, _q8_0_r4, _q4_k_r4, _q6_k_r4, _q5_k_r4, _iq4nl_r4, _iq4xs_r4, _q3_k_r4 = _r4
+ _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
+(_q4_0_8, _q4_1_8, _q5_0_8, _q5_1_8, _q8_0_8, _q4_k_8, _q6_k_8, _q5_k_8, _iq4nl_8, _iq4xs_8,
+ _q3_k_8) = (rows_dot(LAYOUTS[f]) for f in FORMATS)
 
 
 @kernel()
 def _dot1(fmt, row, xq, xd, xsum, m):
     if fmt == 0:
-        return _q4_0_1(row, xq, xd, xsum, m)[0]
+        return _q4_0_1(row, xq, xd, xsum, m)
     if fmt == 1:
-        return _q4_1_1(row, xq, xd, xsum, m)[0]
+        return _q4_1_1(row, xq, xd, xsum, m)
     if fmt == 2:
-        return _q5_0_1(row, xq, xd, xsum, m)[0]
+        return _q5_0_1(row, xq, xd, xsum, m)
     if fmt == 3:
-        return _q5_1_1(row, xq, xd, xsum, m)[0]
+        return _q5_1_1(row, xq, xd, xsum, m)
     if fmt == 4:
-        return _q8_0_1(row, xq, xd, xsum, m)[0]
+        return _q8_0_1(row, xq, xd, xsum, m)
     if fmt == 5:
-        return _q4_k_1(row, xq, xd, xsum, m)[0]
+        return _q4_k_1(row, xq, xd, xsum, m)
     if fmt == 6:
-        return _q6_k_1(row, xq, xd, xsum, m)[0]
+        return _q6_k_1(row, xq, xd, xsum, m)
     if fmt == 7:
-        return _q5_k_1(row, xq, xd, xsum, m)[0]
+        return _q5_k_1(row, xq, xd, xsum, m)
     if fmt == 8:
-        return _iq4nl_1(row, xq, xd, xsum, m)[0]
+        return _iq4nl_1(row, xq, xd, xsum, m)
     if fmt == 9:
-        return _iq4xs_1(row, xq, xd, xsum, m)[0]
-    return _q3_k_1(row, xq, xd, xsum, m)[0]
+        return _iq4xs_1(row, xq, xd, xsum, m)
+    return _q3_k_1(row, xq, xd, xsum, m)
 
 
 @kernel()
-def _dot_rows4(fmt, w, r, xq, xd, xsum, m):
+def _dot_rows8(fmt, w, r, xq, xd, xsum, m, out):
     if fmt == 0:
-        return _q4_0_r4(w, r, xq, xd, xsum, m)
+        return _q4_0_8(w, r, xq, xd, xsum, m, out)
     if fmt == 1:
-        return _q4_1_r4(w, r, xq, xd, xsum, m)
+        return _q4_1_8(w, r, xq, xd, xsum, m, out)
     if fmt == 2:
-        return _q5_0_r4(w, r, xq, xd, xsum, m)
+        return _q5_0_8(w, r, xq, xd, xsum, m, out)
     if fmt == 3:
-        return _q5_1_r4(w, r, xq, xd, xsum, m)
+        return _q5_1_8(w, r, xq, xd, xsum, m, out)
     if fmt == 4:
-        return _q8_0_r4(w, r, xq, xd, xsum, m)
+        return _q8_0_8(w, r, xq, xd, xsum, m, out)
     if fmt == 5:
-        return _q4_k_r4(w, r, xq, xd, xsum, m)
+        return _q4_k_8(w, r, xq, xd, xsum, m, out)
     if fmt == 6:
-        return _q6_k_r4(w, r, xq, xd, xsum, m)
+        return _q6_k_8(w, r, xq, xd, xsum, m, out)
     if fmt == 7:
-        return _q5_k_r4(w, r, xq, xd, xsum, m)
+        return _q5_k_8(w, r, xq, xd, xsum, m, out)
     if fmt == 8:
-        return _iq4nl_r4(w, r, xq, xd, xsum, m)
+        return _iq4nl_8(w, r, xq, xd, xsum, m, out)
     if fmt == 9:
-        return _iq4xs_r4(w, r, xq, xd, xsum, m)
-    return _q3_k_r4(w, r, xq, xd, xsum, m)
+        return _iq4xs_8(w, r, xq, xd, xsum, m, out)
+    return _q3_k_8(w, r, xq, xd, xsum, m, out)
 
 
 def _matmul(fmt, w, xq, xd, xsum, out):
-    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], four rows
+    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], eight rows
     at a time over the threads (for few activation rows: _matmul_tiled takes many)."""
     m_rows, n_rows = xq.shape[0], w.shape[0]
-    n4 = n_rows // 4
-    for q in prange(n4):
-        r = q * 4
+    n8 = n_rows // TILE_R
+    for q in prange(n8):
         for m in range(m_rows):
-            a, b, c, d = _dot_rows4(fmt, w, r, xq, xd, xsum, m)
-            out[m, r] = a
-            out[m, r + 1] = b
-            out[m, r + 2] = c
-            out[m, r + 3] = d
-    for r in range(n4 * 4, n_rows):
+            _dot_rows8(fmt, w, q * TILE_R, xq, xd, xsum, m, out)
+    for r in range(n8 * TILE_R, n_rows):
         for m in range(m_rows):
             out[m, r] = _dot1(fmt, w[r], xq, xd, xsum, m)
 
@@ -207,7 +200,7 @@ _matmul_one = kernel()(_matmul)
 THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's rows go over the threads
 
 
-# -- a batch of activation rows: weight rows unpacked once per tile (vectors.unpack_row / tile_dot) -------
+# -- a batch of activation rows: TILE_R weight rows unpacked once into a tile (vectors.unpack_row / tile_dot) -
 _unpack = [unpack_row(LAYOUTS[f]) for f in FORMATS]
 _u0, _u1, _u2, _u3, _u4, _u5, _u6, _u7, _u8, _u9, _u10 = _unpack
 
@@ -237,102 +230,57 @@ def _unpack_into(fmt, row, slot, wq, wa, ws, wsf):
     return _u10(row, slot, wq, wa, ws, wsf)
 
 
-# the tile's products by (signed weights, group-sum term): (TILE_R x TILE_M, TILE_R x 1, 1 x TILE_M, 1 x 1)
-_t_ss = [tile_dot(True, True, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
-_t_sn = [tile_dot(True, False, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
-_t_us = [tile_dot(False, True, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
-_t_un = [tile_dot(False, False, r, m) for r, m in ((TILE_R, TILE_M), (TILE_R, 1), (1, TILE_M), (1, 1))]
-_ss_rm, _ss_r1, _ss_1m, _ss_11 = _t_ss
-_sn_rm, _sn_r1, _sn_1m, _sn_11 = _t_sn
-_us_rm, _us_r1, _us_1m, _us_11 = _t_us
-_un_rm, _un_r1, _un_1m, _un_11 = _t_un
+# a tile times TILE_M activation rows, and times one, for each of vectors.KINDS
+_t0, _t1, _t2 = (tile_dot(kind, TILE_M) for kind in range(len(KINDS)))
+_o0, _o1, _o2 = (tile_dot(kind, 1) for kind in range(len(KINDS)))
 
 
 @kernel()
-def _tile_full(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
+def _tile(kind, wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid):
     if kind == 0:
-        return _ss_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
+        return _t0(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
     if kind == 1:
-        return _sn_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
-    if kind == 2:
-        return _us_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
-    return _un_rm(wq, wa, ws, wsf, xq, xd, xsum, m)
+        return _t1(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
+    return _t2(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
 
 
 @kernel()
-def _tile_rows(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
+def _tile_row(kind, wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid):
     if kind == 0:
-        return _ss_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
+        return _o0(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
     if kind == 1:
-        return _sn_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
-    if kind == 2:
-        return _us_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
-    return _un_r1(wq, wa, ws, wsf, xq, xd, xsum, m)
-
-
-@kernel()
-def _tile_one_w(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
-    if kind == 0:
-        return _ss_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
-    if kind == 1:
-        return _sn_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
-    if kind == 2:
-        return _us_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
-    return _un_1m(wq, wa, ws, wsf, xq, xd, xsum, m)
-
-
-@kernel()
-def _tile_one(kind, wq, wa, ws, wsf, xq, xd, xsum, m):
-    if kind == 0:
-        return _ss_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
-    if kind == 1:
-        return _sn_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
-    if kind == 2:
-        return _us_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
-    return _un_11(wq, wa, ws, wsf, xq, xd, xsum, m)[0]
+        return _o1(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
+    return _o2(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
 
 
 def _matmul_tiled(fmt, kind, w, xq, xd, xsum, out, chunk):
-    """As _matmul, for many activation rows: the weight rows in chunks of ``chunk`` over the threads, each
-    chunk in tiles of TILE_R rows unpacked once, each tile times all activation rows, TILE_M at a time."""
+    """As _matmul, for many activation rows: the weight rows in chunks of ``chunk`` (a multiple of TILE_R)
+    over the threads, each chunk in tiles of TILE_R rows unpacked once (the last tile of the weight maybe
+    part full), each tile times all activation rows, TILE_M at a time."""
     n_rows, k = w.shape[0], xq.shape[1]
     m_rows = xq.shape[0]
     m_full = m_rows // TILE_M * TILE_M
     n_groups = k // QK
     n_chunks = (n_rows + chunk - 1) // chunk
     for c in prange(n_chunks):
-        wq = np.zeros((TILE_R, k), np.int8)
-        wa = np.zeros((TILE_R, k), np.int8)
-        ws = np.zeros((TILE_R, n_groups * 8), np.float32)
-        wsf = np.zeros((n_groups, TILE_R), np.float32)
+        wq = np.zeros(n_groups * TILE_BYTES, np.int8)
+        wa = np.zeros(n_groups * TILE_BYTES, np.int8)
+        ws = np.zeros(n_groups * 16, np.float32)
+        wsf = np.zeros(n_groups * 8, np.float32)
         for r0 in range(c * chunk, min(n_rows, (c + 1) * chunk), TILE_R):
-            if r0 + TILE_R <= n_rows:
-                for j in range(TILE_R):
-                    _unpack_into(fmt, w[r0 + j], j, wq, wa, ws, wsf)
-                for m in range(0, m_full, TILE_M):
-                    t = _tile_full(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
-                    for i in range(TILE_M):
-                        for j in range(TILE_R):
-                            out[m + i, r0 + j] = t[i * TILE_R + j]
-                for m in range(m_full, m_rows):
-                    t = _tile_rows(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
-                    for j in range(TILE_R):
-                        out[m, r0 + j] = t[j]
-            else:
-                for r in range(r0, n_rows):
-                    _unpack_into(fmt, w[r], 0, wq, wa, ws, wsf)
-                    for m in range(0, m_full, TILE_M):
-                        t = _tile_one_w(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
-                        for i in range(TILE_M):
-                            out[m + i, r] = t[i]
-                    for m in range(m_full, m_rows):
-                        out[m, r] = _tile_one(kind, wq, wa, ws, wsf, xq, xd, xsum, m)
+            n_valid = min(TILE_R, n_rows - r0)
+            for j in range(n_valid):
+                _unpack_into(fmt, w[r0 + j], j, wq, wa, ws, wsf)
+            for m in range(0, m_full, TILE_M):
+                _tile(kind, wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
+            for m in range(m_full, m_rows):
+                _tile_row(kind, wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
 
 
 _tiled_threads = kernel(parallel=True)(_matmul_tiled)
 _tiled_one = kernel()(_matmul_tiled)
 TILED_FROM = 4               # activation rows from which the weight rows are unpacked once per tile
-CHUNK_ROWS = 64              # weight rows a thread takes at a time (one scratch per chunk)
+CHUNK_ROWS = 64              # weight rows a thread takes at a time (one scratch per chunk), a multiple of TILE_R
 
 
 FAST_TYPES = frozenset(DType[f] for f in FORMATS)
@@ -340,8 +288,7 @@ FAST_TYPES = frozenset(DType[f] for f in FORMATS)
 K_QUANTS = frozenset((DType.Q4_K, DType.Q6_K, DType.Q5_K, DType.Q3_K, DType.IQ4_XS))
 WITH_MIN = frozenset((DType.Q4_1, DType.Q5_1))     # theirs in q8_1 blocks (the sums in float16)
 _FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
-# tile_dot's variant of each type: 0 signed with a group-sum term, 1 signed, 2 unsigned with one, 3 unsigned
-_KIND = {DType[f]: (0 if signed_of(LAYOUTS[f]) else 2) + (0 if has_sum_of(LAYOUTS[f]) else 1) for f in FORMATS}
+_KIND = {DType[f]: kind_of(LAYOUTS[f]) for f in FORMATS}     # the tile's variant (vectors.KINDS) of each type
 
 
 class QuantizedWeight:

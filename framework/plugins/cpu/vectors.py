@@ -3,24 +3,26 @@ intrinsics.
 
 A row's product is a sum over its blocks of (weight scale) x (activation scale) x (integer dot product
 of the block's 32 weights and 32 activations). Numba's loop vectorizer does not find that shape (it
-unrolls the 32-element loop and vectorizes nothing), and a horizontal sum per block would cost more
-than the block's arithmetic. So, as ggml's CPU kernels do, each block's integer products land in eight
-int32 lanes (four products each), are converted to float and multiplied into eight float lanes by the
-block's two scales, and the lanes are summed once per row. The product of unsigned bytes by signed ones
-is the CPU's own instruction:
+unrolls the 32-element loop and vectorizes nothing), so the loops are written here: each group's integer
+products are summed exactly in int32 lanes by the CPU's product of unsigned bytes by signed ones,
 
-* ``vnni``: AVX-512 VNNI's ``vpdpbusd`` (32 byte products into 8 lanes, one instruction);
-* ``avx2``: AVX2's ``vpmaddubsw`` then ``vpmaddwd`` (pairs into int16, then into int32).
+* ``vnni``: AVX-512 VNNI's ``vpdpbusd`` (32 byte products into 8 lanes, added to them, one instruction);
+* ``avx2``: AVX2's ``vpmaddubsw`` then ``vpmaddwd`` (pairs into int16, then into int32), then an add;
+
+and each output then runs one float chain over its groups (see "the arithmetic every product shares"
+below): a decode step's products hold a weight row's 32 values in a vector's lanes and gather eight
+rows' group sums into one vector, a batch's tile holds eight weight rows in the lanes and broadcasts the
+activations, and both give the same integers and then the same float operations.
 
 The path is chosen from the features numba compiles for (its codegen's target, the host CPU unless
 NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise), so a kernel cached on disk always matches the path
 it was built with. The two paths compute the same integers, and the float arithmetic around them is
-plain IEEE in a fixed order (no fast-math, no multiply-add contraction, the lanes summed in order), so a
-product's result is the same bit for bit whichever path, CPU or thread count computed it. A CPU without
-AVX2 has neither path (``isa_of`` says so and the plugin keeps the float32 products). Signed weights
-(Q8_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS) go through the sign trick of ggml's AVX2 code: |w| times x with w's
-sign. The unsigned operand never exceeds 128 (|w| <= 128, unsigned values <= 63), so the int16 pairs of
-``vpmaddubsw`` cannot saturate (2 x 128 x 127 < 32768).
+plain IEEE in a fixed order (no fast-math; the multiply-adds are explicit fused ones, llvm.fma, one
+rounding on every CPU; no other contraction), so a product's result is the same bit for bit whichever
+path, CPU or thread count computed it. A CPU without AVX2 has neither path (``isa_of`` says so and the
+plugin keeps the float32 products). Signed weights (Q8_0, Q6_K, Q3_K, IQ4_NL, IQ4_XS) go through the sign
+trick of ggml's AVX2 code: |w| times x with w's sign. The unsigned operand never exceeds 128 (|w| <= 128,
+unsigned values <= 63), so the int16 pairs of ``vpmaddubsw`` cannot saturate (2 x 128 x 127 < 32768).
 
 Each weight type is a ``Layout``: its block's bytes, how many groups of 32 values a block holds, and
 for each group the 32 weight bytes (unpacked), their scale and, for types with a minimum or an offset,
@@ -331,126 +333,226 @@ LAYOUTS = {
 }
 
 
-def _reduce(builder, v):
-    """The eight lanes summed in order (no reassociation: the same float result on every instruction set)."""
-    fn = _declare(builder, "llvm.vector.reduce.fadd.v8f32", F32, [F32, V8F32])
-    return builder.call(fn, [ir.Constant(F32, 0.0), v])
+# -- the arithmetic every product shares ----------------------------------------------------------------
+# An output is one float chain over its groups of 32 values, in order: the group's integer dot product
+# (exact, whichever instructions and lanes summed it), times (weight scale x activation scale), added by a
+# fused multiply-add (llvm.fma: one rounding, the same on every CPU and in every lane); a group with two
+# scales (Q6_K, Q3_K: values 0-15 and 16-31) adds two such terms, the lower half first; a type with a
+# minimum or an offset then adds (its factor x the activations' group sum) by another. It is ggml's
+# scalar order (sumf += sumi * d per block), so the products below may lay the integers out however
+# suits them: a batch's tile (weight rows in the lanes) and a decode step's rows (values in the lanes)
+# give the same bits.
+TILE_R = 8    # weight rows in a tile: the eight int32 lanes of one vector
+TILE_M = 4    # activation rows a tile multiplies at a time
+
+SIGNED = frozenset(("Q8_0", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"))   # values are signed bytes (the sign trick)
+NO_SUM = SIGNED                                           # no minimum or offset (no group-sum term)
+TWO_SCALES = frozenset(("Q6_K", "Q3_K"))                  # a scale per 16 values
+# a tile's variants, by (signed values, group-sum term, two scales a group); kind_of(layout) indexes them
+KINDS = ((False, True, False), (True, False, False), (True, False, True))
 
 
-def row_dot(layout: Layout, n_x: int):
-    """An intrinsic ``(row, xq, xd, xsum, m) -> UniTuple(float32, n_x)``: weight row ``row`` (uint8, its
-    blocks) times activation rows m .. m + n_x - 1 of (xq int8 (M, K), xd float32 (M, K/32) scales,
-    xsum float32 (M, K/32): each group's sum, scale included). The weight bytes are unpacked once per
-    block for all n_x rows."""
+def kind_of(layout: Layout) -> int:
+    return KINDS.index((layout.name in SIGNED, layout.name not in NO_SUM, layout.name in TWO_SCALES))
+
+
+def _fma(b, x, y, z):
+    ty = x.type
+    name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
+    return b.call(_declare(b, name, ty, [ty, ty, ty]), [x, y, z])
+
+
+def _psign(b, x, w):
+    return b.call(_declare(b, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8]), [x, w])
+
+
+def _dot_acc(e: Emitter, acc, u, s):
+    """acc + e.dot(u, s), in one instruction where the CPU has VNNI."""
+    b = e.b
+    if e.isa == "vnni":
+        fn = _declare(b, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, V8I32, V8I32])
+        return b.call(fn, [acc, b.bitcast(u, V8I32), b.bitcast(s, V8I32)])
+    return b.add(acc, e.dot(u, s))
+
+
+def _group_dot(e: Emitter, g: Group, x):
+    """<8 x i32>: lane j the sum of products of values 4j..4j+3 of group g and of x."""
+    return e.sdot(g.values, x) if g.signed else e.dot(g.values, x)
+
+
+def _vector_of(b, scalars):
+    v = ir.Constant(ir.VectorType(scalars[0].type, len(scalars)), ir.Undefined)
+    for j, s in enumerate(scalars):
+        v = b.insert_element(v, s, _i32(j))
+    return v
+
+
+def _halves_by_row(b, vs):
+    """(lo, hi) <8 x i32> of eight rows' <8 x i32> lane sums: lane j of lo is the sum of lanes 0-3 (values
+    0-15) of vs[j], of hi of lanes 4-7. Integer additions: exact, in any order."""
+    def pair(u, v, first, second):
+        return b.add(b.shuffle_vector(u, v, _const_vec(I32, first)), b.shuffle_vector(u, v, _const_vec(I32, second)))
+    p = [pair(vs[2 * t], vs[2 * t + 1], [0, 8, 2, 10, 4, 12, 6, 14], [1, 9, 3, 11, 5, 13, 7, 15]) for t in range(4)]
+    q = [pair(p[2 * t], p[2 * t + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]) for t in range(2)]
+    return (b.shuffle_vector(q[0], q[1], _const_vec(I32, [0, 1, 2, 3, 8, 9, 10, 11])),
+            b.shuffle_vector(q[0], q[1], _const_vec(I32, [4, 5, 6, 7, 12, 13, 14, 15])))
+
+
+def _add_group(b, acc, lo, hi, scale, scale_hi, dx, sum_factor, xsum):
+    """The shared chain's terms for one group (see above): lo, hi the integer sums of values 0-15 and 16-31
+    (scalars or vectors, as acc), scale / scale_hi / sum_factor the weight's, dx / xsum the activations'."""
+    f = acc.type
+    if scale_hi is None:
+        acc = _fma(b, b.sitofp(b.add(lo, hi), f), b.fmul(scale, dx), acc)
+    else:
+        acc = _fma(b, b.sitofp(lo, f), b.fmul(scale, dx), acc)
+        acc = _fma(b, b.sitofp(hi, f), b.fmul(scale_hi, dx), acc)
+    if sum_factor is not None:
+        acc = _fma(b, sum_factor, xsum, acc)
+    return acc
+
+
+def _arrays(context, builder, sig_args, args):
+    return [context.make_array(t)(context, builder, a) for t, a in zip(sig_args, args)]
+
+
+def _int(context, builder, sig_arg, arg):
+    return context.cast(builder, arg, sig_arg, types.int64)
+
+
+def row_dot(layout: Layout):
+    """An intrinsic ``(row, xq, xd, xsum, m) -> float32``: weight row ``row`` (uint8, its blocks) times
+    activation row m of (xq int8 (M, K), xd float32 (M, K/32) scales, xsum float32 (M, K/32): each group's
+    sum, scale included)."""
 
     @intrinsic
     def dot(typingctx, row, xq, xd, xsum, m):
-        sig = types.UniTuple(types.float32, n_x)(row, xq, xd, xsum, m)
+        sig = types.float32(row, xq, xd, xsum, m)
 
-        def codegen(context, builder, signature, args):
-            arow, axq, axd, axs = (context.make_array(t)(context, builder, a)
-                                   for t, a in zip(signature.args[:4], args[:4]))
-            m0 = context.cast(builder, args[4], signature.args[4], types.int64)
-            k = cgutils.unpack_tuple(builder, axq.shape, 2)[1]
-            n_groups = cgutils.unpack_tuple(builder, axd.shape, 2)[1]
-            isa = product_isa(context)
-            e = Emitter(builder, isa, arow.data)
-            xs = [builder.add(m0, _i64(i)) for i in range(n_x)]
-            x_base = [builder.mul(r, k) for r in xs]           # element offsets of the activation rows
-            s_base = [builder.mul(r, n_groups) for r in xs]
-            acc = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(n_x)]
-            acc_sum = [cgutils.alloca_once_value(builder, ir.Constant(F32, 0.0)) for _ in range(n_x)]
-            n_blocks = builder.udiv(n_groups, _i64(layout.groups))
-            with cgutils.for_range(builder, n_blocks) as loop:
+        def codegen(context, b, signature, args):
+            arow, axq, axd, axs = _arrays(context, b, signature.args[:4], args[:4])
+            m0 = _int(context, b, signature.args[4], args[4])
+            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+            e = Emitter(b, product_isa(context), arow.data)
+            x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
+            acc = cgutils.alloca_once_value(b, ir.Constant(F32, 0.0))
+            reduce4 = _declare(b, "llvm.vector.reduce.add.v4i32", I32, [ir.VectorType(I32, 4)])
+            with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
                 blk = loop.index
-                for gi, g in enumerate(layout.emit(e, builder.mul(blk, _i64(layout.block_bytes)))):
-                    group = builder.add(builder.mul(blk, _i64(layout.groups)), _i64(gi))
-                    for i in range(n_x):
-                        x = e.load(axq.data, builder.add(x_base[i], builder.mul(group, _i64(QK))), V32I8)
-                        lanes = builder.sitofp(e.sdot(g.values, x) if g.signed else e.dot(g.values, x), V8F32)
-                        at = builder.add(s_base[i], group)
-                        dx = builder.load(builder.gep(axd.data, [at]))
-                        scale = _splat(builder, builder.fmul(g.scale, dx), 8)
-                        if g.scale_hi is not None:
-                            hi = _splat(builder, builder.fmul(g.scale_hi, dx), 8)
-                            scale = builder.shuffle_vector(scale, hi, _const_vec(I32, [0, 1, 2, 3, 12, 13, 14, 15]))
-                        builder.store(builder.fadd(builder.load(acc[i]), builder.fmul(lanes, scale)), acc[i])
-                        if g.sum_factor is not None:
-                            xsum_at = builder.load(builder.gep(axs.data, [at]))
-                            builder.store(builder.fadd(builder.load(acc_sum[i]), builder.fmul(g.sum_factor, xsum_at)),
-                                          acc_sum[i])
-            outs = [builder.fadd(_reduce(builder, builder.load(acc[i])), builder.load(acc_sum[i])) for i in range(n_x)]
-            return context.make_tuple(builder, signature.return_type, outs)
+                for gi, g in enumerate(layout.emit(e, b.mul(blk, _i64(layout.block_bytes)))):
+                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                    v = _group_dot(e, g, e.load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8))
+                    lo, hi = (b.call(reduce4, [b.shuffle_vector(v, v, _const_vec(I32, range(h, h + 4)))])
+                              for h in (0, 4))
+                    at = b.add(s_base, group)
+                    dx = b.load(b.gep(axd.data, [at]))
+                    xsum_at = b.load(b.gep(axs.data, [at])) if g.sum_factor is not None else None
+                    b.store(_add_group(b, b.load(acc), lo, hi, g.scale, g.scale_hi, dx, g.sum_factor, xsum_at), acc)
+            return b.load(acc)
 
         return sig, codegen
 
     return dot
 
 
-# -- many activation rows: each weight row unpacked once, then a tile of weight rows by activation rows ---
+def rows_dot(layout: Layout):
+    """An intrinsic ``(w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N, bytes
+    per row)) times activation row m (as row_dot's) into out[m, r .. r + 7] (float32 (M, N)), each block
+    unpacked in registers: for a decode step, where each weight row is read once. The eight rows' group
+    sums are gathered into one vector (_halves_by_row), so the float chain runs on eight rows at once."""
+
+    @intrinsic
+    def dot(typingctx, w, r, xq, xd, xsum, m, out):
+        sig = types.int64(w, r, xq, xd, xsum, m, out)
+
+        def codegen(context, b, signature, args):
+            s = signature.args
+            aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
+                                              (args[0], args[2], args[3], args[4], args[6]))
+            r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
+            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+            n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
+            isa = product_isa(context)
+            es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
+            x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
+            acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
+            with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+                blk = loop.index
+                per_row = [layout.emit(e, b.mul(blk, _i64(layout.block_bytes))) for e in es]
+                for gi in range(layout.groups):
+                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                    x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
+                    gs = [per_row[j][gi] for j in range(TILE_R)]
+                    lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
+                    at = b.add(s_base, group)
+                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
+                    two = gs[0].scale_hi is not None
+                    with_sum = gs[0].sum_factor is not None
+                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
+                    b.store(_add_group(b, b.load(acc), lo, hi, _vector_of(b, [g.scale for g in gs]),
+                                       _vector_of(b, [g.scale_hi for g in gs]) if two else None, dx,
+                                       _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None, xsum_at), acc)
+            dst = b.gep(aout.data, [b.add(b.mul(m0, n_out), r0)])
+            b.store(b.load(acc), b.bitcast(dst, V8F32.as_pointer()), align=4)
+            return ir.Constant(I64, 0)
+
+        return sig, codegen
+
+    return dot
+
+
+# -- many activation rows: a tile of weight rows unpacked once, their rows in a vector's lanes -----------
 # A prefill chunk multiplies every weight row by many activation rows. row_dot would unpack a row's blocks
-# again for every few activation rows (Q5_0's fifth bits cost more than the products), so a batch first
-# unpacks TILE_R weight rows into scratch (``unpack_row``: each group's 32 bytes, for signed types their
-# magnitudes too, its 8-lane scale vector and its group-sum factor) and then multiplies that tile by
-# TILE_M activation rows at a time (``tile_dot``), each group's values and scales loaded once for the
-# whole tile. Every output runs the same float operations in the same order as row_dot's (the integer
-# lanes, converted, times the scale vector, added to eight running lanes; the group-sum term in its own
-# running sum; the lanes summed in order, then that sum added): a row of a batch is the bits of that
-# row alone.
-TILE_R, TILE_M = 4, 4
-
-
-def signed_of(layout: Layout) -> bool:
-    return layout.name in SIGNED
-
-
-def has_sum_of(layout: Layout) -> bool:
-    return layout.name not in NO_SUM
-
-
-SIGNED = frozenset(("Q8_0", "Q6_K", "Q3_K", "IQ4_NL", "IQ4_XS"))   # values are signed bytes (the sign trick)
-NO_SUM = SIGNED                                           # no minimum or offset (no group-sum term)
+# again for every activation row (Q5_0's fifth bits cost more than the products), so a batch first unpacks
+# TILE_R weight rows into scratch (``unpack_row``), interleaved as llama.cpp's repacked Q4_0 x8 blocks are:
+# for each group and each 4 values of it, the 4 bytes of row 0, of row 1, ... of row 7 (32 bytes, one
+# vector). ``tile_dot`` then multiplies one such vector by 4 activation bytes broadcast to all lanes: one
+# instruction adds 4 products to each of 8 rows' integer sums, and the float chain (scale, fused
+# multiply-add) runs once a group for 8 rows at a time, not once a group for each row.
+TILE_BYTES = TILE_R * QK            # a group's scratch bytes
 
 
 def unpack_row(layout: Layout):
     """An intrinsic ``(row, slot, wq, wa, ws, wsf) -> int64``: weight row ``row`` (uint8, its blocks) into
-    slot ``slot`` of a tile's scratch: wq int8 (TILE_R, K) its values, wa int8 (TILE_R, K) their
-    magnitudes (signed types), ws float32 (TILE_R, K/32 * 8) each group's scale in 8 lanes (lanes 4-7
-    from the second scale where a group has two), wsf float32 (K/32, TILE_R) each group's sum factor."""
-    signed, with_sum = signed_of(layout), has_sum_of(layout)
+    lane ``slot`` of a tile's scratch: wq int8 (K / 32 * TILE_BYTES) its values (for signed types their
+    magnitudes), wa int8 (likewise) the signed values (signed types), ws float32 (K / 32 * 16) each group's
+    scale at group * 16 + slot and its second scale (or the first again) at group * 16 + 8 + slot, wsf
+    float32 (K / 32 * 8) each group's sum factor at group * 8 + slot."""
+    signed = layout.name in SIGNED
 
     @intrinsic
     def unpack(typingctx, row, slot, wq, wa, ws, wsf):
         sig = types.int64(row, slot, wq, wa, ws, wsf)
 
-        def codegen(context, builder, signature, args):
-            types_, values = (signature.args[0], *signature.args[2:]), (args[0], *args[2:])
-            arow, awq, awa, aws, awsf = (context.make_array(t)(context, builder, a) for t, a in zip(types_, values))
-            j = context.cast(builder, args[1], signature.args[1], types.int64)
-            k = cgutils.unpack_tuple(builder, awq.shape, 2)[1]
-            n_groups = builder.udiv(k, _i64(QK))
-            tile_r = cgutils.unpack_tuple(builder, awsf.shape, 2)[1]
-            e = Emitter(builder, isa_of(context) or "avx2", arow.data)
-            q_base, s_base = builder.mul(j, k), builder.mul(j, builder.mul(n_groups, _i64(8)))
-            n_blocks = builder.udiv(n_groups, _i64(layout.groups))
-            with cgutils.for_range(builder, n_blocks) as loop:
+        def codegen(context, b, signature, args):
+            s = signature.args
+            arow, awq, awa, aws, awsf = _arrays(context, b, (s[0], *s[2:]), (args[0], *args[2:]))
+            j = _int(context, b, s[1], args[1])
+            e = Emitter(b, isa_of(context) or "avx2", arow.data)
+            n_groups = b.udiv(cgutils.unpack_tuple(b, aws.shape, 1)[0], _i64(16))
+            lane = b.mul(j, _i64(4))
+
+            def scatter(base, values, group):
+                words = b.bitcast(values, V8I32)
+                for q in range(QK // 4):
+                    at = b.add(b.add(b.mul(group, _i64(TILE_BYTES)), _i64(q * TILE_R * 4)), lane)
+                    b.store(b.extract_element(words, _i32(q)), e.ptr(base, at, I32), align=1)
+
+            with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
                 blk = loop.index
-                for gi, g in enumerate(layout.emit(e, builder.mul(blk, _i64(layout.block_bytes)))):
-                    group = builder.add(builder.mul(blk, _i64(layout.groups)), _i64(gi))
-                    at = builder.add(q_base, builder.mul(group, _i64(QK)))
-                    builder.store(g.values, e.ptr(awq.data, at, V32I8), align=1)
+                for gi, g in enumerate(layout.emit(e, b.mul(blk, _i64(layout.block_bytes)))):
+                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                    scatter(awq.data, _psign(b, g.values, g.values) if signed else g.values, group)
                     if signed:
-                        sign = _declare(builder, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
-                        builder.store(builder.call(sign, [g.values, g.values]), e.ptr(awa.data, at, V32I8), align=1)
-                    scale = _splat(builder, g.scale, 8)
-                    if g.scale_hi is not None:
-                        hi = _splat(builder, g.scale_hi, 8)
-                        scale = builder.shuffle_vector(scale, hi, _const_vec(I32, [0, 1, 2, 3, 12, 13, 14, 15]))
-                    builder.store(scale, e.ptr(aws.data, builder.add(s_base, builder.mul(group, _i64(8))), V8F32),
-                                  align=4)
-                    if with_sum:
-                        at = builder.add(builder.mul(group, tile_r), j)
-                        builder.store(g.sum_factor, builder.gep(awsf.data, [at]))
+                        scatter(awa.data, g.values, group)
+                    at = b.add(b.mul(group, _i64(16)), j)
+                    b.store(g.scale, b.gep(aws.data, [at]))
+                    b.store(g.scale_hi if g.scale_hi is not None else g.scale, b.gep(aws.data, [b.add(at, _i64(8))]))
+                    if g.sum_factor is not None:
+                        b.store(g.sum_factor, b.gep(awsf.data, [b.add(b.mul(group, _i64(8)), j)]))
             return ir.Constant(I64, 0)
 
         return sig, codegen
@@ -458,113 +560,66 @@ def unpack_row(layout: Layout):
     return unpack
 
 
-def tile_dot(signed: bool, with_sum: bool, n_w: int, n_x: int):
-    """An intrinsic ``(wq, wa, ws, wsf, xq, xd, xsum, m) -> UniTuple(float32, n_x * n_w)``: the first n_w
-    rows of a tile's scratch (unpack_row) times activation rows m .. m + n_x - 1; element i * n_w + j is
-    activation row m + i times weight row j."""
+def tile_dot(kind: int, n_x: int):
+    """An intrinsic ``(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid) -> int64``: a tile's scratch
+    (unpack_row; its first n_valid lanes hold weight rows r0 ..) times activation rows m .. m + n_x - 1,
+    into out[m + i, r0 + j] for j < n_valid. kind: an index into KINDS."""
+    signed, with_sum, two = KINDS[kind]
 
     @intrinsic
-    def dot(typingctx, wq, wa, ws, wsf, xq, xd, xsum, m):
-        sig = types.UniTuple(types.float32, n_x * n_w)(wq, wa, ws, wsf, xq, xd, xsum, m)
+    def dot(typingctx, wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid):
+        sig = types.int64(wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
 
-        def codegen(context, builder, signature, args):
-            awq, awa, aws, awsf, axq, axd, axs = (context.make_array(t)(context, builder, a)
-                                                  for t, a in zip(signature.args[:7], args[:7]))
-            b = builder
-            m0 = context.cast(b, args[7], signature.args[7], types.int64)
+        def codegen(context, b, signature, args):
+            s = signature.args
+            awq, awa, aws, awsf, axq, axd, axs, aout = _arrays(context, b, s[:7] + (s[8],), args[:7] + (args[8],))
+            m0, c0, nv = (_int(context, b, s[i], args[i]) for i in (7, 9, 10))
             k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
             n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-            tile_r = cgutils.unpack_tuple(b, awsf.shape, 2)[1]
-            isa = product_isa(context)
-            e = Emitter(b, isa, None)
-            x_rows = [b.add(m0, _i64(i)) for i in range(n_x)]
-            x_base = [b.mul(r, k) for r in x_rows]
-            d_base = [b.mul(r, n_groups) for r in x_rows]
-            w_base = [b.mul(_i64(j), k) for j in range(n_w)]
-            s_base = [b.mul(_i64(j), b.mul(n_groups, _i64(8))) for j in range(n_w)]
-            zero_sum = ir.Constant(ir.VectorType(F32, n_w), None)
-            acc = [[cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_w)] for _ in range(n_x)]
-            acc_sum = [cgutils.alloca_once_value(b, zero_sum) for _ in range(n_x)]
-            sign = _declare(b, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
+            n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
+            e = Emitter(b, product_isa(context), None)
+            x_base = [b.mul(b.add(m0, _i64(i)), k) for i in range(n_x)]
+            d_base = [b.mul(b.add(m0, _i64(i)), n_groups) for i in range(n_x)]
+            acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)]
+            zero = ir.Constant(V8I32, None)
             with cgutils.for_range(b, n_groups) as loop:
                 group = loop.index
-                goff = b.mul(group, _i64(QK))
-                w = [e.load(awq.data, b.add(w_base[j], goff), V32I8) for j in range(n_w)]
-                wabs = [e.load(awa.data, b.add(w_base[j], goff), V32I8) for j in range(n_w)] if signed else w
-                wsc = [b.load(e.ptr(aws.data, b.add(s_base[j], b.mul(group, _i64(8))), V8F32), align=4)
-                       for j in range(n_w)]
-                if with_sum:
-                    wsf = b.load(e.ptr(awsf.data, b.mul(group, tile_r), ir.VectorType(F32, n_w)), align=4)
+                wbase, xoff = b.mul(group, _i64(TILE_BYTES)), b.mul(group, _i64(QK))
+                scales = [b.load(e.ptr(aws.data, b.add(b.mul(group, _i64(16)), _i64(h)), V8F32), align=4)
+                          for h in (0, 8)]
+                dx = [_splat(b, b.load(b.gep(axd.data, [b.add(d_base[i], group)])), TILE_R) for i in range(n_x)]
+                halves = []
+                for qs in ((range(4), range(4, 8)) if two else (range(8),)):
+                    sums = [zero] * n_x
+                    for q in qs:
+                        at = b.add(wbase, _i64(q * TILE_R * 4))
+                        wv = e.load(awq.data, at, V32I8)
+                        sv = e.load(awa.data, at, V32I8) if signed else None
+                        for i in range(n_x):
+                            word = e.load(axq.data, b.add(b.add(x_base[i], xoff), _i64(4 * q)), I32)
+                            xb = b.bitcast(_splat(b, word, TILE_R), V32I8)
+                            sums[i] = _dot_acc(e, sums[i], wv, _psign(b, xb, sv) if signed else xb)
+                    halves.append(sums)
+                if not two:
+                    halves.append([zero] * n_x)
+                wsf = b.load(e.ptr(awsf.data, b.mul(group, _i64(8)), V8F32), align=4) if with_sum else None
                 for i in range(n_x):
-                    x = e.load(axq.data, b.add(x_base[i], goff), V32I8)
-                    at = b.add(d_base[i], group)
-                    dx = _splat(b, b.load(b.gep(axd.data, [at])), 8)
-                    for j in range(n_w):
-                        xs = b.call(sign, [x, w[j]]) if signed else x
-                        lanes = b.sitofp(e.dot(wabs[j], xs), V8F32)
-                        b.store(b.fadd(b.load(acc[i][j]), b.fmul(lanes, b.fmul(wsc[j], dx))), acc[i][j])
-                    if with_sum:
-                        xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), n_w)
-                        b.store(b.fadd(b.load(acc_sum[i]), b.fmul(wsf, xsum_at)), acc_sum[i])
-            outs = []
+                    xsum_at = (_splat(b, b.load(b.gep(axs.data, [b.add(d_base[i], group)])), TILE_R)
+                               if with_sum else None)
+                    b.store(_add_group(b, b.load(acc[i]), halves[0][i], halves[1][i], scales[0],
+                                       scales[1] if two else None, dx[i], wsf, xsum_at), acc[i])
+            full = b.icmp_signed("==", nv, _i64(TILE_R))
             for i in range(n_x):
-                sums = b.load(acc_sum[i])
-                for j in range(n_w):
-                    outs.append(b.fadd(_reduce(b, b.load(acc[i][j])), b.extract_element(sums, _i32(j))))
-            return context.make_tuple(b, signature.return_type, outs)
-
-        return sig, codegen
-
-    return dot
-
-
-def rows_dot(layout: Layout, n_w: int):
-    """An intrinsic ``(w, r, xq, xd, xsum, m) -> UniTuple(float32, n_w)``: weight rows r .. r + n_w - 1 of w
-    (uint8 (N, bytes per row)) times activation row m, each block unpacked in registers: for a decode step,
-    where each weight row is read once. The n_w rows' running sums are independent chains (a one-row loop
-    waits on its float additions); each output runs row_dot's operations in row_dot's order."""
-
-    @intrinsic
-    def dot(typingctx, w, r, xq, xd, xsum, m):
-        sig = types.UniTuple(types.float32, n_w)(w, r, xq, xd, xsum, m)
-
-        def codegen(context, builder, signature, args):
-            b = builder
-            aw, axq, axd, axs = (context.make_array(t)(context, b, a)
-                                 for t, a in zip((signature.args[0], *signature.args[2:5]), (args[0], *args[2:5])))
-            r0 = context.cast(b, args[1], signature.args[1], types.int64)
-            m0 = context.cast(b, args[5], signature.args[5], types.int64)
-            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
-            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-            isa = product_isa(context)
-            rows = [b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)]) for j in range(n_w)]
-            es = [Emitter(b, isa, p) for p in rows]
-            x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
-            acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_w)]
-            acc_sum = [cgutils.alloca_once_value(b, ir.Constant(F32, 0.0)) for _ in range(n_w)]
-            n_blocks = b.udiv(n_groups, _i64(layout.groups))
-            with cgutils.for_range(b, n_blocks) as loop:
-                blk = loop.index
-                per_row = [layout.emit(e, b.mul(blk, _i64(layout.block_bytes))) for e in es]
-                for gi in range(layout.groups):
-                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
-                    x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
-                    at = b.add(s_base, group)
-                    dx = b.load(b.gep(axd.data, [at]))
-                    xsum_at = b.load(b.gep(axs.data, [at])) if layout.name not in NO_SUM else None
-                    for j in range(n_w):
-                        g = per_row[j][gi]
-                        lanes = b.sitofp(es[j].sdot(g.values, x) if g.signed else es[j].dot(g.values, x), V8F32)
-                        scale = _splat(b, b.fmul(g.scale, dx), 8)
-                        if g.scale_hi is not None:
-                            hi = _splat(b, b.fmul(g.scale_hi, dx), 8)
-                            scale = b.shuffle_vector(scale, hi, _const_vec(I32, [0, 1, 2, 3, 12, 13, 14, 15]))
-                        b.store(b.fadd(b.load(acc[j]), b.fmul(lanes, scale)), acc[j])
-                        if g.sum_factor is not None:
-                            b.store(b.fadd(b.load(acc_sum[j]), b.fmul(g.sum_factor, xsum_at)), acc_sum[j])
-            outs = [b.fadd(_reduce(b, b.load(acc[j])), b.load(acc_sum[j])) for j in range(n_w)]
-            return context.make_tuple(b, signature.return_type, outs)
+                row = b.gep(aout.data, [b.add(b.mul(b.add(m0, _i64(i)), n_out), c0)])
+                v = b.load(acc[i])
+                with b.if_else(full) as (whole, part):
+                    with whole:
+                        b.store(v, b.bitcast(row, V8F32.as_pointer()), align=4)
+                    with part:
+                        for j in range(TILE_R):
+                            with b.if_then(b.icmp_signed("<", _i64(j), nv)):
+                                b.store(b.extract_element(v, _i32(j)), b.gep(row, [_i64(j)]))
+            return ir.Constant(I64, 0)
 
         return sig, codegen
 
