@@ -209,10 +209,12 @@ def run_bench(args) -> int:
     import numba
 
     models = _models(args.model)
+    # the cpu plugin's kernels and OpenVINO's CPU device take the same thread count as llama.cpp
+    os.environ["FRAMEWORK_OPENVINO_THREADS"] = str(args.threads)
     devices = select_devices(args.backends)
-    # the cpu plugin's kernels take the same thread count as llama.cpp
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    err.print(f"threads: {args.threads} (numpy's BLAS, the cpu plugin's numba kernels and llama.cpp), "
+    err.print(f"threads: {args.threads} (numpy's BLAS, the cpu plugin's numba kernels, OpenVINO's CPU device and "
+              f"llama.cpp), "
               f"{os.cpu_count()} CPUs; prompt "
               f"{args.prompt_tokens} tokens, {args.decode_tokens} decoded; min, median and max of {args.repeats} "
               f"runs after a warm-up, the engines taking turns", soft_wrap=True)

@@ -42,8 +42,10 @@ from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import weights as W
 from framework.plugins.openvino_npu.device import (
     DYNQUANT_ENV,
+    THREADS_ENV,
     OpenVinoDevice,
     OpenVinoSettingError,
+    discover,
 )
 from framework.plugins.openvino_npu.profiles import (
     PROFILES,
@@ -336,6 +338,21 @@ def test_dynamic_quantization_environment_override(monkeypatch):
             OpenVinoDevice("CPU", cache_dir=None)
         assert f"{DYNQUANT_ENV}={bad!r} is not accepted" in str(err.value) and "0 or off" in str(err.value)
         assert "positive group size" in str(err.value)
+
+
+def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):
+    """FRAMEWORK_OPENVINO_THREADS sets INFERENCE_NUM_THREADS (framework bench sets it to --threads, the count
+    llama.cpp gets); a value it does not accept makes the devices unavailable with the reason."""
+    monkeypatch.setenv(THREADS_ENV, "1")
+    dev = OpenVinoDevice("CPU", cache_dir=None)
+    assert dev.threads == 1 and "1 thread (INFERENCE_NUM_THREADS)" in dev.description
+    assert dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
+    assert _plain_program(dev).effective["INFERENCE_NUM_THREADS"] == 1
+    monkeypatch.delenv(THREADS_ENV)
+    assert "INFERENCE_NUM_THREADS" not in OpenVinoDevice("CPU", cache_dir=None).compile_config()
+    monkeypatch.setenv(THREADS_ENV, "two")
+    cpu = next(d for d in discover() if d.ov_name == "CPU")
+    assert not cpu.available and THREADS_ENV in cpu.unavailable_reason
 
 
 # ---------------------------------------------------------------------------------------------
