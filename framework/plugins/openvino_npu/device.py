@@ -266,6 +266,7 @@ class OpenVinoDevice(Device):
     def load_weight(self, tensor: Tensor, raw: np.ndarray) -> W.OvWeight:
         handle = W.load(tensor.name, tensor.dtype, tensor.shape, raw, self.bits)
         self._loaded[id(tensor)] = (tensor.name, weakref.ref(handle))
+        release_file_pages(raw)
         return handle
 
     def alloc(self, tensor: Tensor) -> np.ndarray:
@@ -524,6 +525,25 @@ def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
             total -= size
         except OSError:
             pass
+
+
+def release_file_pages(raw: np.ndarray) -> None:
+    """Drop from this process's resident memory the pages of the model file a repacked weight was read from: the
+    OvWeight holds its own copy, and every compiled model its own again, so the file's pages would only add the
+    file's size to the peak (docs/openvino.md, "Memory"). Only for bytes of a read-only file mapping (an
+    ``np.memmap`` of the GGUF file): there MADV_DONTNEED forgets pages that are read again from the file if touched;
+    on any other memory it would zero them, so anything else is left alone."""
+    import mmap
+    base = raw
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or raw.size == 0:
+        return
+    start = raw.ctypes.data - np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + raw.nbytes) // page * page
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _dead(dev_ref, live_key: tuple) -> None:

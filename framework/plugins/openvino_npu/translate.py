@@ -130,11 +130,9 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
         return out if tuple(w.shape) == shape else _reshape(out, shape)
     if "data" not in c:
         et = ELEMENTS[w.element]
-        if w.element == "i4":
-            flat = w.data.reshape(-1).view(np.uint8)
-            packed = np.ascontiguousarray((flat[0::2] & 0x0F) | ((flat[1::2] & 0x0F) << 4))
-            c["packed"] = packed            # the constant shares this memory: keep it alive
-            c["data"] = ops.constant(ov.Tensor(packed, ov.Shape(list(w.data.shape)), et))
+        if w.element == "i4":           # the nibbles as they are held (weights.pack_nibbles): shared, not copied
+            rows, blocks, _ = w.data.shape
+            c["data"] = ops.constant(ov.Tensor(w.data, ov.Shape([rows, blocks, w.group]), et))
         else:
             c["data"] = ops.constant(w.data, shared_memory=True)
         c["scale"] = ops.constant(w.scale, shared_memory=True)
@@ -166,7 +164,7 @@ def fusion_key(w: OvWeight | None) -> tuple | None:
         return ("plain", w.data.dtype.str, w.shape[1])
     if w.offset is not None and not (OFFSETS == "zero_point" and zero_point_ok(w)):
         return None
-    return ("compressed", w.element, w.data.shape[1:], w.scale.dtype.str, w.offset is not None)
+    return ("compressed", w.element, w.data.shape[1], w.group, w.scale.dtype.str, w.offset is not None)
 
 
 def fused_weight(ws: list[OvWeight]) -> OvWeight:
@@ -202,7 +200,7 @@ def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | Non
     c = w._constants
     if "offset" not in c:
         c["offset"] = ops.constant(w.offset, shared_memory=True)
-    _, blocks, group = w.data.shape
+    blocks, group = w.data.shape[1], w.group
     sums = ops.reduce_sum(_reshape(x, tuple(x_shape[:-1]) + (blocks, group)), _i64([-1]), False).output(0)
     return ops.matmul(sums, c["offset"], False, True).output(0)
 
