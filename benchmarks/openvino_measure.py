@@ -14,6 +14,13 @@
                                                       # interleaved in one process: tok/s and logits
     python benchmarks/openvino_measure.py host        # a decode step's wall time: OpenVINO's infer, the
                                                       # program's feeding and cache writes, the session
+    python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
+                                                      # core) and with INFERENCE_NUM_THREADS 1, against
+                                                      # llama.cpp on 1 thread, interleaved: decode tok/s
+    python benchmarks/openvino_measure.py big-decode FILE.gguf
+                                                      # decode of a large model with one compiled model (the
+                                                      # prompt fed a token a step), against llama.cpp in a
+                                                      # child process, interleaved; peak resident memory
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -531,8 +538,114 @@ def _dynquant_model(name, model, ids, label, dq, rounds, Session, OpenVinoDevice
         print(f"    {_reference_bounds(s, name)}", flush=True)
 
 
+def threads(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
+    """openvino:CPU with OpenVINO's thread count (INFERENCE_NUM_THREADS unset: one thread per core under the LATENCY
+    hint) and with 1 thread, and llama.cpp on 1 thread, in interleaved rounds as `framework bench` runs them (a
+    256-token prompt, 32 decoded): prefill and decode tok/s, medians, and each against llama.cpp."""
+    from framework.bench import FrameworkEngine, LlamaCppEngine, interleave
+    from framework.model.default import model_path
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+
+    for name in names:
+        engines = {f"openvino:CPU, {label}": FrameworkEngine(model_path(name), [OpenVinoDevice("CPU", threads=n)], 256,
+                                                             32)
+                   for label, n in (("OpenVINO's thread count", 0), ("1 thread", 1))}
+        ids = next(iter(engines.values())).ids
+        ref = LlamaCppEngine(model_path(name), ids, 32, 1)
+        runs = {k: e.run for k, e in engines.items()}
+        runs["llama.cpp, 1 thread"] = ref.run
+        try:
+            got = interleave(runs, rounds)
+        finally:
+            ref.close()
+        peer = got["llama.cpp, 1 thread"]
+        for label, g in got.items():
+            pre, dec = g["prefill"], g["decode"]
+            print(f"{name}, {label}: prefill {pre.median:.1f} tok/s ({pre.median / peer['prefill'].median:.2f}x "
+                  f"llama.cpp), decode {dec.median:.1f} tok/s ({dec.median / peer['decode'].median:.2f}x; "
+                  f"min {dec.min:.1f}, max {dec.max:.1f}; medians of {rounds})", flush=True)
+        del engines
+
+
+_LLAMA_CHILD = """
+import sys, time
+import numpy as np
+from llama_cpp import Llama
+path, n_ctx = sys.argv[1], int(sys.argv[2])
+llm = Llama(path, n_ctx=n_ctx, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False)
+for line in sys.stdin:
+    words = line.split()
+    if words[0] == "prompt":
+        llm.reset()
+        llm.eval([int(w) for w in words[1:]])
+        print("ok", flush=True)
+    else:
+        t = time.perf_counter()
+        for _ in range(int(words[1])):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        print(int(words[1]) / (time.perf_counter() - t), flush=True)
+"""
+
+
+def big_decode(path: str, n_prompt: int = 64, steps: int = 32, rounds: int = 5) -> None:
+    """Decode of a model too large for two compiled models in this machine's share of memory: the prompt is fed one
+    token a step, so that one compiled model (the decode step's) serves the whole run, its cache window (n_kv) one
+    size throughout (n_prompt + rounds * steps <= 256). Rounds of ``steps`` decoded tokens, ours and llama.cpp's (1
+    thread each; llama.cpp in a child process, so each process's peak memory is its own), taking turns from the same
+    position; decode tok/s medians, and this process's peak resident memory."""
+    import subprocess
+
+    from framework.bench import prompt_ids
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.session import KV_PAD, Session
+
+    if n_prompt + (rounds + 1) * steps > KV_PAD:
+        raise SystemExit(f"{n_prompt} + {rounds + 1} x {steps} tokens would cross a cache window of {KV_PAD} rows")
+    model = Model(Path(path))
+    ids = prompt_ids(model.tokenizer, n_prompt)
+    s = Session(model, [OpenVinoDevice("CPU", threads=1)], n_ctx=KV_PAD)
+    child = subprocess.Popen([sys.executable, "-c", _LLAMA_CHILD, path, str(KV_PAD)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+
+    def ask(line: str) -> str:
+        child.stdin.write(line + "\n")
+        child.stdin.flush()
+        return child.stdout.readline().strip()
+
+    t = time.perf_counter()
+    for i in ids:
+        logits = s.eval([i])
+    fed = time.perf_counter() - t
+    ask("prompt " + " ".join(map(str, ids)))
+    ours, theirs = [], []
+    for r in range(rounds + 1):         # the first round warms up and is not counted
+        t = time.perf_counter()
+        for _ in range(steps):
+            logits = s.eval([int(np.argmax(logits))])
+        rate = steps / (time.perf_counter() - t)
+        peer = float(ask(f"decode {steps}"))
+        if r:
+            ours.append(rate)
+            theirs.append(peer)
+    child.stdin.close()
+    child.wait()
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    size = Path(path).stat().st_size
+    print(f"{Path(path).name}: openvino:CPU (1 thread) decode {np.median(ours):.2f} tok/s (min {min(ours):.2f}, max "
+          f"{max(ours):.2f}), llama.cpp (1 thread) {np.median(theirs):.2f} tok/s (min {min(theirs):.2f}, max "
+          f"{max(theirs):.2f}): {np.median(ours) / np.median(theirs):.2f}x, medians of {rounds} rounds of {steps} "
+          f"tokens after a {n_prompt}-token prompt (fed one token a step: {len(ids) / fed:.1f} tok/s); "
+          f"{len(s.executor.programs)} compiled model(s); peak resident {peak / 1e9:.2f} GB, "
+          f"{peak / size:.1f}x the file ({size / 1e9:.2f} GB)", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
-    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor,
-     "dynquant": dynquant, "host": host,
+    if what == "big-decode":
+        big_decode(*sys.argv[2:3])
+        raise SystemExit(0)
+    {"threads": threads, "fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused,
+     "floor": floor, "dynquant": dynquant, "host": host,
      "fused-model": fused_model}[what]()

@@ -235,6 +235,38 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
     assert any(p in ("i4", "i8") for p in consts), consts
 
 
+def _mapping_rss_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isalnum() and "-" in line.split()[0] and ":" not in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_path):
+    """Once a weight is repacked, the device drops the model file's pages it was read from (its copy and the compiled
+    models' hold the values): the mapping's resident size falls, and the bytes still read back from the file. Memory
+    that is not a file mapping is left as it is (MADV_DONTNEED would zero it)."""
+    from framework.plugins.openvino_npu.device import release_file_pages
+    raw = raw_weight(Q.Q8_0, (256, 1024), seed=9).reshape(-1)
+    path = tmp_path / "w.bin"
+    path.write_bytes(bytes(4096) + raw.tobytes() + bytes(4096))
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    part = mapped[4096:4096 + raw.size]
+    assert np.array_equal(part, raw) and _mapping_rss_kb(path) >= raw.size // 1024
+    tw = leaf("blk.0.ffn_up.weight", Q.Q8_0, (256, 1024), LeafKind.WEIGHT)
+    handle = OpenVinoDevice("CPU", cache_dir=None).load_weight(tw, part)
+    assert _mapping_rss_kb(path) < raw.size // 1024 // 4
+    assert np.array_equal(part, raw)                       # read again from the file
+    np.testing.assert_array_equal(W.values(handle), dequantize(raw, Q.Q8_0, (256, 1024)))
+    anon = raw.copy()
+    release_file_pages(anon[4096:])
+    assert np.array_equal(anon, raw)
+
+
 def _fully_connected(program) -> int:
     return sum(str(n.get_rt_info()["layerType"].astype(str)) == "FullyConnected"
                for n in program.compiled.get_runtime_model().get_ops())

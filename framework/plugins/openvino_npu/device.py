@@ -59,7 +59,7 @@ PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (defa
 BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 for the 4-bit types) or 8 (i8 for every type)
 CACHE_MAX_ENV = "FRAMEWORK_OPENVINO_CACHE_MAX_GB"
 DYNQUANT_ENV = "FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION"   # DYNAMIC_QUANTIZATION_GROUP_SIZE: 0 (off) or a group size
-THREADS_ENV = "FRAMEWORK_OPENVINO_THREADS"      # INFERENCE_NUM_THREADS of the CPU device: 0 (OpenVINO's choice) or a count
+THREADS_ENV = "FRAMEWORK_OPENVINO_THREADS"      # INFERENCE_NUM_THREADS of the CPU device: 0 (OpenVINO's) or a count
 DEFAULT_PRECISION = "f32"
 DEFAULT_BITS = 4
 # Activations of the compressed products are not quantized: OpenVINO's CPU plugin would otherwise pick a group

@@ -47,6 +47,7 @@ OFFSETS = "zero_point"
 # MUL_MATs of one input by weights of one form are one product (Translator._fusion_groups); False keeps every
 # product separate (benchmarks/openvino_measure.py fused-model compares the two).
 FUSE_PRODUCTS = True
+OWN_BY_GATHER = True
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
 
@@ -597,9 +598,17 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
     if hkv > 1:
         onehot = _const(np.eye(hkv, dtype=np.float32).reshape(1, hkv, 1, 1, hkv))
 
+    # (t, kh, g) query rows: each one's own kv head
+    head = np.broadcast_to(np.arange(hkv).reshape(1, hkv, 1), (t, hkv, g)).reshape(-1)
+    row = np.arange(t * h)
+
     def own(x, inner):      # (T*H, inner*Hkv) ordered (t, kh, g) x (inner, kh') -> keep kh == kh'
         if hkv == 1:
             return _reshape(x, (t, 1, g, inner))
+        if OWN_BY_GATHER:   # one Gather of the kept entries, not a product by a one-hot mask and its sum
+            at = (row[:, None] * inner + np.arange(inner)[None, :]) * hkv + head[:, None]
+            picked = ops.gather(_reshape(x, (t * h * inner * hkv,)), _const(at.astype(np.int32), np.int32), _i64(0))
+            return _reshape(picked, (t, hkv, g, inner))
         x = _reshape(x, (t, hkv, g, inner, hkv))
         return ops.reduce_sum(ops.multiply(x, onehot), _i64([-1]), False).output(0)
 
@@ -617,7 +626,10 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
         den = ops.reduce_sum(e, _i64([-1]), True).output(0)
         total = den if total is None else ops.add(total, den).output(0)
         o = ops.matmul(_reshape(e, (t * h, rows)), v, False, False).output(0)            # (t*h, hkv*d)
-        if hkv > 1:
+        if hkv > 1 and OWN_BY_GATHER:
+            o = ops.gather(_reshape(o, (t * h * hkv, d)), _const((row * hkv + head).astype(np.int32), np.int32),
+                           _i64(0)).output(0)
+        elif hkv > 1:
             o = _reshape(o, (t, hkv, g, hkv, d))
             o = ops.reduce_sum(ops.multiply(o, _reshape(onehot, (1, hkv, 1, hkv, 1))), _i64([3]), False).output(0)
         o = _reshape(o, (t, hkv, g, d))
