@@ -17,7 +17,7 @@
     python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
                                                       # core) and with INFERENCE_NUM_THREADS 1, against
                                                       # llama.cpp on 1 thread, interleaved: decode tok/s
-    python benchmarks/openvino_measure.py big-decode FILE.gguf
+    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile]
                                                       # decode of a large model with one compiled model (the
                                                       # prompt fed a token a step), against llama.cpp in a
                                                       # child process, interleaved; peak resident memory
@@ -580,19 +580,20 @@ for line in sys.stdin:
         llm.eval([int(w) for w in words[1:]])
         print("ok", flush=True)
     else:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(int(words[1])):
             llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-        print(int(words[1]) / (time.perf_counter() - t), flush=True)
+        print(int(words[1]) / (time.perf_counter() - t), (time.process_time() - c) / int(words[1]), flush=True)
 """
 
 
-def big_decode(path: str, n_prompt: int = 64, steps: int = 32, rounds: int = 5) -> None:
+def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32, rounds: int = 5) -> None:
     """Decode of a model too large for two compiled models in this machine's share of memory: the prompt is fed one
     token a step, so that one compiled model (the decode step's) serves the whole run, its cache window (n_kv) one
     size throughout (n_prompt + rounds * steps <= 256). Rounds of ``steps`` decoded tokens, ours and llama.cpp's (1
     thread each; llama.cpp in a child process, so each process's peak memory is its own), taking turns from the same
-    position; decode tok/s medians, and this process's peak resident memory."""
+    position; decode tok/s medians, and this process's peak resident memory. ``profile`` "profile": the model is
+    compiled with OpenVINO's profiler (PERF_COUNT) and the kernel time a step by kind is printed after."""
     import subprocess
 
     from framework.bench import prompt_ids
@@ -604,7 +605,13 @@ def big_decode(path: str, n_prompt: int = 64, steps: int = 32, rounds: int = 5) 
         raise SystemExit(f"{n_prompt} + {rounds + 1} x {steps} tokens would cross a cache window of {KV_PAD} rows")
     model = Model(Path(path))
     ids = prompt_ids(model.tokenizer, n_prompt)
-    s = Session(model, [OpenVinoDevice("CPU", threads=1)], n_ctx=KV_PAD)
+    class Profiled(OpenVinoDevice):
+        def compile_config(self):
+            cfg = {**super().compile_config(), "PERF_COUNT": True}
+            cfg.pop("CACHE_DIR", None)          # a cached blob would come back without the profiler
+            return cfg
+
+    s = Session(model, [(Profiled if profile == "profile" else OpenVinoDevice)("CPU", threads=1)], n_ctx=KV_PAD)
     child = subprocess.Popen([sys.executable, "-c", _LLAMA_CHILD, path, str(KV_PAD)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
 
@@ -618,25 +625,39 @@ def big_decode(path: str, n_prompt: int = 64, steps: int = 32, rounds: int = 5) 
         logits = s.eval([i])
     fed = time.perf_counter() - t
     ask("prompt " + " ".join(map(str, ids)))
-    ours, theirs = [], []
+    ours, theirs, cpu_ours, cpu_theirs = [], [], [], []
     for r in range(rounds + 1):         # the first round warms up and is not counted
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for _ in range(steps):
             logits = s.eval([int(np.argmax(logits))])
-        rate = steps / (time.perf_counter() - t)
-        peer = float(ask(f"decode {steps}"))
+        rate, cpu = steps / (time.perf_counter() - t), (time.process_time() - c) / steps
+        peer, peer_cpu = map(float, ask(f"decode {steps}").split())
         if r:
             ours.append(rate)
             theirs.append(peer)
+            cpu_ours.append(cpu)
+            cpu_theirs.append(peer_cpu)
     child.stdin.close()
     child.wait()
+    if profile == "profile":
+        import collections
+        (program,) = s.executor.programs.values()
+        kinds: dict = collections.defaultdict(float)
+        for info in program.request.get_profiling_info():   # the last step's
+            kinds[(info.node_type, info.exec_type)] += info.real_time.total_seconds()
+        total = sum(kinds.values())
+        print(f"kernels of the last step: {total * 1e3:.1f} ms", flush=True)
+        for (kind, how), v in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
+            print(f"    {kind} ({how}): {v * 1e3:.1f} ms, {v / total:.0%}", flush=True)
     import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     size = Path(path).stat().st_size
     print(f"{Path(path).name}: openvino:CPU (1 thread) decode {np.median(ours):.2f} tok/s (min {min(ours):.2f}, max "
           f"{max(ours):.2f}), llama.cpp (1 thread) {np.median(theirs):.2f} tok/s (min {min(theirs):.2f}, max "
           f"{max(theirs):.2f}): {np.median(ours) / np.median(theirs):.2f}x, medians of {rounds} rounds of {steps} "
-          f"tokens after a {n_prompt}-token prompt (fed one token a step: {len(ids) / fed:.1f} tok/s); "
+          f"tokens after a {n_prompt}-token prompt (fed one token a step: {len(ids) / fed:.1f} tok/s); CPU time a "
+          f"decoded token {np.median(cpu_ours) * 1e3:.0f} ms against {np.median(cpu_theirs) * 1e3:.0f} ms "
+          f"({np.median(cpu_theirs) / np.median(cpu_ours):.2f}x); "
           f"{len(s.executor.programs)} compiled model(s); peak resident {peak / 1e9:.2f} GB, "
           f"{peak / size:.1f}x the file ({size / 1e9:.2f} GB)", flush=True)
 
@@ -644,7 +665,7 @@ def big_decode(path: str, n_prompt: int = 64, steps: int = 32, rounds: int = 5) 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
     if what == "big-decode":
-        big_decode(*sys.argv[2:3])
+        big_decode(*sys.argv[2:4])
         raise SystemExit(0)
     {"threads": threads, "fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused,
      "floor": floor, "dynquant": dynquant, "host": host,
