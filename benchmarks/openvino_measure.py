@@ -21,6 +21,10 @@
                                                       # decode of a large model with one compiled model (the
                                                       # prompt fed a token a step), against llama.cpp in a
                                                       # child process, interleaved; peak resident memory
+    python benchmarks/openvino_measure.py fc-forms    # the larger models' dominant compressed products, 1 thread,
+                                                      # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against 32
+    python benchmarks/openvino_measure.py own-head    # attention over cache rows: each query head's kv head
+                                                      # picked by a Gather or by a one-hot product and sum
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -567,6 +571,108 @@ def threads(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
         del engines
 
 
+def fc_forms(rounds: int = 7) -> None:
+    """One thread, M = 1: the CPU time of the compressed products that dominate the larger models' decode steps,
+    with DYNAMIC_QUANTIZATION_GROUP_SIZE 0 and 32 taking turns (medians of ``rounds``)."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from framework.plugins.openvino_npu import weights as W
+    rng = np.random.default_rng(0)
+    keep = []
+
+    def model(n, k, element, g, zp, scale_type):
+        q = rng.integers(*((-8, 8) if element == "i4" else (-32, 32)), (n, k // g, g)).astype(np.int8)
+        x = ops.parameter([1, k], ov.Type.f32, name="x")
+        if element == "i4":
+            keep.append(W.pack_nibbles(q))      # the constant shares this memory
+            c = ops.constant(ov.Tensor(keep[-1], ov.Shape([n, k // g, g]), ov.Type.i4))
+        else:
+            c = ops.constant(q)
+        c = ops.convert(c, ov.Type.f32)
+        if zp:
+            c = ops.subtract(c, ops.constant(rng.uniform(-2, 2, (n, k // g, 1)).astype(np.float32)))
+        scale = ops.constant(rng.uniform(0.001, 0.01, (n, k // g, 1)).astype(scale_type))
+        if scale_type != np.float32:
+            scale = ops.convert(scale, ov.Type.f32)
+        w = ops.reshape(ops.multiply(c, scale), ops.constant(np.array([n, k], dtype=np.int64)), False)
+        return ov.Model([ops.matmul(x, w, False, True)], [x])
+
+    forms = (("Qwen2.5 1.5B gate+up, Q4_K: i4, float zero point, f32 scales", 17920, 1536, "i4", 32, True,
+              np.float32),
+             ("Qwen2.5 1.5B down, Q6_K: i8 in groups of 16, f32 scales", 1536, 8960, "i8", 16, False, np.float32),
+             ("Gemma 3 output head, Q8_0: i8, f16 scales", 262144, 640, "i8", 32, False, np.float16))
+    core = ov.Core()
+    reqs = {}
+    for what, n, k, element, g, zp, scale_type in forms:
+        for dq in (0, 32):
+            cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
+                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq}
+            reqs[(what, n, k, dq)] = core.compile_model(model(n, k, element, g, zp, scale_type), "CPU",
+                                                        cfg).create_infer_request()
+    times: dict = {key: [] for key in reqs}
+    for _ in range(rounds):
+        for (what, n, k, dq), req in reqs.items():
+            x = np.ones((1, k), dtype=np.float32)
+            c = time.thread_time()
+            req.infer([x])
+            times[(what, n, k, dq)].append(time.thread_time() - c)
+    for (what, n, k, dq), got in times.items():
+        t = float(np.median(got))
+        print(f"{what}, {n} x {k}, DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: {t * 1e3:.2f} ms CPU time "
+              f"({n * k / t / 1e9:.1f} G weights/s)", flush=True)
+
+
+def own_head(rows: int = 288, rounds: int = 40) -> None:
+    """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
+    30 layers, 1 thread: each query head's own kv head picked by one Gather (translate.OWN_BY_GATHER) or by a
+    product with a one-hot mask and its sum; CPU time of the 30 layers, medians, for 1 and 5 queries a step."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from framework.plugins.openvino_npu import translate as TR
+    hkv, g, d, layers = 3, 3, 64, 30
+    h = hkv * g
+    rng = np.random.default_rng(0)
+    core = ov.Core()
+    for t in (1, 5):
+        def build(gather: bool):
+            TR.OWN_BY_GATHER, TR._SHARED = gather, {}
+            q = ops.parameter([t, h, d], ov.Type.f32, name="q")
+            m = ops.parameter([t, rows], ov.Type.f32, name="m")
+            kv = [ops.parameter([rows, hkv * d], ov.Type.f32, name=f"kv{i}") for i in range(2 * layers)]
+            new = ops.parameter([t, hkv * d], ov.Type.f32, name="new")
+            m_new = ops.parameter([t, t], ov.Type.f32, name="m_new")
+            x = q.output(0)
+            for i in range(layers):
+                parts = [(kv[2 * i].output(0), kv[2 * i + 1].output(0), m.output(0), rows),
+                         (new.output(0), new.output(0), m_new.output(0), t)]
+                x = ops.add(x, TR._attend_rows(x, parts, 0.125, hkv)).output(0)
+            TR._SHARED, TR.OWN_BY_GATHER = None, True
+            return ov.Model([ops.result(x)], [q, m, *kv, new, m_new])
+
+        feeds = [rng.standard_normal((t, h, d)).astype(np.float32), np.zeros((t, rows), np.float32),
+                 *[rng.standard_normal((rows, hkv * d)).astype(np.float32) * 0.1 for _ in range(2 * layers)],
+                 rng.standard_normal((t, hkv * d)).astype(np.float32), np.zeros((t, t), np.float32)]
+        cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY"}
+        reqs = {k: core.compile_model(build(k == "Gather"), "CPU", cfg).create_infer_request()
+                for k in ("Gather", "one-hot product and sum")}
+        outs = {}
+        for k, r in reqs.items():
+            r.infer(feeds, share_inputs=True)
+            outs[k] = r.get_output_tensor(0).data.copy()
+        times: dict = {k: [] for k in reqs}
+        for _ in range(rounds):
+            for k, r in reqs.items():
+                c = time.thread_time()
+                r.infer(feeds, share_inputs=True)
+                times[k].append(time.thread_time() - c)
+        gap = float(np.abs(outs["Gather"] - outs["one-hot product and sum"]).max())
+        print(f"{t} quer{'y' if t == 1 else 'ies'} a step over {rows} rows: " + ", ".join(
+            f"{k} {np.median(v) * 1e3:.2f} ms" for k, v in times.items()) + f" for {layers} layers; largest "
+            f"difference {gap:.1e}", flush=True)
+
+
 _LLAMA_CHILD = """
 import sys, time
 import numpy as np
@@ -667,6 +773,7 @@ if __name__ == "__main__":
     if what == "big-decode":
         big_decode(*sys.argv[2:4])
         raise SystemExit(0)
-    {"threads": threads, "fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused,
+    {"threads": threads, "fc-forms": fc_forms, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
+     "precision": precision, "rope": rope, "fused": fused,
      "floor": floor, "dynquant": dynquant, "host": host,
      "fused-model": fused_model}[what]()
