@@ -10,6 +10,7 @@ and OpenVINO's on-disk cache.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -385,6 +386,27 @@ def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):
     monkeypatch.setenv(THREADS_ENV, "two")
     cpu = next(d for d in discover() if d.ov_name == "CPU")
     assert not cpu.available and THREADS_ENV in cpu.unavailable_reason
+
+
+def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
+    """`framework bench --threads 1` makes openvino:CPU with INFERENCE_NUM_THREADS 1 (llama.cpp gets 1), and leaves
+    the process's environment as it was."""
+    import framework.bench as bench
+    from framework.cli.main import main
+    made = []
+
+    def select(spec):
+        made.extend(real(spec))
+        return made
+
+    real = bench.select_devices
+    monkeypatch.setattr(bench, "select_devices", select)
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert main(["bench", "--reservation-only", "--threads", "1", "--backends", "openvino:CPU", "-m", "smollm2"]) == 0
+    (dev,) = made
+    assert dev.threads == 1 and dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
+    assert THREADS_ENV not in os.environ
+    assert "OpenVINO's CPU device" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------
