@@ -14,6 +14,17 @@
                                                       # interleaved in one process: tok/s and logits
     python benchmarks/openvino_measure.py host        # a decode step's wall time: OpenVINO's infer, the
                                                       # program's feeding and cache writes, the session
+    python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
+                                                      # core) and with INFERENCE_NUM_THREADS 1, against
+                                                      # llama.cpp on 1 thread, interleaved: decode tok/s
+    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile]
+                                                      # decode of a large model with one compiled model (the
+                                                      # prompt fed a token a step), against llama.cpp in a
+                                                      # child process, interleaved; peak resident memory
+    python benchmarks/openvino_measure.py fc-forms    # the larger models' dominant compressed products, 1 thread,
+                                                      # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against 32
+    python benchmarks/openvino_measure.py own-head    # attention over cache rows: each query head's kv head
+                                                      # picked by a Gather or by a one-hot product and sum
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -531,8 +542,238 @@ def _dynquant_model(name, model, ids, label, dq, rounds, Session, OpenVinoDevice
         print(f"    {_reference_bounds(s, name)}", flush=True)
 
 
+def threads(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
+    """openvino:CPU with OpenVINO's thread count (INFERENCE_NUM_THREADS unset: one thread per core under the LATENCY
+    hint) and with 1 thread, and llama.cpp on 1 thread, in interleaved rounds as `framework bench` runs them (a
+    256-token prompt, 32 decoded): prefill and decode tok/s, medians, and each against llama.cpp."""
+    from framework.bench import FrameworkEngine, LlamaCppEngine, interleave
+    from framework.model.default import model_path
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+
+    for name in names:
+        engines = {f"openvino:CPU, {label}": FrameworkEngine(model_path(name), [OpenVinoDevice("CPU", threads=n)], 256,
+                                                             32)
+                   for label, n in (("OpenVINO's thread count", 0), ("1 thread", 1))}
+        ids = next(iter(engines.values())).ids
+        ref = LlamaCppEngine(model_path(name), ids, 32, 1)
+        runs = {k: e.run for k, e in engines.items()}
+        runs["llama.cpp, 1 thread"] = ref.run
+        try:
+            got = interleave(runs, rounds)
+        finally:
+            ref.close()
+        peer = got["llama.cpp, 1 thread"]
+        for label, g in got.items():
+            pre, dec = g["prefill"], g["decode"]
+            print(f"{name}, {label}: prefill {pre.median:.1f} tok/s ({pre.median / peer['prefill'].median:.2f}x "
+                  f"llama.cpp), decode {dec.median:.1f} tok/s ({dec.median / peer['decode'].median:.2f}x; "
+                  f"min {dec.min:.1f}, max {dec.max:.1f}; medians of {rounds})", flush=True)
+        del engines
+
+
+def fc_forms(rounds: int = 7) -> None:
+    """One thread, M = 1: the CPU time of the compressed products that dominate the larger models' decode steps,
+    with DYNAMIC_QUANTIZATION_GROUP_SIZE 0 and 32 taking turns (medians of ``rounds``)."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from framework.plugins.openvino_npu import weights as W
+    rng = np.random.default_rng(0)
+    keep = []
+
+    def model(n, k, element, g, zp, scale_type):
+        q = rng.integers(*((-8, 8) if element == "i4" else (-32, 32)), (n, k // g, g)).astype(np.int8)
+        x = ops.parameter([1, k], ov.Type.f32, name="x")
+        if element == "i4":
+            keep.append(W.pack_nibbles(q))      # the constant shares this memory
+            c = ops.constant(ov.Tensor(keep[-1], ov.Shape([n, k // g, g]), ov.Type.i4))
+        else:
+            c = ops.constant(q)
+        c = ops.convert(c, ov.Type.f32)
+        if zp:
+            c = ops.subtract(c, ops.constant(rng.uniform(-2, 2, (n, k // g, 1)).astype(np.float32)))
+        scale = ops.constant(rng.uniform(0.001, 0.01, (n, k // g, 1)).astype(scale_type))
+        if scale_type != np.float32:
+            scale = ops.convert(scale, ov.Type.f32)
+        w = ops.reshape(ops.multiply(c, scale), ops.constant(np.array([n, k], dtype=np.int64)), False)
+        return ov.Model([ops.matmul(x, w, False, True)], [x])
+
+    forms = (("Qwen2.5 1.5B gate+up, Q4_K: i4, float zero point, f32 scales", 17920, 1536, "i4", 32, True,
+              np.float32),
+             ("Qwen2.5 1.5B down, Q6_K: i8 in groups of 16, f32 scales", 1536, 8960, "i8", 16, False, np.float32),
+             ("Gemma 3 output head, Q8_0: i8, f16 scales", 262144, 640, "i8", 32, False, np.float16))
+    core = ov.Core()
+    reqs = {}
+    for what, n, k, element, g, zp, scale_type in forms:
+        for dq in (0, 32):
+            cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
+                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq}
+            reqs[(what, n, k, dq)] = core.compile_model(model(n, k, element, g, zp, scale_type), "CPU",
+                                                        cfg).create_infer_request()
+    times: dict = {key: [] for key in reqs}
+    for _ in range(rounds):
+        for (what, n, k, dq), req in reqs.items():
+            x = np.ones((1, k), dtype=np.float32)
+            c = time.thread_time()
+            req.infer([x])
+            times[(what, n, k, dq)].append(time.thread_time() - c)
+    for (what, n, k, dq), got in times.items():
+        t = float(np.median(got))
+        print(f"{what}, {n} x {k}, DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: {t * 1e3:.2f} ms CPU time "
+              f"({n * k / t / 1e9:.1f} G weights/s)", flush=True)
+
+
+def own_head(rows: int = 288, rounds: int = 40) -> None:
+    """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
+    30 layers, 1 thread: each query head's own kv head picked by one Gather (translate.OWN_BY_GATHER) or by a
+    product with a one-hot mask and its sum; CPU time of the 30 layers, medians, for 1 and 5 queries a step."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from framework.plugins.openvino_npu import translate as TR
+    hkv, g, d, layers = 3, 3, 64, 30
+    h = hkv * g
+    rng = np.random.default_rng(0)
+    core = ov.Core()
+    for t in (1, 5):
+        def build(gather: bool):
+            TR.OWN_BY_GATHER, TR._SHARED = gather, {}
+            q = ops.parameter([t, h, d], ov.Type.f32, name="q")
+            m = ops.parameter([t, rows], ov.Type.f32, name="m")
+            kv = [ops.parameter([rows, hkv * d], ov.Type.f32, name=f"kv{i}") for i in range(2 * layers)]
+            new = ops.parameter([t, hkv * d], ov.Type.f32, name="new")
+            m_new = ops.parameter([t, t], ov.Type.f32, name="m_new")
+            x = q.output(0)
+            for i in range(layers):
+                parts = [(kv[2 * i].output(0), kv[2 * i + 1].output(0), m.output(0), rows),
+                         (new.output(0), new.output(0), m_new.output(0), t)]
+                x = ops.add(x, TR._attend_rows(x, parts, 0.125, hkv)).output(0)
+            TR._SHARED, TR.OWN_BY_GATHER = None, True
+            return ov.Model([ops.result(x)], [q, m, *kv, new, m_new])
+
+        feeds = [rng.standard_normal((t, h, d)).astype(np.float32), np.zeros((t, rows), np.float32),
+                 *[rng.standard_normal((rows, hkv * d)).astype(np.float32) * 0.1 for _ in range(2 * layers)],
+                 rng.standard_normal((t, hkv * d)).astype(np.float32), np.zeros((t, t), np.float32)]
+        cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY"}
+        reqs = {k: core.compile_model(build(k == "Gather"), "CPU", cfg).create_infer_request()
+                for k in ("Gather", "one-hot product and sum")}
+        outs = {}
+        for k, r in reqs.items():
+            r.infer(feeds, share_inputs=True)
+            outs[k] = r.get_output_tensor(0).data.copy()
+        times: dict = {k: [] for k in reqs}
+        for _ in range(rounds):
+            for k, r in reqs.items():
+                c = time.thread_time()
+                r.infer(feeds, share_inputs=True)
+                times[k].append(time.thread_time() - c)
+        gap = float(np.abs(outs["Gather"] - outs["one-hot product and sum"]).max())
+        print(f"{t} quer{'y' if t == 1 else 'ies'} a step over {rows} rows: " + ", ".join(
+            f"{k} {np.median(v) * 1e3:.2f} ms" for k, v in times.items()) + f" for {layers} layers; largest "
+            f"difference {gap:.1e}", flush=True)
+
+
+_LLAMA_CHILD = """
+import sys, time
+import numpy as np
+from llama_cpp import Llama
+path, n_ctx = sys.argv[1], int(sys.argv[2])
+llm = Llama(path, n_ctx=n_ctx, n_batch=512, n_threads=1, n_threads_batch=1, verbose=False)
+for line in sys.stdin:
+    words = line.split()
+    if words[0] == "prompt":
+        llm.reset()
+        llm.eval([int(w) for w in words[1:]])
+        print("ok", flush=True)
+    else:
+        t, c = time.perf_counter(), time.process_time()
+        for _ in range(int(words[1])):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        print(int(words[1]) / (time.perf_counter() - t), (time.process_time() - c) / int(words[1]), flush=True)
+"""
+
+
+def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32, rounds: int = 5) -> None:
+    """Decode of a model too large for two compiled models in this machine's share of memory: the prompt is fed one
+    token a step, so that one compiled model (the decode step's) serves the whole run, its cache window (n_kv) one
+    size throughout (n_prompt + rounds * steps <= 256). Rounds of ``steps`` decoded tokens, ours and llama.cpp's (1
+    thread each; llama.cpp in a child process, so each process's peak memory is its own), taking turns from the same
+    position; decode tok/s medians, and this process's peak resident memory. ``profile`` "profile": the model is
+    compiled with OpenVINO's profiler (PERF_COUNT) and the kernel time a step by kind is printed after."""
+    import subprocess
+
+    from framework.bench import prompt_ids
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.session import KV_PAD, Session
+
+    if n_prompt + (rounds + 1) * steps > KV_PAD:
+        raise SystemExit(f"{n_prompt} + {rounds + 1} x {steps} tokens would cross a cache window of {KV_PAD} rows")
+    model = Model(Path(path))
+    ids = prompt_ids(model.tokenizer, n_prompt)
+    class Profiled(OpenVinoDevice):
+        def compile_config(self):
+            cfg = {**super().compile_config(), "PERF_COUNT": True}
+            cfg.pop("CACHE_DIR", None)          # a cached blob would come back without the profiler
+            return cfg
+
+    s = Session(model, [(Profiled if profile == "profile" else OpenVinoDevice)("CPU", threads=1)], n_ctx=KV_PAD)
+    child = subprocess.Popen([sys.executable, "-c", _LLAMA_CHILD, path, str(KV_PAD)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+
+    def ask(line: str) -> str:
+        child.stdin.write(line + "\n")
+        child.stdin.flush()
+        return child.stdout.readline().strip()
+
+    t = time.perf_counter()
+    for i in ids:
+        logits = s.eval([i])
+    fed = time.perf_counter() - t
+    ask("prompt " + " ".join(map(str, ids)))
+    ours, theirs, cpu_ours, cpu_theirs = [], [], [], []
+    for r in range(rounds + 1):         # the first round warms up and is not counted
+        t, c = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            logits = s.eval([int(np.argmax(logits))])
+        rate, cpu = steps / (time.perf_counter() - t), (time.process_time() - c) / steps
+        peer, peer_cpu = map(float, ask(f"decode {steps}").split())
+        if r:
+            ours.append(rate)
+            theirs.append(peer)
+            cpu_ours.append(cpu)
+            cpu_theirs.append(peer_cpu)
+    child.stdin.close()
+    child.wait()
+    if profile == "profile":
+        import collections
+        (program,) = s.executor.programs.values()
+        kinds: dict = collections.defaultdict(float)
+        for info in program.request.get_profiling_info():   # the last step's
+            kinds[(info.node_type, info.exec_type)] += info.real_time.total_seconds()
+        total = sum(kinds.values())
+        print(f"kernels of the last step: {total * 1e3:.1f} ms", flush=True)
+        for (kind, how), v in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
+            print(f"    {kind} ({how}): {v * 1e3:.1f} ms, {v / total:.0%}", flush=True)
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    size = Path(path).stat().st_size
+    print(f"{Path(path).name}: openvino:CPU (1 thread) decode {np.median(ours):.2f} tok/s (min {min(ours):.2f}, max "
+          f"{max(ours):.2f}), llama.cpp (1 thread) {np.median(theirs):.2f} tok/s (min {min(theirs):.2f}, max "
+          f"{max(theirs):.2f}): {np.median(ours) / np.median(theirs):.2f}x, medians of {rounds} rounds of {steps} "
+          f"tokens after a {n_prompt}-token prompt (fed one token a step: {len(ids) / fed:.1f} tok/s); CPU time a "
+          f"decoded token {np.median(cpu_ours) * 1e3:.0f} ms against {np.median(cpu_theirs) * 1e3:.0f} ms "
+          f"({np.median(cpu_theirs) / np.median(cpu_ours):.2f}x); "
+          f"{len(s.executor.programs)} compiled model(s); peak resident {peak / 1e9:.2f} GB, "
+          f"{peak / size:.1f}x the file ({size / 1e9:.2f} GB)", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
-    {"fc": fc, "cpu-time": cpu_time, "precision": precision, "rope": rope, "fused": fused, "floor": floor,
-     "dynquant": dynquant, "host": host,
+    if what == "big-decode":
+        big_decode(*sys.argv[2:4])
+        raise SystemExit(0)
+    {"threads": threads, "fc-forms": fc_forms, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
+     "precision": precision, "rope": rope, "fused": fused,
+     "floor": floor, "dynquant": dynquant, "host": host,
      "fused-model": fused_model}[what]()

@@ -22,6 +22,7 @@ from rich.console import Console
 from .cli.common import err, model_path, out, select_devices
 from .cli.table import Row, print_table
 
+OPENVINO_THREADS = "FRAMEWORK_OPENVINO_THREADS"     # the openvino plugin's thread setting (INFERENCE_NUM_THREADS)
 PARAGRAPH = ("The history of computing is a story of machines that learned to do arithmetic faster and "
              "faster, and of people who found new things to ask of them. Early mechanical calculators "
              "gave way to electronic circuits, and those circuits shrank until millions fit on a chip. ")
@@ -209,10 +210,20 @@ def run_bench(args) -> int:
     import numba
 
     models = _models(args.model)
-    devices = select_devices(args.backends)
-    # the cpu plugin's kernels take the same thread count as llama.cpp
+    # the cpu plugin's kernels and OpenVINO's CPU device take the same thread count as llama.cpp (the OpenVINO
+    # devices read their setting when they are made, so the process's environment is left as it was)
+    saved = os.environ.get(OPENVINO_THREADS)
+    os.environ[OPENVINO_THREADS] = str(args.threads)
+    try:
+        devices = select_devices(args.backends)
+    finally:
+        if saved is None:
+            del os.environ[OPENVINO_THREADS]
+        else:
+            os.environ[OPENVINO_THREADS] = saved
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    err.print(f"threads: {args.threads} (numpy's BLAS, the cpu plugin's numba kernels and llama.cpp), "
+    err.print(f"threads: {args.threads} (numpy's BLAS, the cpu plugin's numba kernels, OpenVINO's CPU device and "
+              f"llama.cpp), "
               f"{os.cpu_count()} CPUs; prompt "
               f"{args.prompt_tokens} tokens, {args.decode_tokens} decoded; min, median and max of {args.repeats} "
               f"runs after a warm-up, the engines taking turns", soft_wrap=True)

@@ -10,6 +10,7 @@ and OpenVINO's on-disk cache.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -42,8 +43,10 @@ from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import weights as W
 from framework.plugins.openvino_npu.device import (
     DYNQUANT_ENV,
+    THREADS_ENV,
     OpenVinoDevice,
     OpenVinoSettingError,
+    discover,
 )
 from framework.plugins.openvino_npu.profiles import (
     PROFILES,
@@ -233,6 +236,38 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
     assert any(p in ("i4", "i8") for p in consts), consts
 
 
+def _mapping_rss_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isalnum() and "-" in line.split()[0] and ":" not in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_path):
+    """Once a weight is repacked, the device drops the model file's pages it was read from (its copy and the compiled
+    models' hold the values): the mapping's resident size falls, and the bytes still read back from the file. Memory
+    that is not a file mapping is left as it is (MADV_DONTNEED would zero it)."""
+    from framework.plugins.openvino_npu.device import release_file_pages
+    raw = raw_weight(Q.Q8_0, (256, 1024), seed=9).reshape(-1)
+    path = tmp_path / "w.bin"
+    path.write_bytes(bytes(4096) + raw.tobytes() + bytes(4096))
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    part = mapped[4096:4096 + raw.size]
+    assert np.array_equal(part, raw) and _mapping_rss_kb(path) >= raw.size // 1024
+    tw = leaf("blk.0.ffn_up.weight", Q.Q8_0, (256, 1024), LeafKind.WEIGHT)
+    handle = OpenVinoDevice("CPU", cache_dir=None).load_weight(tw, part)
+    assert _mapping_rss_kb(path) < raw.size // 1024 // 4
+    assert np.array_equal(part, raw)                       # read again from the file
+    np.testing.assert_array_equal(W.values(handle), dequantize(raw, Q.Q8_0, (256, 1024)))
+    anon = raw.copy()
+    release_file_pages(anon[4096:])
+    assert np.array_equal(anon, raw)
+
+
 def _fully_connected(program) -> int:
     return sum(str(n.get_rt_info()["layerType"].astype(str)) == "FullyConnected"
                for n in program.compiled.get_runtime_model().get_ops())
@@ -336,6 +371,42 @@ def test_dynamic_quantization_environment_override(monkeypatch):
             OpenVinoDevice("CPU", cache_dir=None)
         assert f"{DYNQUANT_ENV}={bad!r} is not accepted" in str(err.value) and "0 or off" in str(err.value)
         assert "positive group size" in str(err.value)
+
+
+def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):
+    """FRAMEWORK_OPENVINO_THREADS sets INFERENCE_NUM_THREADS (framework bench sets it to --threads, the count
+    llama.cpp gets); a value it does not accept makes the devices unavailable with the reason."""
+    monkeypatch.setenv(THREADS_ENV, "1")
+    dev = OpenVinoDevice("CPU", cache_dir=None)
+    assert dev.threads == 1 and "1 thread (INFERENCE_NUM_THREADS)" in dev.description
+    assert dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
+    assert _plain_program(dev).effective["INFERENCE_NUM_THREADS"] == 1
+    monkeypatch.delenv(THREADS_ENV)
+    assert "INFERENCE_NUM_THREADS" not in OpenVinoDevice("CPU", cache_dir=None).compile_config()
+    monkeypatch.setenv(THREADS_ENV, "two")
+    cpu = next(d for d in discover() if d.ov_name == "CPU")
+    assert not cpu.available and THREADS_ENV in cpu.unavailable_reason
+
+
+def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
+    """`framework bench --threads 1` makes openvino:CPU with INFERENCE_NUM_THREADS 1 (llama.cpp gets 1), and leaves
+    the process's environment as it was."""
+    import framework.bench as bench
+    from framework.cli.main import main
+    made = []
+
+    def select(spec):
+        made.extend(real(spec))
+        return made
+
+    real = bench.select_devices
+    monkeypatch.setattr(bench, "select_devices", select)
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert main(["bench", "--reservation-only", "--threads", "1", "--backends", "openvino:CPU", "-m", "smollm2"]) == 0
+    (dev,) = made
+    assert dev.threads == 1 and dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
+    assert THREADS_ENV not in os.environ
+    assert "OpenVINO's CPU device" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------

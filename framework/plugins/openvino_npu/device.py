@@ -59,6 +59,7 @@ PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (defa
 BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 for the 4-bit types) or 8 (i8 for every type)
 CACHE_MAX_ENV = "FRAMEWORK_OPENVINO_CACHE_MAX_GB"
 DYNQUANT_ENV = "FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION"   # DYNAMIC_QUANTIZATION_GROUP_SIZE: 0 (off) or a group size
+THREADS_ENV = "FRAMEWORK_OPENVINO_THREADS"      # INFERENCE_NUM_THREADS of the CPU device: 0 (OpenVINO's) or a count
 DEFAULT_PRECISION = "f32"
 DEFAULT_BITS = 4
 # Activations of the compressed products are not quantized: OpenVINO's CPU plugin would otherwise pick a group
@@ -83,6 +84,9 @@ settings.declare(CACHE_MAX_ENV, "openvino", "a number of GiB above 0", 4.0,
 settings.declare(DYNQUANT_ENV, "openvino", "0 or off, or a positive group size", DEFAULT_DYNQUANT,
                  "DYNAMIC_QUANTIZATION_GROUP_SIZE of OpenVINO's CPU and GPU plugins (0: activations not quantized)",
                  lambda text: 0 if text.lower() == "off" else settings.whole(0)(text))
+settings.declare(THREADS_ENV, "openvino", "0 (OpenVINO's choice) or a thread count", 0,
+                 "INFERENCE_NUM_THREADS of openvino:CPU (0: OpenVINO's choice, one thread per core); `framework bench` "
+                 "sets it to --threads, the thread count its peer gets", settings.whole(0))
 caches.register("openvino", "OpenVINO compiled models (blobs) and their manifest", lambda: default_cache_dir())
 
 
@@ -114,7 +118,8 @@ def default_cache_dir() -> Path | None:
 def read_settings() -> str | None:
     """Why the plugin's settings cannot be used (None when they all parse)."""
     try:
-        for name in (CACHE_ENV, PROFILE_ENV, PRECISION_ENV, BITS_ENV, CACHE_MAX_ENV, DYNQUANT_ENV, settings.CACHE.name):
+        for name in (CACHE_ENV, PROFILE_ENV, PRECISION_ENV, BITS_ENV, CACHE_MAX_ENV, DYNQUANT_ENV, THREADS_ENV,
+                     settings.CACHE.name):
             settings.read(name)
     except settings.SettingError as e:
         return f"bad openvino settings: {e}"
@@ -158,7 +163,7 @@ class OpenVinoDevice(Device):
                  full_name: str = "", physical_id: str = "", architecture: str = "",
                  profile: Profile | None = None, emulated: bool = False, refuse: dict[str, str] | None = None,
                  cache_dir: Path | None | str = "default", precision: str | None = None, bits: int | None = None,
-                 dynamic_quantization: int | None = None):
+                 dynamic_quantization: int | None = None, threads: int | None = None):
         self.ov_name = ov_name
         self.name = f"openvino:{ov_name}"
         self.type = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
@@ -186,6 +191,8 @@ class OpenVinoDevice(Device):
         if self.dynamic_quantization < 0:
             raise OpenVinoSettingError(f"dynamic_quantization={dynamic_quantization} for {self.name}: use 0 (off) or "
                                        f"a positive group size")
+        # threads of a CPU device's kernels (INFERENCE_NUM_THREADS); 0: OpenVINO's choice
+        self.threads = int(settings.read(THREADS_ENV) if threads is None else threads)
         self._blobs: BlobCache | None = None
         self.cache_off = ""                     # why the on-disk cache is off, when not by the setting
         self.stats = CompileStats()
@@ -197,16 +204,18 @@ class OpenVinoDevice(Device):
                      else f", profile {profile.name} ({profile.description})")
         if self.type == DeviceType.CPU:
             what += f"; {self.precision} ({PRECISION_HINT}), {dynamic_quantization_words(self.dynamic_quantization)}"
+            if self.threads:
+                what += f", {self.threads} thread{'' if self.threads == 1 else 's'} (INFERENCE_NUM_THREADS)"
         self.description = what
 
     # -- derived devices ----------------------------------------------------------------------------
     def with_options(self, *, profile: str | Profile | None = None, refuse: dict[str, str] | None = None,
                      cache_dir: Path | None | str = "keep", precision: str | None = None,
                      bits: int | None = None, max_live_programs: int | None = None,
-                     dynamic_quantization: int | None = None) -> OpenVinoDevice:
+                     dynamic_quantization: int | None = None, threads: int | None = None) -> OpenVinoDevice:
         """A device on the same hardware with a profile applied (an emulation unless the hardware is
-        that NPU), extra refusals, another cache folder, precision hint, weight packing or
-        DYNAMIC_QUANTIZATION_GROUP_SIZE.
+        that NPU), extra refusals, another cache folder, precision hint, weight packing,
+        DYNAMIC_QUANTIZATION_GROUP_SIZE or thread count.
         ``max_live_programs`` changes the profile's budget; the profile's name then says so."""
         prof = get_profile(profile) if isinstance(profile, str) else (profile or self.profile)
         if max_live_programs is not None:
@@ -224,7 +233,8 @@ class OpenVinoDevice(Device):
                               cache_dir=self.cache_dir if cache_dir == "keep" else cache_dir,
                               precision=precision or self.precision, bits=bits or self.bits,
                               dynamic_quantization=(self.dynamic_quantization if dynamic_quantization is None
-                                                    else dynamic_quantization))
+                                                    else dynamic_quantization),
+                              threads=self.threads if threads is None else threads)
 
     # -- verdicts -----------------------------------------------------------------------------------
     def _refuser(self, op: str) -> str:
@@ -256,6 +266,7 @@ class OpenVinoDevice(Device):
     def load_weight(self, tensor: Tensor, raw: np.ndarray) -> W.OvWeight:
         handle = W.load(tensor.name, tensor.dtype, tensor.shape, raw, self.bits)
         self._loaded[id(tensor)] = (tensor.name, weakref.ref(handle))
+        release_file_pages(raw)
         return handle
 
     def alloc(self, tensor: Tensor) -> np.ndarray:
@@ -292,6 +303,10 @@ class OpenVinoDevice(Device):
         """OpenVINO's compile properties. Every one that changes results is set here, none left to what
         OpenVINO picks for the CPU at hand (``requested_settings``, read back from every compiled model)."""
         cfg = {"PERFORMANCE_HINT": "LATENCY", **self.requested_settings()}
+        if self.type == DeviceType.CPU and self.threads:
+            # one thread per core by default: on a shared machine, a step's ~1000 kernels each wait at a barrier
+            # for the slowest of them (docs/openvino.md, "Decode against llama.cpp")
+            cfg["INFERENCE_NUM_THREADS"] = self.threads
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             cfg["CACHE_DIR"] = str(self.cache_dir)
@@ -512,6 +527,25 @@ def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
             pass
 
 
+def release_file_pages(raw: np.ndarray) -> None:
+    """Drop from this process's resident memory the pages of the model file a repacked weight was read from: the
+    OvWeight holds its own copy, and every compiled model its own again, so the file's pages would only add the
+    file's size to the peak (docs/openvino.md, "Memory"). Only for bytes of a read-only file mapping (an
+    ``np.memmap`` of the GGUF file): there MADV_DONTNEED forgets pages that are read again from the file if touched;
+    on any other memory it would zero them, so anything else is left alone."""
+    import mmap
+    base = raw
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or raw.size == 0:
+        return
+    start = raw.ctypes.data - np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + raw.nbytes) // page * page
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
 def _dead(dev_ref, live_key: tuple) -> None:
     _LIVE[live_key] -= 1
     dev = dev_ref()
@@ -618,11 +652,11 @@ def discover() -> list[OpenVinoDevice]:
         version = ov.get_version().split("-")[0]
     except (ImportError, OSError, RuntimeError) as e:
         reason = f"the openvino package cannot be imported: {type(e).__name__}: {e}"
-        return [OpenVinoDevice(n, available=False, unavailable_reason=reason) for n in ("CPU", "GPU", "NPU")]
+        return [OpenVinoDevice(n, available=False, unavailable_reason=reason, threads=0) for n in ("CPU", "GPU", "NPU")]
     bad = read_settings()
     if bad is not None:
-        return [OpenVinoDevice(n, available=False, unavailable_reason=bad, cache_dir=None, precision="f32", bits=4)
-                for n in ("CPU", "GPU", "NPU")]
+        return [OpenVinoDevice(n, available=False, unavailable_reason=bad, cache_dir=None, precision="f32", bits=4,
+                               threads=0) for n in ("CPU", "GPU", "NPU")]
     devices = []
     profile_name = settings.read(PROFILE_ENV)
     for name in c.available_devices:

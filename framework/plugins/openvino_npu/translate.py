@@ -47,6 +47,7 @@ OFFSETS = "zero_point"
 # MUL_MATs of one input by weights of one form are one product (Translator._fusion_groups); False keeps every
 # product separate (benchmarks/openvino_measure.py fused-model compares the two).
 FUSE_PRODUCTS = True
+OWN_BY_GATHER = True
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
 
@@ -130,11 +131,9 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
         return out if tuple(w.shape) == shape else _reshape(out, shape)
     if "data" not in c:
         et = ELEMENTS[w.element]
-        if w.element == "i4":
-            flat = w.data.reshape(-1).view(np.uint8)
-            packed = np.ascontiguousarray((flat[0::2] & 0x0F) | ((flat[1::2] & 0x0F) << 4))
-            c["packed"] = packed            # the constant shares this memory: keep it alive
-            c["data"] = ops.constant(ov.Tensor(packed, ov.Shape(list(w.data.shape)), et))
+        if w.element == "i4":           # the nibbles as they are held (weights.pack_nibbles): shared, not copied
+            rows, blocks, _ = w.data.shape
+            c["data"] = ops.constant(ov.Tensor(w.data, ov.Shape([rows, blocks, w.group]), et))
         else:
             c["data"] = ops.constant(w.data, shared_memory=True)
         c["scale"] = ops.constant(w.scale, shared_memory=True)
@@ -166,7 +165,7 @@ def fusion_key(w: OvWeight | None) -> tuple | None:
         return ("plain", w.data.dtype.str, w.shape[1])
     if w.offset is not None and not (OFFSETS == "zero_point" and zero_point_ok(w)):
         return None
-    return ("compressed", w.element, w.data.shape[1:], w.scale.dtype.str, w.offset is not None)
+    return ("compressed", w.element, w.data.shape[1], w.group, w.scale.dtype.str, w.offset is not None)
 
 
 def fused_weight(ws: list[OvWeight]) -> OvWeight:
@@ -202,7 +201,7 @@ def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | Non
     c = w._constants
     if "offset" not in c:
         c["offset"] = ops.constant(w.offset, shared_memory=True)
-    _, blocks, group = w.data.shape
+    blocks, group = w.data.shape[1], w.group
     sums = ops.reduce_sum(_reshape(x, tuple(x_shape[:-1]) + (blocks, group)), _i64([-1]), False).output(0)
     return ops.matmul(sums, c["offset"], False, True).output(0)
 
@@ -599,9 +598,17 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
     if hkv > 1:
         onehot = _const(np.eye(hkv, dtype=np.float32).reshape(1, hkv, 1, 1, hkv))
 
+    # (t, kh, g) query rows: each one's own kv head
+    head = np.broadcast_to(np.arange(hkv).reshape(1, hkv, 1), (t, hkv, g)).reshape(-1)
+    row = np.arange(t * h)
+
     def own(x, inner):      # (T*H, inner*Hkv) ordered (t, kh, g) x (inner, kh') -> keep kh == kh'
         if hkv == 1:
             return _reshape(x, (t, 1, g, inner))
+        if OWN_BY_GATHER:   # one Gather of the kept entries, not a product by a one-hot mask and its sum
+            at = (row[:, None] * inner + np.arange(inner)[None, :]) * hkv + head[:, None]
+            picked = ops.gather(_reshape(x, (t * h * inner * hkv,)), _const(at.astype(np.int32), np.int32), _i64(0))
+            return _reshape(picked, (t, hkv, g, inner))
         x = _reshape(x, (t, hkv, g, inner, hkv))
         return ops.reduce_sum(ops.multiply(x, onehot), _i64([-1]), False).output(0)
 
@@ -619,7 +626,10 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
         den = ops.reduce_sum(e, _i64([-1]), True).output(0)
         total = den if total is None else ops.add(total, den).output(0)
         o = ops.matmul(_reshape(e, (t * h, rows)), v, False, False).output(0)            # (t*h, hkv*d)
-        if hkv > 1:
+        if hkv > 1 and OWN_BY_GATHER:
+            o = ops.gather(_reshape(o, (t * h * hkv, d)), _const((row * hkv + head).astype(np.int32), np.int32),
+                           _i64(0)).output(0)
+        elif hkv > 1:
             o = _reshape(o, (t, hkv, g, hkv, d))
             o = ops.reduce_sum(ops.multiply(o, _reshape(onehot, (1, hkv, 1, hkv, 1))), _i64([3]), False).output(0)
         o = _reshape(o, (t, hkv, g, d))

@@ -54,9 +54,11 @@ class OvWeight:
     """A weight ready to become OpenVINO constants.
 
     kind "plain": ``data`` holds the values (float32 or float16) in the tensor's shape.
-    kind "compressed": ``data`` (rows, blocks, G) int8 values stored as ``element`` ("i4" or "i8"),
-    ``scale`` (rows, blocks, 1) float16/float32, ``offset`` None or (rows, blocks) float32:
-    value = scale * data + offset.
+    kind "compressed": ``data`` the integers of (rows, blocks, G) values stored as ``element``: for "i8" int8
+    (rows, blocks, G); for "i4" two values a byte, low nibble first, uint8 (rows, blocks, G / 2), the layout of
+    OpenVINO's i4 constants (so the weight is held once, as the model's constant reads it, not also one byte a
+    value); ``scale`` (rows, blocks, 1) float16/float32, ``offset`` None or (rows, blocks) float32:
+    value = scale * q + offset.
     """
 
     name: str
@@ -71,8 +73,20 @@ class OvWeight:
     _constants: dict = field(default_factory=dict, repr=False)   # OpenVINO constants, made once
 
     @property
+    def group(self) -> int:
+        """Values a block (compressed weights)."""
+        return self.data.shape[-1] * (2 if self.element == "i4" else 1)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """(rows, blocks, G) int8: the stored integers, one a byte (unpacked from nibbles for i4)."""
+        if self.element != "i4":
+            return self.data
+        return unpack_nibbles(self.data)
+
+    @property
     def nbytes(self) -> int:
-        n = packed_nbytes(self.element, self.data.size) if self.kind == "compressed" else self.data.nbytes
+        n = self.data.nbytes
         for a in (self.scale, self.offset):
             if a is not None:
                 n += a.nbytes
@@ -81,6 +95,20 @@ class OvWeight:
 
 def packed_nbytes(element: str, count: int) -> int:
     return (count + 1) // 2 if element == "i4" else count
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(..., G) integers in -8..7 -> (..., G / 2) uint8, element 2i in the low nibble of byte i (OpenVINO's i4)."""
+    u = q.view(np.uint8) if q.dtype == np.int8 else q.astype(np.int8).view(np.uint8)
+    return np.ascontiguousarray((u[..., 0::2] & 0x0F) | ((u[..., 1::2] & 0x0F) << 4))
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`pack_nibbles`: (..., G / 2) uint8 -> (..., G) int8."""
+    lo = (packed & 0x0F).astype(np.int8)
+    hi = (packed >> 4).astype(np.int8)
+    out = np.stack([lo, hi], axis=-1).reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
+    return np.where(out > 7, out - 16, out).astype(np.int8)
 
 
 def _blocks(raw: np.ndarray, dtype: DType, shape) -> np.ndarray:
@@ -186,7 +214,8 @@ def load(name: str, dtype: DType, shape, raw: np.ndarray, bits: int = 4) -> OvWe
         q = q.astype(np.int8) - np.int8(mid)
         offset = (offset + np.float32(mid) * scale).astype(np.float32)
     element = "i4" if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else "i8"
-    data = np.array(q.reshape(rows, blocks, group), dtype=np.int8)      # own, writeable
+    q = q.reshape(rows, blocks, group)
+    data = pack_nibbles(q.astype(np.int8, copy=False)) if element == "i4" else np.array(q, dtype=np.int8)   # own
     exact_f16 = tname in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # d is the file's f16 value
     scale_arr = np.ascontiguousarray(scale.astype(np.float16 if exact_f16 else np.float32).reshape(rows, blocks, 1))
     off_arr = None if offset is None else np.ascontiguousarray(offset.reshape(rows, blocks))
@@ -197,7 +226,7 @@ def values(w: OvWeight) -> np.ndarray:
     """float32 values of a loaded weight (for tests and for handing a weight to the host)."""
     if w.kind == "plain":
         return w.data.astype(np.float32).reshape(w.shape)
-    x = w.data.astype(np.float32) * w.scale.astype(np.float32)
+    x = w.codes.astype(np.float32) * w.scale.astype(np.float32)
     if w.offset is not None:
         x = x + w.offset[..., None]
     return x.reshape(w.shape)
