@@ -19,7 +19,9 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   enqueues its kernels on one in-order queue without any host synchronisation; the report line names
   the enqueue path; the next run enqueued ahead behind a user event (preenqueue.py): decode steps
   bit-identical to those without, a released run ahead leaving caches and later steps unchanged,
-  handles of earlier runs keeping their values, the gate opened when the device is collected;
+  handles of earlier runs keeping their values (enqueued ahead on the device's worker thread and inline),
+  the gate opened and the worker thread stopped when the device is collected or closed, an enqueue error
+  on the worker raised in the run that takes it, naming the program and the kernel;
 * both models against llama.cpp's reference outputs (tests/reference), held to the README's bounds
   in the cheapest form that still means something (as tests/test_vulkan.py's quick mode): the first
   prompt teacher-forced (prompt and llama.cpp's greedy tokens in one prefill: every prediction within
@@ -519,14 +521,91 @@ def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
                 values.append(ocl.to_host(handles[-1]))
         return handles, values
 
-    ahead, _ = runs(False)
-    assert any(isinstance(h, StagedTensor) for h in ahead) and ocl.pending is not None
-    got = [ocl.to_host(h) for h in ahead]
+    got = {}
+    for mode in ("thread", "inline"):        # enqueued ahead on the device's worker thread, and on the caller's
+        monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", mode)
+        ahead, _ = runs(False)
+        assert any(isinstance(h, StagedTensor) for h in ahead) and ocl.pending is not None
+        got[mode] = [ocl.to_host(h) for h in ahead]
     monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
     _, want = runs(True)
     assert not np.array_equal(want[0], want[1])
-    for g, w in zip(got, want):
+    for mode, values in got.items():
+        for g, w in zip(values, want):
+            np.testing.assert_array_equal(g, w, err_msg=mode)
+
+
+def _conformance_program(dev):
+    """The SET_ROWS+FLASH_ATTN_EXT case's one program on dev, run once: (executor, plan, program, its args)."""
+    from framework.conformance.cases import all_cases
+    case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
+    b = case.build()
+    plan = make_plan(b.graph, [dev])
+    ex = Executor([dev], b.weight_bytes)
+    inputs = b.fresh_inputs()
+    first = [np.array(o) for o in ex.run(plan, inputs)]
+    (prog,) = ex.programs.values()
+    args = [dev.from_host(inputs[id(t)]) if t.kind == LeafKind.INPUT else ex.caches[id(t)][1]
+            for t in plan.fragments[0].inputs]
+    return ex, plan, prog, args, first, inputs
+
+
+def test_a_worker_enqueue_error_reaches_the_caller(ocl, monkeypatch):
+    """A run ahead whose enqueueing fails on the worker thread raises in the run that takes it, on the caller's
+    thread, naming the program and the kernel; its gate is opened all the same (the queue goes on: a later run
+    gives the first run's values)."""
+    import threading
+
+    from framework.plugins.opencl import enqueue
+    if enqueue._library()[0] is None:
+        pytest.skip("no OpenCL library for ctypes here: kernels go through pyopencl, which this test does not fail")
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "thread")
+    ex, plan, prog, args, first, inputs = _conformance_program(ocl)
+    real, on_worker = prog.launches.fn, []
+
+    def failing(*a):
+        if threading.current_thread() is not threading.main_thread():
+            on_worker.append(1)
+            if len(on_worker) == 2:
+                return -5                     # CL_OUT_OF_RESOURCES, on the run ahead's second kernel
+        return real(*a)
+
+    prog.launches.fn = failing
+    try:
+        prog.run(args)                        # the same buffers again: the next run enqueued ahead, on the worker
+        assert ocl.pending is not None and ocl.pending.program() is prog
+        with pytest.raises(RuntimeError) as err:
+            prog.run(args)                    # takes it: the worker's error raised here
+    finally:
+        prog.launches.fn = real
+    msg = str(err.value)
+    assert prog.name in msg and prog.steps[1].name in msg and "OUT_OF_RESOURCES" in msg, msg
+    assert ocl.pending is None and len(on_worker) == 2
+    again = [np.array(o) for o in ex.run(plan, inputs)]
+    for g, w in zip(again, first):
         np.testing.assert_array_equal(g, w)
+
+
+def test_the_worker_thread_is_gone_after_close(ocl, monkeypatch):
+    """close() releases the run ahead (its gate opened once the worker has enqueued it) and stops the worker
+    thread; the device runs on after it (a new worker for the next run ahead)."""
+    import pyopencl as cl
+
+    from framework.plugins.opencl.device import OpenCLDevice
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "thread")
+    dev = OpenCLDevice(0, cl.Platform.from_int_ptr(ocl.cl_device.platform.int_ptr), ocl.cl_device)
+    ex, plan, prog, args, first, inputs = _conformance_program(dev)
+    for _ in range(2):
+        ex.run(plan, inputs)
+    thread, gate = dev.worker.thread, dev.pending.gate
+    assert thread.is_alive()
+    dev.close()
+    assert not thread.is_alive() and thread not in __import__("threading").enumerate()
+    assert dev.pending is None and gate.command_execution_status == cl.command_execution_status.COMPLETE
+    again = [np.array(o) for o in ex.run(plan, inputs)]
+    for g, w in zip(again, first):
+        np.testing.assert_array_equal(g, w)
+    dev.close()
 
 
 def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
@@ -547,9 +626,11 @@ def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
         ex.run(plan, b.fresh_inputs())
     gate = dev.pending.gate
     assert gate.command_execution_status != cl.command_execution_status.COMPLETE
+    thread = dev._workers[0].thread if dev._workers[0] is not None else None   # none when runs ahead are inline
     del dev, ex, plan
     gc.collect()
     assert gate.command_execution_status == cl.command_execution_status.COMPLETE
+    assert thread is None or not thread.is_alive(), "the finalizer stops the worker thread"
 
 
 def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():
