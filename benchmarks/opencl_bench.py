@@ -15,9 +15,10 @@
   events, with the kernels that take it), and wall time a step; then --pairs decode runs of each plugin
   taken in turns (ABBA), opencl:0's and vulkan:0's medians and the median of the pairs' ratios (the
   host's speed drifts within a run, so the ratio of runs seconds apart is the one to quote), with
-  opencl:0 also without its runs enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0), with them enqueued inline
-  (=inline) and on the worker thread with Python's own switch interval (FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US=0)
-  in the same turns, and opencl:0's report line (how kernels are enqueued, runs taken from ahead and released);
+  opencl:0 also without its runs enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0), with them enqueued on the
+  device's worker thread (=thread; the default is inline), and so with Python's own switch interval
+  (FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US=0) in the same turns, and opencl:0's report line (how kernels are
+  enqueued, runs taken from ahead and released);
 * the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
 * each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
   --matvec-bytes by one row of x) with each --big-variants setting: weight bytes read a second over
@@ -409,9 +410,9 @@ def decode_interleaved(dev, vk, model, n_prompt: int, n_decode: int, rng, pairs:
             t = int(np.argmax(s.eval([t])))
         return n_decode / (time.perf_counter() - t0)
     from framework.plugins.opencl.options import PREENQUEUE_ENV, SWITCH_ENV
-    # opencl:0 in other settings, in the same turns: without runs enqueued ahead, with them enqueued inline (on
-    # the caller's thread), and on the worker thread with Python's own switch interval
-    series = {"opencl": {}, "vulkan": {}, "plain": {PREENQUEUE_ENV: "0"}, "inline": {PREENQUEUE_ENV: "inline"},
+    # opencl:0 in other settings, in the same turns: without runs enqueued ahead, with them enqueued on the
+    # device's worker thread (the default is inline, on the caller's), and so with Python's own switch interval
+    series = {"opencl": {}, "vulkan": {}, "plain": {PREENQUEUE_ENV: "0"}, "thread": {PREENQUEUE_ENV: "thread"},
               "thread_pyswitch": {PREENQUEUE_ENV: "thread", SWITCH_ENV: "0"}}
     for key in series:
         sessions.setdefault(key, sessions["opencl"])
@@ -428,11 +429,11 @@ def decode_interleaved(dev, vk, model, n_prompt: int, n_decode: int, rng, pairs:
     gains = [a / b for a, b in zip(rates["opencl"], rates["plain"])]
     med = {k: float(np.median(v)) for k, v in rates.items()}
     return {"pairs": pairs, "opencl_tok_s": rates["opencl"], "vulkan_tok_s": rates["vulkan"],
-            "opencl_plain_tok_s": rates["plain"], "opencl_inline_tok_s": rates["inline"],
+            "opencl_plain_tok_s": rates["plain"], "opencl_thread_tok_s": rates["thread"],
             "opencl_thread_pyswitch_tok_s": rates["thread_pyswitch"],
             "opencl_median": med["opencl"], "vulkan_median": med["vulkan"], "opencl_plain_median": med["plain"],
-            "opencl_inline_median": med["inline"], "opencl_thread_pyswitch_median": med["thread_pyswitch"],
-            "thread_over_inline_median": float(np.median([a / b for a, b in zip(rates["opencl"], rates["inline"])])),
+            "opencl_thread_median": med["thread"], "opencl_thread_pyswitch_median": med["thread_pyswitch"],
+            "thread_over_default_median": float(np.median([a / b for a, b in zip(rates["thread"], rates["opencl"])])),
             "ratio_median": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "ahead_gain_median": float(np.median(gains)), "report_line": dev.report_line()}
 
@@ -499,8 +500,8 @@ def models_section(args, result, specs, dev, twin, vk, rng, work: Path, save) ->
                         f"vulkan:0 {il['vulkan_median']:.1f} tok/s; opencl/vulkan {il['ratio_median']:.2f}x "
                         f"(pairs {il['ratio_min']:.2f}x..{il['ratio_max']:.2f}x); opencl:0 without runs enqueued "
                         f"ahead {il['opencl_plain_median']:.1f} tok/s (with/without {il['ahead_gain_median']:.2f}x); "
-                        f"enqueued ahead inline {il['opencl_inline_median']:.1f} tok/s (thread/inline "
-                        f"{il['thread_over_inline_median']:.2f}x); on the thread with Python's switch interval "
+                        f"enqueued ahead on the worker thread {il['opencl_thread_median']:.1f} tok/s (thread/default "
+                        f"{il['thread_over_default_median']:.2f}x); on the thread with Python's switch interval "
                         f"{il['opencl_thread_pyswitch_median']:.1f} tok/s")
                     log(f"  {il['report_line']}")
         if not args.skip_torch and to is not None:
@@ -604,7 +605,7 @@ def final_summary(result: dict) -> None:
             il = e["interleaved"]
             parts.append(f"in turns: opencl {il['opencl_median']:.1f} / vulkan {il['vulkan_median']:.1f} tok/s = "
                          f"{il['ratio_median']:.2f}x (opencl without runs ahead {il['opencl_plain_median']:.1f}, "
-                         f"inline {il['opencl_inline_median']:.1f}, thread with Python's switch interval "
+                         f"thread {il['opencl_thread_median']:.1f}, thread with Python's switch interval "
                          f"{il['opencl_thread_pyswitch_median']:.1f})")
         b = (e.get("opencl") or {}).get("decode_bounds") or {}
         if b:

@@ -455,7 +455,8 @@ def test_report_line_says_how_kernels_are_enqueued(ocl, monkeypatch):
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeypatch, kernels):
     """SmolLM2's decode steps with the next step enqueued ahead behind a user event (preenqueue.py) give the
-    logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit; steps after the
+    logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit, enqueued ahead inline
+    and on the device's worker thread; steps after the
     second are taken from ahead (no kernel enqueued when they come). A run ahead released instead (here by
     reading the caches back) replays the step before with its own values: the caches read then, and the
     steps after, equal those of the run without it. With the kernels a CPU device takes, and those a GPU
@@ -478,20 +479,24 @@ def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeyp
         logits += [np.array(session.eval([t])) for t in follow[3:]]
         return logits, caches
 
-    taken, released = ocl.ahead_taken, ocl.ahead_released
-    ahead = decode()
-    assert ocl.ahead_taken - taken == 2, "steps 3 and 5 taken from ahead (the one after 3, released by the reads)"
-    assert ocl.ahead_released - released >= 1 and ocl.pending is not None
-    ocl.synchronize()                                # waits for what is before the gate, not for the gate
-    ocl.queue.finish()                               # the queue taken for anything else releases it first
-    assert ocl.pending is None
+    got = {}
+    for mode in ("inline", "thread"):                # on the caller's thread, and on the device's worker thread
+        monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", mode)
+        taken, released = ocl.ahead_taken, ocl.ahead_released
+        got[mode] = decode()
+        assert ocl.ahead_taken - taken == 2, "steps 3 and 5 taken from ahead (the one after 3, released by the reads)"
+        assert ocl.ahead_released - released >= 1 and ocl.pending is not None
+        ocl.synchronize()                            # waits for what is before the gate, not for the gate
+        ocl.queue.finish()                           # the queue taken for anything else releases it first
+        assert ocl.pending is None
     monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
     taken = ocl.ahead_taken
     plain = decode()
     assert ocl.ahead_taken == taken and ocl.pending is None
-    assert len(ahead[1]) == len(plain[1]) > 0
-    for got, want in zip(ahead[0] + ahead[1], plain[0] + plain[1]):
-        np.testing.assert_array_equal(got, want)
+    for mode, ahead in got.items():
+        assert len(ahead[1]) == len(plain[1]) > 0
+        for g, want in zip(ahead[0] + ahead[1], plain[0] + plain[1]):
+            np.testing.assert_array_equal(g, want, err_msg=mode)
 
 
 def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
@@ -608,15 +613,17 @@ def test_the_worker_thread_is_gone_after_close(ocl, monkeypatch):
     dev.close()
 
 
-def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
-    """A device dropped with a run enqueued ahead (the end of a process, a session closed) opens its gate
-    from the device's finalizer: the queue is never left behind an unset event."""
+def test_a_run_ahead_is_released_when_its_device_is_collected(ocl, monkeypatch):
+    """A device dropped with a run enqueued ahead on its worker thread (the end of a process, a session closed)
+    opens its gate from the device's finalizer and stops the thread: the queue is never left behind an unset
+    event."""
     import gc
 
     import pyopencl as cl
 
     from framework.conformance.cases import all_cases
     from framework.plugins.opencl.device import OpenCLDevice
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "thread")
     dev = OpenCLDevice(0, cl.Platform.from_int_ptr(ocl.cl_device.platform.int_ptr), ocl.cl_device)
     case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()
@@ -626,11 +633,12 @@ def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
         ex.run(plan, b.fresh_inputs())
     gate = dev.pending.gate
     assert gate.command_execution_status != cl.command_execution_status.COMPLETE
-    thread = dev._workers[0].thread if dev._workers[0] is not None else None   # none when runs ahead are inline
+    thread = dev.worker.thread
+    assert thread.is_alive()
     del dev, ex, plan
     gc.collect()
     assert gate.command_execution_status == cl.command_execution_status.COMPLETE
-    assert thread is None or not thread.is_alive(), "the finalizer stops the worker thread"
+    assert not thread.is_alive(), "the finalizer stops the worker thread"
 
 
 def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():

@@ -38,11 +38,11 @@ def _matvec(text: str) -> dict[str, int]:
 
 
 def _preenqueue(text: str) -> str:
-    """thread, inline or off; a flag's values mean thread (on) and off."""
+    """thread, inline or off; a flag's values mean inline (on) and off."""
     value = text.strip().lower()
     if value in PREENQUEUE_MODES:
         return value
-    return "thread" if settings.flag(value) else "off"
+    return "inline" if settings.flag(value) else "off"
 
 
 def declare(ops: frozenset[str]) -> None:
@@ -60,11 +60,11 @@ def declare(ops: frozenset[str]) -> None:
     settings.declare(UNFUSE_ENV, "opencl", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
                      frozenset(), "fusions of the decode kernels to turn off (to compare them)",
                      lambda text: fusion.parse_off(text, UNFUSE_ENV))
-    settings.declare(PREENQUEUE_ENV, "opencl", f"thread, inline or off ({settings.FLAG_ACCEPTS}: on is thread)",
-                     "thread", "a program run again with the same buffers (decode) enqueues its next run behind a user "
-                     "event, released when that run comes: on a worker thread of the device while the caller goes on "
-                     "(thread), on the caller's thread before the run returns (inline); off: every run enqueued when "
-                     "it comes", _preenqueue)
+    settings.declare(PREENQUEUE_ENV, "opencl", f"thread, inline or off ({settings.FLAG_ACCEPTS}: on is inline)",
+                     "inline", "a program run again with the same buffers (decode) enqueues its next run behind a "
+                     "user event, released when that run comes: on the caller's thread before the run returns "
+                     "(inline), on a worker thread of the device while the caller goes on (thread: on the H200 no "
+                     "faster); off: every run enqueued when it comes", _preenqueue)
     settings.declare(SWITCH_ENV, "opencl", "a whole number of microseconds, 0 to 5000 (0: Python's own)", 20,
                      "the interpreter's switch interval (sys.setswitchinterval) while a worker thread enqueues a run "
                      "ahead, so it takes the interpreter lock back between its kernels while the caller runs Python",

@@ -17,17 +17,18 @@ checked when the program is built. Its outputs go to buffers of its own (the poo
 released. So the queue is never left behind an unset event, and a released run changes nothing a
 later run or read sees.
 
-Where the run ahead is enqueued (FRAMEWORK_OPENCL_PREENQUEUE): ``thread`` (the default) hands its kernels to
-the device's worker thread (Worker), so the run returns at once and the caller's Python (the executor, the
-session, sampling, the read-back wait) runs while the worker is in clEnqueueNDRangeKernel, which ctypes calls
-without the interpreter lock. Python gives the lock back to a waiting thread only every switch interval (5 ms
-by default), so while a worker has kernels to enqueue the interval is FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US
-(20 us unless set; 0 leaves Python's own), then restored. Everything that needs the run ahead whole (the
-run that takes it, once its gate is open; releasing it, through OpenCLDevice.queue; another program's run;
-synchronize; close; the device's finalizer) waits for the worker first, so the in-order queue holds what it
-would inline; an error on the worker is raised there, naming the program and the kernel. ``inline``
-enqueues it on the caller's thread before the run returns. ``off`` (or 0) turns this off (every run enqueued
-when it comes); profiling (FRAMEWORK_OPENCL_PROFILE) does too.
+Where the run ahead is enqueued (FRAMEWORK_OPENCL_PREENQUEUE): ``inline`` (the default) enqueues it on the
+caller's thread before the run returns. ``thread`` (measured no faster on the H200: docs/opencl.md) hands
+its kernels to the device's worker thread (Worker), so the run returns at once and the caller's Python (the
+executor, the session, sampling, the read-back wait) may run while the worker is in clEnqueueNDRangeKernel,
+which ctypes calls without the interpreter lock. Python gives the lock back to a waiting thread only every
+switch interval (5 ms by default), so while a worker has kernels to enqueue the interval is
+FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US (20 us unless set; 0 leaves Python's own), then restored. Everything
+that needs the run ahead whole (the run that takes it, once its gate is open; releasing it, through
+OpenCLDevice.queue, so another program's run, an upload or a read; close; the device's finalizer) waits for
+the worker first, so the in-order queue holds what it would inline; an error on the worker is raised
+there, naming the program and the kernel. ``off`` (or 0) turns this off (every run enqueued when it
+comes); profiling (FRAMEWORK_OPENCL_PROFILE) does too.
 """
 
 from __future__ import annotations
