@@ -15,8 +15,10 @@
   events, with the kernels that take it), and wall time a step; then --pairs decode runs of each plugin
   taken in turns (ABBA), opencl:0's and vulkan:0's medians and the median of the pairs' ratios (the
   host's speed drifts within a run, so the ratio of runs seconds apart is the one to quote), with
-  opencl:0 also without its runs enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0) in the same turns, and
-  opencl:0's report line (how kernels are enqueued, runs taken from ahead and released);
+  opencl:0 also without its runs enqueued ahead (FRAMEWORK_OPENCL_PREENQUEUE=0), with them enqueued on the
+  device's worker thread (=thread; the default is inline), and so with Python's own switch interval
+  (FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US=0) in the same turns, and opencl:0's report line (how kernels are
+  enqueued, runs taken from ahead and released);
 * the tiled product on (N, 4096) by 256 rows (prefill), TFLOP/s;
 * each quantized matrix-vector kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; an (N, 4096) weight of
   --matvec-bytes by one row of x) with each --big-variants setting: weight bytes read a second over
@@ -309,7 +311,8 @@ def log_matvec(r: dict, copy: dict, torch_copy) -> None:
 
 def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict:
     """What a decode step of opencl:0 costs: kernels, host time inside the program runs (enqueueing
-    only: a run never waits), device time (profiling twin), wall time."""
+    only: a run never waits; the run ahead enqueued inline, inside the run, so this is the enqueue cost),
+    device time (profiling twin), wall time (inline too)."""
     from framework.plugins.opencl.program import ClProgram
     from framework.runtime.session import Session
     s = Session(model, [dev], n_ctx=1024, n_batch=len(prompt))
@@ -326,7 +329,10 @@ def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict
         finally:
             host[0] += time.perf_counter() - t0
 
+    from framework.plugins.opencl.options import PREENQUEUE_ENV
     ClProgram.run = timed_run
+    saved = os.environ.get(PREENQUEUE_ENV)
+    os.environ[PREENQUEUE_ENV] = "inline"        # the run ahead enqueued inside the run: its host time is the cost
     try:
         t0 = time.perf_counter()
         for _ in range(n_steps):
@@ -334,6 +340,10 @@ def decode_bounds(dev, twin, model, prompt, tok: int, n_steps: int = 32) -> dict
         wall = (time.perf_counter() - t0) / n_steps
     finally:
         ClProgram.run = real_run
+        if saved is None:
+            os.environ.pop(PREENQUEUE_ENV, None)
+        else:
+            os.environ[PREENQUEUE_ENV] = saved
     kernels = sum(len(p.steps) for p in vb._programs(s, 1))
     t = Session(model, [twin], n_ctx=1024, n_batch=len(prompt))
     t.eval(prompt)
@@ -399,23 +409,31 @@ def decode_interleaved(dev, vk, model, n_prompt: int, n_decode: int, rng, pairs:
         for _ in range(n_decode):
             t = int(np.argmax(s.eval([t])))
         return n_decode / (time.perf_counter() - t0)
-    from framework.plugins.opencl.options import PREENQUEUE_ENV
-    sessions["plain"] = sessions["opencl"]
-    rates: dict = {"opencl": [], "vulkan": [], "plain": []}
+    from framework.plugins.opencl.options import PREENQUEUE_ENV, SWITCH_ENV
+    # opencl:0 in other settings, in the same turns: without runs enqueued ahead, with them enqueued on the
+    # device's worker thread (the default is inline, on the caller's), and so with Python's own switch interval
+    series = {"opencl": {}, "vulkan": {}, "plain": {PREENQUEUE_ENV: "0"}, "thread": {PREENQUEUE_ENV: "thread"},
+              "thread_pyswitch": {PREENQUEUE_ENV: "thread", SWITCH_ENV: "0"}}
+    for key in series:
+        sessions.setdefault(key, sessions["opencl"])
+    rates: dict = {k: [] for k in series}
     for i in range(pairs):
-        for key in (("opencl", "vulkan", "plain") if i % 2 == 0 else ("plain", "vulkan", "opencl")):
-            if key == "plain":             # opencl:0 without runs enqueued ahead, in the same turns
-                os.environ[PREENQUEUE_ENV] = "0"
+        for key in (list(series) if i % 2 == 0 else list(series)[::-1]):
+            os.environ.update(series[key])
             try:
                 rates[key].append(decode_run(sessions[key]))
             finally:
-                os.environ.pop(PREENQUEUE_ENV, None)
+                for name in series[key]:
+                    os.environ.pop(name, None)
     ratios = [a / b for a, b in zip(rates["opencl"], rates["vulkan"])]
     gains = [a / b for a, b in zip(rates["opencl"], rates["plain"])]
+    med = {k: float(np.median(v)) for k, v in rates.items()}
     return {"pairs": pairs, "opencl_tok_s": rates["opencl"], "vulkan_tok_s": rates["vulkan"],
-            "opencl_plain_tok_s": rates["plain"],
-            "opencl_median": float(np.median(rates["opencl"])), "vulkan_median": float(np.median(rates["vulkan"])),
-            "opencl_plain_median": float(np.median(rates["plain"])),
+            "opencl_plain_tok_s": rates["plain"], "opencl_thread_tok_s": rates["thread"],
+            "opencl_thread_pyswitch_tok_s": rates["thread_pyswitch"],
+            "opencl_median": med["opencl"], "vulkan_median": med["vulkan"], "opencl_plain_median": med["plain"],
+            "opencl_thread_median": med["thread"], "opencl_thread_pyswitch_median": med["thread_pyswitch"],
+            "thread_over_default_median": float(np.median([a / b for a, b in zip(rates["thread"], rates["opencl"])])),
             "ratio_median": float(np.median(ratios)), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "ahead_gain_median": float(np.median(gains)), "report_line": dev.report_line()}
 
@@ -481,7 +499,10 @@ def models_section(args, result, specs, dev, twin, vk, rng, work: Path, save) ->
                     log(f"{name}: decode in turns ({il['pairs']} pairs): opencl:0 {il['opencl_median']:.1f} tok/s, "
                         f"vulkan:0 {il['vulkan_median']:.1f} tok/s; opencl/vulkan {il['ratio_median']:.2f}x "
                         f"(pairs {il['ratio_min']:.2f}x..{il['ratio_max']:.2f}x); opencl:0 without runs enqueued "
-                        f"ahead {il['opencl_plain_median']:.1f} tok/s (with/without {il['ahead_gain_median']:.2f}x)")
+                        f"ahead {il['opencl_plain_median']:.1f} tok/s (with/without {il['ahead_gain_median']:.2f}x); "
+                        f"enqueued ahead on the worker thread {il['opencl_thread_median']:.1f} tok/s (thread/default "
+                        f"{il['thread_over_default_median']:.2f}x); on the thread with Python's switch interval "
+                        f"{il['opencl_thread_pyswitch_median']:.1f} tok/s")
                     log(f"  {il['report_line']}")
         if not args.skip_torch and to is not None:
             try:
@@ -583,7 +604,9 @@ def final_summary(result: dict) -> None:
         if e.get("interleaved"):
             il = e["interleaved"]
             parts.append(f"in turns: opencl {il['opencl_median']:.1f} / vulkan {il['vulkan_median']:.1f} tok/s = "
-                         f"{il['ratio_median']:.2f}x (opencl without runs ahead {il['opencl_plain_median']:.1f})")
+                         f"{il['ratio_median']:.2f}x (opencl without runs ahead {il['opencl_plain_median']:.1f}, "
+                         f"thread {il['opencl_thread_median']:.1f}, thread with Python's switch interval "
+                         f"{il['opencl_thread_pyswitch_median']:.1f})")
         b = (e.get("opencl") or {}).get("decode_bounds") or {}
         if b:
             parts.append(f"step: {b['kernels_per_step']} kernels, host {b['host_ms_per_step']:.2f} ms, device "

@@ -19,7 +19,9 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   enqueues its kernels on one in-order queue without any host synchronisation; the report line names
   the enqueue path; the next run enqueued ahead behind a user event (preenqueue.py): decode steps
   bit-identical to those without, a released run ahead leaving caches and later steps unchanged,
-  handles of earlier runs keeping their values, the gate opened when the device is collected;
+  handles of earlier runs keeping their values (enqueued ahead on the device's worker thread and inline),
+  the gate opened and the worker thread stopped when the device is collected or closed, an enqueue error
+  on the worker raised in the run that takes it, naming the program and the kernel;
 * both models against llama.cpp's reference outputs (tests/reference), held to the README's bounds
   in the cheapest form that still means something (as tests/test_vulkan.py's quick mode): the first
   prompt teacher-forced (prompt and llama.cpp's greedy tokens in one prefill: every prediction within
@@ -453,7 +455,8 @@ def test_report_line_says_how_kernels_are_enqueued(ocl, monkeypatch):
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeypatch, kernels):
     """SmolLM2's decode steps with the next step enqueued ahead behind a user event (preenqueue.py) give the
-    logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit; steps after the
+    logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit, enqueued ahead inline
+    and on the device's worker thread; steps after the
     second are taken from ahead (no kernel enqueued when they come). A run ahead released instead (here by
     reading the caches back) replays the step before with its own values: the caches read then, and the
     steps after, equal those of the run without it. With the kernels a CPU device takes, and those a GPU
@@ -476,20 +479,24 @@ def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeyp
         logits += [np.array(session.eval([t])) for t in follow[3:]]
         return logits, caches
 
-    taken, released = ocl.ahead_taken, ocl.ahead_released
-    ahead = decode()
-    assert ocl.ahead_taken - taken == 2, "steps 3 and 5 taken from ahead (the one after 3, released by the reads)"
-    assert ocl.ahead_released - released >= 1 and ocl.pending is not None
-    ocl.synchronize()                                # waits for what is before the gate, not for the gate
-    ocl.queue.finish()                               # the queue taken for anything else releases it first
-    assert ocl.pending is None
+    got = {}
+    for mode in ("inline", "thread"):                # on the caller's thread, and on the device's worker thread
+        monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", mode)
+        taken, released = ocl.ahead_taken, ocl.ahead_released
+        got[mode] = decode()
+        assert ocl.ahead_taken - taken == 2, "steps 3 and 5 taken from ahead (the one after 3, released by the reads)"
+        assert ocl.ahead_released - released >= 1 and ocl.pending is not None
+        ocl.synchronize()                            # waits for what is before the gate, not for the gate
+        ocl.queue.finish()                           # the queue taken for anything else releases it first
+        assert ocl.pending is None
     monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
     taken = ocl.ahead_taken
     plain = decode()
     assert ocl.ahead_taken == taken and ocl.pending is None
-    assert len(ahead[1]) == len(plain[1]) > 0
-    for got, want in zip(ahead[0] + ahead[1], plain[0] + plain[1]):
-        np.testing.assert_array_equal(got, want)
+    for mode, ahead in got.items():
+        assert len(ahead[1]) == len(plain[1]) > 0
+        for g, want in zip(ahead[0] + ahead[1], plain[0] + plain[1]):
+            np.testing.assert_array_equal(g, want, err_msg=mode)
 
 
 def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
@@ -519,25 +526,104 @@ def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
                 values.append(ocl.to_host(handles[-1]))
         return handles, values
 
-    ahead, _ = runs(False)
-    assert any(isinstance(h, StagedTensor) for h in ahead) and ocl.pending is not None
-    got = [ocl.to_host(h) for h in ahead]
+    got = {}
+    for mode in ("thread", "inline"):        # enqueued ahead on the device's worker thread, and on the caller's
+        monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", mode)
+        ahead, _ = runs(False)
+        assert any(isinstance(h, StagedTensor) for h in ahead) and ocl.pending is not None
+        got[mode] = [ocl.to_host(h) for h in ahead]
     monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "0")
     _, want = runs(True)
     assert not np.array_equal(want[0], want[1])
-    for g, w in zip(got, want):
+    for mode, values in got.items():
+        for g, w in zip(values, want):
+            np.testing.assert_array_equal(g, w, err_msg=mode)
+
+
+def _conformance_program(dev):
+    """The SET_ROWS+FLASH_ATTN_EXT case's one program on dev, run once: (executor, plan, program, its args)."""
+    from framework.conformance.cases import all_cases
+    case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
+    b = case.build()
+    plan = make_plan(b.graph, [dev])
+    ex = Executor([dev], b.weight_bytes)
+    inputs = b.fresh_inputs()
+    first = [np.array(o) for o in ex.run(plan, inputs)]
+    (prog,) = ex.programs.values()
+    args = [dev.from_host(inputs[id(t)]) if t.kind == LeafKind.INPUT else ex.caches[id(t)][1]
+            for t in plan.fragments[0].inputs]
+    return ex, plan, prog, args, first, inputs
+
+
+def test_a_worker_enqueue_error_reaches_the_caller(ocl, monkeypatch):
+    """A run ahead whose enqueueing fails on the worker thread raises in the run that takes it, on the caller's
+    thread, naming the program and the kernel; its gate is opened all the same (the queue goes on: a later run
+    gives the first run's values)."""
+    import threading
+
+    from framework.plugins.opencl import enqueue
+    if enqueue._library()[0] is None:
+        pytest.skip("no OpenCL library for ctypes here: kernels go through pyopencl, which this test does not fail")
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "thread")
+    ex, plan, prog, args, first, inputs = _conformance_program(ocl)
+    real, on_worker = prog.launches.fn, []
+
+    def failing(*a):
+        if threading.current_thread() is not threading.main_thread():
+            on_worker.append(1)
+            if len(on_worker) == 2:
+                return -5                     # CL_OUT_OF_RESOURCES, on the run ahead's second kernel
+        return real(*a)
+
+    prog.launches.fn = failing
+    try:
+        prog.run(args)                        # the same buffers again: the next run enqueued ahead, on the worker
+        assert ocl.pending is not None and ocl.pending.program() is prog
+        with pytest.raises(RuntimeError) as err:
+            prog.run(args)                    # takes it: the worker's error raised here
+    finally:
+        prog.launches.fn = real
+    msg = str(err.value)
+    assert prog.name in msg and prog.steps[1].name in msg and "OUT_OF_RESOURCES" in msg, msg
+    assert ocl.pending is None and len(on_worker) == 2
+    again = [np.array(o) for o in ex.run(plan, inputs)]
+    for g, w in zip(again, first):
         np.testing.assert_array_equal(g, w)
 
 
-def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
-    """A device dropped with a run enqueued ahead (the end of a process, a session closed) opens its gate
-    from the device's finalizer: the queue is never left behind an unset event."""
+def test_the_worker_thread_is_gone_after_close(ocl, monkeypatch):
+    """close() releases the run ahead (its gate opened once the worker has enqueued it) and stops the worker
+    thread; the device runs on after it (a new worker for the next run ahead)."""
+    import pyopencl as cl
+
+    from framework.plugins.opencl.device import OpenCLDevice
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "thread")
+    dev = OpenCLDevice(0, cl.Platform.from_int_ptr(ocl.cl_device.platform.int_ptr), ocl.cl_device)
+    ex, plan, prog, args, first, inputs = _conformance_program(dev)
+    for _ in range(2):
+        ex.run(plan, inputs)
+    thread, gate = dev.worker.thread, dev.pending.gate
+    assert thread.is_alive()
+    dev.close()
+    assert not thread.is_alive() and thread not in __import__("threading").enumerate()
+    assert dev.pending is None and gate.command_execution_status == cl.command_execution_status.COMPLETE
+    again = [np.array(o) for o in ex.run(plan, inputs)]
+    for g, w in zip(again, first):
+        np.testing.assert_array_equal(g, w)
+    dev.close()
+
+
+def test_a_run_ahead_is_released_when_its_device_is_collected(ocl, monkeypatch):
+    """A device dropped with a run enqueued ahead on its worker thread (the end of a process, a session closed)
+    opens its gate from the device's finalizer and stops the thread: the queue is never left behind an unset
+    event."""
     import gc
 
     import pyopencl as cl
 
     from framework.conformance.cases import all_cases
     from framework.plugins.opencl.device import OpenCLDevice
+    monkeypatch.setenv("FRAMEWORK_OPENCL_PREENQUEUE", "thread")
     dev = OpenCLDevice(0, cl.Platform.from_int_ptr(ocl.cl_device.platform.int_ptr), ocl.cl_device)
     case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()
@@ -547,9 +633,12 @@ def test_a_run_ahead_is_released_when_its_device_is_collected(ocl):
         ex.run(plan, b.fresh_inputs())
     gate = dev.pending.gate
     assert gate.command_execution_status != cl.command_execution_status.COMPLETE
+    thread = dev.worker.thread
+    assert thread.is_alive()
     del dev, ex, plan
     gc.collect()
     assert gate.command_execution_status == cl.command_execution_status.COMPLETE
+    assert not thread.is_alive(), "the finalizer stops the worker thread"
 
 
 def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():

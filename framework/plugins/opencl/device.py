@@ -88,7 +88,8 @@ class OpenCLDevice(BufferPools, Device):
         self._held = [None]               # the run enqueued ahead, if any (a list: the finalizer holds it, not self)
         self.last_run = None              # the program that ran last here
         self.ahead_taken = self.ahead_released = 0     # runs enqueued ahead that ran as asked, that replayed
-        weakref.finalize(self, preenqueue.release_held, self._held)
+        self._workers = [None]            # the thread that enqueues runs ahead (preenqueue.Worker), made on first use
+        self._finalizer = weakref.finalize(self, preenqueue.shut, self._held, self._workers)
 
     # -- the context and the queue, made on first use -----------------------------------------
     def _open(self):
@@ -138,6 +139,19 @@ class OpenCLDevice(BufferPools, Device):
     @pending.setter
     def pending(self, value) -> None:
         self._held[0] = value
+
+    @property
+    def worker(self) -> preenqueue.Worker:
+        if self._workers[0] is None:
+            self._workers[0] = preenqueue.Worker(self.name)
+        return self._workers[0]
+
+    def close(self) -> None:
+        """Release the run enqueued ahead (after the worker has enqueued it) and stop the worker thread. The
+        device stays usable: a later run ahead starts a new worker."""
+        if self.available:
+            self.settle()
+            preenqueue.shut(self._held, self._workers)
 
     def settle(self) -> None:
         """Release the run enqueued ahead, if any: it replays the last run with that run's own values."""
@@ -211,7 +225,9 @@ class OpenCLDevice(BufferPools, Device):
     def compile_summary(self) -> str:
         """The report line: how kernels are enqueued (a fallback is said, never silent), and whether runs
         are enqueued ahead."""
-        ahead = (f"runs enqueued ahead behind a user event: {self.ahead_taken} taken, {self.ahead_released} released"
+        where = {"thread": "on a worker thread", "inline": "inline"}.get(preenqueue.mode(self))
+        ahead = (f"runs enqueued ahead behind a user event ({options.PREENQUEUE_ENV}={preenqueue.mode(self)}, "
+                 f"{where}): {self.ahead_taken} taken, {self.ahead_released} released"
                  if self.ahead else f"no run enqueued ahead ({options.PREENQUEUE_ENV}=0 or profiling)")
         return f"{self.name}: kernels enqueued by {enqueue.how()}; {ahead}; {self.runs} runs, {self.enqueued} kernels"
 

@@ -13,12 +13,14 @@ PROFILE_ENV = "FRAMEWORK_OPENCL_PROFILE"           # on: device time per kernel 
 MATVEC_ENV = "FRAMEWORK_OPENCL_MATVEC"             # tuning / tests: "v=1,tpr=8,r=2,wg=64,x8=1,xl=0,dp4a=0,shfl=0"
 MATMUL_ENV = "FRAMEWORK_OPENCL_MATMUL"             # tuning / tests: "bm=32,bn=64,tm=4,tn=4", "reg=1,rtm=2"
 UNFUSE_ENV = "FRAMEWORK_OPENCL_UNFUSE"             # decode fusions to turn off (framework/core/graph/fusion.py), or all
-PREENQUEUE_ENV = "FRAMEWORK_OPENCL_PREENQUEUE"     # off: no run enqueued ahead behind a user event (preenqueue.py)
+PREENQUEUE_ENV = "FRAMEWORK_OPENCL_PREENQUEUE"     # thread / inline / off: how the next run is enqueued ahead
+SWITCH_ENV = "FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US"  # the interpreter's switch interval while a worker enqueues
+PREENQUEUE_MODES = ("thread", "inline", "off")
 # the matrix-vector kernel's settings and the values each may take (kernels.matvec_shape says what they do)
 MATVEC_KEYS = {"v": (0, 1), "tpr": (1, 2, 4, 8, 16, 32), "r": tuple(range(1, 9)),
                "wg": (32, 64, 128, 256, 512, 1024), "x8": (0, 1), "xl": (0, 1), "dp4a": (0, 1), "shfl": (0, 1)}
 MATMUL_KEYS = ("bm", "bn", "tm", "tn", "reg", "rtm", "rtn", "rwg")
-NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, PROFILE_ENV, MATVEC_ENV, MATMUL_ENV, UNFUSE_ENV, PREENQUEUE_ENV)
+NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, PROFILE_ENV, MATVEC_ENV, MATMUL_ENV, UNFUSE_ENV, PREENQUEUE_ENV, SWITCH_ENV)
 
 
 def _matvec(text: str) -> dict[str, int]:
@@ -33,6 +35,14 @@ def _matvec(text: str) -> dict[str, int]:
                              f"separated by commas ({known})")
         out[key] = int(value)
     return out
+
+
+def _preenqueue(text: str) -> str:
+    """thread, inline or off; a flag's values mean inline (on) and off."""
+    value = text.strip().lower()
+    if value in PREENQUEUE_MODES:
+        return value
+    return "inline" if settings.flag(value) else "off"
 
 
 def declare(ops: frozenset[str]) -> None:
@@ -50,9 +60,15 @@ def declare(ops: frozenset[str]) -> None:
     settings.declare(UNFUSE_ENV, "opencl", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
                      frozenset(), "fusions of the decode kernels to turn off (to compare them)",
                      lambda text: fusion.parse_off(text, UNFUSE_ENV))
-    settings.declare(PREENQUEUE_ENV, "opencl", settings.FLAG_ACCEPTS, True,
-                     "a program run again with the same buffers (decode) enqueues its next run behind a user event, "
-                     "released when that run comes (off: every run enqueued when it comes)", settings.flag)
+    settings.declare(PREENQUEUE_ENV, "opencl", f"thread, inline or off ({settings.FLAG_ACCEPTS}: on is inline)",
+                     "inline", "a program run again with the same buffers (decode) enqueues its next run behind a "
+                     "user event, released when that run comes: on the caller's thread before the run returns "
+                     "(inline), on a worker thread of the device while the caller goes on (thread: on the H200 no "
+                     "faster); off: every run enqueued when it comes", _preenqueue)
+    settings.declare(SWITCH_ENV, "opencl", "a whole number of microseconds, 0 to 5000 (0: Python's own)", 20,
+                     "the interpreter's switch interval (sys.setswitchinterval) while a worker thread enqueues a run "
+                     "ahead, so it takes the interpreter lock back between its kernels while the caller runs Python",
+                     settings.whole(0, 5000))
 
 
 def problem() -> str | None:

@@ -47,6 +47,16 @@ def flush_points(n: int) -> frozenset[int]:
     return frozenset(i for i in at if 0 < i < n)
 
 
+def _enqueue_job(launches, queue, flush_at, gate):
+    """A run ahead's enqueueing, holding neither the program nor the device (the worker outlives neither).
+    On the worker, flushed on the run's own cadence: the gate may open while it still enqueues, and the
+    device then runs what was flushed."""
+    def job():
+        launches.enqueue(queue, flush_at, gate)
+        queue.flush()
+    return job
+
+
 @dataclass
 class Step:
     name: str
@@ -259,13 +269,15 @@ class ClProgram:
         self._bind_outs(outs)
         gate = cl.UserEvent(dev.context)
         pending = preenqueue.Pending(self, sig, gate, marker, outs, self.bound)
-        try:
-            self.launches.enqueue(queue, (), gate)
-        except Exception:
-            pending.release()                   # what was enqueued of it replays the run before: harmless
-            raise
-        queue.flush()
         dev.enqueued += len(self.steps)
+        if preenqueue.mode(dev) == "thread":    # the caller goes on; whatever needs it whole waits for the worker
+            dev.pending = pending
+            dev.worker.submit(pending, _enqueue_job(self.launches, queue, self.flush_at, gate))
+            return
+        # inline: no flush before the end (nothing runs behind the gate before the next run opens it)
+        pending.enqueue_with(_enqueue_job(self.launches, queue, frozenset(), gate))
+        if pending.error is not None:
+            pending.release()                   # what was enqueued of it replays the run before: harmless; raises
         dev.pending = pending
 
     def _bind(self, bufs, offs, weights, outs, slots) -> None:
