@@ -250,7 +250,8 @@ def _mapping_rss_kb(path: Path) -> int:
 def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_path):
     """Once a weight is repacked, the device drops the model file's pages it was read from (its copy and the compiled
     models' hold the values): the mapping's resident size falls, and the bytes still read back from the file. Memory
-    that is not a file mapping is left as it is (MADV_DONTNEED would zero it)."""
+    that is not a read-only file mapping (a copy, an anonymous mapping, a copy-on-write one) is left as it is
+    (MADV_DONTNEED would zero it or undo its changes)."""
     from framework.plugins.openvino_npu.device import release_file_pages
     raw = raw_weight(Q.Q8_0, (256, 1024), seed=9).reshape(-1)
     path = tmp_path / "w.bin"
@@ -266,6 +267,15 @@ def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_
     anon = raw.copy()
     release_file_pages(anon[4096:])
     assert np.array_equal(anon, raw)
+    import mmap
+    shared = mmap.mmap(-1, raw.size)                       # an anonymous mapping: dropped, its pages would be zeros
+    shared[:] = raw.tobytes()
+    release_file_pages(np.frombuffer(shared, dtype=np.uint8))
+    assert np.array_equal(np.frombuffer(shared, dtype=np.uint8), raw)
+    cow = np.memmap(path, dtype=np.uint8, mode="c")        # copy-on-write: dropped, its changes would be lost
+    cow[4096:] ^= 0xFF
+    release_file_pages(cow[4096:4096 + raw.size])
+    assert np.array_equal(cow[4096:4096 + raw.size], raw ^ 0xFF)
 
 
 def _fully_connected(program) -> int:

@@ -537,7 +537,9 @@ def release_file_pages(raw: np.ndarray) -> None:
     base = raw
     while isinstance(base, np.ndarray):
         base = base.base
-    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or raw.size == 0:
+    # a read-only mapping is a file's (an anonymous or copy-on-write one is writable, and would lose its bytes)
+    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or raw.size == 0 or \
+            not memoryview(base).readonly:
         return
     start = raw.ctypes.data - np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
     page = mmap.PAGESIZE
