@@ -819,6 +819,16 @@ RED_SUBGROUP = """  for (var s = TPR / 2u; s > 0u; s >>= 1u) {{
   }}"""
 
 
+def team_reduction(accs: list[str], wg: int, subgroup: bool) -> tuple[str, str]:
+    """(the workgroup array it needs, the code) summing each of accs over a team of TPR threads to its lane 0."""
+    if subgroup:
+        return "", RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
+    return f"var<workgroup> red: array<f32, {wg * len(accs)}>;", RED_SHARED.format(
+        store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
+        step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(len(accs))),
+        load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+
+
 def matvec(qtype: str, tpr: int, mm: int, r: int = 1, subgroup: bool = False, wg: int = 256,
            x8: bool = False) -> str:
     """x8: x comes as QUANT_X's 8-bit groups (integer dot products), else as f32."""
@@ -836,15 +846,7 @@ def matvec(qtype: str, tpr: int, mm: int, r: int = 1, subgroup: bool = False, wg
             load = f"let x{m} = xg(kb + {m}u * K4);"
             inner = " ".join(f"a{m}_{k} += dot32(row{k}, g, x{m});" for k in range(r))
         body.append(f"      {guard}{{ {load} {inner} }}")
-    if subgroup:
-        red_decl = ""
-        reduce = RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
-    else:
-        red_decl = f"var<workgroup> red: array<f32, {wg * len(accs)}>;"
-        reduce = RED_SHARED.format(
-            store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
-            step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(len(accs))),
-            load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+    red_decl, reduce = team_reduction(accs, wg, subgroup)
     store = "\n".join(f"    if (M > {m}u && r0 + {k}u < N) {{ O[ob + {m}u * ld + {k}u] = a{m}_{k}; }}"
                       for m in range(mm) for k in range(r))
     return MATVEC_PARAMS.source(MATVEC.format(

@@ -163,15 +163,7 @@ def rowvec(qtypes: tuple[str, ...], k: int, p: Prologue, epilogue: str, tpr: int
     else:
         load = "let x = xsg(g);"
         dots = " ".join(f"a{i}_{j} += dot32_{i}(row{j}, g, x);" for i in range(nw) for j in range(r))
-    if subgroup:
-        red_decl = ""
-        reduce = wgsl.RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
-    else:
-        red_decl = f"var<workgroup> red: array<f32, {wg * len(accs)}>;"
-        reduce = wgsl.RED_SHARED.format(
-            store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
-            step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(len(accs))),
-            load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+    red_decl, reduce = wgsl.team_reduction(accs, wg, subgroup)
     res = _off(roles, "R") if epilogue == "add" else ""
     value = {"": "a0_{j}", "add": "a0_{j} + R[" + res + " + U.col0 + r0 + {j}u]",
              "glu": "act(U.op, a0_{j}) * a1_{j}"}[epilogue]
@@ -236,6 +228,13 @@ def stack_params(p: Prologue, n: int) -> Params:
     return Params(fields, bindings=len(stack_roles(p, n)))
 
 
+def _seg_branch(i: int, n: int) -> str:
+    """The i-th of n branches on the workgroup's weight (seg): if, else if ..., else."""
+    if i == n - 1:
+        return "} else"
+    return f"if (seg == {i}u)" if i == 0 else f"}} else if (seg == {i}u)"
+
+
 def rowvec_stack(qtypes: tuple[str, ...], k: int, p: Prologue, tpr: int, r: int, wg: int, subgroup: bool) -> str:
     """Products of one x by several weights (Q, K and V: x the norm of the attention's input) in one
     dispatch, each weight its own output: the first weight's rows take the first workgroups, and so on,
@@ -248,25 +247,14 @@ def rowvec_stack(qtypes: tuple[str, ...], k: int, p: Prologue, tpr: int, r: int,
     loops = []
     for i in range(n):
         dots = " ".join(f"a_{j} += dot32_{i}(row{j}, g, x);" for j in range(r))
-        head = "if" if i == 0 else "} else if" if i < n - 1 else "} else"
-        cond = f" (seg == {i}u)" if i < n - 1 else ""
-        loops.append(f"    {head}{cond} {{\n      for (var g = lane; g < GPR; g += TPR) {{ let x = xsg(g); {dots} }}")
+        loops.append(f"    {_seg_branch(i, n)} {{\n"
+                     f"      for (var g = lane; g < GPR; g += TPR) {{ let x = xsg(g); {dots} }}")
     loop = "\n".join(loops) + "\n    }"
-    if subgroup:
-        red_decl = ""
-        reduce = wgsl.RED_SUBGROUP.format(step="\n".join(f"    {a} += subgroupShuffleXor({a}, s);" for a in accs))
-    else:
-        red_decl = f"var<workgroup> red: array<f32, {wg * r}>;"
-        reduce = wgsl.RED_SHARED.format(
-            store="\n".join(f"  red[{i}u * WG + li] = {a};" for i, a in enumerate(accs)),
-            step="\n".join(f"      red[{i}u * WG + li] += red[{i}u * WG + li + s];" for i in range(r)),
-            load="\n".join(f"  {a} = red[{i}u * WG + li];" for i, a in enumerate(accs)))
+    red_decl, reduce = wgsl.team_reduction(accs, wg, subgroup)
     stores = []
     for i in range(n):
-        head = "if" if i == 0 else "} else if" if i < n - 1 else "} else"
-        cond = f" (seg == {i}u)" if i < n - 1 else ""
         st = " ".join(f"if (r0 + {j}u < N) {{ O{i}[{_off(roles, f'O{i}')} + r0 + {j}u] = a_{j}; }}" for j in range(r))
-        stores.append(f"    {head}{cond} {{ {st}")
+        stores.append(f"    {_seg_branch(i, n)} {{ {st}")
     store = "\n".join(stores) + " }"
     moffs = " ".join(f"gpr_{i} = GPR; moff_{i} = U.moff{i};" for i in range(n))
     ns = [f"U.n{i}" for i in range(n)]
