@@ -436,7 +436,9 @@ class NativeMap:
                 break
             lib.wgpuDevicePoll(self.device, True, self.null)
         if not status or status[0][0] != lib.WGPUMapAsyncStatus_Success:
-            raise RuntimeError(f"could not map the read-back buffer ({status[0] if status else 'no answer'})")
+            said = f"status {status[0][0]}: {status[0][1]}" if status else "no answer after 100 waiting polls"
+            raise RuntimeError(f"vulkan: could not map the {self.nbytes}-byte read-back buffer of a run's outputs "
+                               f"(wgpuBufferMapAsync, {said}); the device may be lost: wgpu's log says why")
         ptr = lib.wgpuBufferGetMappedRange(self.buffer, 0, self.nbytes)
         self.view = memoryview(self.ffi.buffer(ptr, self.nbytes))
 
