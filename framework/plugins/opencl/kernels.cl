@@ -996,18 +996,21 @@ inline float dot32z(grp_t q, __local const float4* xg, float qzf) {
 #define QZF2 QZF_OF(F_T2)
 #endif
 
-// the sum of v over the work-group, in a fixed order (every thread gets it)
-inline float wg_sum(float v, __local float* red, uint li) {
-  red[li] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint s = F_WG / 2; s > 0; s >>= 1) {
-    if (li < s) red[li] += red[li + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  float r = red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
+// the sum of v over the work-group, in a fixed order (every thread gets it); wg_sum2 sums two at once
+#define WG_SUM_OF(NAME, T) \
+inline T NAME(T v, __local T* red, uint li) { \
+  red[li] = v; \
+  barrier(CLK_LOCAL_MEM_FENCE); \
+  for (uint s = F_WG / 2; s > 0; s >>= 1) { \
+    if (li < s) red[li] += red[li + s]; \
+    barrier(CLK_LOCAL_MEM_FENCE); \
+  } \
+  T r = red[0]; \
+  barrier(CLK_LOCAL_MEM_FENCE); \
+  return r; \
 }
+WG_SUM_OF(wg_sum, float)
+WG_SUM_OF(wg_sum2, float2)
 
 #define PRO_ARGS __global const float* restrict a, uint a_off, __global const float* restrict b, uint b_off, \
   __global const float* restrict gp, uint gp_off, __global const float* restrict gn, uint gn_off,            \
@@ -1208,19 +1211,6 @@ inline void rope_qk(__local float* q, __local float* k, float rc, float rs, floa
   }
   for (uint j = F_ND + li; j < F_D; j += F_WG) q[j] *= s;
   barrier(CLK_LOCAL_MEM_FENCE);
-}
-
-// the sums of a and of b over the work-group at once, in wg_sum's order
-inline float2 wg_sum2(float2 v, __local float2* red, uint li) {
-  red[li] = v;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (uint s = F_WG / 2; s > 0; s >>= 1) {
-    if (li < s) red[li] += red[li + s];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  float2 r = red[0];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  return r;
 }
 
 // The key loop's shape: blocks of AT_KB keys, AT_TPK threads scoring a key (AT_KPT float4 of its dims
