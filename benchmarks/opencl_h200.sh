@@ -24,6 +24,10 @@
 # opencl:0 with the plugin's choice (what bounds decode) and with v=0, the first kernel; the conformance
 # suite and the models' logits against the CPU plugin on that GPU. Settings still unmeasured at
 # SWEEP_DEADLINE seconds are listed as skipped; the whole run stops at RUN_LIMIT seconds.
+#
+# `bash benchmarks/opencl_h200.sh enqueue` (about a minute): only what an enqueue costs the host there
+# (benchmarks/opencl_enqueue_cost.py --by-arguments --threads 2: by a kernel's arguments and global size,
+# and two host threads enqueueing at once), the log $OUT/opencl_enqueue_cost.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for f in .gl/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" /; fi; done
@@ -43,6 +47,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 out="${OUT:-/tmp}"
 mkdir -p "$out"
 limit="${RUN_LIMIT:-0}"
+if [ "${1:-}" = enqueue ]; then
+  shift
+  timeout -k 10 "${RUN_LIMIT:-240}" python3 benchmarks/opencl_enqueue_cost.py --by-arguments --threads 2 "$@" 2>&1 \
+    | tee "$out/opencl_enqueue_cost.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = sweep ]; then
   shift
   limit="${RUN_LIMIT:-320}"
