@@ -168,6 +168,10 @@ class Layout:
     # of b), two <32 x i8>: for the one-group types of 4 or 5 bits, whose 32 values fit in 16 bytes, so that
     # a decode step's product takes two rows a vector (rows_dot)
     pair: Callable[[Emitter, Emitter, object], tuple] | None = None
+    # the one-group types' first four bytes: ('d', None) a float16 scale, ('d', k) also a sum factor of -k x
+    # the scale, ('dm', None) a scale and a float16 sum factor (the minimum): what ``emit`` reads there, read
+    # for eight rows by one gather (rows_dot)
+    head: tuple | None = None
 
 
 def _neg(e, x, k: float):
@@ -356,16 +360,16 @@ def _i32(v: int):
 
 
 LAYOUTS = {
-    "Q4_0": Layout("Q4_0", 18, 1, _q4_0, _q4_pair(2)),
-    "Q4_1": Layout("Q4_1", 20, 1, _q4_1, _q4_pair(4)),
-    "Q5_0": Layout("Q5_0", 22, 1, lambda e, o: _q5(e, o, False), _q5_pair(2, 6)),
-    "Q5_1": Layout("Q5_1", 24, 1, lambda e, o: _q5(e, o, True), _q5_pair(4, 8)),
-    "Q8_0": Layout("Q8_0", 34, 1, _q8_0),
+    "Q4_0": Layout("Q4_0", 18, 1, _q4_0, _q4_pair(2), ("d", 8.0)),
+    "Q4_1": Layout("Q4_1", 20, 1, _q4_1, _q4_pair(4), ("dm", None)),
+    "Q5_0": Layout("Q5_0", 22, 1, lambda e, o: _q5(e, o, False), _q5_pair(2, 6), ("d", 16.0)),
+    "Q5_1": Layout("Q5_1", 24, 1, lambda e, o: _q5(e, o, True), _q5_pair(4, 8), ("dm", None)),
+    "Q8_0": Layout("Q8_0", 34, 1, _q8_0, head=("d", None)),
     "Q4_K": Layout("Q4_K", 144, 8, _q4_k),
     "Q6_K": Layout("Q6_K", 210, 8, _q6_k),
     "Q5_K": Layout("Q5_K", 176, 8, _q5_k),
     "Q3_K": Layout("Q3_K", 110, 8, _q3_k),
-    "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl),
+    "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl, head=("d", None)),
     "IQ4_XS": Layout("IQ4_XS", 136, 8, _iq4_xs),
 }
 
@@ -439,6 +443,26 @@ def _hadd(b, u, v):
     """<8 x i32> [u0+u1, u2+u3, v0+v1, v2+v3, u4+u5, u6+u7, v4+v5, v6+v7] (vphaddd's order)."""
     return b.add(b.shuffle_vector(u, v, _const_vec(I32, [0, 2, 8, 10, 4, 6, 12, 14])),
                  b.shuffle_vector(u, v, _const_vec(I32, [1, 3, 9, 11, 5, 7, 13, 15])))
+
+
+def _heads(b, row0, row_bytes, offset, head):
+    """(scales, sum factors or None) <8 x float> of the block at byte offset of eight rows from row0, rows
+    row_bytes apart, for a layout with ``head``: the rows' first four bytes by one gather (AVX2's vpgatherdd),
+    their float16 halves widened. The same values, by the same operations, as ``emit``'s scalars."""
+    gather = _declare(b, "llvm.x86.avx2.gather.d.d.256", V8I32, [V8I32, I8.as_pointer(), V8I32, V8I32, I8])
+    step = _splat(b, b.trunc(row_bytes, I32), TILE_R)
+    words = b.call(gather, [ir.Constant(V8I32, None), b.gep(row0, [offset]), b.mul(step, _const_vec(I32, range(TILE_R))),
+                            _const_vec(I32, [-1] * TILE_R), ir.Constant(I8, 1)])
+    v8i16, v8f16 = ir.VectorType(I16, TILE_R), ir.VectorType(F16, TILE_R)
+
+    def widen(w):
+        return b.fpext(b.bitcast(b.trunc(w, v8i16), v8f16), V8F32)
+
+    d = widen(words)
+    kind, k = head
+    if kind == "dm":
+        return d, widen(b.lshr(words, _const_vec(I32, [16] * TILE_R)))
+    return d, (b.fmul(d, _const_vec(F32, [-k] * TILE_R)) if k is not None else None)
 
 
 def _pairs_by_row(es, pair, offset, x):
@@ -554,9 +578,14 @@ def rows_dot(layout: Layout):
                     two = gs[0].scale_hi is not None
                     with_sum = gs[0].sum_factor is not None
                     xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
-                    b.store(_add_group(b, b.load(acc), lo, hi, _vector_of(b, [g.scale for g in gs]),
+                    if layout.head is not None:
+                        scale, sum_factor = _heads(b, es[0].row, row_bytes, offset, layout.head)
+                    else:
+                        scale = _vector_of(b, [g.scale for g in gs])
+                        sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
+                    b.store(_add_group(b, b.load(acc), lo, hi, scale,
                                        _vector_of(b, [g.scale_hi for g in gs]) if two else None, dx,
-                                       _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None, xsum_at), acc)
+                                       sum_factor, xsum_at), acc)
             dst = b.gep(aout.data, [b.add(b.mul(m0, n_out), r0)])
             b.store(b.load(acc), b.bitcast(dst, V8F32.as_pointer()), align=4)
             return ir.Constant(I64, 0)
