@@ -170,7 +170,7 @@ class Layout:
     pair: Callable[[Emitter, Emitter, object], tuple] | None = None
     # the one-group types' first four bytes: ('d', None) a float16 scale, ('d', k) also a sum factor of -k x
     # the scale, ('dm', None) a scale and a float16 sum factor (the minimum): what ``emit`` reads there, read
-    # for eight rows by one gather (rows_dot)
+    # for eight rows at once (rows_dot)
     head: tuple | None = None
 
 
@@ -445,14 +445,29 @@ def _hadd(b, u, v):
                  b.shuffle_vector(u, v, _const_vec(I32, [1, 3, 9, 11, 5, 7, 13, 15])))
 
 
+PREFETCH_CHUNKS = 2      # how many 8-row chunks ahead a decode step's product asks for the weight's bytes
+
+
+def _prefetch_next(b, row0, row_bytes, blk, block_bytes: int):
+    """Ask the memory for the bytes the product will read PREFETCH_CHUNKS chunks of eight rows later, as far
+    into them as this chunk has come (block blk of each row): eight rows are contiguous, so that is one
+    stretch of 8 x block_bytes a block. A decode step reads each weight byte once, from memory: the
+    hardware's own prefetch, which follows eight streams a row apart, stays too close behind."""
+    fn = _declare(b, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    ahead = b.add(b.mul(row_bytes, _i64(PREFETCH_CHUNKS * TILE_R)), b.mul(blk, _i64(TILE_R * block_bytes)))
+    for line in range(0, TILE_R * block_bytes, 64):
+        b.call(fn, [b.gep(row0, [b.add(ahead, _i64(line))]), _i32(0), _i32(3), _i32(1)])
+
+
 def _heads(b, row0, row_bytes, offset, head):
     """(scales, sum factors or None) <8 x float> of the block at byte offset of eight rows from row0, rows
-    row_bytes apart, for a layout with ``head``: the rows' first four bytes by one gather (AVX2's vpgatherdd),
-    their float16 halves widened. The same values, by the same operations, as ``emit``'s scalars."""
-    gather = _declare(b, "llvm.x86.avx2.gather.d.d.256", V8I32, [V8I32, I8.as_pointer(), V8I32, V8I32, I8])
-    step = _splat(b, b.trunc(row_bytes, I32), TILE_R)
-    words = b.call(gather, [ir.Constant(V8I32, None), b.gep(row0, [offset]), b.mul(step, _const_vec(I32, range(TILE_R))),
-                            _const_vec(I32, [-1] * TILE_R), ir.Constant(I8, 1)])
+    row_bytes apart, for a layout with ``head``: the rows' first four bytes as one <8 x i32> (eight 32-bit
+    loads; sixteen 16-bit inserts kept the shuffle port busy for most of a group's time, and AVX2's gather
+    was slower still on this Xeon), their float16 halves widened. The same values, by the same operations,
+    as ``emit``'s scalars."""
+    at = b.gep(row0, [offset])
+    words = _vector_of(b, [b.load(b.bitcast(b.gep(at, [b.mul(row_bytes, _i64(j))]), I32.as_pointer()), align=1)
+                           for j in range(TILE_R)])
     v8i16, v8f16 = ir.VectorType(I16, TILE_R), ir.VectorType(F16, TILE_R)
 
     def widen(w):
@@ -565,6 +580,8 @@ def rows_dot(layout: Layout):
                 blk = loop.index
                 offset = b.mul(blk, _i64(layout.block_bytes))
                 per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
+                if layout.groups == 1:
+                    _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
                 for gi in range(layout.groups):
                     group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                     x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
