@@ -732,3 +732,26 @@ def tile_dot(kind: int, n_x: int):
         return sig, codegen
 
     return dot
+
+
+# -- attention's scores ---------------------------------------------------------------------------------
+def _lanes8_codegen(context, b, signature, args):
+    aq, ak = _arrays(context, b, (signature.args[0], signature.args[2]), (args[0], args[2]))
+    q_at, k_at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 3, 4))
+    acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
+    with cgutils.for_range(b, b.udiv(n, _i64(8))) as loop:
+        j = b.mul(loop.index, _i64(8))
+        qv = b.load(b.bitcast(b.gep(aq.data, [b.add(q_at, j)]), V8F32.as_pointer()), align=4)
+        kv = b.load(b.bitcast(b.gep(ak.data, [b.add(k_at, j)]), V8F32.as_pointer()), align=4)
+        b.store(b.fadd(b.load(acc), b.fmul(qv, kv)), acc)
+    v = b.load(acc)
+    p = [b.extract_element(v, _i32(i)) for i in range(8)]
+    return b.fadd(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])), b.fadd(b.fadd(p[4], p[5]), b.fadd(p[6], p[7])))
+
+
+@intrinsic
+def lanes8_dot(typingctx, q, q_at, k, k_at, n):
+    """float32: the n (a multiple of 8) products of q's and k's float32 values from flat offsets q_at and k_at,
+    element j into running sum j mod 8 (a multiply, then an add: no fused multiply-add), then
+    ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)): attention.py's order for a key's score, in one vector."""
+    return types.float32(q, q_at, k, k_at, n), _lanes8_codegen
