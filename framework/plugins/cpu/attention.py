@@ -14,6 +14,7 @@ import numpy as np
 from numba import prange
 
 from .jit import kernel
+from .vectors import lanes8_dot
 
 _NO_MASK = np.zeros((1, 1), np.float32)
 
@@ -71,6 +72,55 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
             out[i, head, j] = acc[j] * inv
 
 
+def _attend_keys(q, k, v, mask, has_mask, scale, out):
+    """As _attend, with the keys as the cache holds them (S, Hkv, D), for a few queries (a decode step),
+    where transposing the whole window for every call cost more than the scores: each key's D products go
+    into its eight running sums in the same order (element j into sum j mod 8, j ascending, then the same
+    tree and tail), so each score, and the output, is the same bits as _attend's."""
+    t, h, d = q.shape
+    n_keys = k.shape[0]
+    group = h // k.shape[1]
+    d8 = d // 8 * 8
+    neg_inf = np.float32(-np.inf)
+    for job in range(t * h):
+        i = job // h
+        head = job - i * h
+        g = head // group
+        seen = n_keys
+        if has_mask:
+            while seen > 0 and mask[i, seen - 1] == neg_inf:
+                seen -= 1
+        scores = np.empty(seen, np.float32)
+        q_at = (i * h + head) * d
+        for s in range(seen):
+            tail = np.float32(0.0)
+            for j in range(d8, d):
+                tail += q[i, head, j] * k[s, g, j]
+            scores[s] = lanes8_dot(q, q_at, k, (s * k.shape[1] + g) * d, d8) + tail
+        top = neg_inf
+        for s in range(seen):
+            m = mask[i, s] if has_mask else np.float32(0.0)
+            sc = scores[s] * scale + m if m != neg_inf else neg_inf
+            scores[s] = sc
+            top = max(top, sc)
+        acc = np.zeros(d, np.float32)
+        total = np.float32(0.0)
+        for s in range(seen):
+            if scores[s] == neg_inf:
+                continue
+            p = np.exp(scores[s] - top)
+            total += p
+            for j in range(d):
+                acc[j] += p * v[s, g, j]
+        inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+        for j in range(d):
+            out[i, head, j] = acc[j] * inv
+
+
+_attend_by_key = kernel()(_attend_keys)
+BY_KEY_UNTIL = 4             # queries up to which the keys are read as the cache holds them (not transposed)
+
+
 # Two builds of one loop: a decode step's few (query, head) pairs do not pay for waking the threads (on a
 # busy host a thread's wake-up can take a time slice, milliseconds); the same arithmetic either way.
 _attend_threads = kernel(parallel=True)(_attend)
@@ -87,8 +137,12 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     if mask is not None:           # keys past the last one any query sees are not transposed
         seen = np.flatnonzero(np.isfinite(m).any(axis=0))
         n = int(seen[-1]) + 1 if seen.size else 1
-    kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
     mm = np.ascontiguousarray(m[:, :n]) if mask is not None else m
-    run(np.ascontiguousarray(q, dtype=np.float32), kt, np.ascontiguousarray(v, dtype=np.float32), mm,
-        mask is not None, np.float32(scale), out)
+    qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
+    if q.shape[0] <= BY_KEY_UNTIL:
+        _attend_by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale),
+                       out)
+        return out
+    kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
+    run(qc, kt, vc, mm, mask is not None, np.float32(scale), out)
     return out

@@ -164,6 +164,14 @@ class Layout:
     block_bytes: int
     groups: int                                          # groups of 32 values per block
     emit: Callable[[Emitter, object], list[Group]]      # (emitter, block's byte offset) -> its groups
+    # (emitter of row a, of row b, block's byte offset) -> (values 0-15 of a then of b, values 16-31 of a then
+    # of b), two <32 x i8>: for the one-group types of 4 or 5 bits, whose 32 values fit in 16 bytes, so that
+    # a decode step's product takes two rows a vector (rows_dot)
+    pair: Callable[[Emitter, Emitter, object], tuple] | None = None
+    # the one-group types' first four bytes: ('d', None) a float16 scale, ('d', k) also a sum factor of -k x
+    # the scale, ('dm', None) a scale and a float16 sum factor (the minimum): what ``emit`` reads there, read
+    # for eight rows at once (rows_dot)
+    head: tuple | None = None
 
 
 def _neg(e, x, k: float):
@@ -185,6 +193,39 @@ def _q5(e, o, with_min: bool):
     values = b.or_(e.nibbles16(b.add(o, _i64(qs))), e.high_bits(b.add(o, _i64(qh))))
     d = e.f16(o)
     return [Group(values, False, d, sum_factor=e.f16(b.add(o, _i64(2))) if with_min else _neg(e, d, 16.0))]
+
+
+def _nibble_pair(ea, eb, o, qs: int):
+    """Two rows' 16 bytes of nibbles at block offset o + qs as (low nibbles of a, of b), (high ones of a, of b)."""
+    b = ea.b
+    v = b.shuffle_vector(ea.load(ea.row, b.add(o, _i64(qs)), ir.VectorType(I8, 16)),
+                         eb.load(eb.row, b.add(o, _i64(qs)), ir.VectorType(I8, 16)), _const_vec(I32, range(32)))
+    return b.and_(v, _const_vec(I8, [15] * 32)), b.lshr(v, _const_vec(I8, [4] * 32))
+
+
+def _q4_pair(qs: int):
+    return lambda ea, eb, o: _nibble_pair(ea, eb, o, qs)
+
+
+def _q5_pair(qh: int, qs: int):
+    """As _nibble_pair, each value's fifth bit (bit i of the block's uint32 at qh, for value i) times 16 added
+    as high_bits adds it: the two rows' four bytes side by side, each spread to 8 lanes and tested."""
+    def pair(ea, eb, o):
+        b = ea.b
+        lo, hi = _nibble_pair(ea, eb, o, qs)
+        v4 = ir.VectorType(I8, 4)
+        words = b.shuffle_vector(b.bitcast(ea.load(ea.row, b.add(o, _i64(qh)), I32), v4),
+                                 b.bitcast(eb.load(eb.row, b.add(o, _i64(qh)), I32), v4), _const_vec(I32, range(8)))
+        bit = _const_vec(I8, [1 << (i % 8) for i in range(32)])
+        out = []
+        for first, values in ((0, lo), (2, hi)):          # bytes 0-1 of a word hold bits 0-15, bytes 2-3 bits 16-31
+            spread = b.shuffle_vector(words, ir.Constant(ir.VectorType(I8, 8), ir.Undefined),
+                                      _const_vec(I32, [first + i // 8 for i in range(16)]
+                                                 + [4 + first + i // 8 for i in range(16)]))
+            is_set = b.icmp_unsigned("!=", b.and_(spread, bit), ir.Constant(V32I8, None))
+            out.append(b.or_(values, b.select(is_set, _const_vec(I8, [16] * 32), ir.Constant(V32I8, None))))
+        return tuple(out)
+    return pair
 
 
 def _q8_0(e, o):
@@ -319,16 +360,16 @@ def _i32(v: int):
 
 
 LAYOUTS = {
-    "Q4_0": Layout("Q4_0", 18, 1, _q4_0),
-    "Q4_1": Layout("Q4_1", 20, 1, _q4_1),
-    "Q5_0": Layout("Q5_0", 22, 1, lambda e, o: _q5(e, o, False)),
-    "Q5_1": Layout("Q5_1", 24, 1, lambda e, o: _q5(e, o, True)),
-    "Q8_0": Layout("Q8_0", 34, 1, _q8_0),
+    "Q4_0": Layout("Q4_0", 18, 1, _q4_0, _q4_pair(2), ("d", 8.0)),
+    "Q4_1": Layout("Q4_1", 20, 1, _q4_1, _q4_pair(4), ("dm", None)),
+    "Q5_0": Layout("Q5_0", 22, 1, lambda e, o: _q5(e, o, False), _q5_pair(2, 6), ("d", 16.0)),
+    "Q5_1": Layout("Q5_1", 24, 1, lambda e, o: _q5(e, o, True), _q5_pair(4, 8), ("dm", None)),
+    "Q8_0": Layout("Q8_0", 34, 1, _q8_0, head=("d", None)),
     "Q4_K": Layout("Q4_K", 144, 8, _q4_k),
     "Q6_K": Layout("Q6_K", 210, 8, _q6_k),
     "Q5_K": Layout("Q5_K", 176, 8, _q5_k),
     "Q3_K": Layout("Q3_K", 110, 8, _q3_k),
-    "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl),
+    "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl, head=("d", None)),
     "IQ4_XS": Layout("IQ4_XS", 136, 8, _iq4_xs),
 }
 
@@ -396,6 +437,62 @@ def _halves_by_row(b, vs):
     q = [pair(p[2 * t], p[2 * t + 1], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]) for t in range(2)]
     return (b.shuffle_vector(q[0], q[1], _const_vec(I32, [0, 1, 2, 3, 8, 9, 10, 11])),
             b.shuffle_vector(q[0], q[1], _const_vec(I32, [4, 5, 6, 7, 12, 13, 14, 15])))
+
+
+def _hadd(b, u, v):
+    """<8 x i32> [u0+u1, u2+u3, v0+v1, v2+v3, u4+u5, u6+u7, v4+v5, v6+v7] (vphaddd's order)."""
+    return b.add(b.shuffle_vector(u, v, _const_vec(I32, [0, 2, 8, 10, 4, 6, 12, 14])),
+                 b.shuffle_vector(u, v, _const_vec(I32, [1, 3, 9, 11, 5, 7, 13, 15])))
+
+
+PREFETCH_CHUNKS = 2      # how many 8-row chunks ahead a decode step's product asks for the weight's bytes
+
+
+def _prefetch_next(b, row0, row_bytes, blk, block_bytes: int):
+    """Ask the memory for the bytes the product will read PREFETCH_CHUNKS chunks of eight rows later, as far
+    into them as this chunk has come (block blk of each row): eight rows are contiguous, so that is one
+    stretch of 8 x block_bytes a block. A decode step reads each weight byte once, from memory: the
+    hardware's own prefetch, which follows eight streams a row apart, stays too close behind."""
+    fn = _declare(b, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    ahead = b.add(b.mul(row_bytes, _i64(PREFETCH_CHUNKS * TILE_R)), b.mul(blk, _i64(TILE_R * block_bytes)))
+    for line in range(0, TILE_R * block_bytes, 64):
+        b.call(fn, [b.gep(row0, [b.add(ahead, _i64(line))]), _i32(0), _i32(3), _i32(1)])
+
+
+def _heads(b, row0, row_bytes, offset, head):
+    """(scales, sum factors or None) <8 x float> of the block at byte offset of eight rows from row0, rows
+    row_bytes apart, for a layout with ``head``: the rows' first four bytes as one <8 x i32> (eight 32-bit
+    loads; sixteen 16-bit inserts kept the shuffle port busy for most of a group's time, and AVX2's gather
+    was slower still on this Xeon), their float16 halves widened. The same values, by the same operations,
+    as ``emit``'s scalars."""
+    at = b.gep(row0, [offset])
+    words = _vector_of(b, [b.load(b.bitcast(b.gep(at, [b.mul(row_bytes, _i64(j))]), I32.as_pointer()), align=1)
+                           for j in range(TILE_R)])
+    v8i16, v8f16 = ir.VectorType(I16, TILE_R), ir.VectorType(F16, TILE_R)
+
+    def widen(w):
+        return b.fpext(b.bitcast(b.trunc(w, v8i16), v8f16), V8F32)
+
+    d = widen(words)
+    kind, k = head
+    if kind == "dm":
+        return d, widen(b.lshr(words, _const_vec(I32, [16] * TILE_R)))
+    return d, (b.fmul(d, _const_vec(F32, [-k] * TILE_R)) if k is not None else None)
+
+
+def _pairs_by_row(es, pair, offset, x):
+    """<8 x i32>: lane j the integer dot product of a group of weight row j (emitter es[j]) and x, for a
+    layout with ``pair``: rows p and p + 4 share a vector (values 0-15 of p, then of p + 4, times x's values
+    0-15 in both halves; then values 16-31 times x's 16-31), and three pairwise adds gather the lanes of
+    each row. Integer additions: exact, the same sums as _halves_by_row's."""
+    b = es[0].b
+    x_lo = b.shuffle_vector(x, x, _const_vec(I32, [*range(16), *range(16)]))
+    x_hi = b.shuffle_vector(x, x, _const_vec(I32, [*range(16, 32), *range(16, 32)]))
+    vs = []
+    for p in range(TILE_R // 2):
+        u_lo, u_hi = pair(es[p], es[p + TILE_R // 2], offset)
+        vs.append(_dot_acc(es[p], es[p].dot(u_lo, x_lo), u_hi, x_hi))
+    return _hadd(b, _hadd(b, vs[0], vs[1]), _hadd(b, vs[2], vs[3]))
 
 
 def _add_group(b, acc, lo, hi, scale, scale_hi, dx, sum_factor, xsum):
@@ -481,20 +578,31 @@ def rows_dot(layout: Layout):
             acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
             with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
                 blk = loop.index
-                per_row = [layout.emit(e, b.mul(blk, _i64(layout.block_bytes))) for e in es]
+                offset = b.mul(blk, _i64(layout.block_bytes))
+                per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
+                if layout.groups == 1:
+                    _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
                 for gi in range(layout.groups):
                     group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                     x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
                     gs = [per_row[j][gi] for j in range(TILE_R)]
-                    lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
+                    if layout.pair is not None:
+                        lo, hi = _pairs_by_row(es, layout.pair, offset, x), ir.Constant(V8I32, None)
+                    else:
+                        lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
                     at = b.add(s_base, group)
                     dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
                     two = gs[0].scale_hi is not None
                     with_sum = gs[0].sum_factor is not None
                     xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
-                    b.store(_add_group(b, b.load(acc), lo, hi, _vector_of(b, [g.scale for g in gs]),
+                    if layout.head is not None:
+                        scale, sum_factor = _heads(b, es[0].row, row_bytes, offset, layout.head)
+                    else:
+                        scale = _vector_of(b, [g.scale for g in gs])
+                        sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
+                    b.store(_add_group(b, b.load(acc), lo, hi, scale,
                                        _vector_of(b, [g.scale_hi for g in gs]) if two else None, dx,
-                                       _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None, xsum_at), acc)
+                                       sum_factor, xsum_at), acc)
             dst = b.gep(aout.data, [b.add(b.mul(m0, n_out), r0)])
             b.store(b.load(acc), b.bitcast(dst, V8F32.as_pointer()), align=4)
             return ir.Constant(I64, 0)
@@ -624,3 +732,26 @@ def tile_dot(kind: int, n_x: int):
         return sig, codegen
 
     return dot
+
+
+# -- attention's scores ---------------------------------------------------------------------------------
+def _lanes8_codegen(context, b, signature, args):
+    aq, ak = _arrays(context, b, (signature.args[0], signature.args[2]), (args[0], args[2]))
+    q_at, k_at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 3, 4))
+    acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
+    with cgutils.for_range(b, b.udiv(n, _i64(8))) as loop:
+        j = b.mul(loop.index, _i64(8))
+        qv = b.load(b.bitcast(b.gep(aq.data, [b.add(q_at, j)]), V8F32.as_pointer()), align=4)
+        kv = b.load(b.bitcast(b.gep(ak.data, [b.add(k_at, j)]), V8F32.as_pointer()), align=4)
+        b.store(b.fadd(b.load(acc), b.fmul(qv, kv)), acc)
+    v = b.load(acc)
+    p = [b.extract_element(v, _i32(i)) for i in range(8)]
+    return b.fadd(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])), b.fadd(b.fadd(p[4], p[5]), b.fadd(p[6], p[7])))
+
+
+@intrinsic
+def lanes8_dot(typingctx, q, q_at, k, k_at, n):
+    """float32: the n (a multiple of 8) products of q's and k's float32 values from flat offsets q_at and k_at,
+    element j into running sum j mod 8 (a multiply, then an add: no fused multiply-add), then
+    ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)): attention.py's order for a key's score, in one vector."""
+    return types.float32(q, q_at, k, k_at, n), _lanes8_codegen
