@@ -23,8 +23,10 @@
                                                       # child process, interleaved; peak resident memory
     python benchmarks/openvino_measure.py fc-forms    # the larger models' dominant compressed products, 1 thread,
                                                       # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against 32
-    python benchmarks/openvino_measure.py own-head    # attention over cache rows: each query head's kv head
-                                                      # picked by a Gather or by a one-hot product and sum
+    python benchmarks/openvino_measure.py own-head [profile]
+                                                      # attention over cache rows: each kv head's query group
+                                                      # against its own rows (grouped), or every head against
+                                                      # all rows with its own picked by a Gather or a one-hot sum
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -625,19 +627,26 @@ def fc_forms(rounds: int = 7) -> None:
 
 def own_head(rows: int = 288, rounds: int = 40) -> None:
     """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
-    30 layers, 1 thread: each query head's own kv head picked by one Gather (translate.OWN_BY_GATHER) or by a
-    product with a one-hot mask and its sum; CPU time of the 30 layers, medians, for 1 and 5 queries a step."""
+    30 layers, 1 thread: each kv head's group of query heads against its own rows in one batched product
+    (translate.ROW_ATTENTION "grouped"), or every query head against every kv head's rows with its own picked by one
+    Gather (translate.OWN_BY_GATHER) or by a product with a one-hot mask and its sum; CPU time of the 30 layers,
+    medians, for 1 and 5 queries a step. ``own-head profile`` adds OpenVINO's per-kernel times for each form."""
+    import collections
+
     import openvino as ov
     from openvino import opset13 as ops
 
     from framework.plugins.openvino_npu import translate as TR
     hkv, g, d, layers = 3, 3, 64, 30
     h = hkv * g
+    profile = "profile" in sys.argv[2:]
     rng = np.random.default_rng(0)
     core = ov.Core()
+    forms = {"grouped": ("grouped", True), "Gather": ("all", True), "one-hot product and sum": ("all", False)}
     for t in (1, 5):
-        def build(gather: bool):
-            TR.OWN_BY_GATHER, TR._SHARED = gather, {}
+        def build(form: str):
+            TR.ROW_ATTENTION, TR.OWN_BY_GATHER = forms[form]
+            TR._SHARED = {}
             q = ops.parameter([t, h, d], ov.Type.f32, name="q")
             m = ops.parameter([t, rows], ov.Type.f32, name="m")
             kv = [ops.parameter([rows, hkv * d], ov.Type.f32, name=f"kv{i}") for i in range(2 * layers)]
@@ -648,29 +657,38 @@ def own_head(rows: int = 288, rounds: int = 40) -> None:
                 parts = [(kv[2 * i].output(0), kv[2 * i + 1].output(0), m.output(0), rows),
                          (new.output(0), new.output(0), m_new.output(0), t)]
                 x = ops.add(x, TR._attend_rows(x, parts, 0.125, hkv)).output(0)
-            TR._SHARED, TR.OWN_BY_GATHER = None, True
+            TR._SHARED, TR.ROW_ATTENTION, TR.OWN_BY_GATHER = None, "auto", True
             return ov.Model([ops.result(x)], [q, m, *kv, new, m_new])
 
         feeds = [rng.standard_normal((t, h, d)).astype(np.float32), np.zeros((t, rows), np.float32),
                  *[rng.standard_normal((rows, hkv * d)).astype(np.float32) * 0.1 for _ in range(2 * layers)],
                  rng.standard_normal((t, hkv * d)).astype(np.float32), np.zeros((t, t), np.float32)]
-        cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY"}
-        reqs = {k: core.compile_model(build(k == "Gather"), "CPU", cfg).create_infer_request()
-                for k in ("Gather", "one-hot product and sum")}
+        cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY",
+               "PERF_COUNT": profile}
+        reqs = {k: core.compile_model(build(k), "CPU", cfg).create_infer_request() for k in forms}
         outs = {}
         for k, r in reqs.items():
             r.infer(feeds, share_inputs=True)
             outs[k] = r.get_output_tensor(0).data.copy()
         times: dict = {k: [] for k in reqs}
+        kinds: dict = {k: collections.defaultdict(float) for k in reqs}
+        counts: dict = {k: collections.Counter() for k in reqs}
         for _ in range(rounds):
             for k, r in reqs.items():
                 c = time.thread_time()
                 r.infer(feeds, share_inputs=True)
                 times[k].append(time.thread_time() - c)
-        gap = float(np.abs(outs["Gather"] - outs["one-hot product and sum"]).max())
+                for info in r.get_profiling_info() if profile else ():
+                    if info.status == info.Status.EXECUTED and info.real_time.total_seconds() > 0:
+                        kinds[k][f"{info.node_type} ({info.exec_type})"] += info.real_time.total_seconds() / rounds
+                        counts[k][f"{info.node_type} ({info.exec_type})"] += 1
+        gap = max(float(np.abs(outs[k] - outs["Gather"]).max()) for k in outs)
         print(f"{t} quer{'y' if t == 1 else 'ies'} a step over {rows} rows: " + ", ".join(
             f"{k} {np.median(v) * 1e3:.2f} ms" for k, v in times.items()) + f" for {layers} layers; largest "
-            f"difference {gap:.1e}", flush=True)
+            f"difference between forms {gap:.1e}", flush=True)
+        for k in kinds if profile else ():
+            print(f"    {k}: " + "; ".join(f"{kind} {v * 1e3:.2f} ms in {counts[k][kind] // rounds}"
+                                          for kind, v in sorted(kinds[k].items(), key=lambda kv: -kv[1])[:6]))
 
 
 _LLAMA_CHILD = """

@@ -48,6 +48,12 @@ OFFSETS = "zero_point"
 # product separate (benchmarks/openvino_measure.py fused-model compares the two).
 FUSE_PRODUCTS = True
 OWN_BY_GATHER = True
+# With Hkv > 1 kv heads, attention over cache rows (_attend_rows) multiplies each kv head's group of query heads by
+# that head's rows alone, in one batched product ("grouped"), or every query head by every kv head's rows, keeping
+# its own by OWN_BY_GATHER ("all"); "auto" groups from 2 queries a step. OpenVINO's CPU plugin does not fuse the
+# rows' (S, Hkv, D) -> (Hkv, S, D) transpose into the product: the transposes cost what the Hkv times fewer
+# multiply-adds save at one query, and less than they save at five (benchmarks/openvino_measure.py own-head).
+ROW_ATTENTION = "auto"
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
 
@@ -593,6 +599,8 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
     few multiply-adds a decode step needs) and keeps its own: cheaper than moving the cache."""
     t, h, d = (q.get_partial_shape()[i].get_length() for i in range(3))
     g = h // hkv
+    if hkv > 1 and (ROW_ATTENTION == "grouped" or ROW_ATTENTION == "auto" and t > 1):
+        return _attend_rows_grouped(q, parts, scale, t, hkv, g, d)
     qf = _reshape(q, (t * h, d))
     onehot = None
     if hkv > 1:
@@ -635,6 +643,34 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
         o = _reshape(o, (t, hkv, g, d))
         out = o if out is None else ops.add(out, o).output(0)
     return _reshape(ops.divide(out, total), (t, h, d))
+
+
+def _attend_rows_grouped(q: ov.Output, parts, scale: float, t: int, hkv: int, g: int, d: int) -> ov.Output:
+    """_attend_rows by kv head: the (Hkv, T*G, D) queries against each kv head's own rows (Hkv, S, D), one batched
+    product, so no multiply-add is spent on another head's rows. The rows' (S, Hkv, D) -> (Hkv, S, D) transpose is
+    left for OpenVINO to fuse into the product or to make."""
+    qg = _reshape(q, (t, hkv, g, d))
+    qg = _reshape(qg if t == 1 else ops.transpose(qg, _i64([1, 0, 2, 3])), (hkv, t * g, d))
+
+    def heads(x, rows):     # (S, Hkv*D) -> (Hkv, S, D)
+        return ops.transpose(_reshape(x, (rows, hkv, d)), _i64([1, 0, 2])).output(0)
+
+    scores = []
+    for k, _, mask, rows in parts:
+        sc = _reshape(ops.matmul(qg, heads(k, rows), False, True), (hkv, t, g, rows))
+        scores.append(ops.add(ops.multiply(sc, _const(scale)), _reshape(mask, (1, t, 1, rows))).output(0))
+    top = ops.reduce_max(scores[0], _i64([-1]), True).output(0)
+    for sc in scores[1:]:
+        top = ops.maximum(top, ops.reduce_max(sc, _i64([-1]), True)).output(0)
+    total, out = None, None
+    for sc, (_, v, _, rows) in zip(scores, parts):
+        e = ops.exp(ops.subtract(sc, top)).output(0)
+        den = ops.reduce_sum(e, _i64([-1]), True).output(0)
+        total = den if total is None else ops.add(total, den).output(0)
+        o = _reshape(ops.matmul(_reshape(e, (hkv, t * g, rows)), heads(v, rows), False, False), (hkv, t, g, d))
+        out = o if out is None else ops.add(out, o).output(0)
+    o = ops.divide(out, total).output(0)                                                  # (hkv, t, g, d)
+    return _reshape(o if t == 1 else ops.transpose(o, _i64([1, 0, 2, 3])), (t, hkv * g, d))
 
 
 def _view(x, n_total: int, shape, offset: int) -> ov.Output:
