@@ -41,9 +41,11 @@ SUPPORTED_OPS = op_table.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UN
 SQRT_2_OVER_PI = 0.7978845608028654
 # Block offsets (Q4_1, Q5_1, Q4_K, Q5_K) in a matrix product: "zero_point" (-offset / scale, subtracted in
 # the decompression the FullyConnected kernel fuses) or "product" (x @ W^T + offsets @ block_sums(x), as
-# llama.cpp computes it). Measured on this machine they run at the same speed; "zero_point" makes the
-# smaller graph (it compiles faster), so it is the default. A block with a zero scale uses "product".
-OFFSETS = "zero_point"
+# llama.cpp computes it). On one thread OpenVINO's compressed kernel runs a 17920 x 1536 i4 product in 32-value
+# groups 1.6 times as fast without a zero point (benchmarks/openvino_measure.py fc-forms), and the offsets'
+# own product costs less than that saves (the 1.5B decodes 0.71x llama.cpp's speed against 0.57x; docs/openvino.md,
+# "Weight forms"), so "product" is the default. A block with a zero scale always uses "product".
+OFFSETS = "product"
 # MUL_MATs of one input by weights of one form are one product (Translator._fusion_groups); False keeps every
 # product separate (benchmarks/openvino_measure.py fused-model compares the two).
 FUSE_PRODUCTS = True
@@ -169,7 +171,7 @@ def fusion_key(w: OvWeight | None) -> tuple | None:
         return None
     if w.kind == "plain":
         return ("plain", w.data.dtype.str, w.shape[1])
-    if w.offset is not None and not (OFFSETS == "zero_point" and zero_point_ok(w)):
+    if w.offset is not None and OFFSETS == "zero_point" and not zero_point_ok(w):
         return None
     return ("compressed", w.element, w.data.shape[1], w.group, w.scale.dtype.str, w.offset is not None)
 
@@ -367,8 +369,14 @@ class Translator:
         first = id(group[0])
         if first not in self.fused:
             w = fused_weight([self.weights[id(m.src[0])] for m in group])
-            offsets = "zero_point" if w.offset is not None else True
-            y = ops.matmul(self.out(group[0].src[1]), weight_node(w, w.shape, offsets=offsets), False, True)
+            b = group[0].src[1]
+            x = self.out(b)
+            if w.offset is not None and OFFSETS == "product":
+                y = ops.matmul(x, weight_node(w, w.shape, offsets=False), False, True).output(0)
+                y = ops.add(y, offset_product(w, x, b.shape)).output(0)
+            else:
+                offsets = "zero_point" if w.offset is not None else True
+                y = ops.matmul(x, weight_node(w, w.shape, offsets=offsets), False, True)
             split = ops.variadic_split(y, _i64(-1), _i64([m.src[0].shape[0] for m in group]))
             self.fused[first] = [split.output(i) for i in range(len(group))]
         return self.fused[first][place]
