@@ -17,14 +17,18 @@
     python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
                                                       # core) and with INFERENCE_NUM_THREADS 1, against
                                                       # llama.cpp on 1 thread, interleaved: decode tok/s
-    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile]
+    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile] [offsets=product|zero_point]
                                                       # decode of a large model with one compiled model (the
                                                       # prompt fed a token a step), against llama.cpp in a
                                                       # child process, interleaved; peak resident memory
-    python benchmarks/openvino_measure.py fc-forms    # the larger models' dominant compressed products, 1 thread,
-                                                      # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against 32
-    python benchmarks/openvino_measure.py own-head    # attention over cache rows: each query head's kv head
-                                                      # picked by a Gather or by a one-hot product and sum
+    python benchmarks/openvino_measure.py fc-forms [all]
+                                                      # the 1.5B's dominant compressed products, 1 thread, in
+                                                      # every weight form and group size, with
+                                                      # DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 32 and 128
+    python benchmarks/openvino_measure.py own-head [profile]
+                                                      # attention over cache rows: each kv head's query group
+                                                      # against its own rows (grouped), or every head against
+                                                      # all rows with its own picked by a Gather or a one-hot sum
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -572,72 +576,123 @@ def threads(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
 
 
 def fc_forms(rounds: int = 7) -> None:
-    """One thread, M = 1: the CPU time of the compressed products that dominate the larger models' decode steps,
-    with DYNAMIC_QUANTIZATION_GROUP_SIZE 0 and 32 taking turns (medians of ``rounds``)."""
+    """One thread, M = 1: the CPU time of the compressed products that dominate the larger models' decode steps, in
+    every weight form OpenVINO's CPU plugin runs as a compressed FullyConnected (i4 / u4 / i8 / u8 codes; groups of
+    16 to 128 values or one scale a row; no zero point, a float one, or one of the codes' own type), each with
+    DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 32 and 128, taking turns (medians of ``rounds``). Each line says whether the
+    form holds the GGUF blocks' values exactly (Q4_K: 4-bit codes, a scale and a float minimum per 32 values; Q6_K:
+    6-bit codes, a scale per 16) and the product's NMSE against float64 with the form's own values. ``fc-forms all``
+    adds Gemma 3's output head (262144 x 640, slow to compile)."""
     import openvino as ov
     from openvino import opset13 as ops
 
-    from framework.plugins.openvino_npu import weights as W
     rng = np.random.default_rng(0)
     keep = []
+    codes_of = {"i4": (-8, 8, ov.Type.i4), "u4": (0, 16, ov.Type.u4), "i8": (-32, 32, ov.Type.i8),
+                "u8": (0, 64, ov.Type.u8)}
+
+    def packed(q, element):             # 4-bit codes two a byte, element 2i in the low nibble (flattened)
+        if element.endswith("4"):
+            u = q.reshape(-1).astype(np.uint8) & 0x0F
+            keep.append(np.ascontiguousarray(u[0::2] | (u[1::2] << 4)))
+            return ops.constant(ov.Tensor(keep[-1], ov.Shape(list(q.shape)), codes_of[element][2]))
+        return ops.constant(ov.Tensor(q.astype(np.int8 if element == "i8" else np.uint8)))
 
     def model(n, k, element, g, zp, scale_type):
-        q = rng.integers(*((-8, 8) if element == "i4" else (-32, 32)), (n, k // g, g)).astype(np.int8)
+        lo, hi, _ = codes_of[element]
+        q = rng.integers(lo, hi, (n, k // g, g))
         x = ops.parameter([1, k], ov.Type.f32, name="x")
-        if element == "i4":
-            keep.append(W.pack_nibbles(q))      # the constant shares this memory
-            c = ops.constant(ov.Tensor(keep[-1], ov.Shape([n, k // g, g]), ov.Type.i4))
-        else:
-            c = ops.constant(q)
-        c = ops.convert(c, ov.Type.f32)
-        if zp:
-            c = ops.subtract(c, ops.constant(rng.uniform(-2, 2, (n, k // g, 1)).astype(np.float32)))
-        scale = ops.constant(rng.uniform(0.001, 0.01, (n, k // g, 1)).astype(scale_type))
+        c = ops.convert(packed(q, element), ov.Type.f32)
+        values = q.astype(np.float64)
+        if zp == "float":
+            z = rng.uniform(-2, 2, (n, k // g, 1)).astype(np.float32)
+            c, values = ops.subtract(c, ops.constant(z)), values - z
+        elif zp == "codes":             # a zero point of the codes' own type (its middle, as Q6_K's 32)
+            z = rng.integers(lo, hi, (n, k // g, 1))
+            c, values = ops.subtract(c, ops.convert(packed(z, element), ov.Type.f32)), values - z
+        scale = rng.uniform(0.001, 0.01, (n, k // g, 1)).astype(scale_type)
+        values = (values * scale.astype(np.float64)).reshape(n, k)
+        sc = ops.constant(scale)
         if scale_type != np.float32:
-            scale = ops.convert(scale, ov.Type.f32)
-        w = ops.reshape(ops.multiply(c, scale), ops.constant(np.array([n, k], dtype=np.int64)), False)
-        return ov.Model([ops.matmul(x, w, False, True)], [x])
+            sc = ops.convert(sc, ov.Type.f32)
+        w = ops.reshape(ops.multiply(c, sc), ops.constant(np.array([n, k], dtype=np.int64)), False)
+        return ov.Model([ops.matmul(x, w, False, True)], [x]), values
 
-    forms = (("Qwen2.5 1.5B gate+up, Q4_K: i4, float zero point, f32 scales", 17920, 1536, "i4", 32, True,
-              np.float32),
-             ("Qwen2.5 1.5B down, Q6_K: i8 in groups of 16, f32 scales", 1536, 8960, "i8", 16, False, np.float32),
-             ("Gemma 3 output head, Q8_0: i8, f16 scales", 262144, 640, "i8", 32, False, np.float16))
+    q4k = "exact for Q4_K (today's form)"
+    q6k = "exact for Q6_K (today's form)"
+    forms = [("gate+up", 17920, 1536, "i4", 32, "float", np.float32, q4k),
+             ("gate+up", 17920, 1536, "u4", 32, None, np.float32, "exact for Q4_K with its minimum as a product"),
+             ("gate+up", 17920, 1536, "u4", 32, "codes", np.float32, "not exact: Q4_K's minimum is no integer code"),
+             ("gate+up", 17920, 1536, "u4", 64, "codes", np.float32, "not exact"),
+             ("gate+up", 17920, 1536, "u4", 128, "codes", np.float32, "not exact"),
+             ("gate+up", 17920, 1536, "i4", 32, None, np.float16, "not exact (a symmetric 4-bit form)"),
+             ("gate+up", 17920, 1536, "i4", 128, None, np.float16, "not exact"),
+             ("gate+up", 17920, 1536, "i4", 1536, None, np.float32, "not exact (a scale a row)"),
+             ("gate+up", 17920, 1536, "u8", 32, "codes", np.float32, "not exact (8 bits for 4)"),
+             ("gate+up", 17920, 1536, "i8", 1536, None, np.float32, "not exact (a scale a row)"),
+             ("down", 1536, 8960, "i8", 16, None, np.float32, q6k),
+             ("down", 1536, 8960, "u8", 16, "codes", np.float32, "exact for Q6_K (zero point 32)"),
+             ("down", 1536, 8960, "i8", 32, None, np.float32, "not exact: Q6_K has a scale per 16"),
+             ("down", 1536, 8960, "u8", 32, "codes", np.float32, "not exact"),
+             ("down", 1536, 8960, "i8", 128, None, np.float32, "not exact"),
+             ("down", 1536, 8960, "i8", 8960, None, np.float32, "not exact (a scale a row)"),
+             ("down", 1536, 8960, "i4", 32, None, np.float16, "not exact (4 bits for 6)")]
+    if "all" in sys.argv[2:]:
+        forms.append(("Gemma 3 output head, Q8_0", 262144, 640, "i8", 32, None, np.float16, "exact for Q8_0"))
     core = ov.Core()
-    reqs = {}
-    for what, n, k, element, g, zp, scale_type in forms:
-        for dq in (0, 32):
+    reqs, refs = {}, {}
+    for form in forms:
+        m, values = model(*form[1:7])
+        refs[form] = values
+        for dq in (0, 32, 128):
             cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
-                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq}
-            reqs[(what, n, k, dq)] = core.compile_model(model(n, k, element, g, zp, scale_type), "CPU",
-                                                        cfg).create_infer_request()
+                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq, "PERF_COUNT": True}
+            try:
+                reqs[(form, dq)] = core.compile_model(m, "CPU", cfg).create_infer_request()
+            except RuntimeError as e:
+                print(f"{form[:7]} DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: does not compile ({str(e)[:120]})")
     times: dict = {key: [] for key in reqs}
+    x = rng.standard_normal((1, max(f[2] for f in forms))).astype(np.float32)
     for _ in range(rounds):
-        for (what, n, k, dq), req in reqs.items():
-            x = np.ones((1, k), dtype=np.float32)
+        for (form, dq), req in reqs.items():
             c = time.thread_time()
-            req.infer([x])
-            times[(what, n, k, dq)].append(time.thread_time() - c)
-    for (what, n, k, dq), got in times.items():
+            req.infer([x[:, :form[2]]])
+            times[(form, dq)].append(time.thread_time() - c)
+    for (form, dq), got in times.items():
+        what, n, k, element, g, zp, scale_type, exact = form
+        ref = refs[form] @ x[0, :k].astype(np.float64)
+        y = reqs[(form, dq)].get_output_tensor(0).data[0].astype(np.float64)
+        nmse = float(((y - ref) ** 2).mean() / (ref ** 2).mean())
         t = float(np.median(got))
-        print(f"{what}, {n} x {k}, DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: {t * 1e3:.2f} ms CPU time "
-              f"({n * k / t / 1e9:.1f} G weights/s)", flush=True)
+        kernel = next((f"{i.node_type} {i.exec_type}" for i in reqs[(form, dq)].get_profiling_info()
+                       if i.node_type.startswith("FullyConnected")), "no FullyConnected kernel")
+        print(f"{what} {n} x {k}: {element}, groups of {g}, zero point {zp or 'none'}, "
+              f"{np.dtype(scale_type).name} scales, DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: {t * 1e3:.2f} ms CPU time "
+              f"({n * k / t / 1e9:.1f} G weights/s), NMSE {nmse:.1e}, {kernel}; {exact}", flush=True)
 
 
 def own_head(rows: int = 288, rounds: int = 40) -> None:
     """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
-    30 layers, 1 thread: each query head's own kv head picked by one Gather (translate.OWN_BY_GATHER) or by a
-    product with a one-hot mask and its sum; CPU time of the 30 layers, medians, for 1 and 5 queries a step."""
+    30 layers, 1 thread: each kv head's group of query heads against its own rows in one batched product
+    (translate.ROW_ATTENTION "grouped"), or every query head against every kv head's rows with its own picked by one
+    Gather (translate.OWN_BY_GATHER) or by a product with a one-hot mask and its sum; CPU time of the 30 layers,
+    medians, for 1 and 5 queries a step. ``own-head profile`` adds OpenVINO's per-kernel times for each form."""
+    import collections
+
     import openvino as ov
     from openvino import opset13 as ops
 
     from framework.plugins.openvino_npu import translate as TR
     hkv, g, d, layers = 3, 3, 64, 30
     h = hkv * g
+    profile = "profile" in sys.argv[2:]
     rng = np.random.default_rng(0)
     core = ov.Core()
+    forms = {"grouped": ("grouped", True), "Gather": ("all", True), "one-hot product and sum": ("all", False)}
     for t in (1, 5):
-        def build(gather: bool):
-            TR.OWN_BY_GATHER, TR._SHARED = gather, {}
+        def build(form: str):
+            TR.ROW_ATTENTION, TR.OWN_BY_GATHER = forms[form]
+            TR._SHARED = {}
             q = ops.parameter([t, h, d], ov.Type.f32, name="q")
             m = ops.parameter([t, rows], ov.Type.f32, name="m")
             kv = [ops.parameter([rows, hkv * d], ov.Type.f32, name=f"kv{i}") for i in range(2 * layers)]
@@ -648,29 +703,38 @@ def own_head(rows: int = 288, rounds: int = 40) -> None:
                 parts = [(kv[2 * i].output(0), kv[2 * i + 1].output(0), m.output(0), rows),
                          (new.output(0), new.output(0), m_new.output(0), t)]
                 x = ops.add(x, TR._attend_rows(x, parts, 0.125, hkv)).output(0)
-            TR._SHARED, TR.OWN_BY_GATHER = None, True
+            TR._SHARED, TR.ROW_ATTENTION, TR.OWN_BY_GATHER = None, "auto", True
             return ov.Model([ops.result(x)], [q, m, *kv, new, m_new])
 
         feeds = [rng.standard_normal((t, h, d)).astype(np.float32), np.zeros((t, rows), np.float32),
                  *[rng.standard_normal((rows, hkv * d)).astype(np.float32) * 0.1 for _ in range(2 * layers)],
                  rng.standard_normal((t, hkv * d)).astype(np.float32), np.zeros((t, t), np.float32)]
-        cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY"}
-        reqs = {k: core.compile_model(build(k == "Gather"), "CPU", cfg).create_infer_request()
-                for k in ("Gather", "one-hot product and sum")}
+        cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY",
+               "PERF_COUNT": profile}
+        reqs = {k: core.compile_model(build(k), "CPU", cfg).create_infer_request() for k in forms}
         outs = {}
         for k, r in reqs.items():
             r.infer(feeds, share_inputs=True)
             outs[k] = r.get_output_tensor(0).data.copy()
         times: dict = {k: [] for k in reqs}
+        kinds: dict = {k: collections.defaultdict(float) for k in reqs}
+        counts: dict = {k: collections.Counter() for k in reqs}
         for _ in range(rounds):
             for k, r in reqs.items():
                 c = time.thread_time()
                 r.infer(feeds, share_inputs=True)
                 times[k].append(time.thread_time() - c)
-        gap = float(np.abs(outs["Gather"] - outs["one-hot product and sum"]).max())
+                for info in r.get_profiling_info() if profile else ():
+                    if info.status == info.Status.EXECUTED and info.real_time.total_seconds() > 0:
+                        kinds[k][f"{info.node_type} ({info.exec_type})"] += info.real_time.total_seconds() / rounds
+                        counts[k][f"{info.node_type} ({info.exec_type})"] += 1
+        gap = max(float(np.abs(outs[k] - outs["Gather"]).max()) for k in outs)
         print(f"{t} quer{'y' if t == 1 else 'ies'} a step over {rows} rows: " + ", ".join(
             f"{k} {np.median(v) * 1e3:.2f} ms" for k, v in times.items()) + f" for {layers} layers; largest "
-            f"difference {gap:.1e}", flush=True)
+            f"difference between forms {gap:.1e}", flush=True)
+        for k in kinds if profile else ():
+            print(f"    {k}: " + "; ".join(f"{kind} {v * 1e3:.2f} ms in {counts[k][kind] // rounds}"
+                                          for kind, v in sorted(kinds[k].items(), key=lambda kv: -kv[1])[:6]))
 
 
 _LLAMA_CHILD = """
@@ -770,6 +834,10 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
+    for word in [w for w in sys.argv[2:] if w.startswith("offsets=")]:    # translate.OFFSETS for this run
+        from framework.plugins.openvino_npu import translate
+        translate.OFFSETS = word.split("=", 1)[1]
+        sys.argv.remove(word)
     if what == "big-decode":
         big_decode(*sys.argv[2:4])
         raise SystemExit(0)

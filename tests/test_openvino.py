@@ -40,6 +40,7 @@ from framework.core.scheduler import (
 )
 from framework.core.scheduler.verdicts import ask
 from framework.plugins.cpu.device import CpuDevice
+from framework.plugins.openvino_npu import translate as TR
 from framework.plugins.openvino_npu import weights as W
 from framework.plugins.openvino_npu.device import (
     DYNQUANT_ENV,
@@ -283,11 +284,14 @@ def _fully_connected(program) -> int:
                for n in program.compiled.get_runtime_model().get_ops())
 
 
-def test_products_of_one_input_by_weights_of_one_form_are_one_kernel(ov_cpu):
+@pytest.mark.parametrize("offsets", ["zero_point", "product"])
+def test_products_of_one_input_by_weights_of_one_form_are_one_kernel(ov_cpu, offsets, monkeypatch):
     """Q, K and V (gate and up) read one input: weights of one compressed form (element type, block size, scale
     type, offsets) become one product of their rows, split after. Q4_1 and Q4_1 are one (i4 with offsets), Q8_0
     and Q5_0 another (both i8 without offsets), the F16 weight stays apart: 3 kernels for 5 products, each output
-    still its own weight's product, and the weights' values unchanged."""
+    still its own weight's product, and the weights' values unchanged. With the offsets as a product of their own
+    (translate.OFFSETS "product"), the fused Q4_1 pair's offsets are one more (float32) kernel."""
+    monkeypatch.setattr(TR, "OFFSETS", offsets)
     rng = np.random.default_rng(12)
     shapes = {"q": (Q.Q4_1, 64), "k": (Q.Q4_1, 32), "v": (Q.Q8_0, 32), "u": (Q.Q5_0, 48), "p": (Q.F16, 16)}
     raws = {f"blk.0.{k}.weight": raw_weight(qt, (n, 256), seed=i) for i, (k, (qt, n)) in enumerate(shapes.items())}
@@ -302,7 +306,7 @@ def test_products_of_one_input_by_weights_of_one_form_are_one_kernel(ov_cpu):
         handle = ex.weights[(ov_cpu.name, id(tw))]
         np.testing.assert_allclose(W.values(handle), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
     (program,) = ex.programs.values()
-    assert _fully_connected(program) == 3
+    assert _fully_connected(program) == (3 if offsets == "zero_point" else 4)
 
 
 # ---------------------------------------------------------------------------------------------

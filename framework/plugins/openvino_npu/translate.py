@@ -41,13 +41,21 @@ SUPPORTED_OPS = op_table.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UN
 SQRT_2_OVER_PI = 0.7978845608028654
 # Block offsets (Q4_1, Q5_1, Q4_K, Q5_K) in a matrix product: "zero_point" (-offset / scale, subtracted in
 # the decompression the FullyConnected kernel fuses) or "product" (x @ W^T + offsets @ block_sums(x), as
-# llama.cpp computes it). Measured on this machine they run at the same speed; "zero_point" makes the
-# smaller graph (it compiles faster), so it is the default. A block with a zero scale uses "product".
-OFFSETS = "zero_point"
+# llama.cpp computes it). On one thread OpenVINO's compressed kernel runs a 17920 x 1536 i4 product in 32-value
+# groups 1.6 times as fast without a zero point (benchmarks/openvino_measure.py fc-forms), and the offsets'
+# own product costs less than that saves (the 1.5B decodes 0.71x llama.cpp's speed against 0.57x; docs/openvino.md,
+# "Weight forms"), so "product" is the default. A block with a zero scale always uses "product".
+OFFSETS = "product"
 # MUL_MATs of one input by weights of one form are one product (Translator._fusion_groups); False keeps every
 # product separate (benchmarks/openvino_measure.py fused-model compares the two).
 FUSE_PRODUCTS = True
 OWN_BY_GATHER = True
+# With Hkv > 1 kv heads, attention over cache rows (_attend_rows) multiplies each kv head's group of query heads by
+# that head's rows alone, in one batched product ("grouped"), or every query head by every kv head's rows, keeping
+# its own by OWN_BY_GATHER ("all"); "auto" groups from 2 queries a step. OpenVINO's CPU plugin does not fuse the
+# rows' (S, Hkv, D) -> (Hkv, S, D) transpose into the product: the transposes cost what the Hkv times fewer
+# multiply-adds save at one query, and less than they save at five (benchmarks/openvino_measure.py own-head).
+ROW_ATTENTION = "auto"
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
 
@@ -163,7 +171,7 @@ def fusion_key(w: OvWeight | None) -> tuple | None:
         return None
     if w.kind == "plain":
         return ("plain", w.data.dtype.str, w.shape[1])
-    if w.offset is not None and not (OFFSETS == "zero_point" and zero_point_ok(w)):
+    if w.offset is not None and OFFSETS == "zero_point" and not zero_point_ok(w):
         return None
     return ("compressed", w.element, w.data.shape[1], w.group, w.scale.dtype.str, w.offset is not None)
 
@@ -361,8 +369,14 @@ class Translator:
         first = id(group[0])
         if first not in self.fused:
             w = fused_weight([self.weights[id(m.src[0])] for m in group])
-            offsets = "zero_point" if w.offset is not None else True
-            y = ops.matmul(self.out(group[0].src[1]), weight_node(w, w.shape, offsets=offsets), False, True)
+            b = group[0].src[1]
+            x = self.out(b)
+            if w.offset is not None and OFFSETS == "product":
+                y = ops.matmul(x, weight_node(w, w.shape, offsets=False), False, True).output(0)
+                y = ops.add(y, offset_product(w, x, b.shape)).output(0)
+            else:
+                offsets = "zero_point" if w.offset is not None else True
+                y = ops.matmul(x, weight_node(w, w.shape, offsets=offsets), False, True)
             split = ops.variadic_split(y, _i64(-1), _i64([m.src[0].shape[0] for m in group]))
             self.fused[first] = [split.output(i) for i in range(len(group))]
         return self.fused[first][place]
@@ -593,6 +607,8 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
     few multiply-adds a decode step needs) and keeps its own: cheaper than moving the cache."""
     t, h, d = (q.get_partial_shape()[i].get_length() for i in range(3))
     g = h // hkv
+    if hkv > 1 and (ROW_ATTENTION == "grouped" or ROW_ATTENTION == "auto" and t > 1):
+        return _attend_rows_grouped(q, parts, scale, t, hkv, g, d)
     qf = _reshape(q, (t * h, d))
     onehot = None
     if hkv > 1:
@@ -635,6 +651,34 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
         o = _reshape(o, (t, hkv, g, d))
         out = o if out is None else ops.add(out, o).output(0)
     return _reshape(ops.divide(out, total), (t, h, d))
+
+
+def _attend_rows_grouped(q: ov.Output, parts, scale: float, t: int, hkv: int, g: int, d: int) -> ov.Output:
+    """_attend_rows by kv head: the (Hkv, T*G, D) queries against each kv head's own rows (Hkv, S, D), one batched
+    product, so no multiply-add is spent on another head's rows. The rows' (S, Hkv, D) -> (Hkv, S, D) transpose is
+    left for OpenVINO to fuse into the product or to make."""
+    qg = _reshape(q, (t, hkv, g, d))
+    qg = _reshape(qg if t == 1 else ops.transpose(qg, _i64([1, 0, 2, 3])), (hkv, t * g, d))
+
+    def heads(x, rows):     # (S, Hkv*D) -> (Hkv, S, D)
+        return ops.transpose(_reshape(x, (rows, hkv, d)), _i64([1, 0, 2])).output(0)
+
+    scores = []
+    for k, _, mask, rows in parts:
+        sc = _reshape(ops.matmul(qg, heads(k, rows), False, True), (hkv, t, g, rows))
+        scores.append(ops.add(ops.multiply(sc, _const(scale)), _reshape(mask, (1, t, 1, rows))).output(0))
+    top = ops.reduce_max(scores[0], _i64([-1]), True).output(0)
+    for sc in scores[1:]:
+        top = ops.maximum(top, ops.reduce_max(sc, _i64([-1]), True)).output(0)
+    total, out = None, None
+    for sc, (_, v, _, rows) in zip(scores, parts):
+        e = ops.exp(ops.subtract(sc, top)).output(0)
+        den = ops.reduce_sum(e, _i64([-1]), True).output(0)
+        total = den if total is None else ops.add(total, den).output(0)
+        o = _reshape(ops.matmul(_reshape(e, (hkv, t * g, rows)), heads(v, rows), False, False), (hkv, t, g, d))
+        out = o if out is None else ops.add(out, o).output(0)
+    o = ops.divide(out, total).output(0)                                                  # (hkv, t, g, d)
+    return _reshape(o if t == 1 else ops.transpose(o, _i64([1, 0, 2, 3])), (t, hkv * g, d))
 
 
 def _view(x, n_total: int, shape, offset: int) -> ov.Output:
