@@ -19,6 +19,34 @@ from .vectors import lanes8_dot
 _NO_MASK = np.zeros((1, 1), np.float32)
 
 
+def _softmax_values(scores, seen, mask, i, has_mask, scale, v, g, out, head):
+    """Query i's raw scores of its first `seen` keys scaled and masked, their softmax (shifted by the largest),
+    and the values it weighs (kv head g) into out[i, head]: the one order both kernels below share."""
+    d = out.shape[2]
+    neg_inf = np.float32(-np.inf)
+    top = neg_inf
+    for s in range(seen):
+        m = mask[i, s] if has_mask else np.float32(0.0)
+        sc = scores[s] * scale + m if m != neg_inf else neg_inf
+        scores[s] = sc
+        top = max(top, sc)
+    acc = np.zeros(d, np.float32)
+    total = np.float32(0.0)
+    for s in range(seen):
+        if scores[s] == neg_inf:
+            continue
+        p = np.exp(scores[s] - top)
+        total += p
+        for j in range(d):
+            acc[j] += p * v[s, g, j]
+    inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+    for j in range(d):
+        out[i, head, j] = acc[j] * inv
+
+
+_weigh = kernel()(_softmax_values)
+
+
 def _attend(q, kt, v, mask, has_mask, scale, out):
     """kt: the keys by kv head, transposed (Hkv, D, S), so that a query's scores are loops over the keys
     (vectorized, no reduction across lanes). A key's dot product keeps the order of a loop over its D
@@ -52,24 +80,7 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
         for s in range(seen):
             scores[s] = (((parts[0, s] + parts[1, s]) + (parts[2, s] + parts[3, s]))
                          + ((parts[4, s] + parts[5, s]) + (parts[6, s] + parts[7, s]))) + tail[s]
-        top = neg_inf
-        for s in range(seen):
-            m = mask[i, s] if has_mask else np.float32(0.0)
-            sc = scores[s] * scale + m if m != neg_inf else neg_inf
-            scores[s] = sc
-            top = max(top, sc)
-        acc = np.zeros(d, np.float32)
-        total = np.float32(0.0)
-        for s in range(seen):
-            if scores[s] == neg_inf:
-                continue
-            p = np.exp(scores[s] - top)
-            total += p
-            for j in range(d):
-                acc[j] += p * v[s, g, j]
-        inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
-        for j in range(d):
-            out[i, head, j] = acc[j] * inv
+        _weigh(scores, seen, mask, i, has_mask, scale, v, g, out, head)
 
 
 def _attend_keys(q, k, v, mask, has_mask, scale, out):
@@ -97,24 +108,7 @@ def _attend_keys(q, k, v, mask, has_mask, scale, out):
             for j in range(d8, d):
                 tail += q[i, head, j] * k[s, g, j]
             scores[s] = lanes8_dot(q, q_at, k, (s * k.shape[1] + g) * d, d8) + tail
-        top = neg_inf
-        for s in range(seen):
-            m = mask[i, s] if has_mask else np.float32(0.0)
-            sc = scores[s] * scale + m if m != neg_inf else neg_inf
-            scores[s] = sc
-            top = max(top, sc)
-        acc = np.zeros(d, np.float32)
-        total = np.float32(0.0)
-        for s in range(seen):
-            if scores[s] == neg_inf:
-                continue
-            p = np.exp(scores[s] - top)
-            total += p
-            for j in range(d):
-                acc[j] += p * v[s, g, j]
-        inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
-        for j in range(d):
-            out[i, head, j] = acc[j] * inv
+        _weigh(scores, seen, mask, i, has_mask, scale, v, g, out, head)
 
 
 _attend_by_key = kernel()(_attend_keys)
