@@ -633,14 +633,10 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
         sc = own(ops.matmul(qf, _reshape(k, (rows * hkv, d)), False, True).output(0), rows)    # (t, hkv, g, rows)
         sc = ops.add(ops.multiply(sc, _const(scale)), _reshape(mask, (t, 1, 1, rows))).output(0)
         scores.append(sc)
-    top = ops.reduce_max(scores[0], _i64([-1]), True).output(0)
-    for sc in scores[1:]:
-        top = ops.maximum(top, ops.reduce_max(sc, _i64([-1]), True)).output(0)
+    top = _top_of(scores)
     total, out = None, None
     for sc, (_, v, _, rows) in zip(scores, parts):
-        e = ops.exp(ops.subtract(sc, top)).output(0)
-        den = ops.reduce_sum(e, _i64([-1]), True).output(0)
-        total = den if total is None else ops.add(total, den).output(0)
+        e, total = _weights_of(sc, top, total)
         o = ops.matmul(_reshape(e, (t * h, rows)), v, False, False).output(0)            # (t*h, hkv*d)
         if hkv > 1 and OWN_BY_GATHER:
             o = ops.gather(_reshape(o, (t * h * hkv, d)), _const((row * hkv + head).astype(np.int32), np.int32),
@@ -651,6 +647,21 @@ def _attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
         o = _reshape(o, (t, hkv, g, d))
         out = o if out is None else ops.add(out, o).output(0)
     return _reshape(ops.divide(out, total), (t, h, d))
+
+
+def _top_of(scores) -> ov.Output:
+    """The largest score of every query row over all the parts' scores (the softmax's shift)."""
+    top = ops.reduce_max(scores[0], _i64([-1]), True).output(0)
+    for sc in scores[1:]:
+        top = ops.maximum(top, ops.reduce_max(sc, _i64([-1]), True)).output(0)
+    return top
+
+
+def _weights_of(sc, top, total):
+    """A part's exp(scores - top), and the running total of its sums added to `total` (None at first)."""
+    e = ops.exp(ops.subtract(sc, top)).output(0)
+    den = ops.reduce_sum(e, _i64([-1]), True).output(0)
+    return e, den if total is None else ops.add(total, den).output(0)
 
 
 def _attend_rows_grouped(q: ov.Output, parts, scale: float, t: int, hkv: int, g: int, d: int) -> ov.Output:
@@ -667,14 +678,10 @@ def _attend_rows_grouped(q: ov.Output, parts, scale: float, t: int, hkv: int, g:
     for k, _, mask, rows in parts:
         sc = _reshape(ops.matmul(qg, heads(k, rows), False, True), (hkv, t, g, rows))
         scores.append(ops.add(ops.multiply(sc, _const(scale)), _reshape(mask, (1, t, 1, rows))).output(0))
-    top = ops.reduce_max(scores[0], _i64([-1]), True).output(0)
-    for sc in scores[1:]:
-        top = ops.maximum(top, ops.reduce_max(sc, _i64([-1]), True)).output(0)
+    top = _top_of(scores)
     total, out = None, None
     for sc, (_, v, _, rows) in zip(scores, parts):
-        e = ops.exp(ops.subtract(sc, top)).output(0)
-        den = ops.reduce_sum(e, _i64([-1]), True).output(0)
-        total = den if total is None else ops.add(total, den).output(0)
+        e, total = _weights_of(sc, top, total)
         o = _reshape(ops.matmul(_reshape(e, (hkv, t * g, rows)), heads(v, rows), False, False), (hkv, t, g, d))
         out = o if out is None else ops.add(out, o).output(0)
     o = ops.divide(out, total).output(0)                                                  # (hkv, t, g, d)
