@@ -19,6 +19,15 @@ from .vectors import lanes8_dot
 _NO_MASK = np.zeros((1, 1), np.float32)
 
 
+def _keys_seen(mask, i, n_keys, has_mask):
+    """How many keys query i sees: those past the last one its mask leaves open weigh exactly 0."""
+    seen = n_keys
+    if has_mask:
+        while seen > 0 and mask[i, seen - 1] == np.float32(-np.inf):
+            seen -= 1
+    return seen
+
+
 def _softmax_values(scores, seen, mask, i, has_mask, scale, v, g, out, head):
     """Query i's raw scores of its first `seen` keys scaled and masked, their softmax (shifted by the largest),
     and the values it weighs (kv head g) into out[i, head]: the one order both kernels below share."""
@@ -45,6 +54,7 @@ def _softmax_values(scores, seen, mask, i, has_mask, scale, v, g, out, head):
 
 
 _weigh = kernel()(_softmax_values)
+_seen = kernel()(_keys_seen)
 
 
 def _attend(q, kt, v, mask, has_mask, scale, out):
@@ -56,15 +66,11 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
     n_keys = kt.shape[2]
     group = h // kt.shape[0]
     d8 = d // 8 * 8
-    neg_inf = np.float32(-np.inf)
     for job in prange(t * h):
         i = job // h
         head = job - i * h
         g = head // group
-        seen = n_keys                      # keys past the last one this query sees weigh exactly 0
-        if has_mask:
-            while seen > 0 and mask[i, seen - 1] == neg_inf:
-                seen -= 1
+        seen = _seen(mask, i, n_keys, has_mask)
         parts = np.zeros((8, seen), np.float32)
         for j0 in range(0, d8, 8):
             for lane in range(8):
@@ -92,15 +98,11 @@ def _attend_keys(q, k, v, mask, has_mask, scale, out):
     n_keys = k.shape[0]
     group = h // k.shape[1]
     d8 = d // 8 * 8
-    neg_inf = np.float32(-np.inf)
     for job in range(t * h):
         i = job // h
         head = job - i * h
         g = head // group
-        seen = n_keys
-        if has_mask:
-            while seen > 0 and mask[i, seen - 1] == neg_inf:
-                seen -= 1
+        seen = _seen(mask, i, n_keys, has_mask)
         scores = np.empty(seen, np.float32)
         q_at = (i * h + head) * d
         for s in range(seen):
