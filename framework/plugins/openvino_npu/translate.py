@@ -214,6 +214,16 @@ def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | Non
     return ops.matmul(sums, c["offset"], False, True).output(0)
 
 
+def weight_product(x: ov.Output, x_shape: tuple, w: OvWeight, shape: tuple) -> ov.Output:
+    """x @ W^T for a weight of the given (N, K) shape, one or fused: the block offsets subtracted as a zero point in
+    the decompression (OFFSETS "zero_point", where no block's scale is 0) or added as their own product."""
+    if OFFSETS == "zero_point" and zero_point_ok(w):
+        return ops.matmul(x, weight_node(w, shape, offsets="zero_point"), False, True).output(0)
+    y = ops.matmul(x, weight_node(w, shape, offsets=False), False, True).output(0)
+    extra = offset_product(w, x, x_shape)
+    return y if extra is None else ops.add(y, extra).output(0)
+
+
 class _FullWindow(Exception):
     """A cache write must be materialised: translate again binding every row of that cache."""
 
@@ -341,13 +351,8 @@ class Translator:
         if id(n) in self.fusion:
             return self._fused_product(*self.fusion[id(n)])
         w = self.weights.get(id(a)) if a.is_leaf and a.kind == LeafKind.WEIGHT else None
-        if w is not None and len(a.shape) == 2 and OFFSETS == "zero_point" and zero_point_ok(w):
-            return ops.matmul(self.out(b), weight_node(w, a.shape, offsets="zero_point"), False, True).output(0)
         if w is not None and len(a.shape) == 2:
-            bv = self.out(b)
-            y = ops.matmul(bv, weight_node(w, a.shape, offsets=False), False, True).output(0)
-            extra = offset_product(w, bv, b.shape)
-            return y if extra is None else ops.add(y, extra).output(0)
+            return weight_product(self.out(b), b.shape, w, a.shape)
         av, bv = self.out(a), self.out(b)
         if len(a.shape) == 2:
             return ops.matmul(bv, av, False, True).output(0)
@@ -370,13 +375,7 @@ class Translator:
         if first not in self.fused:
             w = fused_weight([self.weights[id(m.src[0])] for m in group])
             b = group[0].src[1]
-            x = self.out(b)
-            if w.offset is not None and OFFSETS == "product":
-                y = ops.matmul(x, weight_node(w, w.shape, offsets=False), False, True).output(0)
-                y = ops.add(y, offset_product(w, x, b.shape)).output(0)
-            else:
-                offsets = "zero_point" if w.offset is not None else True
-                y = ops.matmul(x, weight_node(w, w.shape, offsets=offsets), False, True)
+            y = weight_product(self.out(b), b.shape, w, w.shape)
             split = ops.variadic_split(y, _i64(-1), _i64([m.src[0].shape[0] for m in group]))
             self.fused[first] = [split.output(i) for i in range(len(group))]
         return self.fused[first][place]
