@@ -57,7 +57,10 @@ def _raw_loop(queue, kernel, n: int, gsize: int = 128, lsize: int = 128, every: 
         for i in range(1, n + 1):
             rc = fn(qp, kp, 1, None, g, lsz, 0, None, None)
             if rc:
-                raise RuntimeError(f"clEnqueueNDRangeKernel failed on enqueue {i}: status {rc}")
+                from pyopencl import status_code
+                names = {v: k for k, v in vars(status_code).items() if isinstance(v, int)}
+                raise RuntimeError(f"enqueueing {kernel.function_name} (global size {gsize}, local {lsize}) failed on "
+                                   f"enqueue {i} of {n}: {names.get(rc, 'OpenCL error')} ({rc})")
             if i % every == 0:
                 queue.flush()
     return loop
