@@ -212,7 +212,9 @@ def test_weights_repack_exactly(qtype):
     assert w.nbytes == W.nbytes_for(qtype, (4, 256), 4)
     if qtype.name in W.COMPRESSED_TYPES:
         assert w.kind == "compressed"
-        assert w.element == ("i4" if qtype.name in ("Q4_0", "Q4_1", "Q4_K") else "i8")
+        assert w.element == {"Q4_0": "i4", "Q4_1": "i4", "Q4_K": "u4"}.get(qtype.name, "i8")
+        # the K-quants' minimums stay the file's 6-bit codes with -dmin as their scale, Q4_1's and Q5_1's are floats
+        assert w.offset_form == {"Q4_K": "codes", "Q5_K": "codes", "Q4_1": "float32", "Q5_1": "float32"}.get(qtype.name)
         assert w.nbytes < ref.nbytes / 2
     elif qtype == Q.Q2_K:
         assert w.kind == "plain" and "converted to float32 at load" in W.CONVERTED["Q2_K"]
@@ -234,7 +236,7 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
     consts = [str(n.get_rt_info()["outputPrecisions"].astype(str))
               for n in program.compiled.get_runtime_model().get_ops()
               if str(n.get_rt_info()["layerType"].astype(str)) == "Const"]
-    assert any(p in ("i4", "i8") for p in consts), consts
+    assert any(p in ("i4", "u4", "i8") for p in consts), consts
 
 
 def _mapping_rss_kb(path: Path) -> int:

@@ -34,7 +34,7 @@ from ...contract import ops as op_table
 from .weights import OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
-ELEMENTS = {"i4": ov.Type.i4, "i8": ov.Type.i8}
+ELEMENTS = {"i4": ov.Type.i4, "u4": ov.Type.u4, "i8": ov.Type.i8}
 SUPPORTED_OPS = op_table.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM",
                                "SOFT_MAX", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE",
                                "TRANSPOSE", "CONT", "CONCAT")
@@ -139,7 +139,7 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
         return out if tuple(w.shape) == shape else _reshape(out, shape)
     if "data" not in c:
         et = ELEMENTS[w.element]
-        if w.element == "i4":           # the nibbles as they are held (weights.pack_nibbles): shared, not copied
+        if w.element in ("i4", "u4"):   # the nibbles as they are held (weights.pack_nibbles): shared, not copied
             rows, blocks, _ = w.data.shape
             c["data"] = ops.constant(ov.Tensor(w.data, ov.Shape([rows, blocks, w.group]), et))
         else:
@@ -149,18 +149,32 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
     scale = c["scale"].output(0)
     if w.scale.dtype != np.float32:
         scale = ops.convert(scale, ov.Type.f32).output(0)
-    if offsets == "zero_point" and w.offset is not None:
+    if offsets == "zero_point" and w.offset_form is not None:
         if "zp" not in c:
-            c["zp_values"] = (-w.offset[..., None] / w.scale.astype(np.float32)).astype(np.float32)
+            c["zp_values"] = (-w.offsets[..., None] / w.scale.astype(np.float32)).astype(np.float32)
             c["zp"] = ops.constant(c["zp_values"], shared_memory=True)
         x = ops.subtract(x, c["zp"]).output(0)
         offsets = False
     x = ops.multiply(x, scale).output(0)
-    if offsets and w.offset is not None:
-        if "offset3" not in c:
-            c["offset3"] = ops.constant(w.offset.reshape(w.offset.shape + (1,)), shared_memory=True)
-        x = ops.add(x, c["offset3"]).output(0)
+    if offsets and w.offset_form is not None:
+        x = ops.add(x, _reshape(offsets_node(w), w.data.shape[:2] + (1,))).output(0)
     return _reshape(x, shape)
+
+
+def offsets_node(w: OvWeight) -> ov.Output:
+    """The (rows, blocks) float32 block offsets: a constant, or the K-quants' minimum codes times -dmin, which
+    OpenVINO's CPU plugin runs as a compressed product (u8 codes, groups of 8) where the float32 matrix was a
+    plain one four times the bytes (benchmarks/openvino_measure.py offset-forms)."""
+    c = w._constants
+    if w.offset_form == "float32":
+        if "offset" not in c:
+            c["offset"] = ops.constant(w.offset, shared_memory=True)
+        return c["offset"].output(0)
+    if "offset_codes" not in c:
+        c["offset_codes"] = ops.constant(ov.Tensor(w.offset_codes, ov.Shape(list(w.offset_codes.shape)), ov.Type.u8))
+        c["offset_scale"] = ops.constant(w.offset_scale, shared_memory=True)
+    x = ops.multiply(ops.convert(c["offset_codes"], ov.Type.f32), ops.convert(c["offset_scale"], ov.Type.f32))
+    return _reshape(x, (w.offset_codes.shape[0], -1))
 
 
 def fusion_key(w: OvWeight | None) -> tuple | None:
@@ -171,9 +185,9 @@ def fusion_key(w: OvWeight | None) -> tuple | None:
         return None
     if w.kind == "plain":
         return ("plain", w.data.dtype.str, w.shape[1])
-    if w.offset is not None and OFFSETS == "zero_point" and not zero_point_ok(w):
+    if w.offset_form is not None and OFFSETS == "zero_point" and not zero_point_ok(w):
         return None
-    return ("compressed", w.element, w.data.shape[1], w.group, w.scale.dtype.str, w.offset is not None)
+    return ("compressed", w.element, w.data.shape[1], w.group, w.scale.dtype.str, w.offset_form)
 
 
 def fused_weight(ws: list[OvWeight]) -> OvWeight:
@@ -182,7 +196,7 @@ def fused_weight(ws: list[OvWeight]) -> OvWeight:
     c = ws[0]._constants
     key = ("fused",) + tuple(w.name for w in ws)
     if key not in c:
-        fields = ("data", "scale", "offset") if ws[0].kind == "compressed" else ("data",)
+        fields = ("data", "scale", "offset", "offset_codes", "offset_scale") if ws[0].kind == "compressed" else ("data",)
         whole = {f: np.concatenate([getattr(w, f) for w in ws]) if getattr(ws[0], f) is not None else None
                  for f in fields}
         start = 0
@@ -194,24 +208,22 @@ def fused_weight(ws: list[OvWeight]) -> OvWeight:
             start += rows
         c[key] = OvWeight("+".join(w.name for w in ws), "+".join(w.dtype for w in ws), (start, ws[0].shape[1]),
                           ws[0].kind, whole["data"], element=ws[0].element, scale=whole.get("scale"),
-                          offset=whole.get("offset"))
+                          offset=whole.get("offset"), offset_codes=whole.get("offset_codes"),
+                          offset_scale=whole.get("offset_scale"))
     return c[key]
 
 
 def zero_point_ok(w: OvWeight) -> bool:
-    return w.kind == "compressed" and w.offset is not None and bool(np.all(w.scale != 0))
+    return w.kind == "compressed" and w.offset_form is not None and bool(np.all(w.scale != 0))
 
 
 def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | None:
     """offsets (N, blocks) @ block sums of x (..., K): what the block offsets add to x @ W^T."""
-    if w.kind != "compressed" or w.offset is None:
+    if w.kind != "compressed" or w.offset_form is None:
         return None
-    c = w._constants
-    if "offset" not in c:
-        c["offset"] = ops.constant(w.offset, shared_memory=True)
     blocks, group = w.data.shape[1], w.group
     sums = ops.reduce_sum(_reshape(x, tuple(x_shape[:-1]) + (blocks, group)), _i64([-1]), False).output(0)
-    return ops.matmul(sums, c["offset"], False, True).output(0)
+    return ops.matmul(sums, offsets_node(w), False, True).output(0)
 
 
 def weight_product(x: ov.Output, x_shape: tuple, w: OvWeight, shape: tuple) -> ov.Output:

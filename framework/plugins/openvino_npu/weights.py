@@ -8,24 +8,27 @@ copies::
     Constant(i4 | i8, (rows, blocks, G)) -> Convert(f32) -> Multiply(scale (rows, blocks, 1))
         -> Reshape(rows, cols) -> MatMul(transpose_b)            (or Gather, for an embedding)
 
-| GGUF   | element | G  | scale        | block offset        | value                     |
-| ------ | ------- | -- | ------------ | ------------------- | ------------------------- |
-| Q4_0   | i4      | 32 | d (f16)      | -                   | d * (q - 8)               |
-| Q4_1   | i4      | 32 | d (f16)      | m + 8 d             | d * q + m                 |
-| Q5_0   | i8      | 32 | d (f16)      | -                   | d * (q - 16)              |
-| Q5_1   | i8      | 32 | d (f16)      | m + 16 d            | d * q + m                 |
-| Q8_0   | i8      | 32 | d (f16)      | -                   | d * q                     |
-| Q4_K   | i4      | 32 | d * sc (f32) | 8 d sc - dmin m     | d * sc * q - dmin * m     |
-| Q5_K   | i8      | 32 | d * sc (f32) | 16 d sc - dmin m    | d * sc * q - dmin * m     |
-| Q6_K   | i8      | 16 | d * sc (f32) | -                   | d * sc * (q - 32)         |
+| GGUF   | element | G  | scale        | block offset              | value                     |
+| ------ | ------- | -- | ------------ | ------------------------- | ------------------------- |
+| Q4_0   | i4      | 32 | d (f16)      | -                         | d * (q - 8)               |
+| Q4_1   | i4      | 32 | d (f16)      | m + 8 d                   | d * q + m                 |
+| Q5_0   | i8      | 32 | d (f16)      | -                         | d * (q - 16)              |
+| Q5_1   | i8      | 32 | d (f16)      | m + 16 d                  | d * q + m                 |
+| Q8_0   | i8      | 32 | d (f16)      | -                         | d * q                     |
+| Q4_K   | u4      | 32 | d * sc (f32) | m (u8) * -dmin (f16)      | d * sc * q - dmin * m     |
+| Q5_K   | i8      | 32 | d * sc (f32) | m (u8) * -dmin (f16)      | d * sc * q - dmin * m     |
+| Q6_K   | i8      | 16 | d * sc (f32) | -                         | d * sc * (q - 32)         |
 
-The stored integers are the file's q minus the middle of its range (8, 16 or 32), so they fit a
-signed type; the scales are the file's own (an f16 scale times a 6- or 8-bit sub-scale is exact in
-f32). Types with a block minimum (Q4_1, Q5_1, Q4_K, Q5_K) keep it as a per-block offset, which the
+The stored integers of the types without a minimum, and of Q4_1 and Q5_1, are the file's q minus the
+middle of its range (8, 16 or 32), so they fit a signed type; the K-quants with a minimum keep the file's
+q as it is (Q4_K's as u4). The scales are the file's own (an f16 scale times a 6- or 8-bit sub-scale is
+exact in f32). Types with a block minimum (Q4_1, Q5_1, Q4_K, Q5_K) keep it as a per-block offset, which the
 matrix product applies either as a zero point (-offset / scale, subtracted inside the decompression
 that the FullyConnected kernel fuses) or as ``offsets @ block_sums(x)`` added to the product, as
-llama.cpp computes these types (translate.OFFSETS says which, and why). Either differs from the
-file's values by float32 rounding only.
+llama.cpp computes these types (translate.OFFSETS says which, and why). Q4_1's and Q5_1's offsets are
+float32 values; the K-quants' are the file's own 6-bit minimums m with -dmin as the scale of each
+super-block's eight, so that product is a compressed one too (``offset_codes``, ``offset_scale``), exact
+as the rest. Either differs from the file's values by float32 rounding only.
 
 5-bit and 6-bit values have no OpenVINO element type: they take one byte (still the file's integers
 with its scales). ``bits=8`` stores the 4-bit types one byte per value too (i8).
@@ -55,10 +58,11 @@ class OvWeight:
 
     kind "plain": ``data`` holds the values (float32 or float16) in the tensor's shape.
     kind "compressed": ``data`` the integers of (rows, blocks, G) values stored as ``element``: for "i8" int8
-    (rows, blocks, G); for "i4" two values a byte, low nibble first, uint8 (rows, blocks, G / 2), the layout of
+    (rows, blocks, G); for "i4" and "u4" two values a byte, low nibble first, uint8 (rows, blocks, G / 2), the layout of
     OpenVINO's i4 constants (so the weight is held once, as the model's constant reads it, not also one byte a
     value); ``scale`` (rows, blocks, 1) float16/float32, ``offset`` None or (rows, blocks) float32:
-    value = scale * q + offset.
+    value = scale * q + offset; the K-quants' offsets are held as codes instead: ``offset_codes`` (rows, blocks / 8, 8)
+    uint8 times ``offset_scale`` (rows, blocks / 8, 1) float16 (``offset`` None). ``offsets`` gives either as float32.
     """
 
     name: str
@@ -69,46 +73,62 @@ class OvWeight:
     element: str = ""
     scale: np.ndarray | None = None
     offset: np.ndarray | None = None
+    offset_codes: np.ndarray | None = None
+    offset_scale: np.ndarray | None = None
     note: str = ""                  # set when converted at load
     _constants: dict = field(default_factory=dict, repr=False)   # OpenVINO constants, made once
 
     @property
     def group(self) -> int:
         """Values a block (compressed weights)."""
-        return self.data.shape[-1] * (2 if self.element == "i4" else 1)
+        return self.data.shape[-1] * (2 if self.element in ("i4", "u4") else 1)
 
     @property
     def codes(self) -> np.ndarray:
-        """(rows, blocks, G) int8: the stored integers, one a byte (unpacked from nibbles for i4)."""
-        if self.element != "i4":
+        """(rows, blocks, G) int8: the stored integers, one a byte (unpacked from nibbles for i4 and u4)."""
+        if self.element not in ("i4", "u4"):
             return self.data
-        return unpack_nibbles(self.data)
+        return unpack_nibbles(self.data, signed=self.element == "i4")
+
+    @property
+    def offset_form(self) -> str | None:
+        """How the block offsets are held: "codes" (offset_codes * offset_scale), "float32" or None (none)."""
+        return "codes" if self.offset_codes is not None else "float32" if self.offset is not None else None
+
+    @property
+    def offsets(self) -> np.ndarray | None:
+        """(rows, blocks) float32 block offsets, whichever form holds them; None for a type without."""
+        if self.offset_codes is None:
+            return self.offset
+        rows = self.offset_codes.shape[0]
+        return (self.offset_codes.astype(np.float32) * self.offset_scale.astype(np.float32)).reshape(rows, -1)
 
     @property
     def nbytes(self) -> int:
         n = self.data.nbytes
-        for a in (self.scale, self.offset):
+        for a in (self.scale, self.offset, self.offset_codes, self.offset_scale):
             if a is not None:
                 n += a.nbytes
         return n
 
 
 def packed_nbytes(element: str, count: int) -> int:
-    return (count + 1) // 2 if element == "i4" else count
+    return (count + 1) // 2 if element in ("i4", "u4") else count
 
 
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """(..., G) integers in -8..7 -> (..., G / 2) uint8, element 2i in the low nibble of byte i (OpenVINO's i4)."""
+    """(..., G) integers in -8..7 (or 0..15) -> (..., G / 2) uint8, element 2i in the low nibble of byte i
+    (OpenVINO's i4 and u4)."""
     u = q.view(np.uint8) if q.dtype == np.int8 else q.astype(np.int8).view(np.uint8)
     return np.ascontiguousarray((u[..., 0::2] & 0x0F) | ((u[..., 1::2] & 0x0F) << 4))
 
 
-def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """The inverse of :func:`pack_nibbles`: (..., G / 2) uint8 -> (..., G) int8."""
+def unpack_nibbles(packed: np.ndarray, signed: bool = True) -> np.ndarray:
+    """The inverse of :func:`pack_nibbles`: (..., G / 2) uint8 -> (..., G) int8 (-8..7, or 0..15 unsigned)."""
     lo = (packed & 0x0F).astype(np.int8)
     hi = (packed >> 4).astype(np.int8)
     out = np.stack([lo, hi], axis=-1).reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
-    return np.where(out > 7, out - 16, out).astype(np.int8)
+    return np.where(out > 7, out - 16, out).astype(np.int8) if signed else out
 
 
 def _blocks(raw: np.ndarray, dtype: DType, shape) -> np.ndarray:
@@ -144,8 +164,9 @@ def _k4_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """(q (n_groups, G) integers, scale (n_groups,), offset (n_groups,) or None, G): value = scale*q + offset."""
+def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray | tuple | None, int]:
+    """(q (n_groups, G) integers, scale (n_groups,), offset, G): value = scale*q + offset, where offset is None,
+    (n_groups,) float32, or for the K-quants (m (n_groups,) uint8, -dmin (n_groups / 8,) float16): offset = -dmin * m."""
     name = dtype.name
     b = _blocks(raw, dtype, shape)
     if name == "Q8_0":
@@ -174,8 +195,8 @@ def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray
             hi = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
             q = q | (hi << 4)
         scale = (d * sc.astype(np.float32)).reshape(-1)
-        offset = -(dmin * mn.astype(np.float32)).reshape(-1)
-        return q.reshape(n * 8, 32), scale, offset, 32
+        minus_dmin = (-np.ascontiguousarray(b[:, 2:4]).view(np.float16)).reshape(-1)
+        return q.reshape(n * 8, 32), scale, (mn.astype(np.uint8).reshape(-1), minus_dmin), 32
     if name == "Q6_K":
         n = b.shape[0]
         ql, qh = b[:, :128], b[:, 128:192]
@@ -190,7 +211,7 @@ def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray
     raise KeyError(name)
 
 
-MIDDLE = {"Q4_1": 8, "Q4_K": 8, "Q5_1": 16, "Q5_K": 16}
+MIDDLE = {"Q4_1": 8, "Q5_1": 16}     # the K-quants keep q as it is: their offsets are -dmin * m (codes)
 
 
 def load(name: str, dtype: DType, shape, raw: np.ndarray, bits: int = 4) -> OvWeight:
@@ -209,17 +230,23 @@ def load(name: str, dtype: DType, shape, raw: np.ndarray, bits: int = 4) -> OvWe
     q, scale, offset, group = unpack(raw, dtype, shape)
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     blocks = shape[-1] // group
-    if offset is not None:          # value = scale * q + offset = scale * (q - mid) + (offset + mid * scale)
+    codes = None
+    if isinstance(offset, tuple):   # K-quants: the minimums' codes, eight a super-block, and -dmin as their scale
+        m, minus_dmin = offset
+        codes, offset = (m.reshape(rows, blocks // 8, 8), minus_dmin.reshape(rows, blocks // 8, 1)), None
+    elif offset is not None:        # value = scale * q + offset = scale * (q - mid) + (offset + mid * scale)
         mid = MIDDLE[tname]
         q = q.astype(np.int8) - np.int8(mid)
         offset = (offset + np.float32(mid) * scale).astype(np.float32)
-    element = "i4" if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else "i8"
+    element = ("u4" if tname == "Q4_K" else "i4") if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else "i8"
     q = q.reshape(rows, blocks, group)
-    data = pack_nibbles(q.astype(np.int8, copy=False)) if element == "i4" else np.array(q, dtype=np.int8)   # own
+    data = pack_nibbles(q.astype(np.int8, copy=False)) if element in ("i4", "u4") else np.array(q, dtype=np.int8)
     exact_f16 = tname in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # d is the file's f16 value
     scale_arr = np.ascontiguousarray(scale.astype(np.float16 if exact_f16 else np.float32).reshape(rows, blocks, 1))
     off_arr = None if offset is None else np.ascontiguousarray(offset.reshape(rows, blocks))
-    return OvWeight(name, tname, shape, "compressed", data, element=element, scale=scale_arr, offset=off_arr)
+    return OvWeight(name, tname, shape, "compressed", data, element=element, scale=scale_arr, offset=off_arr,
+                    offset_codes=None if codes is None else np.ascontiguousarray(codes[0]),
+                    offset_scale=None if codes is None else np.ascontiguousarray(codes[1]))
 
 
 def values(w: OvWeight) -> np.ndarray:
@@ -227,8 +254,8 @@ def values(w: OvWeight) -> np.ndarray:
     if w.kind == "plain":
         return w.data.astype(np.float32).reshape(w.shape)
     x = w.codes.astype(np.float32) * w.scale.astype(np.float32)
-    if w.offset is not None:
-        x = x + w.offset[..., None]
+    if w.offset_form is not None:
+        x = x + w.offsets[..., None]
     return x.reshape(w.shape)
 
 
@@ -246,5 +273,5 @@ def nbytes_for(dtype: DType, shape, bits: int = 4) -> int:
     blocks = n // group
     data = n // 2 if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else n
     scale = blocks * (2 if tname in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0") else 4)
-    offset = blocks * 4 if tname in MIDDLE else 0
+    offset = blocks * 4 if tname in MIDDLE else blocks + blocks // 8 * 2 if tname in ("Q4_K", "Q5_K") else 0
     return data + scale + offset
