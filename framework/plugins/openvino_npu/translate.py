@@ -196,7 +196,8 @@ def fused_weight(ws: list[OvWeight]) -> OvWeight:
     c = ws[0]._constants
     key = ("fused",) + tuple(w.name for w in ws)
     if key not in c:
-        fields = ("data", "scale", "offset", "offset_codes", "offset_scale") if ws[0].kind == "compressed" else ("data",)
+        fields = ("data",) if ws[0].kind != "compressed" else \
+            ("data", "scale", "offset", "offset_codes", "offset_scale")
         whole = {f: np.concatenate([getattr(w, f) for w in ws]) if getattr(ws[0], f) is not None else None
                  for f in fields}
         start = 0

@@ -166,7 +166,7 @@ def _k4_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray | tuple | None, int]:
     """(q (n_groups, G) integers, scale (n_groups,), offset, G): value = scale*q + offset, where offset is None,
-    (n_groups,) float32, or for the K-quants (m (n_groups,) uint8, -dmin (n_groups / 8,) float16): offset = -dmin * m."""
+    (n_groups,) float32, or for the K-quants (m (n_groups,) uint8, -dmin (n_groups / 8,) float16): -dmin * m."""
     name = dtype.name
     b = _blocks(raw, dtype, shape)
     if name == "Q8_0":
@@ -183,7 +183,7 @@ def unpack(raw: np.ndarray, dtype: DType, shape) -> tuple[np.ndarray, np.ndarray
         return q, _f16(b[:, :2])[:, 0], _f16(b[:, 2:4])[:, 0], 32
     if name in ("Q4_K", "Q5_K"):
         n = b.shape[0]
-        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        d = _f16(b[:, 0:2])
         sc, mn = _k4_scales(b[:, 4:16])
         if name == "Q4_K":
             qs = b[:, 16:].reshape(n, 4, 1, 32)
