@@ -25,6 +25,9 @@
                                                       # the 1.5B's dominant compressed products, 1 thread, in
                                                       # every weight form and group size, with
                                                       # DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 32 and 128
+    python benchmarks/openvino_measure.py offset-forms
+                                                      # the K-quants' block offsets product, 1 thread: a float32
+                                                      # matrix against the file's 6-bit minimums as u8 codes
     python benchmarks/openvino_measure.py own-head [profile]
                                                       # attention over cache rows: each kv head's query group
                                                       # against its own rows (grouped), or every head against
@@ -671,6 +674,56 @@ def fc_forms(rounds: int = 7) -> None:
               f"({n * k / t / 1e9:.1f} G weights/s), NMSE {nmse:.1e}, {kernel}; {exact}", flush=True)
 
 
+def offset_forms(rounds: int = 21) -> None:
+    """One thread, M = 1: the kernel time of a Q4_K weight's offsets product (offsets @ block_sums(x), the
+    plugin's own translate.offset_product) with the offsets as a float32 (rows, blocks) matrix (the form before,
+    and Q4_1's and Q5_1's) or as the file's 6-bit minimums, u8 codes in groups of 8 with -dmin as their scale
+    (the K-quants' form now), on the 1.5B's and Gemma 3's shapes, taking turns (medians of ``rounds``, from
+    OpenVINO's profiler). Both forms' results against float64."""
+    import dataclasses
+
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from framework.contract import DType
+    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu import weights as W
+
+    rng = np.random.default_rng(0)
+    shapes = [("1.5B gate+up", 17920, 1536), ("1.5B q+k", 1792, 1536), ("1.5B attn_output", 1536, 1536),
+              ("Gemma 3 down", 640, 2048)]
+    core = ov.Core()
+    cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
+           "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "PERF_COUNT": True}
+    reqs, refs, xs = {}, {}, {}
+    for what, n, k in shapes:
+        raw = rng.integers(0, 256, (n * k // 256, 144), dtype=np.uint8)
+        raw[:, 0:4] = rng.uniform(0.001, 0.05, (n * k // 256, 2)).astype(np.float16).view(np.uint8)
+        codes = W.load("w", DType.Q4_K, (n, k), raw.reshape(-1))
+        dense = dataclasses.replace(codes, offset=codes.offsets, offset_codes=None, offset_scale=None,
+                                    _constants={})
+        xs[what] = rng.standard_normal((1, k)).astype(np.float32)
+        refs[what] = codes.offsets.astype(np.float64) @ xs[what][0].astype(np.float64).reshape(-1, 32).sum(-1)
+        for form, w in (("float32 matrix", dense), ("u8 codes, groups of 8", codes)):
+            x = ops.parameter([1, k], ov.Type.f32, name="x")
+            m = ov.Model([translate.offset_product(w, x.output(0), (1, k))], [x])
+            reqs[(what, form)] = core.compile_model(m, "CPU", cfg).create_infer_request()
+    times: dict = {key: [] for key in reqs}
+    for _ in range(rounds):
+        for (what, form), req in reqs.items():
+            req.infer([xs[what]])
+            times[(what, form)].append(sum(i.real_time.total_seconds() for i in req.get_profiling_info()))
+    for (what, form), got in times.items():
+        y = reqs[(what, form)].get_output_tensor(0).data[0].astype(np.float64)
+        err = float(np.abs(y - refs[what]).max() / np.abs(refs[what]).max())
+        kernels = sorted({f"{i.node_type} {i.exec_type}" for i in reqs[(what, form)].get_profiling_info()
+                          if i.real_time.total_seconds() > 0})
+        n, k = next((n, k) for w_, n, k in shapes if w_ == what)
+        print(f"{what} ({n} x {k}), offsets {n} x {k // 32}: {form}: {np.median(got) * 1e6:.0f} us kernel time, "
+              f"largest error against float64 "
+              f"{err:.1e} of the largest value; kernels {', '.join(kernels)}", flush=True)
+
+
 def own_head(rows: int = 288, rounds: int = 40) -> None:
     """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
     30 layers, 1 thread: each kv head's group of query heads against its own rows in one batched product
@@ -841,7 +894,8 @@ if __name__ == "__main__":
     if what == "big-decode":
         big_decode(*sys.argv[2:4])
         raise SystemExit(0)
-    {"threads": threads, "fc-forms": fc_forms, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
+    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms,
+     "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
      "precision": precision, "rope": rope, "fused": fused,
      "floor": floor, "dynquant": dynquant, "host": host,
      "fused-model": fused_model}[what]()
