@@ -28,6 +28,8 @@
     python benchmarks/openvino_measure.py offset-forms
                                                       # the K-quants' block offsets product, 1 thread: a float32
                                                       # matrix against the file's 6-bit minimums as u8 codes
+    python benchmarks/openvino_measure.py row-parts   # a 4-bit product of many rows whole or in parts of at most
+                                                      # translate.PRODUCT_ROWS, 1 query and 64, 1 thread
     python benchmarks/openvino_measure.py own-head [profile]
                                                       # attention over cache rows: each kv head's query group
                                                       # against its own rows (grouped), or every head against
@@ -724,6 +726,54 @@ def offset_forms(rounds: int = 21) -> None:
               f"{err:.1e} of the largest value; kernels {', '.join(kernels)}", flush=True)
 
 
+def row_parts(layers: int = 16, rounds: int = 9) -> None:
+    """One thread: ``layers`` distinct Q4_K weights of the 1.5B's fused gate and up (17920 x 1536, together more than
+    the last-level cache, as in a model) by one input, through the plugin's own translate.weight_product, with
+    translate.PRODUCT_ROWS as it is (parts) and above the rows (whole), at 1 query (decode) and 64 (prefill), taking
+    turns (medians of ``rounds``, kernel time from OpenVINO's profiler); the parts' outputs against the whole's."""
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    from framework.contract import DType
+    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu import weights as W
+
+    rng = np.random.default_rng(0)
+    n, k = 17920, 1536
+    ws = []
+    for _ in range(layers):
+        raw = rng.integers(0, 256, (n * k // 256, 144), dtype=np.uint8)
+        raw[:, 0:4] = rng.uniform(0.001, 0.05, (n * k // 256, 2)).astype(np.float16).view(np.uint8)
+        ws.append(W.load("w", DType.Q4_K, (n, k), raw.reshape(-1)))
+    core = ov.Core()
+    cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
+           "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "PERF_COUNT": True}
+    reqs, limit = {}, translate.PRODUCT_ROWS
+    for m in (1, 64):
+        for form, rows in ((f"parts of at most {limit} rows", limit), ("whole", n)):
+            translate.PRODUCT_ROWS = rows
+            for w in ws:
+                w._constants.pop("row_parts", None)
+            x = ops.parameter([m, k], ov.Type.f32, name="x")
+            outs = [translate.weight_product(x.output(0), (m, k), w, (n, k)) for w in ws]
+            reqs[(m, form)] = core.compile_model(ov.Model(outs, [x]), "CPU", cfg).create_infer_request()
+    translate.PRODUCT_ROWS = limit
+    xs = {m: rng.standard_normal((m, k)).astype(np.float32) for m in (1, 64)}
+    times: dict = {key: [] for key in reqs}
+    for _ in range(rounds):
+        for (m, form), req in reqs.items():
+            req.infer([xs[m]])
+            times[(m, form)].append(sum(i.real_time.total_seconds() for i in req.get_profiling_info()
+                                        if i.node_type.startswith("FullyConnected")))
+    for (m, form), got in times.items():
+        t = float(np.median(got))
+        whole = reqs[(m, "whole")].get_output_tensor(0).data
+        diff = float(np.abs(reqs[(m, form)].get_output_tensor(0).data - whole).max() / np.abs(whole).max())
+        print(f"{layers} x Q4_K {n} x {k}, {m} quer{'y' if m == 1 else 'ies'}, {form}: {t * 1e3:.1f} ms "
+              f"FullyConnected kernel time ({layers * n * k / t / 1e9:.1f} G weights/s), largest difference from "
+              f"the whole product {diff:.1e} of its largest value", flush=True)
+
+
 def own_head(rows: int = 288, rounds: int = 40) -> None:
     """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
     30 layers, 1 thread: each kv head's group of query heads against its own rows in one batched product
@@ -810,6 +860,26 @@ for line in sys.stdin:
 """
 
 
+def _products_by_shape(program, top: int = 8) -> None:
+    """The last step's FullyConnected kernel time by weight shape (every layer's product of one shape summed), with
+    the weights a second that makes: which products bound a decode step."""
+    import collections
+
+    ops_by_name = {op.get_friendly_name(): op for op in program.compiled.get_runtime_model().get_ops()}
+    by_shape: dict = collections.defaultdict(lambda: [0.0, 0])
+    for info in program.request.get_profiling_info():
+        op = ops_by_name.get(info.node_name)
+        if op is None or not info.node_type.startswith("FullyConnected") or op.get_input_size() < 2:
+            continue
+        shape = tuple(op.input(1).get_partial_shape().to_shape())
+        by_shape[(info.node_type, shape)][0] += info.real_time.total_seconds()
+        by_shape[(info.node_type, shape)][1] += 1
+    print("    FullyConnected kernels by weight shape:", flush=True)
+    for (kind, shape), (t, n) in sorted(by_shape.items(), key=lambda kv: -kv[1][0])[:top]:
+        rate = f", {n * np.prod(shape) / t / 1e9:.1f} G weights/s" if t > 0 else ""
+        print(f"      {kind} {shape[0]} x {shape[1]} (x{n}): {t * 1e3:.2f} ms{rate}", flush=True)
+
+
 def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32, rounds: int = 5) -> None:
     """Decode of a model too large for two compiled models in this machine's share of memory: the prompt is fed one
     token a step, so that one compiled model (the decode step's) serves the whole run, its cache window (n_kv) one
@@ -872,6 +942,7 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
         print(f"kernels of the last step: {total * 1e3:.1f} ms", flush=True)
         for (kind, how), v in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
             print(f"    {kind} ({how}): {v * 1e3:.1f} ms, {v / total:.0%}", flush=True)
+        _products_by_shape(program)
     import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     size = Path(path).stat().st_size
@@ -894,7 +965,7 @@ if __name__ == "__main__":
     if what == "big-decode":
         big_decode(*sys.argv[2:4])
         raise SystemExit(0)
-    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms,
+    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms, "row-parts": row_parts,
      "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
      "precision": precision, "rope": rope, "fused": fused,
      "floor": floor, "dynquant": dynquant, "host": host,

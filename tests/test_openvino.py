@@ -311,6 +311,30 @@ def test_products_of_one_input_by_weights_of_one_form_are_one_kernel(ov_cpu, off
     assert _fully_connected(program) == (3 if offsets == "zero_point" else 4)
 
 
+
+@pytest.mark.parametrize("offsets", ["zero_point", "product"])
+def test_a_4bit_product_of_many_rows_runs_in_parts(ov_cpu, offsets, monkeypatch):
+    """A 4-bit product of more than translate.PRODUCT_ROWS rows (here gate and up fused, 2 x 40 Q4_K rows, with the
+    limit at 24) runs as 4 products of 20 rows, their outputs side by side: each output still its own weight's
+    product; with the offsets as their own product, one more kernel for the whole. An 8-bit weight of as many rows
+    stays one product."""
+    monkeypatch.setattr(TR, "OFFSETS", offsets)
+    monkeypatch.setattr(TR, "PRODUCT_ROWS", 24)
+    rng = np.random.default_rng(13)
+    shapes = {"ffn_gate": (Q.Q4_K, 40), "ffn_up": (Q.Q4_K, 40), "attn_v": (Q.Q8_0, 80)}
+    raws = {f"blk.0.{k}.weight": raw_weight(qt, (n, 256), seed=i) for i, (k, (qt, n)) in enumerate(shapes.items())}
+    for k in ("ffn_gate", "ffn_up"):    # no 6-bit scale of 0, so the zero point form applies (translate.zero_point_ok)
+        raws[f"blk.0.{k}.weight"].reshape(-1, 144)[:, 4:16] |= 1
+    b = GraphBuilder()
+    x = T.f32(rng, 1, 256)
+    tx = b.input("x", F32, x.shape)
+    leaves = [leaf(f"blk.0.{k}.weight", qt, (n, 256), LeafKind.WEIGHT) for k, (qt, n) in shapes.items()]
+    outs, ex = run_on(ov_cpu, b, [b.mul_mat(b.use(tw), tx) for tw in leaves], {id(tx): x}, raws)
+    for tw, out in zip(leaves, outs):
+        T.check(out, T.ref_mul_mat(dequantize(raws[tw.name], tw.dtype, tw.shape), x), T.NMSE_MATMUL)
+    (program,) = ex.programs.values()
+    assert _fully_connected(program) == 1 + (4 if offsets == "zero_point" else 5)
+
 # ---------------------------------------------------------------------------------------------
 # settings: every one that changes results is requested, and a compiled model reports it
 # ---------------------------------------------------------------------------------------------

@@ -56,6 +56,11 @@ OWN_BY_GATHER = True
 # rows' (S, Hkv, D) -> (Hkv, S, D) transpose into the product: the transposes cost what the Hkv times fewer
 # multiply-adds save at one query, and less than they save at five (benchmarks/openvino_measure.py own-head).
 ROW_ATTENTION = "auto"
+# A 4-bit compressed product of more rows than this runs as products of at most this many, their outputs side by
+# side: at one query OpenVINO's CPU plugin runs a 17920 x 1536 u4 or i4 product (the 1.5B's fused gate and up) at
+# 8.1 G weights/s on one thread, and the same rows as parts of 4480 at 12.8 (benchmarks/openvino_measure.py
+# row-parts; 8-bit forms and many-query products gain nothing, so they stay whole).
+PRODUCT_ROWS = 4096
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
 
@@ -227,13 +232,36 @@ def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | Non
     return ops.matmul(sums, offsets_node(w), False, True).output(0)
 
 
+def row_parts(w: OvWeight, shape: tuple) -> list[OvWeight]:
+    """The weight as products of at most PRODUCT_ROWS rows each: a 4-bit compressed weight of more rows is cut into
+    equal parts (views of its arrays, made once), every other weight is one part."""
+    rows = w.data.shape[0]
+    if w.kind != "compressed" or w.element not in ("i4", "u4") or rows <= PRODUCT_ROWS or tuple(shape)[0] != rows:
+        return [w]
+    c = w._constants
+    if "row_parts" not in c:
+        n = -(-rows // PRODUCT_ROWS)
+        step = -(-rows // n)
+        fields = ("data", "scale", "offset", "offset_codes", "offset_scale")
+        c["row_parts"] = [
+            OvWeight(f"{w.name}[{a}:{min(a + step, rows)}]", w.dtype, (min(a + step, rows) - a, w.shape[1]), w.kind,
+                     **{f: None if getattr(w, f) is None else getattr(w, f)[a:a + step] for f in fields},
+                     element=w.element)
+            for a in range(0, rows, step)]
+    return c["row_parts"]
+
+
 def weight_product(x: ov.Output, x_shape: tuple, w: OvWeight, shape: tuple) -> ov.Output:
     """x @ W^T for a weight of the given (N, K) shape, one or fused: the block offsets subtracted as a zero point in
-    the decompression (OFFSETS "zero_point", where no block's scale is 0) or added as their own product."""
-    if OFFSETS == "zero_point" and zero_point_ok(w):
-        return ops.matmul(x, weight_node(w, shape, offsets="zero_point"), False, True).output(0)
-    y = ops.matmul(x, weight_node(w, shape, offsets=False), False, True).output(0)
-    extra = offset_product(w, x, x_shape)
+    the decompression (OFFSETS "zero_point", where no block's scale is 0) or added as their own product. A 4-bit
+    weight of many rows runs as products of fewer (row_parts), their outputs side by side."""
+    zero_point = OFFSETS == "zero_point" and zero_point_ok(w)
+    parts = row_parts(w, shape)
+    ys = [ops.matmul(x, weight_node(p, (p.shape[0], shape[1]) if len(parts) > 1 else shape,
+                                    offsets="zero_point" if zero_point else False), False, True).output(0)
+          for p in parts]
+    y = ys[0] if len(ys) == 1 else ops.concat(ys, -1).output(0)
+    extra = None if zero_point else offset_product(w, x, x_shape)
     return y if extra is None else ops.add(y, extra).output(0)
 
 
