@@ -56,7 +56,7 @@ OV_WEIGHT_BUFFER = BufferType("openvino_compressed_weights", host=True)
 CACHE_ENV = "FRAMEWORK_OPENVINO_CACHE_DIR"      # a folder, or "off"
 PROFILE_ENV = "FRAMEWORK_OPENVINO_PROFILE"      # a profile applied to every present non-NPU device
 PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (default f32: measured)
-BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 for the 4-bit types) or 8 (i8 for every type)
+BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 or u4 for the 4-bit types) or 8 (i8 for every type)
 CACHE_MAX_ENV = "FRAMEWORK_OPENVINO_CACHE_MAX_GB"
 DYNQUANT_ENV = "FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION"   # DYNAMIC_QUANTIZATION_GROUP_SIZE: 0 (off) or a group size
 THREADS_ENV = "FRAMEWORK_OPENVINO_THREADS"      # INFERENCE_NUM_THREADS of the CPU device: 0 (OpenVINO's) or a count
@@ -76,8 +76,8 @@ settings.declare(PROFILE_ENV, "openvino", f"a device profile: {', '.join(PROFILE
                  settings.choice(PROFILES, fold=False))
 settings.declare(PRECISION_ENV, "openvino", "f32, f16 or bf16", DEFAULT_PRECISION,
                  "OpenVINO's INFERENCE_PRECISION_HINT", settings.choice(("f32", "f16", "bf16")))
-settings.declare(BITS_ENV, "openvino", "4 or 8", DEFAULT_BITS, "weight packing: 4 (i4 for the 4-bit types, i8 for "
-                 "the others) or 8 (i8 for every type)", lambda text: int(settings.choice(("4", "8"))(text)))
+settings.declare(BITS_ENV, "openvino", "4 or 8", DEFAULT_BITS, "weight packing: 4 (i4 or u4 for the 4-bit types, "
+                 "i8 for the others) or 8 (i8 for every type)", lambda text: int(settings.choice(("4", "8"))(text)))
 settings.declare(CACHE_MAX_ENV, "openvino", "a number of GiB above 0", 4.0,
                  "size the compiled-model cache is trimmed to (least recently used blobs go first)",
                  settings.number(0.0, above=True))

@@ -1,11 +1,11 @@
 """GGUF weights as OpenVINO compressed constants.
 
-Every block-quantized GGUF type this module knows is repacked, exactly, into signed integers with a
+Every block-quantized GGUF type this module knows is repacked, exactly, into integers with a
 scale per block of the file (its own block size), which OpenVINO's CPU plugin runs with its
-compressed-weight kernels (FullyConnected over i4/i8 constants, Gather over them) instead of float32
+compressed-weight kernels (FullyConnected over i4/u4/i8 constants, Gather over them) instead of float32
 copies::
 
-    Constant(i4 | i8, (rows, blocks, G)) -> Convert(f32) -> Multiply(scale (rows, blocks, 1))
+    Constant(i4 | u4 | i8, (rows, blocks, G)) -> Convert(f32) -> Multiply(scale (rows, blocks, 1))
         -> Reshape(rows, cols) -> MatMul(transpose_b)            (or Gather, for an embedding)
 
 | GGUF   | element | G  | scale        | block offset              | value                     |
