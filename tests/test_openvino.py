@@ -294,22 +294,31 @@ def test_products_of_one_input_by_weights_of_one_form_are_one_kernel(ov_cpu, off
     still its own weight's product, and the weights' values unchanged. With the offsets as a product of their own
     (translate.OFFSETS "product"), the fused Q4_1 pair's offsets are one more (float32) kernel."""
     monkeypatch.setattr(TR, "OFFSETS", offsets)
-    rng = np.random.default_rng(12)
     shapes = {"q": (Q.Q4_1, 64), "k": (Q.Q4_1, 32), "v": (Q.Q8_0, 32), "u": (Q.Q5_0, 48), "p": (Q.F16, 16)}
+    program = _products_of_one_input(ov_cpu, shapes, 3, seed=12)
+    assert _fully_connected(program) == (3 if offsets == "zero_point" else 4)
+
+
+def _products_of_one_input(dev, shapes: dict, rows: int, seed: int, nonzero_scales: tuple = ()):
+    """Products of one (rows, 256) input by weights {name: (type, rows)} on ``dev``, each output and each weight's
+    values checked against the file's; the compiled program. ``nonzero_scales``: Q4_K weights given no 6-bit scale
+    of 0 (so the zero point form applies to them: translate.zero_point_ok)."""
+    rng = np.random.default_rng(seed)
     raws = {f"blk.0.{k}.weight": raw_weight(qt, (n, 256), seed=i) for i, (k, (qt, n)) in enumerate(shapes.items())}
+    for k in nonzero_scales:
+        raws[f"blk.0.{k}.weight"].reshape(-1, 144)[:, 4:16] |= 1
     b = GraphBuilder()
-    x = T.f32(rng, 3, 256)
+    x = T.f32(rng, rows, 256)
     tx = b.input("x", F32, x.shape)
     leaves = [leaf(f"blk.0.{k}.weight", qt, (n, 256), LeafKind.WEIGHT) for k, (qt, n) in shapes.items()]
-    outs, ex = run_on(ov_cpu, b, [b.mul_mat(b.use(tw), tx) for tw in leaves], {id(tx): x}, raws)
+    outs, ex = run_on(dev, b, [b.mul_mat(b.use(tw), tx) for tw in leaves], {id(tx): x}, raws)
     for tw, out in zip(leaves, outs):
         ref = dequantize(raws[tw.name], tw.dtype, tw.shape)
         T.check(out, T.ref_mul_mat(ref, x), T.NMSE_MATMUL)
-        handle = ex.weights[(ov_cpu.name, id(tw))]
-        np.testing.assert_allclose(W.values(handle), ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+        np.testing.assert_allclose(W.values(ex.weights[(dev.name, id(tw))]), ref, rtol=1e-6,
+                                   atol=1e-6 * np.abs(ref).max())
     (program,) = ex.programs.values()
-    assert _fully_connected(program) == (3 if offsets == "zero_point" else 4)
-
+    return program
 
 
 @pytest.mark.parametrize("offsets", ["zero_point", "product"])
@@ -320,19 +329,8 @@ def test_a_4bit_product_of_many_rows_runs_in_parts(ov_cpu, offsets, monkeypatch)
     stays one product."""
     monkeypatch.setattr(TR, "OFFSETS", offsets)
     monkeypatch.setattr(TR, "PRODUCT_ROWS", 24)
-    rng = np.random.default_rng(13)
     shapes = {"ffn_gate": (Q.Q4_K, 40), "ffn_up": (Q.Q4_K, 40), "attn_v": (Q.Q8_0, 80)}
-    raws = {f"blk.0.{k}.weight": raw_weight(qt, (n, 256), seed=i) for i, (k, (qt, n)) in enumerate(shapes.items())}
-    for k in ("ffn_gate", "ffn_up"):    # no 6-bit scale of 0, so the zero point form applies (translate.zero_point_ok)
-        raws[f"blk.0.{k}.weight"].reshape(-1, 144)[:, 4:16] |= 1
-    b = GraphBuilder()
-    x = T.f32(rng, 1, 256)
-    tx = b.input("x", F32, x.shape)
-    leaves = [leaf(f"blk.0.{k}.weight", qt, (n, 256), LeafKind.WEIGHT) for k, (qt, n) in shapes.items()]
-    outs, ex = run_on(ov_cpu, b, [b.mul_mat(b.use(tw), tx) for tw in leaves], {id(tx): x}, raws)
-    for tw, out in zip(leaves, outs):
-        T.check(out, T.ref_mul_mat(dequantize(raws[tw.name], tw.dtype, tw.shape), x), T.NMSE_MATMUL)
-    (program,) = ex.programs.values()
+    program = _products_of_one_input(ov_cpu, shapes, 1, seed=13, nonzero_scales=("ffn_gate", "ffn_up"))
     assert _fully_connected(program) == 1 + (4 if offsets == "zero_point" else 5)
 
 # ---------------------------------------------------------------------------------------------
