@@ -57,9 +57,9 @@ OWN_BY_GATHER = True
 # multiply-adds save at one query, and less than they save at five (benchmarks/openvino_measure.py own-head).
 ROW_ATTENTION = "auto"
 # A 4-bit compressed product of more rows than this runs as products of at most this many, their outputs side by
-# side: at one query OpenVINO's CPU plugin runs a 17920 x 1536 u4 or i4 product (the 1.5B's fused gate and up) at
-# 8.1 G weights/s on one thread, and the same rows as parts of 4480 at 12.8 (benchmarks/openvino_measure.py
-# row-parts; 8-bit forms and many-query products gain nothing, so they stay whole).
+# side: at one query OpenVINO's CPU plugin runs a 17920 x 1536 u4 product (the 1.5B's fused gate and up) at 7.7 G
+# weights/s on one thread, and the same rows in parts of at most 4096 at 12.2, bit-identical (benchmarks/
+# openvino_measure.py row-parts). Up to about 8192 rows a product runs fast, i4 as u4; 8-bit forms gain nothing.
 PRODUCT_ROWS = 4096
 ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (_attend_rows)
 
