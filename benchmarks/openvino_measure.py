@@ -28,8 +28,9 @@
     python benchmarks/openvino_measure.py offset-forms
                                                       # the K-quants' block offsets product, 1 thread: a float32
                                                       # matrix against the file's 6-bit minimums as u8 codes
-    python benchmarks/openvino_measure.py row-parts   # a 4-bit product of many rows whole or in parts of at most
-                                                      # translate.PRODUCT_ROWS, 1 query and 64, 1 thread
+    python benchmarks/openvino_measure.py row-parts [rows=N,N,...]
+                                                      # a 4-bit product of many rows whole or in parts of at most
+                                                      # translate.PRODUCT_ROWS (or each N), 1 query and 64, 1 thread
     python benchmarks/openvino_measure.py own-head [profile]
                                                       # attention over cache rows: each kv head's query group
                                                       # against its own rows (grouped), or every head against
@@ -730,7 +731,8 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
     """One thread: ``layers`` distinct Q4_K weights of the 1.5B's fused gate and up (17920 x 1536, together more than
     the last-level cache, as in a model) by one input, through the plugin's own translate.weight_product, with
     translate.PRODUCT_ROWS as it is (parts) and above the rows (whole), at 1 query (decode) and 64 (prefill), taking
-    turns (medians of ``rounds``, kernel time from OpenVINO's profiler); the parts' outputs against the whole's."""
+    turns (medians of ``rounds``, kernel time from OpenVINO's profiler); the parts' outputs against the whole's.
+    ``rows=8960,8192,2048`` measures parts of at most each of those instead of PRODUCT_ROWS (one query only)."""
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -749,8 +751,9 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
     cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
            "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "PERF_COUNT": True}
     reqs, limit = {}, translate.PRODUCT_ROWS
-    for m in (1, 64):
-        for form, rows in ((f"parts of at most {limit} rows", limit), ("whole", n)):
+    asked = [int(v) for w in sys.argv[2:] if w.startswith("rows=") for v in w[5:].split(",")]
+    for m in ((1,) if asked else (1, 64)):
+        for form, rows in [(f"parts of at most {r} rows", r) for r in asked or [limit]] + [("whole", n)]:
             translate.PRODUCT_ROWS = rows
             for w in ws:
                 w._constants.pop("row_parts", None)
@@ -758,7 +761,7 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
             outs = [translate.weight_product(x.output(0), (m, k), w, (n, k)) for w in ws]
             reqs[(m, form)] = core.compile_model(ov.Model(outs, [x]), "CPU", cfg).create_infer_request()
     translate.PRODUCT_ROWS = limit
-    xs = {m: rng.standard_normal((m, k)).astype(np.float32) for m in (1, 64)}
+    xs = {m: rng.standard_normal((m, k)).astype(np.float32) for m in {m for m, _ in reqs}}
     times: dict = {key: [] for key in reqs}
     for _ in range(rounds):
         for (m, form), req in reqs.items():
