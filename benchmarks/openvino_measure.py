@@ -755,8 +755,6 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
     for m in ((1,) if asked else (1, 64)):
         for form, rows in [(f"parts of at most {r} rows", r) for r in asked or [limit]] + [("whole", n)]:
             translate.PRODUCT_ROWS = rows
-            for w in ws:
-                w._constants.pop("row_parts", None)
             x = ops.parameter([m, k], ov.Type.f32, name="x")
             outs = [translate.weight_product(x.output(0), (m, k), w, (n, k)) for w in ws]
             reqs[(m, form)] = core.compile_model(ov.Model(outs, [x]), "CPU", cfg).create_infer_request()

@@ -31,7 +31,7 @@ from openvino import opset13 as ops
 
 from ...contract import Fragment, LeafKind, Tensor, reference
 from ...contract import ops as op_table
-from .weights import OvWeight
+from .weights import ROW_ARRAYS, OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
 ELEMENTS = {"i4": ov.Type.i4, "u4": ov.Type.u4, "i8": ov.Type.i8}
@@ -131,7 +131,7 @@ def _reshape(x, shape) -> ov.Output:
 
 def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -> ov.Output:
     """The weight as a float32 value of its shape: a constant, or compressed constants and their
-    decompression (i4/i8 -> Convert -> Multiply scale -> Reshape). ``offsets=False`` leaves out the
+    decompression (i4/u4/i8 -> Convert -> Multiply scale -> Reshape). ``offsets=False`` leaves out the
     per-block offsets of the types that have them (a matrix product adds them itself: see mul_mat)."""
     shape = tuple(shape or w.shape)
     c = w._constants
@@ -169,7 +169,7 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
 def offsets_node(w: OvWeight) -> ov.Output:
     """The (rows, blocks) float32 block offsets: a constant, or the K-quants' minimum codes times -dmin, which
     OpenVINO's CPU plugin runs as a compressed product (u8 codes, groups of 8) where the float32 matrix was a
-    plain one four times the bytes (benchmarks/openvino_measure.py offset-forms)."""
+    plain one of 3.2 times the bytes (benchmarks/openvino_measure.py offset-forms)."""
     c = w._constants
     if w.offset_form == "float32":
         if "offset" not in c:
@@ -201,8 +201,7 @@ def fused_weight(ws: list[OvWeight]) -> OvWeight:
     c = ws[0]._constants
     key = ("fused",) + tuple(w.name for w in ws)
     if key not in c:
-        fields = ("data",) if ws[0].kind != "compressed" else \
-            ("data", "scale", "offset", "offset_codes", "offset_scale")
+        fields = ROW_ARRAYS if ws[0].kind == "compressed" else ("data",)
         whole = {f: np.concatenate([getattr(w, f) for w in ws]) if getattr(ws[0], f) is not None else None
                  for f in fields}
         start = 0
@@ -232,23 +231,21 @@ def offset_product(w: OvWeight, x: ov.Output, x_shape: tuple) -> ov.Output | Non
     return ops.matmul(sums, offsets_node(w), False, True).output(0)
 
 
-def row_parts(w: OvWeight, shape: tuple) -> list[OvWeight]:
+def row_parts(w: OvWeight) -> list[OvWeight]:
     """The weight as products of at most PRODUCT_ROWS rows each: a 4-bit compressed weight of more rows is cut into
-    equal parts (views of its arrays, made once), every other weight is one part."""
-    rows = w.data.shape[0]
-    if w.kind != "compressed" or w.element not in ("i4", "u4") or rows <= PRODUCT_ROWS or tuple(shape)[0] != rows:
+    equal parts (views of its arrays, made once for each limit), every other weight is one part."""
+    rows, limit = w.data.shape[0], PRODUCT_ROWS
+    if w.kind != "compressed" or w.element not in ("i4", "u4") or rows <= limit:
         return [w]
-    c = w._constants
-    if "row_parts" not in c:
-        n = -(-rows // PRODUCT_ROWS)
-        step = -(-rows // n)
-        fields = ("data", "scale", "offset", "offset_codes", "offset_scale")
-        c["row_parts"] = [
+    key = ("row_parts", limit)
+    if key not in w._constants:
+        step = -(-rows // -(-rows // limit))
+        w._constants[key] = [
             OvWeight(f"{w.name}[{a}:{min(a + step, rows)}]", w.dtype, (min(a + step, rows) - a, w.shape[1]), w.kind,
-                     **{f: None if getattr(w, f) is None else getattr(w, f)[a:a + step] for f in fields},
+                     **{f: None if getattr(w, f) is None else getattr(w, f)[a:a + step] for f in ROW_ARRAYS},
                      element=w.element)
             for a in range(0, rows, step)]
-    return c["row_parts"]
+    return w._constants[key]
 
 
 def weight_product(x: ov.Output, x_shape: tuple, w: OvWeight, shape: tuple) -> ov.Output:
@@ -256,10 +253,9 @@ def weight_product(x: ov.Output, x_shape: tuple, w: OvWeight, shape: tuple) -> o
     the decompression (OFFSETS "zero_point", where no block's scale is 0) or added as their own product. A 4-bit
     weight of many rows runs as products of fewer (row_parts), their outputs side by side."""
     zero_point = OFFSETS == "zero_point" and zero_point_ok(w)
-    parts = row_parts(w, shape)
-    ys = [ops.matmul(x, weight_node(p, (p.shape[0], shape[1]) if len(parts) > 1 else shape,
-                                    offsets="zero_point" if zero_point else False), False, True).output(0)
-          for p in parts]
+    ys = [ops.matmul(x, weight_node(p, (p.shape[0], shape[1]), offsets="zero_point" if zero_point else False),
+                     False, True).output(0)
+          for p in row_parts(w)]
     y = ys[0] if len(ys) == 1 else ops.concat(ys, -1).output(0)
     extra = None if zero_point else offset_product(w, x, x_shape)
     return y if extra is None else ops.add(y, extra).output(0)

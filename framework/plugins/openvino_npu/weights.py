@@ -50,6 +50,8 @@ from ...contract import DType, block_shape, dequantize
 CONVERTED: dict[str, str] = {}
 
 COMPRESSED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# a compressed weight's arrays with one entry a row (axis 0): what fusing concatenates and cutting slices
+ROW_ARRAYS = ("data", "scale", "offset", "offset_codes", "offset_scale")
 
 
 @dataclass(eq=False)
@@ -105,11 +107,7 @@ class OvWeight:
 
     @property
     def nbytes(self) -> int:
-        n = self.data.nbytes
-        for a in (self.scale, self.offset, self.offset_codes, self.offset_scale):
-            if a is not None:
-                n += a.nbytes
-        return n
+        return sum(a.nbytes for a in (getattr(self, f) for f in ROW_ARRAYS) if a is not None)
 
 
 def packed_nbytes(element: str, count: int) -> int:
