@@ -7,9 +7,9 @@
     python benchmarks/openvino_measure.py rope        # the pair swap of rope: Gather against Roll
     python benchmarks/openvino_measure.py fused       # Q, K, V and gate, up as separate products
                                                       # or fused into two (SmolLM2's shapes)
-    python benchmarks/openvino_measure.py floor       # a decode step's time per kernel kind, from
-                                                      # OpenVINO's profiler, and the ceiling that
-                                                      # the FullyConnected kernels alone leave
+    python benchmarks/openvino_measure.py floor       # a decode step's time per kernel kind and per
+                                                      # weight shape, from OpenVINO's profiler, and the
+                                                      # ceiling the FullyConnected kernels alone leave
     python benchmarks/openvino_measure.py fused-model # both models with their products fused and separate,
                                                       # interleaved in one process: tok/s and logits
     python benchmarks/openvino_measure.py host        # a decode step's wall time: OpenVINO's infer, the
@@ -295,6 +295,7 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
               f"{fc * 1e3:.1f} ms: the weight products alone allow at most {1 / fc:.1f} tok/s")
         for kind, v in sorted(per_kind.items(), key=lambda kv: -kv[1])[:12]:
             print(f"    {kind:28s} {v * 1e3:6.2f} ms in {count[kind] / steps:4.0f} kernels")
+        _products_by_shape(decode, top=12)
         out[name] = {"wall_s": wall, "kernels_s": kernels, "fc_s": fc}
     return out
 
