@@ -12,6 +12,16 @@
                                                       # ceiling the FullyConnected kernels alone leave
     python benchmarks/openvino_measure.py fused-model # both models with their products fused and separate,
                                                       # interleaved in one process: tok/s and logits
+    python benchmarks/openvino_measure.py ab SETTING=A,B [model ...] [rounds=N]
+                                                      # a translate setting's values (e.g. OFFSETS=product,
+                                                      # zero_point, or the device's DYNAMIC_QUANTIZATION=0,32),
+                                                      # each model compiled with each, 1 thread,
+                                                      # interleaved with llama.cpp: tok/s, CPU time, logits
+    python benchmarks/openvino_measure.py zero-points # Q4_1's and Q4_K's block offsets as their own product or
+                                                      # as a float zero point, per weight shape, 1 thread
+    python benchmarks/openvino_measure.py decode-gap [model] [dq=N,..] [layers=N,..]
+                                                      # decode against prefill with activations quantized,
+                                                      # over the first layers of a model
     python benchmarks/openvino_measure.py host        # a decode step's wall time: OpenVINO's infer, the
                                                       # program's feeding and cache writes, the session
     python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
@@ -24,7 +34,7 @@
     python benchmarks/openvino_measure.py fc-forms [all]
                                                       # the 1.5B's dominant compressed products, 1 thread, in
                                                       # every weight form and group size, with
-                                                      # DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 32 and 128
+                                                      # DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 16, 32 and 128
     python benchmarks/openvino_measure.py offset-forms
                                                       # the K-quants' block offsets product, 1 thread: a float32
                                                       # matrix against the file's 6-bit minimums as u8 codes
@@ -301,37 +311,74 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
 
 
 def fused_model(names=("smollm2", "gemma3"), rounds: int = 5) -> None:
-    """Each model's products fused (translate.FUSE_PRODUCTS, the plugin's translation) and separate, in one
-    process and interleaved rounds (a slow period of a shared machine hits both): prefill and decode tok/s as
-    `framework bench` measures them (a 256-token prompt, 32 decoded), medians, and the largest logit difference
-    between the two translations."""
-    from framework.bench import FrameworkEngine, interleave
+    """Each model's products fused (translate.FUSE_PRODUCTS, the plugin's translation) and separate: translation_ab
+    on two threads."""
+    translation_ab("FUSE_PRODUCTS", (True, False), names, rounds, threads=None)
+
+
+def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: int = 5, threads: int | None = 1,
+                   llama: bool = True) -> None:
+    """A translate setting's values (read when a step's model is translated, at compile), each model compiled once
+    with each, in one process and interleaved rounds with llama.cpp on the same threads (a slow period of a shared
+    machine hits all): prefill and decode tok/s as `framework bench` measures them (a 256-token prompt, 32 decoded),
+    medians, decode ratios to the first value and to llama.cpp, CPU time a decoded token, and the largest logit
+    difference from the first value's translation. From the command line: ``ab SETTING=A,B [model ...]``, e.g.
+    ``ab OFFSETS=product,zero_point smollm2``; ``DYNAMIC_QUANTIZATION=0,32`` compares the device's
+    DYNAMIC_QUANTIZATION_GROUP_SIZE instead."""
+    from framework.bench import FrameworkEngine, LlamaCppEngine, interleave, llama_cpp_installed
     from framework.model.default import model_path
     from framework.plugins.openvino_npu import translate
     from framework.plugins.openvino_npu.device import OpenVinoDevice
 
+    device_setting = setting == "DYNAMIC_QUANTIZATION"     # the device's, not the translation's
+    first = None if device_setting else getattr(translate, setting)
     for name in names:
         engines = {}
-        for fuse in (True, False):
-            translate.FUSE_PRODUCTS = fuse          # read when the step's model is translated, at compile
-            engines["fused" if fuse else "separate"] = FrameworkEngine(model_path(name), [OpenVinoDevice("CPU")],
-                                                                       256, 32)
-        translate.FUSE_PRODUCTS = True
+        for v in values:
+            kwargs = {"dynamic_quantization": v} if device_setting else {}
+            if not device_setting:
+                setattr(translate, setting, v)
+            engines[f"{setting}={v}"] = FrameworkEngine(
+                model_path(name), [OpenVinoDevice("CPU", threads=threads, **kwargs)], 256, 32)
+        if not device_setting:
+            setattr(translate, setting, first)
         logits = {k: e.session.eval(e.ids) for k, e in engines.items()}
-        for e in engines.values():
-            e.session.reset()
-        got = interleave({k: e.run for k, e in engines.items()}, rounds)
-        f, p = got["fused"], got["separate"]
-        cpu = {}
+        runs = {k: e.run for k, e in engines.items()}
+        peer = None
+        if llama and llama_cpp_installed():
+            peer = LlamaCppEngine(model_path(name), next(iter(engines.values())).ids, 32, threads or 2)
+            runs["llama.cpp"] = peer.run
+        got = interleave(runs, rounds)
+        base = next(iter(engines))
         for k, e in engines.items():        # CPU time on the calling thread and OpenVINO's: what load disturbs least
-            cpu[k] = _cpu_time_per_token(e.session.reset, e.session.eval, e.ids, rounds=rounds)
-        print(f"{name}: fused prefill {f['prefill'].median:.1f}, decode {f['decode'].median:.1f} tok/s; separate "
-              f"prefill {p['prefill'].median:.1f}, decode {p['decode'].median:.1f} tok/s; decode ratio "
-              f"{f['decode'].median / p['decode'].median:.2f}x (medians of {rounds}); CPU time a decoded token "
-              f"{cpu['fused'][0] * 1e3:.1f} ms fused, {cpu['separate'][0] * 1e3:.1f} ms separate (best of {rounds}); "
-              f"largest logit difference {np.abs(logits['fused'] - logits['separate']).max():.2e} (of "
-              f"{np.abs(logits['separate']).max():.1f})", flush=True)
+            cpu = _cpu_time_per_token(e.session.reset, e.session.eval, e.ids, rounds=rounds)[0]
+            d = got[k]["decode"]
+            vs = f"; {d.median / got['llama.cpp']['decode'].median:.2f}x llama.cpp's" if peer else ""
+            print(f"{name} {k}: prefill {got[k]['prefill'].median:.1f}, decode {d.median:.1f} tok/s "
+                  f"({d.min:.1f}-{d.max:.1f}; {d.median / got[base]['decode'].median:.2f}x {base}'s{vs}); "
+                  f"CPU time a decoded token {cpu * 1e3:.1f} ms "
+                  f"(best of {rounds}); largest logit difference from {base} "
+                  f"{np.abs(logits[k] - logits[base]).max():.2e} (of {np.abs(logits[base]).max():.1f})", flush=True)
+        if peer:
+            d = got["llama.cpp"]
+            print(f"{name} llama.cpp ({threads or 2} thread(s)): prefill {d['prefill'].median:.1f}, decode "
+                  f"{d['decode'].median:.1f} tok/s ({d['decode'].min:.1f}-{d['decode'].max:.1f}); medians of "
+                  f"{rounds} interleaved rounds", flush=True)
+            peer.close()
         del engines
+
+
+def _setting_values(word: str) -> tuple[str, tuple]:
+    """"OFFSETS=product,zero_point" -> ("OFFSETS", ("product", "zero_point")), numbers and booleans as such."""
+    import ast
+    setting, _, values = word.partition("=")
+
+    def value(v):
+        try:
+            return ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            return v
+    return setting, tuple(value(v) for v in values.split(","))
 
 
 class _TimedRequest:
@@ -472,6 +519,32 @@ def _decode_against_prefill(session, ids: list[int], follow: list[int]) -> float
     return max(float(np.abs(session.eval([t]) - whole[len(ids) + i]).max()) for i, t in enumerate(follow))
 
 
+def decode_gap(names=("smollm2", "gemma3")) -> None:
+    """Decode against prefill with activations quantized: the largest logit difference between 6 decode steps after
+    an 8-token prompt and a prefill of all 14 tokens, one thread, for DYNAMIC_QUANTIZATION_GROUP_SIZE 0 and each
+    ``dq=N`` (default 32), over the first ``layers=1,2,...`` layers (default all)."""
+    from framework.bench import prompt_ids
+    from framework.model.default import model_path
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.session import Session
+
+    words = dict(w.split("=", 1) for w in sys.argv[2:] if "=" in w)
+    dqs = [0] + [int(v) for v in words.get("dq", "32").split(",")]
+    layers = [int(v) for v in words["layers"].split(",")] if "layers" in words else [None]
+    for name in [w for w in sys.argv[2:] if "=" not in w] or names:
+        model = Model(model_path(name))
+        ids = prompt_ids(model.tokenizer, 14)
+        for n in layers:
+            for dq in dqs:
+                s = Session(model, [OpenVinoDevice("CPU", cache_dir=None, dynamic_quantization=dq, threads=1)],
+                            n_ctx=512, n_layers=n)
+                print(f"{name}, {n or model.hp.n_layer} layers, DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: decode against "
+                      f"prefill, largest logit difference {_decode_against_prefill(s, ids[:8], ids[8:14]):.4f}",
+                      flush=True)
+                del s
+
+
 def dynquant(models: dict | None = None, rounds: int = 3) -> None:
     """DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against OpenVINO's default on this CPU, in interleaved rounds: a
     4096x4096 i4 product (M = 1), then each model's decode speed, the largest difference between its decode
@@ -586,7 +659,7 @@ def fc_forms(rounds: int = 7) -> None:
     """One thread, M = 1: the CPU time of the compressed products that dominate the larger models' decode steps, in
     every weight form OpenVINO's CPU plugin runs as a compressed FullyConnected (i4 / u4 / i8 / u8 codes; groups of
     16 to 128 values or one scale a row; no zero point, a float one, or one of the codes' own type), each with
-    DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 32 and 128, taking turns (medians of ``rounds``). Each line says whether the
+    DYNAMIC_QUANTIZATION_GROUP_SIZE 0, 16, 32 and 128, taking turns (medians of ``rounds``). Each line says whether the
     form holds the GGUF blocks' values exactly (Q4_K: 4-bit codes, a scale and a float minimum per 32 values; Q6_K:
     6-bit codes, a scale per 16) and the product's NMSE against float64 with the form's own values. ``fc-forms all``
     adds Gemma 3's output head (262144 x 640, slow to compile)."""
@@ -651,7 +724,7 @@ def fc_forms(rounds: int = 7) -> None:
     for form in forms:
         m, values = model(*form[1:7])
         refs[form] = values
-        for dq in (0, 32, 128):
+        for dq in (0, 16, 32, 128):
             cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
                    "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq, "PERF_COUNT": True}
             try:
@@ -726,6 +799,62 @@ def offset_forms(rounds: int = 21) -> None:
         print(f"{what} ({n} x {k}), offsets {n} x {k // 32}: {form}: {np.median(got) * 1e6:.0f} us kernel time, "
               f"largest error against float64 "
               f"{err:.1e} of the largest value; kernels {', '.join(kernels)}", flush=True)
+
+
+def zero_points(rounds: int = 21) -> None:
+    """One thread, M = 1: the kernel time of a weight product (the plugin's own translate.weight_product) with the
+    block offsets of Q4_1 (f16 scales and minimums) and Q4_K (float32 scales, 6-bit minimum codes) added as their
+    own product (OFFSETS "product": block sums, a FullyConnected, an add) or subtracted as a float zero point in the
+    decompression ("zero_point"), on SmolLM2's and the 1.5B's shapes, taking turns (medians of ``rounds``, from
+    OpenVINO's profiler; kernel counts; largest error against float64 of the file's values)."""
+    import openvino as ov
+
+    from framework.contract import DType
+    from framework.core.graph import quants
+    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu import weights as W
+
+    rng = np.random.default_rng(0)
+    shapes = [("Q4_1", "SmolLM2 gate+up", 3072, 576), ("Q4_1", "SmolLM2 down", 576, 1536),
+              ("Q4_1", "SmolLM2 q+k+v", 960, 576), ("Q4_1", "wide", 8192, 576), ("Q4_1", "deep", 1536, 1536),
+              ("Q4_1", "deeper", 576, 4608), ("Q4_1", "1.5B-shaped gate+up part", 3584, 1536),
+              ("Q4_K", "small gate+up", 3072, 512), ("Q4_K", "1.5B gate+up part", 3584, 1536),
+              ("Q4_K", "1.5B attn_output", 1536, 1536)]
+    block = {"Q4_1": (32, 20), "Q4_K": (256, 144)}
+    core = ov.Core()
+    cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
+           "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "PERF_COUNT": True}
+    reqs, refs, xs = {}, {}, {}
+    for tname, what, n, k in shapes:
+        size, nbytes = block[tname]
+        raw = rng.integers(0, 256, (n * k // size, nbytes), dtype=np.uint8)
+        raw[:, 0:4] = rng.uniform(0.001, 0.05, (n * k // size, 2)).astype(np.float16).view(np.uint8)
+        if tname == "Q4_K":     # no 6-bit scale or minimum code of 0: a zero scale would keep the product form
+            raw[:, 4:16] |= 0x11
+        dtype = getattr(DType, tname)
+        xs[what] = rng.standard_normal((1, k)).astype(np.float32)
+        dense = quants.dequantize(raw.reshape(-1), dtype, (n, k))
+        refs[what] = dense.astype(np.float64) @ xs[what][0].astype(np.float64)
+        for form in ("product", "zero_point"):
+            translate.OFFSETS = form
+            w = W.load("w", dtype, (n, k), raw.reshape(-1))
+            x = ov.opset13.parameter([1, k], ov.Type.f32, name="x")
+            m = ov.Model([translate.weight_product(x.output(0), (1, k), w, (n, k))], [x])
+            reqs[(what, tname, form)] = core.compile_model(m, "CPU", cfg).create_infer_request()
+    translate.OFFSETS = "product"
+    times: dict = {key: [] for key in reqs}
+    for _ in range(rounds):
+        for key, req in reqs.items():
+            req.infer([xs[key[0]]])
+            times[key].append(sum(i.real_time.total_seconds() for i in req.get_profiling_info()))
+    for (what, tname, form), got in times.items():
+        req = reqs[(what, tname, form)]
+        n, k = next((n, k) for _, w_, n, k in shapes if w_ == what)
+        kernels = [i for i in req.get_profiling_info() if i.real_time.total_seconds() > 0]
+        y = req.get_output_tensor(0).data[0].astype(np.float64)
+        err = f", largest error {np.abs(y - refs[what]).max() / np.abs(refs[what]).max():.1e} of the largest value"
+        print(f"{tname} {what} ({n} x {k}), offsets as {form}: {np.median(got) * 1e6:.0f} us kernel time in "
+              f"{len(kernels)} kernels{err}", flush=True)
 
 
 def row_parts(layers: int = 16, rounds: int = 9) -> None:
@@ -967,8 +1096,13 @@ if __name__ == "__main__":
     if what == "big-decode":
         big_decode(*sys.argv[2:4])
         raise SystemExit(0)
-    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms, "row-parts": row_parts,
-     "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
+    if what == "ab":
+        rounds = [int(w[7:]) for w in sys.argv[3:] if w.startswith("rounds=")]
+        names = tuple(w for w in sys.argv[3:] if not w.startswith("rounds="))
+        translation_ab(*_setting_values(sys.argv[2]), names=names or ("smollm2", "gemma3"), rounds=(rounds or [5])[0])
+        raise SystemExit(0)
+    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms, "zero-points": zero_points, "decode-gap": decode_gap,
+     "row-parts": row_parts, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
      "precision": precision, "rope": rope, "fused": fused,
      "floor": floor, "dynquant": dynquant, "host": host,
      "fused-model": fused_model}[what]()
