@@ -1101,8 +1101,8 @@ if __name__ == "__main__":
         names = tuple(w for w in sys.argv[3:] if not w.startswith("rounds="))
         translation_ab(*_setting_values(sys.argv[2]), names=names or ("smollm2", "gemma3"), rounds=(rounds or [5])[0])
         raise SystemExit(0)
-    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms, "zero-points": zero_points, "decode-gap": decode_gap,
-     "row-parts": row_parts, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
+    {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms, "zero-points": zero_points,
+     "decode-gap": decode_gap, "row-parts": row_parts, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
      "precision": precision, "rope": rope, "fused": fused,
      "floor": floor, "dynquant": dynquant, "host": host,
      "fused-model": fused_model}[what]()
