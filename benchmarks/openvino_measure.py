@@ -27,7 +27,8 @@
     python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
                                                       # core) and with INFERENCE_NUM_THREADS 1, against
                                                       # llama.cpp on 1 thread, interleaved: decode tok/s
-    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile] [offsets=product|zero_point]
+    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile] [offsets=product|zero_point] [dq=0,16]
+                                                      [steps=32] [rounds=5]
                                                       # decode of a large model with one compiled model (the
                                                       # prompt fed a token a step), against llama.cpp in a
                                                       # child process, interleaved; peak resident memory
@@ -1011,13 +1012,16 @@ def _products_by_shape(program, top: int = 8) -> None:
         print(f"      {kind} {shape[0]} x {shape[1]} (x{n}): {t * 1e3:.2f} ms{rate}", flush=True)
 
 
-def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32, rounds: int = 5) -> None:
+def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32, rounds: int = 5,
+               dqs: tuple = (None,)) -> None:
     """Decode of a model too large for two compiled models in this machine's share of memory: the prompt is fed one
     token a step, so that one compiled model (the decode step's) serves the whole run, its cache window (n_kv) one
     size throughout (n_prompt + rounds * steps <= 256). Rounds of ``steps`` decoded tokens, ours and llama.cpp's (1
     thread each; llama.cpp in a child process, so each process's peak memory is its own), taking turns from the same
     position; decode tok/s medians, and this process's peak resident memory. ``profile`` "profile": the model is
-    compiled with OpenVINO's profiler (PERF_COUNT) and the kernel time a step by kind is printed after."""
+    compiled with OpenVINO's profiler (PERF_COUNT) and the kernel time a step by kind is printed after. ``dqs``
+    (``dq=0,16`` on the command line): one session for each DYNAMIC_QUANTIZATION_GROUP_SIZE (one compiled model
+    each), all taking turns with llama.cpp; None is the device's setting (FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION)."""
     import subprocess
 
     from framework.bench import prompt_ids
@@ -1029,13 +1033,18 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
         raise SystemExit(f"{n_prompt} + {rounds + 1} x {steps} tokens would cross a cache window of {KV_PAD} rows")
     model = Model(Path(path))
     ids = prompt_ids(model.tokenizer, n_prompt)
+
     class Profiled(OpenVinoDevice):
         def compile_config(self):
             cfg = {**super().compile_config(), "PERF_COUNT": True}
             cfg.pop("CACHE_DIR", None)          # a cached blob would come back without the profiler
             return cfg
 
-    s = Session(model, [(Profiled if profile == "profile" else OpenVinoDevice)("CPU", threads=1)], n_ctx=KV_PAD)
+    make = Profiled if profile == "profile" else OpenVinoDevice
+    sessions = {}
+    for dq in dqs:
+        dev = make("CPU", threads=1, dynamic_quantization=dq)
+        sessions[f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dev.dynamic_quantization}"] = Session(model, [dev], n_ctx=KV_PAD)
     child = subprocess.Popen([sys.executable, "-c", _LLAMA_CHILD, path, str(KV_PAD)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
 
@@ -1044,47 +1053,53 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
         child.stdin.flush()
         return child.stdout.readline().strip()
 
-    t = time.perf_counter()
-    for i in ids:
-        logits = s.eval([i])
-    fed = time.perf_counter() - t
+    logits, fed = {}, 0.0
+    for label, s in sessions.items():
+        t = time.perf_counter()
+        for i in ids:
+            logits[label] = s.eval([i])
+        fed = max(fed, time.perf_counter() - t)
     ask("prompt " + " ".join(map(str, ids)))
-    ours, theirs, cpu_ours, cpu_theirs = [], [], [], []
+    ours = {label: ([], []) for label in sessions}
+    theirs, cpu_theirs = [], []
     for r in range(rounds + 1):         # the first round warms up and is not counted
-        t, c = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            logits = s.eval([int(np.argmax(logits))])
-        rate, cpu = steps / (time.perf_counter() - t), (time.process_time() - c) / steps
+        for label, s in sessions.items():
+            t, c = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                logits[label] = s.eval([int(np.argmax(logits[label]))])
+            if r:
+                ours[label][0].append(steps / (time.perf_counter() - t))
+                ours[label][1].append((time.process_time() - c) / steps)
         peer, peer_cpu = map(float, ask(f"decode {steps}").split())
         if r:
-            ours.append(rate)
             theirs.append(peer)
-            cpu_ours.append(cpu)
             cpu_theirs.append(peer_cpu)
     child.stdin.close()
     child.wait()
     if profile == "profile":
         import collections
-        (program,) = s.executor.programs.values()
-        kinds: dict = collections.defaultdict(float)
-        for info in program.request.get_profiling_info():   # the last step's
-            kinds[(info.node_type, info.exec_type)] += info.real_time.total_seconds()
-        total = sum(kinds.values())
-        print(f"kernels of the last step: {total * 1e3:.1f} ms", flush=True)
-        for (kind, how), v in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
-            print(f"    {kind} ({how}): {v * 1e3:.1f} ms, {v / total:.0%}", flush=True)
-        _products_by_shape(program)
+        for label, s in sessions.items():
+            (program,) = s.executor.programs.values()
+            kinds: dict = collections.defaultdict(float)
+            for info in program.request.get_profiling_info():   # the last step's
+                kinds[(info.node_type, info.exec_type)] += info.real_time.total_seconds()
+            total = sum(kinds.values())
+            print(f"{label}: kernels of the last step: {total * 1e3:.1f} ms", flush=True)
+            for (kind, how), v in sorted(kinds.items(), key=lambda kv: -kv[1])[:5]:
+                print(f"    {kind} ({how}): {v * 1e3:.1f} ms, {v / total:.0%}", flush=True)
+            _products_by_shape(program)
     import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     size = Path(path).stat().st_size
-    print(f"{Path(path).name}: openvino:CPU (1 thread) decode {np.median(ours):.2f} tok/s (min {min(ours):.2f}, max "
-          f"{max(ours):.2f}), llama.cpp (1 thread) {np.median(theirs):.2f} tok/s (min {min(theirs):.2f}, max "
-          f"{max(theirs):.2f}): {np.median(ours) / np.median(theirs):.2f}x, medians of {rounds} rounds of {steps} "
-          f"tokens after a {n_prompt}-token prompt (fed one token a step: {len(ids) / fed:.1f} tok/s); CPU time a "
-          f"decoded token {np.median(cpu_ours) * 1e3:.0f} ms against {np.median(cpu_theirs) * 1e3:.0f} ms "
-          f"({np.median(cpu_theirs) / np.median(cpu_ours):.2f}x); "
-          f"{len(s.executor.programs)} compiled model(s); peak resident {peak / 1e9:.2f} GB, "
-          f"{peak / size:.1f}x the file ({size / 1e9:.2f} GB)", flush=True)
+    for label, (rates, cpus) in ours.items():
+        print(f"{Path(path).name}: openvino:CPU (1 thread, {label}) decode {np.median(rates):.2f} tok/s (min "
+              f"{min(rates):.2f}, max {max(rates):.2f}), llama.cpp (1 thread) {np.median(theirs):.2f} tok/s (min "
+              f"{min(theirs):.2f}, max {max(theirs):.2f}): {np.median(rates) / np.median(theirs):.2f}x, medians of "
+              f"{rounds} rounds of {steps} tokens after a {n_prompt}-token prompt (fed one token a step: "
+              f"{len(ids) / fed:.1f} tok/s); CPU time a decoded token {np.median(cpus) * 1e3:.0f} ms against "
+              f"{np.median(cpu_theirs) * 1e3:.0f} ms ({np.median(cpu_theirs) / np.median(cpus):.2f}x)", flush=True)
+    print(f"{len(sessions)} compiled model(s); peak resident {peak / 1e9:.2f} GB, {peak / size:.1f}x the file "
+          f"({size / 1e9:.2f} GB)", flush=True)
 
 
 if __name__ == "__main__":
@@ -1094,7 +1109,10 @@ if __name__ == "__main__":
         translate.OFFSETS = word.split("=", 1)[1]
         sys.argv.remove(word)
     if what == "big-decode":
-        big_decode(*sys.argv[2:4])
+        words = dict(w.split("=", 1) for w in sys.argv[2:] if "=" in w)
+        dqs = tuple(int(v) for v in words["dq"].split(",")) if "dq" in words else (None,)
+        big_decode(*[w for w in sys.argv[2:4] if "=" not in w], steps=int(words.get("steps", 32)),
+                   rounds=int(words.get("rounds", 5)), dqs=dqs)
         raise SystemExit(0)
     if what == "ab":
         rounds = [int(w[7:]) for w in sys.argv[3:] if w.startswith("rounds=")]
