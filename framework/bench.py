@@ -227,6 +227,8 @@ def run_bench(args) -> int:
               f"{os.cpu_count()} CPUs; prompt "
               f"{args.prompt_tokens} tokens, {args.decode_tokens} decoded; min, median and max of {args.repeats} "
               f"runs after a warm-up, the engines taking turns", soft_wrap=True)
+    for d in devices:       # the settings that change a device's arithmetic and speed (its precision, its threads)
+        err.print(f"device {d.name}: {d.description or 'no description'}", soft_wrap=True, markup=False)
     rows = []
     for name, path in models:
         for phase, nodes, build, plan in bench_reservation(path, devices, args.prompt_tokens):

@@ -428,8 +428,9 @@ def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):
 
 
 def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
-    """`framework bench --threads 1` makes openvino:CPU with INFERENCE_NUM_THREADS 1 (llama.cpp gets 1), and leaves
-    the process's environment as it was."""
+    """`framework bench --threads 1` makes openvino:CPU with INFERENCE_NUM_THREADS 1 (llama.cpp gets 1), leaves
+    the process's environment as it was, and names the device's settings (precision, activation quantization,
+    threads) in its report, so that a figure says which arithmetic it measured."""
     import framework.bench as bench
     from framework.cli.main import main
     made = []
@@ -445,7 +446,9 @@ def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
     (dev,) = made
     assert dev.threads == 1 and dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
     assert THREADS_ENV not in os.environ
-    assert "OpenVINO's CPU device" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "OpenVINO's CPU device" in err
+    assert f"device openvino:CPU: {dev.description}" in err and "DYNAMIC_QUANTIZATION_GROUP_SIZE" in err
 
 
 # ---------------------------------------------------------------------------------------------
