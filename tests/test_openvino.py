@@ -401,7 +401,7 @@ def test_backends_lists_the_settings(capsys):
 def test_dynamic_quantization_environment_override(monkeypatch):
     monkeypatch.delenv(DYNQUANT_ENV, raising=False)
     assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == 0      # the plugin's choice, not OpenVINO's
-    for value, want in (("32", 32), ("off", 0), ("0", 0), (" 64 ", 64)):
+    for value, want in (("32", 32), ("off", 0), ("0", 0), (" 64 ", 64), ("auto", "auto"), (" Auto", "auto")):
         monkeypatch.setenv(DYNQUANT_ENV, value)
         assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == want
     for bad in ("yes", "-1", "3.5"):
@@ -409,7 +409,36 @@ def test_dynamic_quantization_environment_override(monkeypatch):
         with pytest.raises(OpenVinoSettingError) as err:
             OpenVinoDevice("CPU", cache_dir=None)
         assert f"{DYNQUANT_ENV}={bad!r} is not accepted" in str(err.value) and "0 or off" in str(err.value)
-        assert "positive group size" in str(err.value)
+        assert "positive group size" in str(err.value) and "or auto" in str(err.value)
+
+
+def test_auto_group_size_reaches_every_product_of_a_model(ov_cpu):
+    """FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION=auto: each compiled model quantizes its activations in groups of 32,
+    or of 16 where it holds a weight in groups of 16 (Q6_K's), since OpenVINO quantizes a product's activations only
+    where the group size divides its weight's group; the device's description says so, and every compiled model
+    reports its own size back."""
+    from framework.contract import DType
+    from framework.plugins.openvino_npu.device import group_size_for
+
+    rng = np.random.default_rng(0)
+
+    def weight(dtype, block, nbytes, f16_at):    # random blocks with finite f16 scales (and minimums) at f16_at
+        raw = rng.integers(0, 256, (64 * 256 // block, nbytes), dtype=np.uint8)
+        raw[:, f16_at:f16_at + 4] = np.array([0.01, -0.02], np.float16).view(np.uint8)
+        return W.load("w", dtype, (64, 256), raw.reshape(-1))
+
+    q4_1, q8_0 = weight(DType.Q4_1, 32, 20, 0), weight(DType.Q8_0, 32, 34, 0)
+    q6_k = weight(DType.Q6_K, 256, 210, 206)
+    assert (q4_1.group, q8_0.group, q6_k.group) == (32, 32, 16)
+    assert group_size_for([q4_1, q8_0]) == 32 and group_size_for([q4_1, q6_k, q8_0]) == 16
+    dev = ov_cpu.with_options(dynamic_quantization="auto")
+    assert "groups of 32, or 16 where" in dev.description
+    assert "(DYNAMIC_QUANTIZATION_GROUP_SIZE auto)" in dev.description
+    s = Session(load_model("smollm2"), [dev], n_ctx=512)       # Q4_1 products and a Q8_0 output head: 32
+    s.eval([1, 2, 3])
+    s.eval([4])
+    assert {p.effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in s.executor.programs.values()} == {32}
+    assert {p.requested["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in s.executor.programs.values()} == {32}
 
 
 def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):

@@ -58,7 +58,7 @@ PROFILE_ENV = "FRAMEWORK_OPENVINO_PROFILE"      # a profile applied to every pre
 PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (default f32: measured)
 BITS_ENV = "FRAMEWORK_OPENVINO_WEIGHT_BITS"     # 4 (i4 or u4 for the 4-bit types) or 8 (i8 for every type)
 CACHE_MAX_ENV = "FRAMEWORK_OPENVINO_CACHE_MAX_GB"
-DYNQUANT_ENV = "FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION"   # DYNAMIC_QUANTIZATION_GROUP_SIZE: 0 (off) or a group size
+DYNQUANT_ENV = "FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION"   # DYNAMIC_QUANTIZATION_GROUP_SIZE: 0 (off), a size, auto
 THREADS_ENV = "FRAMEWORK_OPENVINO_THREADS"      # INFERENCE_NUM_THREADS of the CPU device: 0 (OpenVINO's) or a count
 DEFAULT_PRECISION = "f32"
 DEFAULT_BITS = 4
@@ -66,6 +66,12 @@ DEFAULT_BITS = 4
 # of 32 on CPUs with AVX-512 VNNI (and not on AVX2-only ones), and quantize one row (decode) differently from
 # many (prefill). docs/openvino.md has the figures behind this choice.
 DEFAULT_DYNQUANT = 0
+# DYNAMIC_QUANTIZATION_GROUP_SIZE "auto": for each compiled model the first of these that divides the group of every
+# compressed weight it holds. OpenVINO's CPU plugin quantizes a product's activations only where the group size
+# divides the weight's group (Q6_K's is 16), and runs the 32-value forms (Q4_0, Q4_1, Q8_0) fastest with 32
+# (benchmarks/openvino_measure.py fc-forms; docs/openvino.md, "8-bit activations in groups of 16").
+AUTO = "auto"
+AUTO_GROUPS = (32, 16)
 PRECISION_HINT, DYNQUANT = "INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE"
 TYPES = {"CPU": DeviceType.CPU, "GPU": DeviceType.GPU, "NPU": DeviceType.NPU}
 
@@ -81,9 +87,11 @@ settings.declare(BITS_ENV, "openvino", "4 or 8", DEFAULT_BITS, "weight packing: 
 settings.declare(CACHE_MAX_ENV, "openvino", "a number of GiB above 0", 4.0,
                  "size the compiled-model cache is trimmed to (least recently used blobs go first)",
                  settings.number(0.0, above=True))
-settings.declare(DYNQUANT_ENV, "openvino", "0 or off, or a positive group size", DEFAULT_DYNQUANT,
-                 "DYNAMIC_QUANTIZATION_GROUP_SIZE of OpenVINO's CPU and GPU plugins (0: activations not quantized)",
-                 lambda text: 0 if text.lower() == "off" else settings.whole(0)(text))
+settings.declare(DYNQUANT_ENV, "openvino", "0 or off, a positive group size, or auto", DEFAULT_DYNQUANT,
+                 "DYNAMIC_QUANTIZATION_GROUP_SIZE of OpenVINO's CPU and GPU plugins (0: activations not quantized; "
+                 "auto: the largest of 32 and 16 that reaches every compressed product of a compiled model)",
+                 lambda text: {"off": 0, AUTO: AUTO}.get(text.strip().lower(), None) if text.strip().lower() in
+                 ("off", AUTO) else settings.whole(0)(text))
 settings.declare(THREADS_ENV, "openvino", "0 (OpenVINO's choice) or a thread count", 0,
                  "INFERENCE_NUM_THREADS of openvino:CPU (0: OpenVINO's choice, one thread per core); `framework bench` "
                  "sets it to --threads, the thread count its peer gets", settings.whole(0))
@@ -94,21 +102,32 @@ class OpenVinoSettingError(ValueError):
     """An environment setting of the OpenVINO plugin that it does not accept."""
 
 
-def dynamic_quantization_from_env() -> int:
+def dynamic_quantization_from_env() -> int | str:
     """DYNAMIC_QUANTIZATION_GROUP_SIZE from FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION, or the default (0)."""
     try:
         return settings.read(DYNQUANT_ENV)
     except settings.SettingError:
         value = os.environ.get(DYNQUANT_ENV)
     raise OpenVinoSettingError(f"{DYNQUANT_ENV}={value!r} is not accepted: use 0 or off (activations not quantized, "
-                               f"the default) or a positive group size such as 32 (OpenVINO's CPU plugin quantizes "
-                               f"the activations of compressed products to 8 bits in groups of that many values)")
+                               f"the default), a positive group size such as 16 (OpenVINO's CPU plugin quantizes "
+                               f"the activations of compressed products to 8 bits in groups of that many values), "
+                               f"or auto (the largest of 32 and 16 that reaches every product of a compiled model)")
 
 
-def dynamic_quantization_words(group_size: int) -> str:
+def dynamic_quantization_words(group_size: int | str) -> str:
     if group_size == 0:
         return "activations not quantized (DYNAMIC_QUANTIZATION_GROUP_SIZE 0)"
+    if group_size == AUTO:
+        return ("activations quantized to 8 bits in groups of 32, or 16 where a model holds weights in groups of 16 "
+                "(DYNAMIC_QUANTIZATION_GROUP_SIZE auto)")
     return f"activations quantized to 8 bits in groups of {group_size} (DYNAMIC_QUANTIZATION_GROUP_SIZE {group_size})"
+
+
+def group_size_for(weights) -> int:
+    """DYNAMIC_QUANTIZATION_GROUP_SIZE "auto" for a compiled model holding ``weights`` (OvWeights): the first of
+    AUTO_GROUPS that divides every compressed weight's group, the last where none does."""
+    groups = {w.group for w in weights if getattr(w, "kind", None) == "compressed"}
+    return next((g for g in AUTO_GROUPS if all(x % g == 0 for x in groups)), AUTO_GROUPS[-1])
 
 
 def default_cache_dir() -> Path | None:
@@ -163,7 +182,7 @@ class OpenVinoDevice(Device):
                  full_name: str = "", physical_id: str = "", architecture: str = "",
                  profile: Profile | None = None, emulated: bool = False, refuse: dict[str, str] | None = None,
                  cache_dir: Path | None | str = "default", precision: str | None = None, bits: int | None = None,
-                 dynamic_quantization: int | None = None, threads: int | None = None):
+                 dynamic_quantization: int | str | None = None, threads: int | None = None):
         self.ov_name = ov_name
         self.name = f"openvino:{ov_name}"
         self.type = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
@@ -187,10 +206,11 @@ class OpenVinoDevice(Device):
         self.precision = precision or settings.read(PRECISION_ENV)
         self.bits = int(bits or settings.read(BITS_ENV))
         self.dynamic_quantization = (dynamic_quantization_from_env() if dynamic_quantization is None
+                                     else dynamic_quantization if dynamic_quantization == AUTO
                                      else int(dynamic_quantization))
-        if self.dynamic_quantization < 0:
-            raise OpenVinoSettingError(f"dynamic_quantization={dynamic_quantization} for {self.name}: use 0 (off) or "
-                                       f"a positive group size")
+        if self.dynamic_quantization != AUTO and self.dynamic_quantization < 0:
+            raise OpenVinoSettingError(f"dynamic_quantization={dynamic_quantization} for {self.name}: use 0 (off), "
+                                       f"a positive group size or {AUTO!r}")
         # threads of a CPU device's kernels (INFERENCE_NUM_THREADS); 0: OpenVINO's choice
         self.threads = int(settings.read(THREADS_ENV) if threads is None else threads)
         self._blobs: BlobCache | None = None
@@ -212,7 +232,7 @@ class OpenVinoDevice(Device):
     def with_options(self, *, profile: str | Profile | None = None, refuse: dict[str, str] | None = None,
                      cache_dir: Path | None | str = "keep", precision: str | None = None,
                      bits: int | None = None, max_live_programs: int | None = None,
-                     dynamic_quantization: int | None = None, threads: int | None = None) -> OpenVinoDevice:
+                     dynamic_quantization: int | str | None = None, threads: int | None = None) -> OpenVinoDevice:
         """A device on the same hardware with a profile applied (an emulation unless the hardware is
         that NPU), extra refusals, another cache folder, precision hint, weight packing,
         DYNAMIC_QUANTIZATION_GROUP_SIZE or thread count.
@@ -312,12 +332,14 @@ class OpenVinoDevice(Device):
             cfg["CACHE_DIR"] = str(self.cache_dir)
         return cfg
 
-    def requested_settings(self) -> dict:
-        """The settings that change results, as OpenVINO names them; DYNAMIC_QUANTIZATION_GROUP_SIZE only
-        where the device has the property (OpenVINO's CPU and GPU plugins)."""
+    def requested_settings(self, weights=()) -> dict:
+        """The settings that change results, as OpenVINO names them, for a compiled model holding ``weights``
+        (which the "auto" group size reads); DYNAMIC_QUANTIZATION_GROUP_SIZE only where the device has the property
+        (OpenVINO's CPU and GPU plugins)."""
         cfg: dict[str, Any] = {PRECISION_HINT: self.precision}
         if self.type in (DeviceType.CPU, DeviceType.GPU):
-            cfg[DYNQUANT] = self.dynamic_quantization
+            dq = self.dynamic_quantization
+            cfg[DYNQUANT] = group_size_for(weights) if dq == AUTO else dq
         return cfg
 
     def blob_cache(self) -> BlobCache | None:
@@ -395,14 +417,18 @@ class OvProgram:
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
         blobs = dev.blob_cache()
+        self.requested = dev.requested_settings(weights.values())
+        config = dev.compile_config()
+        if dev.dynamic_quantization == AUTO:       # this model's own group size
+            config[DYNQUANT] = self.requested[DYNQUANT]
         try:
             with blobs.compiling() if blobs else contextlib.nullcontext():
-                compiled = core().compile_model(self.translation.model, dev.ov_name, dev.compile_config())
+                compiled = core().compile_model(self.translation.model, dev.ov_name, config)
         except RuntimeError as e:
             if dev.dynamic_quantization and "primitive descriptor" in str(e):
                 cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
                 raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
-                                   f"{dev.dynamic_quantization} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
+                                   f"{self.requested[DYNQUANT]} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
                                    f"not compile here"
                                    + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
                                    + f"; {DYNQUANT_ENV}=0 compiles on every CPU") from e
@@ -438,7 +464,7 @@ class OvProgram:
         dev = self.device
         if dev.type != DeviceType.CPU:
             return
-        wrong = {k: (v, self.effective.get(k)) for k, v in dev.requested_settings().items()
+        wrong = {k: (v, self.effective.get(k)) for k, v in self.requested.items()
                  if str(self.effective.get(k)) != str(v)}
         if wrong:
             said = "; ".join(f"{k}: requested {want}, compiled model has {got}" for k, (want, got) in wrong.items())
