@@ -87,11 +87,18 @@ settings.declare(BITS_ENV, "openvino", "4 or 8", DEFAULT_BITS, "weight packing: 
 settings.declare(CACHE_MAX_ENV, "openvino", "a number of GiB above 0", 4.0,
                  "size the compiled-model cache is trimmed to (least recently used blobs go first)",
                  settings.number(0.0, above=True))
+
+
+def _group_size(text: str) -> int | str:
+    """FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION's value: 0 for off, auto, or a whole number."""
+    word = text.strip().lower()
+    return {"off": 0, AUTO: AUTO}[word] if word in ("off", AUTO) else settings.whole(0)(text)
+
+
 settings.declare(DYNQUANT_ENV, "openvino", "0 or off, a positive group size, or auto", DEFAULT_DYNQUANT,
                  "DYNAMIC_QUANTIZATION_GROUP_SIZE of OpenVINO's CPU and GPU plugins (0: activations not quantized; "
                  "auto: the largest of 32 and 16 that reaches every compressed product of a compiled model)",
-                 lambda text: {"off": 0, AUTO: AUTO}.get(text.strip().lower(), None) if text.strip().lower() in
-                 ("off", AUTO) else settings.whole(0)(text))
+                 _group_size)
 settings.declare(THREADS_ENV, "openvino", "0 (OpenVINO's choice) or a thread count", 0,
                  "INFERENCE_NUM_THREADS of openvino:CPU (0: OpenVINO's choice, one thread per core); `framework bench` "
                  "sets it to --threads, the thread count its peer gets", settings.whole(0))
