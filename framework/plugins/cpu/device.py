@@ -96,7 +96,7 @@ class CpuDevice(Device):
             self.available, self.unavailable_reason = False, problem
         self.matmul_path = path
         self.weight_buffer_type = CPU_BLOCKS_BUFFER if self.fast else CPU_F32_BUFFER
-        self.description = f"numpy {np.__version__} on {os.cpu_count()} CPU threads; {path or 'no products'}"
+        self.description = f"numpy {np.__version__} on a {os.cpu_count()}-CPU host; {path or 'no products'}"
 
     def supports_op(self, node: Tensor) -> Verdict:
         return Verdict.yes()      # every op of the table has a reference kernel (the framework checks the op)
