@@ -31,7 +31,7 @@ from openvino import opset13 as ops
 
 from ...contract import Fragment, LeafKind, Tensor, reference
 from ...contract import ops as op_table
-from .weights import ROW_ARRAYS, OvWeight
+from .weights import NIBBLES, ROW_ARRAYS, OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
 ELEMENTS = {"i4": ov.Type.i4, "u4": ov.Type.u4, "i8": ov.Type.i8}
@@ -144,7 +144,7 @@ def weight_node(w: OvWeight, shape: tuple | None = None, offsets: bool = True) -
         return out if tuple(w.shape) == shape else _reshape(out, shape)
     if "data" not in c:
         et = ELEMENTS[w.element]
-        if w.element in ("i4", "u4"):   # the nibbles as they are held (weights.pack_nibbles): shared, not copied
+        if w.element in NIBBLES:        # the nibbles as they are held (weights.pack_nibbles): shared, not copied
             rows, blocks, _ = w.data.shape
             c["data"] = ops.constant(ov.Tensor(w.data, ov.Shape([rows, blocks, w.group]), et))
         else:
@@ -235,11 +235,12 @@ def row_parts(w: OvWeight) -> list[OvWeight]:
     """The weight as products of at most PRODUCT_ROWS rows each: a 4-bit compressed weight of more rows is cut into
     equal parts (views of its arrays, made once for each limit), every other weight is one part."""
     rows, limit = w.data.shape[0], PRODUCT_ROWS
-    if w.kind != "compressed" or w.element not in ("i4", "u4") or rows <= limit:
+    if w.kind != "compressed" or w.element not in NIBBLES or rows <= limit:
         return [w]
     key = ("row_parts", limit)
     if key not in w._constants:
-        step = -(-rows // -(-rows // limit))
+        parts = math.ceil(rows / limit)
+        step = math.ceil(rows / parts)
         w._constants[key] = [
             OvWeight(f"{w.name}[{a}:{min(a + step, rows)}]", w.dtype, (min(a + step, rows) - a, w.shape[1]), w.kind,
                      **{f: None if getattr(w, f) is None else getattr(w, f)[a:a + step] for f in ROW_ARRAYS},

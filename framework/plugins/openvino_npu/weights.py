@@ -52,6 +52,7 @@ CONVERTED: dict[str, str] = {}
 COMPRESSED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 # a compressed weight's arrays with one entry a row (axis 0): what fusing concatenates and cutting slices
 ROW_ARRAYS = ("data", "scale", "offset", "offset_codes", "offset_scale")
+NIBBLES = ("i4", "u4")      # elements held two a byte (pack_nibbles)
 
 
 @dataclass(eq=False)
@@ -83,12 +84,12 @@ class OvWeight:
     @property
     def group(self) -> int:
         """Values a block (compressed weights)."""
-        return self.data.shape[-1] * (2 if self.element in ("i4", "u4") else 1)
+        return self.data.shape[-1] * (2 if self.element in NIBBLES else 1)
 
     @property
     def codes(self) -> np.ndarray:
         """(rows, blocks, G) int8: the stored integers, one a byte (unpacked from nibbles for i4 and u4)."""
-        if self.element not in ("i4", "u4"):
+        if self.element not in NIBBLES:
             return self.data
         return unpack_nibbles(self.data, signed=self.element == "i4")
 
@@ -111,7 +112,7 @@ class OvWeight:
 
 
 def packed_nbytes(element: str, count: int) -> int:
-    return (count + 1) // 2 if element in ("i4", "u4") else count
+    return (count + 1) // 2 if element in NIBBLES else count
 
 
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
@@ -228,23 +229,24 @@ def load(name: str, dtype: DType, shape, raw: np.ndarray, bits: int = 4) -> OvWe
     q, scale, offset, group = unpack(raw, dtype, shape)
     rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
     blocks = shape[-1] // group
-    codes = None
+    offset_codes = offset_scale = None
     if isinstance(offset, tuple):   # K-quants: the minimums' codes, eight a super-block, and -dmin as their scale
         m, minus_dmin = offset
-        codes, offset = (m.reshape(rows, blocks // 8, 8), minus_dmin.reshape(rows, blocks // 8, 1)), None
+        offset_codes = np.ascontiguousarray(m.reshape(rows, blocks // 8, 8))
+        offset_scale = np.ascontiguousarray(minus_dmin.reshape(rows, blocks // 8, 1))
+        offset = None
     elif offset is not None:        # value = scale * q + offset = scale * (q - mid) + (offset + mid * scale)
         mid = MIDDLE[tname]
         q = q.astype(np.int8) - np.int8(mid)
         offset = (offset + np.float32(mid) * scale).astype(np.float32)
     element = ("u4" if tname == "Q4_K" else "i4") if tname in ("Q4_0", "Q4_1", "Q4_K") and bits == 4 else "i8"
     q = q.reshape(rows, blocks, group)
-    data = pack_nibbles(q.astype(np.int8, copy=False)) if element in ("i4", "u4") else np.array(q, dtype=np.int8)
+    data = pack_nibbles(q.astype(np.int8, copy=False)) if element in NIBBLES else np.array(q, dtype=np.int8)
     exact_f16 = tname in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # d is the file's f16 value
     scale_arr = np.ascontiguousarray(scale.astype(np.float16 if exact_f16 else np.float32).reshape(rows, blocks, 1))
     off_arr = None if offset is None else np.ascontiguousarray(offset.reshape(rows, blocks))
     return OvWeight(name, tname, shape, "compressed", data, element=element, scale=scale_arr, offset=off_arr,
-                    offset_codes=None if codes is None else np.ascontiguousarray(codes[0]),
-                    offset_scale=None if codes is None else np.ascontiguousarray(codes[1]))
+                    offset_codes=offset_codes, offset_scale=offset_scale)
 
 
 def values(w: OvWeight) -> np.ndarray:
