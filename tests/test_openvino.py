@@ -47,6 +47,7 @@ from framework.plugins.openvino_npu.device import (
     THREADS_ENV,
     OpenVinoDevice,
     OpenVinoSettingError,
+    cpu_flags,
     cpu_isa,
     discover,
 )
@@ -417,18 +418,9 @@ def test_auto_group_size_reaches_every_product_of_a_model(ov_cpu):
     or of 16 where it holds a weight in groups of 16 (Q6_K's), since OpenVINO quantizes a product's activations only
     where the group size divides its weight's group; the device's description says so, and every compiled model
     reports its own size back."""
-    from framework.contract import DType
     from framework.plugins.openvino_npu.device import group_size_for
 
-    rng = np.random.default_rng(0)
-
-    def weight(dtype, block, nbytes, f16_at):    # random blocks with finite f16 scales (and minimums) at f16_at
-        raw = rng.integers(0, 256, (64 * 256 // block, nbytes), dtype=np.uint8)
-        raw[:, f16_at:f16_at + 4] = np.array([0.01, -0.02], np.float16).view(np.uint8)
-        return W.load("w", dtype, (64, 256), raw.reshape(-1))
-
-    q4_1, q8_0 = weight(DType.Q4_1, 32, 20, 0), weight(DType.Q8_0, 32, 34, 0)
-    q6_k = weight(DType.Q6_K, 256, 210, 206)
+    q4_1, q8_0, q6_k = (W.load("w", qt, (64, 256), raw_weight(qt, (64, 256))) for qt in (Q.Q4_1, Q.Q8_0, Q.Q6_K))
     assert (q4_1.group, q8_0.group, q6_k.group) == (32, 32, 16)
     assert group_size_for([q4_1, q8_0]) == 32 and group_size_for([q4_1, q6_k, q8_0]) == 16
     dev = ov_cpu.with_options(dynamic_quantization="auto")
@@ -532,7 +524,7 @@ def test_8bit_activations_in_groups_of_16_hold_the_reference_bounds(ov_cpu):
     the activations really are quantized (the logits move off the float32 translation's), and llama.cpp's bounds still
     hold, decode step by decode step. OpenVINO's CPU plugin quantizes activations only where the CPU has an 8-bit dot
     product (AVX-512 VNNI or AVX-VNNI); an AVX2-only CPU has no such kernel (docs/openvino.md)."""
-    if not {"avx512_vnni", "avx_vnni"} & set(cpu_isa().split("; ")[0].split()) or "ONEDNN_MAX_CPU_ISA" in os.environ:
+    if not {"avx512_vnni", "avx_vnni"} & set(cpu_flags()) or "ONEDNN_MAX_CPU_ISA" in os.environ:
         pytest.skip(f"no 8-bit dot product for OpenVINO to quantize activations with here ({cpu_isa()})")
     name = "smollm2"
     exact = Session(load_model(name), [ov_cpu.with_options(dynamic_quantization=0)], n_ctx=512)

@@ -592,14 +592,19 @@ def _dead(dev_ref, live_key: tuple) -> None:
 ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16")
 
 
-def cpu_isa() -> str:
-    """The instruction sets OpenVINO's CPU kernels choose from (/proc/cpuinfo), and oneDNN's cap if set."""
+def cpu_flags() -> list[str]:
+    """The instruction sets OpenVINO's CPU kernels choose from, as /proc/cpuinfo lists them (empty if unreadable)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             flags = next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split()
     except (OSError, StopIteration):
         flags = []
-    found = " ".join(f for f in flags if f in ISA_FLAGS or f.startswith("amx"))
+    return [f for f in flags if f in ISA_FLAGS or f.startswith("amx")]
+
+
+def cpu_isa() -> str:
+    """The instruction sets OpenVINO's CPU kernels choose from (/proc/cpuinfo), and oneDNN's cap if set."""
+    found = " ".join(cpu_flags())
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     return found + (f"; ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
 
