@@ -523,7 +523,8 @@ def _decode_against_prefill(session, ids: list[int], follow: list[int]) -> float
 def decode_gap(names=("smollm2", "gemma3")) -> None:
     """Decode against prefill with activations quantized: the largest logit difference between 6 decode steps after
     an 8-token prompt and a prefill of all 14 tokens, one thread, for DYNAMIC_QUANTIZATION_GROUP_SIZE 0 and each
-    ``dq=N`` (default 32), over the first ``layers=1,2,...`` layers (default all)."""
+    ``dq=N`` (default 32), over the first ``layers=1,2,...`` layers (default all); first, each product alone at
+    1 to 256 queries (_products_across_queries)."""
     from framework.bench import prompt_ids
     from framework.model.default import model_path
     from framework.model.model import Model
@@ -533,6 +534,7 @@ def decode_gap(names=("smollm2", "gemma3")) -> None:
     words = dict(w.split("=", 1) for w in sys.argv[2:] if "=" in w)
     dqs = [0] + [int(v) for v in words.get("dq", "32").split(",")]
     layers = [int(v) for v in words["layers"].split(",")] if "layers" in words else [None]
+    _products_across_queries(dqs)
     for name in [w for w in sys.argv[2:] if "=" not in w] or names:
         model = Model(model_path(name))
         ids = prompt_ids(model.tokenizer, 14)
@@ -544,6 +546,42 @@ def decode_gap(names=("smollm2", "gemma3")) -> None:
                       f"prefill, largest logit difference {_decode_against_prefill(s, ids[:8], ids[8:14]):.4f}",
                       flush=True)
                 del s
+
+
+def _products_across_queries(dqs, queries=(1, 2, 8, 32, 256), n: int = 512, k: int = 1536) -> None:
+    """One product alone (translate.weight_product on a Q4_1, Q8_0 or Q6_K weight of random blocks, their f16 scales
+    and minimums finite) compiled for each query count: the largest difference of its first row's outputs from the
+    one-query model's, for each DYNAMIC_QUANTIZATION_GROUP_SIZE, one thread."""
+    import openvino as ov
+    from gguf import GGML_QUANT_SIZES
+
+    from framework.contract import DType
+    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu import weights as W
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((max(queries), k)).astype(np.float32)
+    core = ov.Core()
+    for tname in ("Q4_1", "Q8_0", "Q6_K"):
+        dtype = getattr(DType, tname)
+        per, size = GGML_QUANT_SIZES[dtype]
+        raw = rng.integers(0, 256, (n * k // per, size), dtype=np.uint8)
+        for at in {"Q4_1": (0, 2), "Q8_0": (0,), "Q6_K": (208,)}[tname]:     # d (and Q4_1's m)
+            raw[:, at:at + 2] = rng.uniform(0.001, 0.05, (len(raw), 1)).astype(np.float16).view(np.uint8)
+        w = W.load("w", dtype, (n, k), raw.reshape(-1))
+        for dq in dqs:
+            first = {}
+            for m in queries:
+                p = ov.opset13.parameter([m, k], ov.Type.f32, name="x")
+                model = ov.Model([translate.weight_product(p.output(0), (m, k), w, (n, k))], [p])
+                cfg = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1,
+                       "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq}
+                req = core.compile_model(model, "CPU", cfg).create_infer_request()
+                req.infer([x[:m]])
+                first[m] = req.get_output_tensor(0).data[0].copy()
+            diffs = ", ".join(f"{m}: {np.abs(first[m] - first[1]).max():.1e}" for m in queries[1:])
+            print(f"{tname} {n} x {k} alone, DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}: first row's largest difference "
+                  f"from one query, by query count: {diffs}", flush=True)
 
 
 def dynquant(models: dict | None = None, rounds: int = 3) -> None:
