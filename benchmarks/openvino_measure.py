@@ -250,6 +250,19 @@ def fused(layers: int = 30, k: int = 576, repeats: int = 2) -> None:
             print(f"{what}: {ts[len(ts) // 2] * 1e3:.2f} ms for {layers} layers (median of 30)")
 
 
+def _profiled_device():
+    """openvino:CPU's device class compiling with OpenVINO's per-node profiler on (PERF_COUNT), never from the
+    on-disk cache (a cached blob would come back without the profiler)."""
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+
+    class Profiled(OpenVinoDevice):
+        def compile_config(self):
+            cfg = {**super().compile_config(), "PERF_COUNT": True}
+            cfg.pop("CACHE_DIR", None)
+            return cfg
+    return Profiled
+
+
 def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
     """Decode on openvino:CPU (2 threads, as `framework bench`) with OpenVINO's per-node profiler on:
     milliseconds per token by kernel kind and how many kernels of each kind a step runs, and the tokens per
@@ -263,17 +276,12 @@ def floor(names=("smollm2", "gemma3"), steps: int = 20) -> dict:
 
     from framework.model.default import model_path
     from framework.model.model import Model
-    from framework.plugins.openvino_npu.device import OpenVinoDevice, OvProgram
+    from framework.plugins.openvino_npu.device import OvProgram
     from framework.runtime.session import Session
 
     programs: list[OvProgram] = []
 
-    class Profiled(OpenVinoDevice):
-        def compile_config(self):
-            cfg = {**super().compile_config(), "PERF_COUNT": True}
-            cfg.pop("CACHE_DIR", None)          # a cached blob would come back without the profiler
-            return cfg
-
+    class Profiled(_profiled_device()):
         def compile(self, fragment):
             program = super().compile(fragment)
             programs.append(program)
@@ -1072,13 +1080,7 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
     model = Model(Path(path))
     ids = prompt_ids(model.tokenizer, n_prompt)
 
-    class Profiled(OpenVinoDevice):
-        def compile_config(self):
-            cfg = {**super().compile_config(), "PERF_COUNT": True}
-            cfg.pop("CACHE_DIR", None)          # a cached blob would come back without the profiler
-            return cfg
-
-    make = Profiled if profile == "profile" else OpenVinoDevice
+    make = _profiled_device() if profile == "profile" else OpenVinoDevice
     sessions = {}
     for dq in dqs:
         dev = make("CPU", threads=1, dynamic_quantization=dq)
