@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,9 +48,9 @@ from framework.plugins.openvino_npu.device import (
     THREADS_ENV,
     OpenVinoDevice,
     OpenVinoSettingError,
-    cpu_flags,
     cpu_isa,
     discover,
+    dot_product_isa,
 )
 from framework.plugins.openvino_npu.profiles import (
     PROFILES,
@@ -368,7 +369,7 @@ def test_requested_settings_are_the_effective_ones(ov_cpu):
     reports them; the report of the test run prints both beside the CPU's instruction sets."""
     requested = ov_cpu.requested_settings()
     assert requested == {"INFERENCE_PRECISION_HINT": ov_cpu.precision,
-                         "DYNAMIC_QUANTIZATION_GROUP_SIZE": ov_cpu.dynamic_quantization}
+                         "DYNAMIC_QUANTIZATION_GROUP_SIZE": ov_cpu.group_size()}
     assert ov_cpu.compile_config().items() >= requested.items()
     _, program = _compressed_product(ov_cpu)
     assert {k: program.effective[k] for k in requested} == requested
@@ -401,7 +402,7 @@ def test_backends_lists_the_settings(capsys):
 
 def test_dynamic_quantization_environment_override(monkeypatch):
     monkeypatch.delenv(DYNQUANT_ENV, raising=False)
-    assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == 0      # the plugin's choice, not OpenVINO's
+    assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == "auto"  # the plugin's choice, not OpenVINO's
     for value, want in (("32", 32), ("off", 0), ("0", 0), (" 64 ", 64), ("auto", "auto"), (" Auto", "auto")):
         monkeypatch.setenv(DYNQUANT_ENV, value)
         assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == want
@@ -424,13 +425,45 @@ def test_auto_group_size_reaches_every_product_of_a_model(ov_cpu):
     assert (q4_1.group, q8_0.group, q6_k.group) == (32, 32, 16)
     assert group_size_for([q4_1, q8_0]) == 32 and group_size_for([q4_1, q6_k, q8_0]) == 16
     dev = ov_cpu.with_options(dynamic_quantization="auto")
-    assert "groups of 32, or 16 where" in dev.description
-    assert "(DYNAMIC_QUANTIZATION_GROUP_SIZE auto)" in dev.description
+    # auto quantizes only where the CPU has an 8-bit dot product (test_auto_is_0_without_an_8bit_dot_product
+    # checks the other side on every CPU)
+    want = 32 if dev.dot_product else 0
+    if dev.dot_product:
+        assert "groups of 32, or 16 where" in dev.description
+        assert f"(DYNAMIC_QUANTIZATION_GROUP_SIZE auto: this CPU has {dev.dot_product})" in dev.description
     s = Session(load_model("smollm2"), [dev], n_ctx=512)       # Q4_1 products and a Q8_0 output head: 32
     s.eval([1, 2, 3])
     s.eval([4])
-    assert {p.effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in s.executor.programs.values()} == {32}
-    assert {p.requested["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in s.executor.programs.values()} == {32}
+    assert {p.effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in s.executor.programs.values()} == {want}
+    assert {p.requested["DYNAMIC_QUANTIZATION_GROUP_SIZE"] for p in s.executor.programs.values()} == {want}
+
+
+AUTO_WITHOUT_DOT_PRODUCT = """
+from framework.plugins.openvino_npu.device import OpenVinoDevice, dot_product_isa
+dev = OpenVinoDevice("CPU", cache_dir=None)
+print(dev.dynamic_quantization, dot_product_isa(), dev.requested_settings()["DYNAMIC_QUANTIZATION_GROUP_SIZE"])
+print(dev.description)
+"""
+
+
+def test_auto_is_0_without_an_8bit_dot_product():
+    """The default, auto, keeps float32 activations where the CPU has no 8-bit dot product: here oneDNN capped at
+    AVX2 (ONEDNN_MAX_CPU_ISA, read once a process, hence the child process), where OpenVINO cannot compile a product
+    with quantized activations at all (_plain_program's note); the device says why in its description, and a real
+    model compiles and runs under the cap with the default."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env.pop(DYNQUANT_ENV, None)
+    out = subprocess.run([sys.executable, "-c", AUTO_WITHOUT_DOT_PRODUCT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, description = out.stdout.splitlines()[-2:]
+    assert first == "auto None 0"
+    assert "DYNAMIC_QUANTIZATION_GROUP_SIZE auto: 0, no 8-bit dot product on this CPU" in description
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in description
+    run = subprocess.run([sys.executable, "-m", "framework.cli.main", "run", "-m", "smollm2", "--backends",
+                          "openvino:CPU", "--strict", "-n", "2", "Hi"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):
@@ -524,7 +557,7 @@ def test_8bit_activations_in_groups_of_16_hold_the_reference_bounds(ov_cpu):
     the activations really are quantized (the logits move off the float32 translation's), and llama.cpp's bounds still
     hold, decode step by decode step. OpenVINO's CPU plugin quantizes activations only where the CPU has an 8-bit dot
     product (AVX-512 VNNI or AVX-VNNI); an AVX2-only CPU has no such kernel (docs/openvino.md)."""
-    if not {"avx512_vnni", "avx_vnni"} & set(cpu_flags()) or "ONEDNN_MAX_CPU_ISA" in os.environ:
+    if dot_product_isa() is None:
         pytest.skip(f"no 8-bit dot product for OpenVINO to quantize activations with here ({cpu_isa()})")
     name = "smollm2"
     exact = Session(load_model(name), [ov_cpu.with_options(dynamic_quantization=0)], n_ctx=512)
