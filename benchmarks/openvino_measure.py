@@ -27,7 +27,7 @@
     python benchmarks/openvino_measure.py threads     # openvino:CPU with OpenVINO's own thread count (one per
                                                       # core) and with INFERENCE_NUM_THREADS 1, against
                                                       # llama.cpp on 1 thread, interleaved: decode tok/s
-    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile] [offsets=product|zero_point] [dq=0,16]
+    python benchmarks/openvino_measure.py big-decode FILE.gguf [profile] [offsets=product|zero_point] [dq=0,16,auto]
                                                       [steps=32] [rounds=5]
                                                       # decode of a large model with one compiled model (the
                                                       # prompt fed a token a step), against llama.cpp in a
@@ -39,7 +39,7 @@
     python benchmarks/openvino_measure.py offset-forms
                                                       # the K-quants' block offsets product, 1 thread: a float32
                                                       # matrix against the file's 6-bit minimums as u8 codes
-    python benchmarks/openvino_measure.py row-parts [rows=N,N,...]
+    python benchmarks/openvino_measure.py row-parts [rows=N,N,...] [dq=N]
                                                       # a 4-bit product of many rows whole or in parts of at most
                                                       # translate.PRODUCT_ROWS (or each N), 1 query and 64, 1 thread
     python benchmarks/openvino_measure.py own-head [profile]
@@ -909,7 +909,8 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
     the last-level cache, as in a model) by one input, through the plugin's own translate.weight_product, with
     translate.PRODUCT_ROWS as it is (parts) and above the rows (whole), at 1 query (decode) and 64 (prefill), taking
     turns (medians of ``rounds``, kernel time from OpenVINO's profiler); the parts' outputs against the whole's.
-    ``rows=8960,8192,2048`` measures parts of at most each of those instead of PRODUCT_ROWS (one query only)."""
+    ``rows=8960,8192,2048`` measures parts of at most each of those instead of PRODUCT_ROWS (one query only);
+    ``dq=16`` compiles with that DYNAMIC_QUANTIZATION_GROUP_SIZE (default 0)."""
     import openvino as ov
     from openvino import opset13 as ops
 
@@ -925,8 +926,10 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
         raw[:, 0:4] = rng.uniform(0.001, 0.05, (n * k // 256, 2)).astype(np.float16).view(np.uint8)
         ws.append(W.load("w", DType.Q4_K, (n, k), raw.reshape(-1)))
     core = ov.Core()
+    dq = next((int(w[3:]) for w in sys.argv[2:] if w.startswith("dq=")), 0)
     cfg = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": 1,
-           "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, "PERF_COUNT": True}
+           "DYNAMIC_QUANTIZATION_GROUP_SIZE": dq, "PERF_COUNT": True}
+    print(f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dq}")
     reqs, limit = {}, translate.PRODUCT_ROWS
     asked = [int(v) for w in sys.argv[2:] if w.startswith("rows=") for v in w[5:].split(",")]
     for m in ((1,) if asked else (1, 64)):
@@ -1150,7 +1153,7 @@ if __name__ == "__main__":
         sys.argv.remove(word)
     if what == "big-decode":
         words = dict(w.split("=", 1) for w in sys.argv[2:] if "=" in w)
-        dqs = tuple(int(v) for v in words["dq"].split(",")) if "dq" in words else (None,)
+        dqs = tuple(v if v == "auto" else int(v) for v in words["dq"].split(",")) if "dq" in words else (None,)
         big_decode(*[w for w in sys.argv[2:4] if "=" not in w], steps=int(words.get("steps", 32)),
                    rounds=int(words.get("rounds", 5)), dqs=dqs)
         raise SystemExit(0)
