@@ -11,19 +11,8 @@ SUBGROUPS_ENV = "FRAMEWORK_VULKAN_SUBGROUPS"       # off: no subgroup operations
 MATVEC_ENV = "FRAMEWORK_VULKAN_MATVEC"             # tuning: e.g. "r=2,tpr=16,wg=128,sg=0" overrides matvec_shape
 MATMUL_ENV = "FRAMEWORK_VULKAN_MATMUL"             # tuning / tests: "bm=32,bn=32,kg=2,split=3", "reg=1", "f16=0"
 UNFUSE_ENV = "FRAMEWORK_VULKAN_UNFUSE"             # fusions to turn off (fusion.py), or all
-FUSIONS = fusion.FUSIONS                          # the core's fusions (framework/core/graph/fusion.py)
 MATVEC_KEYS = ("tpr", "r", "wg", "sg", "x8")
 MATMUL_KEYS = ("bm", "bn", "kg", "split", "reg", "wgs", "f16")
-
-
-def _fusions(text: str) -> frozenset[str]:
-    names = {n.lower() for n in settings.names(text)}
-    if "all" in names:
-        return frozenset(FUSIONS)
-    unknown = sorted(names - set(FUSIONS))
-    if unknown:
-        raise ValueError(f"no fusion named {', '.join(map(repr, unknown))}")
-    return frozenset(names)
 
 
 def declare(ops: frozenset[str]) -> None:
@@ -36,8 +25,9 @@ def declare(ops: frozenset[str]) -> None:
                      "request shader-f16 where the adapter has it", settings.flag)
     settings.declare(SUBGROUPS_ENV, "vulkan", settings.FLAG_ACCEPTS, True,
                      "use subgroup operations where the adapter has them", settings.flag)
-    settings.declare(UNFUSE_ENV, "vulkan", f"comma-separated fusions among {', '.join(FUSIONS)}, or all", frozenset(),
-                     "fusions of the decode kernels to turn off (to compare them)", _fusions)
+    settings.declare(UNFUSE_ENV, "vulkan", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
+                     frozenset(), "fusions of the decode kernels to turn off (to compare them)",
+                     lambda text: fusion.parse_off(text, UNFUSE_ENV))
     settings.declare(MATVEC_ENV, "vulkan", f"KEY=N,... with KEY one of {', '.join(MATVEC_KEYS)}", {},
                      "tuning: overrides the matrix-vector kernel's shape", settings.tuning(MATVEC_KEYS))
     settings.declare(MATMUL_ENV, "vulkan", f"KEY=N,... with KEY one of {', '.join(MATMUL_KEYS)}", {},
