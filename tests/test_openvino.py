@@ -503,6 +503,9 @@ def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "OpenVINO's CPU device" in err
     assert f"device openvino:CPU: {dev.description}" in err and "DYNAMIC_QUANTIZATION_GROUP_SIZE" in err
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")    # the mode moves llama.cpp's figures
+    mode = thp.read_text().split("[")[1].split("]")[0] if thp.exists() else "unknown ("
+    assert f"transparent huge pages: {mode}" in err
 
 
 # ---------------------------------------------------------------------------------------------
