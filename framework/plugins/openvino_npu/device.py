@@ -64,9 +64,9 @@ DEFAULT_PRECISION = "f32"
 DEFAULT_BITS = 4
 # "auto" by default: the activations of the compressed products are quantized to 8 bits, as llama.cpp's CPU
 # backend quantizes them, where the CPU has an 8-bit dot product, and stay float32 where it has none. Issue 20's
-# decode goal needs them quantized (the 1.5B: 0.81-0.84x llama.cpp in float32, 1.00-1.14x quantized) and
-# llama.cpp's reference bounds hold either way; a decode step then no longer gives its prefill's logits bit for
-# bit, which FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION=0 keeps (docs/openvino.md, "The default").
+# decode goal needs them quantized (decode 1.05-1.11x faster than in float32) and llama.cpp's reference bounds
+# hold either way; a decode step then no longer gives its prefill's logits bit for bit, which
+# FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION=0 keeps (docs/openvino.md, "Activations").
 DEFAULT_DYNQUANT = "auto"
 # DYNAMIC_QUANTIZATION_GROUP_SIZE "auto": for each compiled model the first of these that divides the group of every
 # compressed weight it holds. OpenVINO's CPU plugin quantizes a product's activations only where the group size
@@ -75,7 +75,7 @@ DEFAULT_DYNQUANT = "auto"
 AUTO = "auto"
 AUTO_GROUPS = (32, 16)
 # The CPUs whose 8-bit dot product OpenVINO's quantized-activation kernels use. Without one (an AVX2-only CPU, or
-# oneDNN capped below a VNNI level) "auto" is 0: OpenVINO 2025 cannot even compile a quantized-activation product
+# oneDNN capped below a VNNI level) "auto" is 0: OpenVINO 2026.4 cannot even compile a quantized-activation product
 # with oneDNN capped at AVX2 ("could not create a primitive descriptor"), and OpenVINO's own default there is 0.
 DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni")
 CAPS_WITHOUT_DOT_PRODUCT = ("SSE41", "AVX", "AVX2", "AVX512_CORE")
