@@ -403,6 +403,9 @@ def test_backends_lists_the_settings(capsys):
 def test_dynamic_quantization_environment_override(monkeypatch):
     monkeypatch.delenv(DYNQUANT_ENV, raising=False)
     assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == "auto"  # the plugin's choice, not OpenVINO's
+    gpu = OpenVinoDevice("GPU", available=False, cache_dir=None)    # auto is 0 there, and it says so
+    assert gpu.requested_settings()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+    assert "(DYNAMIC_QUANTIZATION_GROUP_SIZE auto: 0, not measured on an OpenVINO GPU)" in gpu.description
     for value, want in (("32", 32), ("off", 0), ("0", 0), (" 64 ", 64), ("auto", "auto"), (" Auto", "auto")):
         monkeypatch.setenv(DYNQUANT_ENV, value)
         assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == want

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -130,11 +131,12 @@ def dynamic_quantization_from_env() -> int | str:
                                f"on a CPU with an 8-bit dot product; 0 on one without)")
 
 
-def dynamic_quantization_words(group_size: int | str, dot_product: str | None = None) -> str:
-    """The setting in words; ``dot_product`` is what "auto" found on this CPU (None: no 8-bit dot product)."""
+def dynamic_quantization_words(group_size: int | str, dot_product: str | None = None, gpu: bool = False) -> str:
+    """The setting in words; ``dot_product`` is what "auto" found on this CPU (None: no 8-bit dot product), ``gpu``
+    that the device is a GPU (where "auto" is 0)."""
     if group_size == AUTO and dot_product is None:
-        return (f"activations not quantized (DYNAMIC_QUANTIZATION_GROUP_SIZE auto: 0, no 8-bit dot product on this "
-                f"CPU: {cpu_isa()})")
+        why = "not measured on an OpenVINO GPU" if gpu else f"no 8-bit dot product on this CPU: {cpu_isa()}"
+        return f"activations not quantized (DYNAMIC_QUANTIZATION_GROUP_SIZE auto: 0, {why})"
     if group_size == 0:
         return "activations not quantized (DYNAMIC_QUANTIZATION_GROUP_SIZE 0)"
     if group_size == AUTO:
@@ -257,6 +259,8 @@ class OpenVinoDevice(Device):
                      f"{dynamic_quantization_words(self.dynamic_quantization, self.dot_product)}")
             if self.threads:
                 what += f", {self.threads} thread{'' if self.threads == 1 else 's'} (INFERENCE_NUM_THREADS)"
+        elif self.type == DeviceType.GPU:       # it gets DYNAMIC_QUANTIZATION_GROUP_SIZE too (requested_settings)
+            what += f"; {dynamic_quantization_words(self.dynamic_quantization, gpu=True)}"
         self.description = what
 
     # -- derived devices ----------------------------------------------------------------------------
@@ -623,14 +627,15 @@ def _dead(dev_ref, live_key: tuple) -> None:
 ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16")
 
 
-def cpu_flags() -> list[str]:
+@functools.cache        # read once a process: every device made (with_options too) asks what "auto" finds
+def cpu_flags() -> tuple[str, ...]:
     """The instruction sets OpenVINO's CPU kernels choose from, as /proc/cpuinfo lists them (empty if unreadable)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             flags = next(ln for ln in f if ln.startswith("flags")).split(":", 1)[1].split()
     except (OSError, StopIteration):
         flags = []
-    return [f for f in flags if f in ISA_FLAGS or f.startswith("amx")]
+    return tuple(f for f in flags if f in ISA_FLAGS or f.startswith("amx"))
 
 
 def cpu_isa() -> str:
