@@ -65,9 +65,9 @@ DEFAULT_PRECISION = "f32"
 DEFAULT_BITS = 4
 # "auto" by default: the activations of the compressed products are quantized to 8 bits, as llama.cpp's CPU
 # backend quantizes them, where the CPU has an 8-bit dot product, and stay float32 where it has none. Issue 20's
-# decode goal needs them quantized (decode 1.05-1.11x faster than in float32) and llama.cpp's reference bounds
-# hold either way; a decode step then no longer gives its prefill's logits bit for bit, which
-# FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION=0 keeps (docs/openvino.md, "Activations").
+# decode goal needs them quantized (the 1.5B's decode 1.05-1.11x faster than in float32, big-decode dq=0,16) and
+# llama.cpp's reference bounds hold either way; a decode step then no longer gives its prefill's logits bit for
+# bit, which FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION=0 keeps (docs/openvino.md, "Activations").
 DEFAULT_DYNQUANT = "auto"
 # DYNAMIC_QUANTIZATION_GROUP_SIZE "auto": for each compiled model the first of these that divides the group of every
 # compressed weight it holds. OpenVINO's CPU plugin quantizes a product's activations only where the group size
