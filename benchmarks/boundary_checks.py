@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=16, help="decode tokens per run")
     args = ap.parse_args()
 
-    from framework.core.registry import default_registry
+    from framework.registry import default_registry
     from framework.model.default import MODELS
     from framework.model.model import Model
     from framework.runtime.session import Session

@@ -23,7 +23,7 @@ from framework.model.default import model_path  # noqa: E402
 
 BACKENDS = {"cpu": ("cpu", {}), "openvino:CPU": ("openvino:CPU", {}), "vulkan:0": ("vulkan:0", {}),
             "opencl:0": ("opencl:0", {}), "xdna:0 (host arm),cpu": ("xdna:0,cpu", {"FRAMEWORK_XDNA_HOST_ARM": "1"})}
-BASELINE = "from framework.core.registry import default_registry; default_registry()"
+BASELINE = "from framework.registry import default_registry; default_registry()"
 
 
 def peak_rss(argv: list[str], env: dict) -> tuple[int, int]:
@@ -40,7 +40,7 @@ def peak_rss(argv: list[str], env: dict) -> tuple[int, int]:
 def held_per_byte(models: list[str]) -> None:
     """What each available device says it will hold for a model's weights (Device.weight_nbytes, the figure
     reservation counts), per byte of the weights in the file."""
-    from framework.core.registry import default_registry
+    from framework.registry import default_registry
     from framework.model.model import Model
     devices = [d for d in default_registry().devices() if d.available]
     print("weights held per byte of the file's weights (Device.weight_nbytes over every tensor):")

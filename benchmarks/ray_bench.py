@@ -104,7 +104,7 @@ def main() -> int:
     os.environ.setdefault("FRAMEWORK_RAY_PLUGINS", "cpu")
     os.environ.setdefault("FRAMEWORK_BLOCK_PLUGINS", "opencl,openvino,vulkan,xdna,example")
     try:
-        from framework.core.registry import default_registry
+        from framework.registry import default_registry
         from framework.model.model import Model
         from framework.runtime.session import Session
         with tempfile.TemporaryDirectory() as work:

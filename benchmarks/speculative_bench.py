@@ -55,7 +55,7 @@ def devices(spec: str):
     """A --backends list; without an installed distribution (the H200's PYTHONPATH run) the plugins are
     made directly."""
     try:
-        from framework.core.registry import default_registry
+        from framework.registry import default_registry
         reg = default_registry()
         if reg.devices():
             return reg.select(spec)

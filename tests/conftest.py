@@ -96,5 +96,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
 @pytest.fixture(scope="session")
 def registry():
-    from framework.core.registry import default_registry
+    from framework.registry import default_registry
     return default_registry()

@@ -179,7 +179,7 @@ def test_a_bad_openvino_blob_is_deleted_and_recompiled(cache, ov_cpu, tmp_path, 
 
 
 def _ov_in_a_process(folder: str) -> tuple[list, int, int]:
-    from framework.core.registry import default_registry
+    from framework.registry import default_registry
     (dev,) = default_registry().select("openvino:CPU")
     dev = dev.with_options(cache_dir=Path(folder))
     out = _ov_matmul(dev)

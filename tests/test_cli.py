@@ -210,7 +210,7 @@ class _CrashingProgram:
 def crashing(monkeypatch):
     """A plugin registered through the registry whose device fails in its first decode step."""
     from framework.contract import hookimpl
-    from framework.core import registry as registry_module
+    from framework import registry as registry_module
     from framework.plugins.cpu.device import CpuDevice
 
     class CrashingDevice(CpuDevice):

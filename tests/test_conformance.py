@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.core.registry import default_registry
+from framework.registry import default_registry
 
 PLUGIN_MODULE = "framework.conformance.pytest_plugin"
 TIMEOUT_S = 300

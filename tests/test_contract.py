@@ -20,7 +20,7 @@ from conftest import load_model, model_path
 import buggy_plugin
 from framework import contract
 from framework.contract import Device, Verdict, hookimpl
-from framework.core.registry import Registry
+from framework.registry import Registry
 from framework.core.scheduler import DeviceRunError
 from framework.core.scheduler.errors import PluginContractError
 from framework.plugins import cpu as cpu_plugin
@@ -298,7 +298,7 @@ def _framework_imports(path: Path, package: str) -> list[tuple[str, list[str]]]:
 
 # The ray plugin's node agent is a framework installation on another machine: it loads that machine's
 # plugins through the registry and asks them through the one central check, as the planner here does.
-HOSTS_A_REGISTRY = {("framework/plugins/ray/agent.py", "framework.core.registry"),
+HOSTS_A_REGISTRY = {("framework/plugins/ray/agent.py", "framework.registry"),
                     ("framework/plugins/ray/agent.py", "framework.core.scheduler.verdicts")}
 
 

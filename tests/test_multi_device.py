@@ -25,7 +25,7 @@ from framework_plugin_example import (  # pip install -e examples/plugin-example
 from framework.cli import main as cli_main
 from framework.contract import HOST_BUFFER, BufferType, DeviceType
 from framework.core.graph import OPS, VIEW_OPS
-from framework.core.registry import ALIASES, contract_problems, default_registry
+from framework.registry import ALIASES, contract_problems, default_registry
 from framework.core.scheduler import CapabilityError
 from framework.runtime.session import Session
 

@@ -33,7 +33,7 @@ from ray.cluster_utils import Cluster
 
 from framework.conformance.cases import nmse
 from framework.contract import CONTRACT_VERSION
-from framework.core.registry import BLOCK_ENV, default_registry
+from framework.registry import BLOCK_ENV, default_registry
 from framework.core.scheduler.errors import DeviceRunError, DeviceSelectionError
 from framework.model.model import Model
 from framework.plugins.ray.wire import signature

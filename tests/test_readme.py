@@ -141,7 +141,7 @@ def check_check(capsys, command):
 
 
 def check_check_emulated_npu(capsys, command):
-    from framework.core.registry import default_registry
+    from framework.registry import default_registry
     if any(d.name == "xdna:0" and d.available for d in default_registry().devices()):
         pytest.skip("xdna:0 is a real NPU here: --device-profile xdna2 applies to it, not to the host arm")
     code, out, err = run_framework(capsys, command)

@@ -8,8 +8,8 @@ import pytest
 from conftest import load_model
 
 from framework.contract import Device, DeviceType, Verdict, hookimpl
-from framework.core import registry as registry_module
-from framework.core.registry import Registry
+from framework import registry as registry_module
+from framework.registry import Registry
 from framework.core.scheduler import DeviceRunError
 from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.session import Session

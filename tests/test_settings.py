@@ -7,7 +7,7 @@ import pytest
 
 from framework import settings
 from framework.cli import main
-from framework.core.registry import Registry, default_registry
+from framework.registry import Registry, default_registry
 from framework.core.scheduler.errors import DeviceSelectionError
 
 

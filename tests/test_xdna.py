@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType, quants
 from reference_checks import assert_teacher_forced, assert_text_metrics
 
 from framework.core.graph import F32, GraphBuilder, LeafKind, leaf
-from framework.core.registry import default_registry
+from framework.registry import default_registry
 from framework.core.scheduler import DeviceRunError, Executor, make_plan
 from framework.plugins.xdna import tiles
 from framework.plugins.xdna.cache import (

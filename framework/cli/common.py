@@ -59,7 +59,7 @@ def load_model(arg: str | None):
 def select_devices(spec: str, profile: str | None = None):
     """Resolve --backends, under --device-profile when given; say when two chosen devices are one physical
     device."""
-    from ..core.registry import default_registry
+    from ..registry import default_registry
     registry = default_registry()
     devices = registry.select(spec, profile)
     for group in registry.same_silicon():

@@ -388,7 +388,7 @@ def cmd_split(args) -> int:
 def cmd_backends(args) -> int:
     from rich.console import Console
 
-    from ..core.registry import default_registry
+    from ..registry import default_registry
     from .table import Row, print_table
     reg = default_registry()
     if not reg.plugins:

@@ -106,7 +106,7 @@ def selected_devices(config) -> list:
 
 
 def _select(config):
-    from ..core.registry import default_registry
+    from ..registry import default_registry
     from ..core.scheduler.errors import DeviceSelectionError
 
     registry = default_registry()

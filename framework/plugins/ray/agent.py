@@ -54,7 +54,7 @@ class NodeAgent:
     def __init__(self, plugins: list[str] | None):
         from importlib.metadata import entry_points
 
-        from ...core.registry import BLOCK_ENV, default_registry
+        from ...registry import BLOCK_ENV, default_registry
         names = {ep.name for ep in entry_points(group=contract.ENTRY_POINT_GROUP)}
         keep = (set(plugins) if plugins else names) - {SELF_PLUGIN}
         os.environ[BLOCK_ENV] = ",".join(sorted(names - keep))

@@ -17,8 +17,8 @@ from importlib.metadata import entry_points
 
 import pluggy
 
-from .. import settings
-from ..contract import (
+from . import settings
+from .contract import (
     CONTRACT_VERSION,
     CONTRACT_VERSIONS,
     ENTRY_POINT_GROUP,
@@ -28,7 +28,7 @@ from ..contract import (
     Device,
     DeviceType,
 )
-from .scheduler.errors import DeviceSelectionError
+from .core.scheduler.errors import DeviceSelectionError
 
 HOOKS = tuple(n for n in vars(BackendSpec) if not n.startswith("_"))
 
