@@ -44,6 +44,7 @@ import numpy as np
 
 from ..contract import Device
 from ..core.scheduler import Reservation, Residence
+from ..model.arch.base import SpeculationError
 from ..model.model import Model
 from .generate import Piece
 from .sampling import Sampler
@@ -52,10 +53,6 @@ from .session import KV_PAD, Session
 BASELINE_STEPS = 8          # target-alone decode steps measured after the prompt (the first is a warm-up)
 DEFAULT_DRAFT_N = 4
 ASSISTANT_ARCH = "gemma4-assistant"
-
-
-class SpeculationError(ValueError):
-    """Speculative decoding cannot be set up as asked (draft spec, vocabulary, architecture, state)."""
 
 
 # -- accepting drafts --------------------------------------------------------------------------------

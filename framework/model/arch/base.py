@@ -20,6 +20,11 @@ class MissingWeightError(WeightError):
     pass
 
 
+class SpeculationError(ValueError):
+    """Speculative decoding cannot be set up as asked (draft spec, vocabulary, architecture, state).
+    Defined here, below the runtime, because a draft architecture raises it when bound to its target."""
+
+
 @dataclass
 class StepInputs:
     """The input leaves of one step's graph; the runtime fills their values before every step."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ...core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
 from ..hparams import MAX_DIM, MAX_LAYERS, HParams, MetadataError
 from ..metadata import get_float, get_int, get_list, get_str
-from .base import Architecture, KVCache, StepInputs
+from .base import Architecture, KVCache, SpeculationError, StepInputs
 from .gemma_block import post_norm_tail
 
 
@@ -349,7 +349,6 @@ class Gemma4Assistant(_Gemma4Base):
     # -- the target it drafts for --------------------------------------------------------------
     def bind_target(self, target) -> None:
         """Check the target (a Model) fits, and keep it: its embedding, its cache's layout."""
-        from ...runtime.speculative import SpeculationError
         arch = target.arch
         if arch.name != "gemma4":
             raise SpeculationError(f"{self.file.path.name} ({self.name}) drafts for a gemma4 target, not "
