@@ -1076,7 +1076,8 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
     from framework.bench import prompt_ids
     from framework.model.model import Model
     from framework.plugins.openvino_npu.device import OpenVinoDevice
-    from framework.runtime.session import KV_PAD, Session
+    from framework.runtime.context import KV_PAD
+    from framework.runtime.session import Session
 
     if n_prompt + (rounds + 1) * steps > KV_PAD:
         raise SystemExit(f"{n_prompt} + {rounds + 1} x {steps} tokens would cross a cache window of {KV_PAD} rows")

@@ -196,12 +196,12 @@ def bench_reservation(path, devices, n_prompt: int, repeats: int = 5) -> list[tu
     rows = []
     for phase, n_tokens, n_past in (("prefill", n_prompt, 0), ("decode", 1, n_prompt)):
         session = Session(model, devices, n_ctx=max(512, n_prompt + 8))
-        key = session._key(n_tokens, n_past, 1)
+        key = session.context.shape_key(n_tokens, n_past, 1)
         build, plan = Spread(), Spread()
         for _ in range(repeats):
-            session.graphs.clear()
+            session.context.graphs.clear()
             t0 = time.perf_counter()
-            graph, _ = session._graph(key)
+            graph, _ = session.context.graph(key)
             t1 = time.perf_counter()
             reserve({phase: graph}, devices, session.residence)
             plan.values.append((time.perf_counter() - t1) * 1e3)

@@ -161,7 +161,7 @@ def causal_mask(t, s, n_past):
 def test_session_masks_of_one_row_equal_the_general_ones(window):
     """The session builds a decode step's mask (one query) another way than a prefill chunk's: both are the
     loop's here, windowed where window is set (query p sees rows p - window + 1 .. p)."""
-    from framework.runtime.session import causal_mask as session_mask
+    from framework.runtime.context import causal_mask as session_mask
     for n_past, n_kv in [(0, 256), (5, 256), (255, 256), (256, 512), (511, 512)]:
         want = causal_mask(1, n_kv, n_past)
         if window:

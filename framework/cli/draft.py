@@ -78,5 +78,5 @@ def draft_record(decoder) -> dict:
             "n_draft": decoder.n_draft,
             "shared": {name: {"owner": r.owner, "device": r.device, "buffer": r.buffer.name, "copies": list(r.copies)}
                        for name, r in d.shared().items()},
-            "plans": {d.session.phase_name(k): plan.to_dict() for k, (plan, _) in d.session.plans.items()},
+            "plans": {d.session.context.phase_name(k): plan.to_dict() for k, (plan, _) in d.session.plans.items()},
             "stats": decoder.stats.to_dict()}

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..core.scheduler.errors import CapabilityError, DeviceRunError, DeviceSelectionError
         from ..model.chat import ChatTemplateError
         from ..model.gguf_file import ModelFileError
-        from ..runtime.session import ContextFullError
+        from ..runtime.context import ContextFullError
     except KeyboardInterrupt:
         return fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED)
     codes = ((CapabilityError, EXIT_CAPABILITY), (DeviceRunError, EXIT_DEVICE),
@@ -336,9 +336,9 @@ def _devices(args):
 
 
 def _write_plans(session, path: Path, decoder=None) -> None:
-    from ..runtime.session import _phase_name
+    from ..runtime.context import phase_name
     record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
-              "plans": {_phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
+              "plans": {phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
     tokens = session.prefill.tokens + session.decode.tokens
     figures = {d.name: {**f, "tokens": tokens} for d in session.devices if (f := d.run_figures())}
     if figures:             # what devices measured themselves (a remote device: network bytes, time on its node)

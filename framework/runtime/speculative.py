@@ -48,7 +48,8 @@ from ..model.arch.base import SpeculationError
 from ..model.model import Model
 from .generate import Piece
 from .sampling import Sampler
-from .session import KV_PAD, Session
+from .context import KV_PAD
+from .session import Session
 
 BASELINE_STEPS = 8          # target-alone decode steps measured after the prompt (the first is a warm-up)
 DEFAULT_DRAFT_N = 4
@@ -105,7 +106,7 @@ class Draft:
     def keys(self, n_prompt: int, positions: range, n_draft: int) -> list[tuple]:
         """The step shapes drafting will use, the target's next token being at each of positions."""
         s = self.session
-        return [s._key(1, p + i, 1) for p in positions for i in range(n_draft)]
+        return [s.context.shape_key(1, p + i, 1) for p in positions for i in range(n_draft)]
 
     def start(self, prompt: list[int]) -> None:
         """After the target's prefill of the prompt."""
@@ -186,9 +187,9 @@ class ModelDraft(Draft):
 
     def keys(self, n_prompt, positions, n_draft):
         s = self.session
-        keys = s.shapes_for(n_prompt, 0)                                   # its own prefill of the prompt
+        keys = s.context.shapes_for(n_prompt, 0)                           # its own prefill of the prompt
         for p in positions:                                                # catching up 1 or 2 tokens, then
-            keys += [s._key(2, p - 1, 1)] + [s._key(1, p + i, 1) for i in range(n_draft)]
+            keys += [s.context.shape_key(2, p - 1, 1)] + [s.context.shape_key(1, p + i, 1) for i in range(n_draft)]
         return keys
 
     def start(self, prompt):
@@ -250,8 +251,8 @@ class AssistantDraft(Draft):
             raise SpeculationError("the assistant needs the target's hidden state: make its draft before the "
                                    "target plans any step")
         model.arch.bind_target(target.model)         # names the mismatch (architecture, widths, heads)
-        target.hidden = True
-        target.graphs.clear()                        # graphs the memory fit built, without the hidden output
+        target.context.hidden = True
+        target.context.graphs.clear()                # graphs the memory fit built, without the hidden output
         self.target, self.model = target, model
         self.session = AssistantSession(model, devices, n_batch=1, strict=target.strict, share_kv_with=target,
                                         hidden=True)
@@ -266,7 +267,7 @@ class AssistantDraft(Draft):
         return self.model.arch.borrowed_weights()
 
     def keys(self, n_prompt, positions, n_draft):
-        return [self.session._key(1, p, 1) for p in positions]       # every draft at the same position
+        return [self.session.context.shape_key(1, p, 1) for p in positions]       # every draft at the same position
 
     def start(self, prompt):
         self.pending_h = self.target.hidden_rows[-1]
@@ -403,11 +404,11 @@ class SpeculativeDecoder:
         for every position of the generation a verification of 1 to n_draft + 1 tokens and the drafting."""
         t = self.target
         end = n_prompt + n_predict
-        keys = t.shapes_for(n_prompt, n_predict)
-        keys += [t._key(1, n_prompt + i, 1) for i in range(self.baseline_steps(n_prompt))]
+        keys = t.context.shapes_for(n_prompt, n_predict)
+        keys += [t.context.shape_key(1, n_prompt + i, 1) for i in range(self.baseline_steps(n_prompt))]
         positions = range(n_prompt, end)
         for p in positions:
-            keys += [t._key(n, p, None) for n in range(2, min(self.n_draft + 1, end - p) + 1)]
+            keys += [t.context.shape_key(n, p, None) for n in range(2, min(self.n_draft + 1, end - p) + 1)]
         return list(dict.fromkeys(keys)), list(dict.fromkeys(self.draft.keys(n_prompt, positions, self.n_draft)))
 
     def baseline_steps(self, n_prompt: int) -> int:

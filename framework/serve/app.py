@@ -27,7 +27,7 @@ from ..core.scheduler.errors import CapabilityError, DeviceRunError
 from ..model.chat import ChatTemplateError, chat_prompt_ids
 from ..model.tokenizer import TokenizerError
 from ..runtime.sampling import SamplingParams
-from ..runtime.session import ContextFullError
+from ..runtime.context import ContextFullError
 from .engine import Compute, Job, Run
 from .errors import ApiError, invalid_body
 from .models import ServedModel, warm

@@ -65,7 +65,7 @@ class Run:
         """Plan the shapes this request uses (checking any new one) and say which devices compute them."""
         s, job = self.session, self.job
         s.reset()
-        keys = s.shapes_for(len(job.ids), job.max_tokens)
+        keys = s.context.shapes_for(len(job.ids), job.max_tokens)
         if any(k not in s.plans for k in keys):
             s.reserve(len(job.ids), job.max_tokens)
         tok = s.model.tokenizer

@@ -111,7 +111,7 @@ class PlanView:
     @classmethod
     def from_session(cls, session, n_prompt: int, n_predict: int, phase: str | None = None) -> PlanView:
         """Reserve; on a CapabilityError, plan every shape the run would use anyway and keep the error."""
-        from ..runtime.session import _phase_name
+        from ..runtime.context import phase_name
         model = str(session.model.file.path)
         try:
             reservation = session.reserve(n_prompt, n_predict)
@@ -119,9 +119,9 @@ class PlanView:
         except CapabilityError as e:
             reservation, error = None, e
             plans = {}
-            for key in session.shapes_for(n_prompt, n_predict):
-                graph = session._graph(key)[0]
-                plans[_phase_name(key)] = plan_with_unplaced(graph, session.devices, session.residence, session.fit)
+            for key in session.context.shapes_for(n_prompt, n_predict):
+                graph = session.context.graph(key)[0]
+                plans[phase_name(key)] = plan_with_unplaced(graph, session.devices, session.residence, session.fit)
         view = cls(model=model, devices=list(session.devices), plans=plans, residence=session.residence,
                    reservation=reservation, error=error)
         return view.only_phase(phase)
@@ -140,7 +140,8 @@ class PlanView:
             plans = {}
             for s, keys in zip((target, draft), decoder.keys(n_prompt, n_predict)):
                 for key in keys:
-                    plans[s.phase_name(key)] = plan_with_unplaced(s._graph(key)[0], s.devices, s.residence)
+                    graph = s.context.graph(key)[0]
+                    plans[s.context.phase_name(key)] = plan_with_unplaced(graph, s.devices, s.residence)
         view = cls._of_pair(decoder, plans)
         view.reservation, view.error = reservation, error
         return view.only_phase(phase)
@@ -167,7 +168,7 @@ class PlanView:
         """The plans a target and its draft ran, with the time each executor measured."""
         plans = {}
         for s in (decoder.target, decoder.draft.session):
-            plans.update({s.phase_name(k): plan for k, (plan, _) in s.plans.items()})
+            plans.update({s.context.phase_name(k): plan for k, (plan, _) in s.plans.items()})
         view = cls._of_pair(decoder, plans)
         view.speculative = decoder.stats.to_dict()
         view.notes.append(decoder.stats.line())
@@ -178,14 +179,14 @@ class PlanView:
                 got = {f.index: dict(s.executor.fragment_stats[(id(plan), f.index)]) for f in plan.fragments
                        if (id(plan), f.index) in s.executor.fragment_stats}
                 if got:
-                    view.measured[s.phase_name(k)] = got
+                    view.measured[s.context.phase_name(k)] = got
         return view
 
     @classmethod
     def after_run(cls, session) -> PlanView:
         """The plans a session ran, with the time the executor measured."""
-        from ..runtime.session import _phase_name
-        plans = {_phase_name(k): plan for k, (plan, _) in session.plans.items()}
+        from ..runtime.context import phase_name
+        plans = {phase_name(k): plan for k, (plan, _) in session.plans.items()}
         ex = session.executor
         view = cls(model=str(session.model.file.path), devices=list(session.devices), plans=plans,
                    residence=session.residence,
