@@ -85,6 +85,10 @@ class Verdict:
     def no(cls, code: str, reason: str) -> "Verdict":
         return cls(False, code, reason)
 
+    def __str__(self) -> str:
+        """How reports print a refusal: "code: reason"."""
+        return f"{self.code}: {self.reason}" if self.reason else self.code
+
 
 _YES = Verdict(True)
 

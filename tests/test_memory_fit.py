@@ -102,7 +102,7 @@ def check_split(session, plans, first: str) -> tuple[list[int], dict]:
             if n.op not in VIEW_OPS and p.device != first:
                 (move,) = p.memory
                 assert move.device == first and move.held <= move.limit < move.needed
-                assert p.refusals[first].startswith("memory: it has ")
+                assert p.refusals[first].code == "memory" and p.refusals[first].reason.startswith("it has ")
     for t in session.cache.tensors():                                           # each cache with its layer
         assert session.residence[id(t)].device == placed[t.layer], t.name
     return [il for il in range(n_layer) if placed[il] == first], placed
@@ -179,7 +179,7 @@ def test_a_cap_too_small_for_anything(vk, cpu):
     assert layers == [] and set(placed.values()) == {"cpu"}
     for plan in plans.values():
         assert not plan.copies and "vulkan:0" not in plan.per_device()
-        reasons = {plan.placement[id(n)].refusals["vulkan:0"] for n in plan.graph.nodes if n.op not in VIEW_OPS}
+        reasons = {plan.placement[id(n)].refusals["vulkan:0"].reason for n in plan.graph.nodes if n.op not in VIEW_OPS}
         assert all("it has 1.0 MiB (capped) and keeps no layer" in r for r in reasons), reasons
     alone = Session(model, [vk], n_ctx=N_CTX, n_batch=N_BATCH, memory_caps={"vulkan:0": MiB})
     with pytest.raises(CapabilityError) as info:

@@ -171,7 +171,8 @@ def test_a_view_its_memory_s_device_refuses_runs_where_it_is_read_and_keeps_the_
     plan = make_plan(b.build([out]), [noperm, Dev("all")])
     place = plan.placement[id(p)]
     assert place.device == "all" and place.reason == "fallback: refused by picky"
-    assert place.refusals == {"picky": "refused_by_test: picky refuses PERMUTE"}
+    assert place.refusals == {"picky": Verdict.no("refused_by_test", "picky refuses PERMUTE")}   # kept as given
+    assert plan.to_dict()["fallbacks"][0]["refusals"] == {"picky": "refused_by_test: picky refuses PERMUTE"}
     assert (p, place) in plan.fallbacks
     assert [c.tensor for c in plan.copies] == ["y"]
     run_and_compare(plan, {id(x): np.arange(32, dtype=np.float32).reshape(4, 8)})

@@ -24,7 +24,7 @@ def test_declared_weight_types_refuse_other_types_with_a_reason():
     assert ask(picky, next(n for n in graph.nodes if n.name == "inp_embd"))  # Q8_0 embedding is declared
     plan = make_plan(graph, [picky, CpuDevice()])
     assert plan.device_of(q_proj) == "cpu"
-    assert "unsupported_dtype" in plan.placement[id(q_proj)].refusals["picky"]
+    assert plan.placement[id(q_proj)].refusals["picky"] == verdict       # the device's Verdict, kept as given
 
 
 def test_a_bare_boolean_verdict_is_a_contract_error():

@@ -37,7 +37,8 @@ def view_data(view: PlanView) -> dict:
             "fallbacks": rec["fallbacks"], "marks": view.error_marks(plan), "leaves": leaf_records(plan, view),
             "memory": rec["memory"], "fit_lines": plan.fit.lines() if plan.fit is not None else [],
             "fallback_groups": [{"op": g.op, "device": g.device, "count": g.count, "first": g.first,
-                                 "reasons": g.reasons} for g in group_fallbacks([plan])],
+                                 "reasons": {d: str(v) for d, v in g.reasons.items()}}
+                                for g in group_fallbacks([plan])],
             "cost": [estimated_cost(n) for n in nodes],
             "layer": [-1 if (layer := layer_of(n.name)) is None else layer for n in nodes],
             "bytes": [n.nbytes for n in nodes],

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .plan import Plan
+from ...contract import Verdict
+from .plan import MEMORY, Plan
 
 
 def count(n: int, word: str, plural: str | None = None) -> str:
@@ -21,7 +22,7 @@ class FallbackGroup:
     device: str                        # where the nodes ran
     codes: tuple[tuple[str, str], ...]  # (refusing device, reason code), in the order they were asked
     first: str                         # the first node, by graph order
-    reasons: dict[str, str]            # refusing device -> the first node's "code: reason"
+    reasons: dict[str, Verdict]        # refusing device -> its refusal of the first node
     nodes: list[str] = field(default_factory=list)
 
     @property
@@ -35,15 +36,12 @@ class FallbackGroup:
         return f"fallback: {count(self.count, self.op + ' node')} ran on {self.device} (first: {self.first}); {why}"
 
 
-MEMORY = "memory"       # the refusal code of a device whose memory cannot hold a node's layer
-
-
 def group_fallbacks(plans: Iterable[Plan]) -> list[FallbackGroup]:
     """The fallbacks of every plan, grouped; a node met in several plans (prefill and decode) counts once."""
     groups: dict[tuple, FallbackGroup] = {}
     for plan in plans:
         for node, placement in plan.fallbacks:
-            codes = tuple((d, r.split(":", 1)[0].strip()) for d, r in placement.refusals.items())
+            codes = tuple((d, v.code) for d, v in placement.refusals.items())
             # nodes moved for memory only make one group whatever their ops: the layers that did not fit
             op = MEMORY if placement.memory and all(c == MEMORY for _, c in codes) else node.op
             key = (op, placement.device, codes)

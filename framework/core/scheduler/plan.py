@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ...contract import BufferType, Device
+from ...contract import BufferType, Device, Verdict
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
 from .errors import CapabilityError
 from .fragment import Fragment, cut_submissions, set_program_key, split_fragments
@@ -33,6 +33,7 @@ from .memory import Budget, Fit, MemoryMove, memory_budgets, parts_of
 from .verdicts import ask, check_available
 
 SMOOTH_MAX_RUN = 4       # nodes; longer runs are real work and stay where the verdicts put them
+MEMORY = "memory"        # the refusal code of a device whose memory cannot hold a node's layer
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Residence:
 class Placement:
     device: str
     reason: str
-    refusals: dict[str, str] = field(default_factory=dict)   # device -> "code: reason"
+    refusals: dict[str, Verdict] = field(default_factory=dict)   # device -> its refusal, formatted in reports
     memory: tuple[MemoryMove, ...] = ()     # the devices before it whose memory could not hold it, in numbers
     pinned: bool = False      # pass 1 put it with a pre-allocated tensor it touches: no later pass moves it
 
@@ -114,7 +115,7 @@ class Plan:
             "fragments": [f.to_dict() for f in self.fragments],
             "copies": [vars(c) for c in self.copies],
             "programs": [{"device": d, "program": h, "fragments": idx} for (d, h), idx in self.programs.items()],
-            "fallbacks": [{"node": n.name, "op": n.op, "device": p.device, "refusals": p.refusals}
+            "fallbacks": [{"node": n.name, "op": n.op, "device": p.device, "refusals": _texts(p.refusals)}
                           for n, p in self.fallbacks],
             "memory": self.memory_record(),
             "fit": self.fit.to_dict() if self.fit is not None and self.fit.moves else None,
@@ -130,13 +131,18 @@ class Plan:
         return out
 
 
+def _texts(refusals: dict[str, Verdict]) -> dict[str, str]:
+    """Refusals as the plan's JSON gives them: device -> "code: reason"."""
+    return {d: str(v) for d, v in refusals.items()}
+
+
 def _node_record(n: Tensor, p: Placement) -> dict:
     rec = {"name": n.name, "op": n.op, "shape": list(n.shape), "dtype": n.dtype.name,
            "src": [s.name for s in n.src], "device": p.device, "reason": p.reason}
     if n.layer is not None:
         rec["layer"] = n.layer
     if p.refusals:
-        rec["refusals"] = p.refusals
+        rec["refusals"] = _texts(p.refusals)
     if p.memory:
         rec["memory"] = [m.to_dict() for m in p.memory]
     return rec
@@ -206,7 +212,7 @@ def _pass2_memory(graph: Graph, devices: list[Device], fit: Fit | None, placemen
         moves = fit.moves.get(parts[id(n)])
         if n.op in VIEW_OPS or not moves:
             continue
-        full = {m.device: f"memory: {m.text('it')}" for m in moves}
+        full = {m.device: Verdict.no(MEMORY, m.text("it")) for m in moves}
         pinned = placement.get(id(n))
         if pinned is not None:
             if pinned.device not in full:
@@ -220,7 +226,7 @@ def _pass2_memory(graph: Graph, devices: list[Device], fit: Fit | None, placemen
             if verdict.ok:
                 placement[id(n)] = Placement(dev.name, f"memory: {moves[-1].text()}", refusals, moves)
                 break
-            refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
+            refusals[dev.name] = verdict
 
 
 def _pass3_first_accepting(graph: Graph, devices: list[Device], placement: dict[int, Placement]) -> None:
@@ -228,19 +234,19 @@ def _pass3_first_accepting(graph: Graph, devices: list[Device], placement: dict[
     for n in graph.nodes:
         if n.op in VIEW_OPS or id(n) in placement:
             continue
-        refusals: dict[str, str] = {}
+        refusals: dict[str, Verdict] = {}
         for i, dev in enumerate(devices):
             verdict = ask(dev, n)
             if verdict.ok:
                 reason = "first device in the list" if i == 0 else f"fallback: refused by {', '.join(refusals)}"
                 placement[id(n)] = Placement(dev.name, reason, refusals)
                 break
-            refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
+            refusals[dev.name] = verdict
         else:
             raise _no_device(n, refusals)
 
 
-def _no_device(n: Tensor, refusals: dict[str, str]) -> CapabilityError:
+def _no_device(n: Tensor, refusals: dict[str, Verdict]) -> CapabilityError:
     lines = "; ".join(f"{d} says {r}" for d, r in refusals.items())
     return CapabilityError(
         "no_device_for_node", f"no device accepts node {n.describe()}: {lines}", node=n.name,
@@ -296,7 +302,7 @@ def _pass5_views_follow_memory(graph: Graph, devices: list[Device], placement: d
     A view the device of its memory refuses runs where it is read (the aliased tensor is copied there),
     and the refusal is kept in the plan like any other."""
     by_name = {d.name: d for d in devices}
-    refused: dict[int, dict[str, str]] = {}
+    refused: dict[int, dict[str, Verdict]] = {}
     for n in graph.nodes:               # views of computed tensors (and views of those), in order
         if n.op in VIEW_OPS and id(n.src[0]) in placement:
             home = placement[id(n.src[0])].device
@@ -304,7 +310,7 @@ def _pass5_views_follow_memory(graph: Graph, devices: list[Device], placement: d
             if verdict.ok:
                 placement[id(n)] = Placement(home, "view of a tensor on this device")
             else:
-                refused[id(n)] = {home: f"{verdict.code}: {verdict.reason}"}
+                refused[id(n)] = {home: verdict}
     for n in reversed(graph.nodes):     # views of leaves, and refused views, run where they are first read;
         if n.op in VIEW_OPS and id(n) not in placement:     # every consumer comes later, so it is placed
             consumers = graph.consumers.get(id(n), ())
@@ -321,7 +327,7 @@ def _pass5_views_follow_memory(graph: Graph, devices: list[Device], placement: d
                         reason = "view read on this device" if consumers else "view of a leaf wanted as an output"
                     placement[id(n)] = Placement(dev.name, reason, refusals)
                     break
-                refusals[dev.name] = f"{verdict.code}: {verdict.reason}"
+                refusals[dev.name] = verdict
             else:
                 raise _no_device(n, refusals)
 

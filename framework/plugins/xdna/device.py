@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,6 @@ XDNA_TILES = BufferType("xdna_q4_1_tiles")
 REQUANTIZE_ENV = "FRAMEWORK_XDNA_REQUANTIZE"     # "allow": requantize weight types without an exact tile form
 HOST_ARM_ENV = "FRAMEWORK_XDNA_HOST_ARM"         # "1" (profile xdna2) or a profile name: the host arm
 PROFILE_ENV = "FRAMEWORK_XDNA_PROFILE"           # force a profile (an NPU whose PCI id the table lacks)
-BAD_SETTINGS = "bad xdna settings"
 
 
 @dataclass
@@ -97,7 +95,8 @@ class XdnaDevice(Device):
                  available: bool = True, unavailable_reason: str = "", physical_id: str = "",
                  session: XrtSession | None = None, kernel_set: KernelSet | None = None,
                  max_chain: int | None = None, requantize: bool = False, cache_root: Path | str | None = "default",
-                 note: str = "", bf16_activations: bool = True, emulated_profile: bool = False):
+                 note: str = "", bf16_activations: bool = True, emulated_profile: bool = False,
+                 bad_settings: bool = False):
         if arm not in ("host", "npu"):
             raise ValueError(f"arm must be 'host' or 'npu', not {arm!r}")
         self.index = index
@@ -106,6 +105,9 @@ class XdnaDevice(Device):
         self.arm = arm
         self.available = available
         self.unavailable_reason = unavailable_reason
+        # unavailable because FRAMEWORK_XDNA_* settings are wrong: no profile brings up the host arm in its
+        # place, so the settings are mended rather than hidden behind an emulation
+        self.bad_settings = bad_settings
         self.session = session
         self.kernel_set = kernel_set
         self.requantize = requantize
@@ -148,7 +150,7 @@ class XdnaDevice(Device):
         profile brings up the host arm in its place (``--device-profile xdna2``), an emulation."""
         prof = get_profile(profile) if isinstance(profile, str) else (profile or self.profile)
         if (profile is not None and self.arm == "npu" and not self.available
-                and not self.unavailable_reason.startswith(BAD_SETTINGS)):
+                and not self.bad_settings):
             root = self.cache_root if cache_root == "keep" else cache_root
             return host_arm_device(self.index, prof.name, why=f"NPU arm unavailable: {self.unavailable_reason}",
                                    max_chain=max_chain, cache_root=root,
@@ -161,7 +163,8 @@ class XdnaDevice(Device):
                           requantize=self.requantize if requantize is None else requantize,
                           cache_root=self.cache_root if cache_root == "keep" else cache_root, note=self.note,
                           bf16_activations=self.bf16_activations,
-                          emulated_profile=self.arm == "npu" and prof is not self.profile)
+                          emulated_profile=self.arm == "npu" and prof is not self.profile,
+                          bad_settings=self.bad_settings)
 
     # -- verdicts -----------------------------------------------------------------------------------
     def supports_op(self, node: Tensor) -> Verdict:
@@ -435,7 +438,6 @@ def _setting(env, key: str, problems: list[str]):
 def read_config(env: dict | None = None) -> Config:
     """The plugin's settings from the environment; a malformed value is a problem (the device is then
     unavailable and says which)."""
-    env = os.environ if env is None else env
     c = Config()
     c.kernels = _setting(env, KERNELS_ENV, c.problems)
     c.max_chain = _setting(env, MAX_CHAIN_ENV, c.problems)

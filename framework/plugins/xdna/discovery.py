@@ -8,17 +8,17 @@ arm, an emulation that says it is one (and why the NPU arm is not used) wherever
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .device import BAD_SETTINGS, HOST_ARM_ENV, Config, XdnaDevice, host_arm_device, read_config
+from .device import HOST_ARM_ENV, Config, XdnaDevice, host_arm_device, read_config
 from .kernels import KERNELS_ENV, KernelSetError, load_kernel_set
 from .profiles import get_profile, profile_for_pci
 from .xrt import DEFAULT_TIMEOUT_MS, XrtSession, import_pyxrt
 
 SYS_ACCEL = Path("/sys/class/accel")
 DEV_ACCEL = Path("/dev/accel")
+BAD_SETTINGS = "bad xdna settings"      # the start of the reason of a device whose settings are wrong
 
 
 @dataclass
@@ -60,11 +60,11 @@ def _no_npu_reason(accels: list[Accel], sysfs: Path) -> str:
 
 def discover(env: dict | None = None, sysfs: Path = SYS_ACCEL, devroot: Path = DEV_ACCEL,
              pyxrt_loader=import_pyxrt) -> list[XdnaDevice]:
-    env = os.environ if env is None else env
     config = read_config(env)
     if config.problems:
         reason = "; ".join(config.problems)
-        return [XdnaDevice(0, available=False, unavailable_reason=f"{BAD_SETTINGS}: {reason}", arm="npu")]
+        return [XdnaDevice(0, available=False, unavailable_reason=f"{BAD_SETTINGS}: {reason}", arm="npu",
+                           bad_settings=True)]
     pyxrt, pyxrt_reason = pyxrt_loader()
     accels = [a for a in scan_accel(sysfs) if a.driver == "amdxdna"]
     if not accels:
