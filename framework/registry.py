@@ -11,7 +11,6 @@ not fit ``framework.contract.Device``, and a device name another plugin already 
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
@@ -60,7 +59,7 @@ class Registry:
         installed = sorted({ep.name for ep in eps})
         unknown = sorted(blocked - set(installed))
         if unknown:
-            raise settings.SettingError(f"{BLOCK_ENV}={os.environ.get(BLOCK_ENV)!r}: no installed backend plugin is "
+            raise settings.SettingError(f"{BLOCK_ENV}={settings.raw(BLOCK_ENV)!r}: no installed backend plugin is "
                                         f"named {', '.join(repr(u) for u in unknown)}; installed: "
                                         f"{', '.join(installed)}")
         self.blocked = blocked

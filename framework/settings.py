@@ -60,6 +60,11 @@ def read(name: str, env: Mapping[str, str] | None = None) -> Any:
         raise SettingError(f"{name}={raw!r} is not {s.accepts}{why}") from None
 
 
+def raw(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The text a declared setting is set to (None when unset), for a message that quotes it."""
+    return (os.environ if env is None else env).get(SETTINGS[name].name)
+
+
 def table(env: Mapping[str, str] | None = None) -> list[dict]:
     """Every declared setting: name, owner, raw value, effective value (or the error), default, help."""
     env = os.environ if env is None else env

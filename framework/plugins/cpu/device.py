@@ -21,6 +21,7 @@ from ...contract import (
     Verdict,
     dequantize,
     host_memory_limit,
+    settings,
 )
 
 # Weights unpacked to float32 (FRAMEWORK_CPU_MATMUL=f32, and every type without a fast kernel).
@@ -35,14 +36,19 @@ MATMUL_MODES = {"q8": "quantized weights in their GGUF blocks times 8-bit activa
                 "f32": "every weight unpacked to float32 at load, products by numpy's BLAS"}
 
 
+settings.declare(MATMUL_ENV, "cpu", " or ".join(MATMUL_MODES), None,
+                 "the CPU's products with quantized weights: " + "; ".join(f"{k}: {v}" for k, v in MATMUL_MODES.items())
+                 + "; unset: q8 where the CPU can", settings.choice(MATMUL_MODES, fold=False))
+
+
 def matmul_mode(env=None) -> tuple[str, str]:
     """(mode, problem) from FRAMEWORK_CPU_MATMUL: 'q8', 'f32' or '' (unset: q8 where the CPU can); problem
     is "" unless the value is unknown."""
-    raw = (os.environ if env is None else env).get(MATMUL_ENV, "").strip()
-    if raw in ("", *MATMUL_MODES):
-        return raw, ""
-    known = "; ".join(f"'{k}': {v}" for k, v in MATMUL_MODES.items())
-    return "", f"{MATMUL_ENV}={raw!r} is not a known mode; use {known}"
+    try:
+        return settings.read(MATMUL_ENV, env) or "", ""
+    except settings.SettingError as e:
+        known = "; ".join(f"'{k}': {v}" for k, v in MATMUL_MODES.items())
+        return "", f"{e}; use {known}"
 
 
 def matmul_path(mode: str) -> tuple[bool, str, str]:

@@ -123,7 +123,7 @@ def dynamic_quantization_from_env() -> int | str:
     try:
         return settings.read(DYNQUANT_ENV)
     except settings.SettingError:
-        value = os.environ.get(DYNQUANT_ENV)
+        value = settings.raw(DYNQUANT_ENV)
     raise OpenVinoSettingError(f"{DYNQUANT_ENV}={value!r} is not accepted: use 0 or off (activations not quantized), "
                                f"a positive group size such as 16 (OpenVINO's CPU plugin quantizes the activations "
                                f"of compressed products to 8 bits in groups of that many values), or auto (the "
