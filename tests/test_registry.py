@@ -1,7 +1,11 @@
 """Plugins are validated when they register; a broken plugin is reported with its distribution and
 never takes the others down; a device failing at run time is never silently replaced."""
 
+import os
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,3 +94,25 @@ def test_a_device_that_fails_while_running_stops_the_run_with_its_own_words():
     assert "device failing failed while running fragment" in text and "DRIVER_TIMEOUT on queue 3" in text
     assert session.executor.stats["cpu"]["runs"] == 0          # nothing was re-run elsewhere
     assert np.isfinite(Session(model, [CpuDevice()], n_ctx=64).eval([1, 2, 3])).all()
+
+
+def test_a_plugin_whose_library_is_missing_loads_and_says_so(tmp_path):
+    """On a machine without openvino (a child process where `import openvino` fails), `framework backends`
+    lists the OpenVINO devices as unavailable with the reason instead of a failed plugin, and the tests'
+    report header, which asks OpenVINO for its settings, still builds."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['openvino'] = None   # import openvino fails\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root), str(root / "tests")])}
+    gone = subprocess.run([sys.executable, "-c", "import openvino"], env=env, capture_output=True, text=True)
+    assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr           # the shim holds
+    listed = subprocess.run([sys.executable, "-m", "framework", "backends"], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert listed.returncode == 0, listed.stderr
+    rows = [ln for ln in listed.stdout.splitlines() if "openvino" in ln]
+    assert any(ln.startswith("openvino:CPU") and "unavailable" in ln for ln in rows), listed.stdout
+    assert "openvino is not installed: pip install 'openvino>=2025.0'" in listed.stdout
+    assert not any("plugin failed" in ln for ln in rows), listed.stdout               # not a failed plugin
+    header = subprocess.run([sys.executable, "-c", "import conftest; print(*conftest.numerics_report(), sep='\\n')"],
+                            env=env, capture_output=True, text=True, timeout=600, cwd=root / "tests")
+    assert header.returncode == 0, header.stderr
+    assert "cpu instruction sets" in header.stdout and "openvino: cannot report its settings" in header.stdout

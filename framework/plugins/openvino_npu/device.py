@@ -30,7 +30,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,12 +46,16 @@ from ...contract import (
     Verdict,
     caches,
     host_memory_limit,
+    ops,
     settings,
 )
 from . import weights as W
 from .blobcache import BlobCache
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
-from .translate import SUPPORTED_OPS, Translation, rope_table, translate
+from .rope import rope_table
+
+if TYPE_CHECKING:
+    from .translate import Translation
 
 OV_WEIGHT_BUFFER = BufferType("openvino_compressed_weights", host=True)
 CACHE_ENV = "FRAMEWORK_OPENVINO_CACHE_DIR"      # a folder, or "off"
@@ -206,7 +210,10 @@ class OpenVinoDevice(Device):
     weights_in_programs = True
     weight_buffer_type = OV_WEIGHT_BUFFER
     profiles = tuple(PROFILES)
-    supported_ops = SUPPORTED_OPS
+    # the ops translate.py translates (declared here: this module imports without OpenVINO)
+    supported_ops = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                              "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT",
+                              "CONCAT")
 
     def __init__(self, ov_name: str, *, available: bool = True, unavailable_reason: str = "",
                  full_name: str = "", physical_id: str = "", architecture: str = "",
@@ -456,6 +463,7 @@ class OvProgram:
             raise RuntimeError(f"{dev.name}{emu} already holds {dev.live_programs()} live compiled models in this "
                                f"process, its budget is {budget}: reservation should have refused this plan")
         t0 = time.perf_counter()
+        from .translate import translate       # OpenVINO's opsets: imported once a model is built
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
         blobs = dev.blob_cache()
@@ -726,6 +734,10 @@ def discover() -> list[OpenVinoDevice]:
         import openvino as ov
         c = core()
         version = ov.get_version().split("-")[0]
+    except ModuleNotFoundError as e:
+        reason = ("openvino is not installed: pip install 'openvino>=2025.0'" if e.name == "openvino" else
+                  f"the openvino package cannot be imported: {type(e).__name__}: {e}")
+        return [OpenVinoDevice(n, available=False, unavailable_reason=reason, threads=0) for n in ("CPU", "GPU", "NPU")]
     except (ImportError, OSError, RuntimeError) as e:
         reason = f"the openvino package cannot be imported: {type(e).__name__}: {e}"
         return [OpenVinoDevice(n, available=False, unavailable_reason=reason, threads=0) for n in ("CPU", "GPU", "NPU")]

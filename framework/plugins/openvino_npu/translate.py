@@ -30,14 +30,11 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from ...contract import Fragment, LeafKind, Tensor, reference
-from ...contract import ops as op_table
+from .rope import rope_partner, rope_spread
 from .weights import NIBBLES, ROW_ARRAYS, OvWeight
 
 OV_TYPES = {"F32": ov.Type.f32, "I32": ov.Type.i32, "F16": ov.Type.f16}
 ELEMENTS = {"i4": ov.Type.i4, "u4": ov.Type.u4, "i8": ov.Type.i8}
-SUPPORTED_OPS = op_table.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM",
-                               "SOFT_MAX", "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE",
-                               "TRANSPOSE", "CONT", "CONCAT")
 SQRT_2_OVER_PI = 0.7978845608028654
 # Block offsets (Q4_1, Q5_1, Q4_K, Q5_K) in a matrix product: "zero_point" (-offset / scale, subtracted in
 # the decompression the FullyConnected kernel fuses) or "product" (x @ W^T + offsets @ block_sums(x), as
@@ -499,7 +496,7 @@ class Translator:
             inv = reference.rope_inv_freq(n_dims, base, scale)
             theta = ops.multiply(_reshape(ops.convert(self.out(pos), ov.Type.f32), (t, 1)),
                                  _const(inv.astype(np.float32).reshape(1, half))).output(0)
-            spread = _const(_rope_spread(mode, n_dims, d))
+            spread = _const(rope_spread(mode, n_dims, d))
             tail = np.zeros((1, 1, d), dtype=np.float32)
             tail[..., n_dims:] = 1
             cos = ops.add(_reshape(ops.matmul(ops.cos(theta), spread, False, False), (t, 1, d)), _const(tail)).output(0)
@@ -735,36 +732,6 @@ def _view(x, n_total: int, shape, offset: int) -> ov.Output:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in name)[:48]
-
-
-def rope_partner(mode: str, n_dims: int, d: int) -> np.ndarray:
-    """(d,) int32: the index of each dimension's pair partner (itself past n_dims, where sin is 0)."""
-    a, b = reference.rope_pairs(mode, n_dims)
-    idx = np.arange(d, dtype=np.int32)
-    idx[a], idx[b] = b, a
-    return idx
-
-
-def _rope_spread(mode: str, n_dims: int, d: int) -> np.ndarray:
-    """(n_dims/2, d): frequency i to both members of pair i."""
-    a, b = reference.rope_pairs(mode, n_dims)
-    m = np.zeros((n_dims // 2, d), dtype=np.float32)
-    m[np.arange(n_dims // 2), a] = 1.0
-    m[np.arange(n_dims // 2), b] = 1.0
-    return m
-
-
-def rope_table(pos: np.ndarray, rope: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """C and S (T, 1, d): the cos and sin of every dimension's pair, spread from the reference's rope
-    table (1 and 0 past n_dims)."""
-    n_dims, base, scale, mode, d = rope
-    a, b = reference.rope_pairs(mode, n_dims)
-    cos = np.ones((len(pos), 1, d), dtype=np.float32)
-    sin = np.zeros((len(pos), 1, d), dtype=np.float32)
-    c, s_ = reference.rope_cos_sin(pos, n_dims, base, scale)
-    cos[:, 0, a], cos[:, 0, b] = c, c
-    sin[:, 0, a], sin[:, 0, b] = -s_, s_         # out[a] = x[a] c - x[b] s, out[b] = x[b] c + x[a] s
-    return cos, sin
 
 
 def translate(fragment: Fragment, weights: dict[int, OvWeight]) -> Translation:
