@@ -22,7 +22,7 @@ import pytest
 from framework_plugin_example import ExampleDevice  # pip install -e examples/plugin-example
 
 from framework.contract import DeviceType, hookimpl
-from framework.core.registry import Registry
+from framework.registry import Registry
 
 TWO_POCL = {"POCL_DEVICES": "pthread pthread"}
 PROMPT = "The capital of France is"
