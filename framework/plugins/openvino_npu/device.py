@@ -734,12 +734,10 @@ def discover() -> list[OpenVinoDevice]:
         import openvino as ov
         c = core()
         version = ov.get_version().split("-")[0]
-    except ModuleNotFoundError as e:
-        reason = ("openvino is not installed: pip install 'openvino>=2025.0'" if e.name == "openvino" else
-                  f"the openvino package cannot be imported: {type(e).__name__}: {e}")
-        return [OpenVinoDevice(n, available=False, unavailable_reason=reason, threads=0) for n in ("CPU", "GPU", "NPU")]
     except (ImportError, OSError, RuntimeError) as e:
-        reason = f"the openvino package cannot be imported: {type(e).__name__}: {e}"
+        absent = isinstance(e, ModuleNotFoundError) and e.name == "openvino"
+        reason = ("openvino is not installed: pip install 'openvino>=2025.0'" if absent else
+                  f"the openvino package cannot be imported: {type(e).__name__}: {e}")
         return [OpenVinoDevice(n, available=False, unavailable_reason=reason, threads=0) for n in ("CPU", "GPU", "NPU")]
     bad = read_settings()
     if bad is not None:
