@@ -11,6 +11,7 @@ not fit ``framework.contract.Device``, and a device name another plugin already 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
@@ -49,13 +50,15 @@ class Registry:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(BackendSpec)
         self.plugins: dict[str, PluginRecord] = {}
-        self.blocked: set[str] = set()          # plugins FRAMEWORK_BLOCK_PLUGINS kept from loading
+        self.blocked: set[str] = set()          # plugins kept from loading (FRAMEWORK_BLOCK_PLUGINS or block)
 
-    def load_entry_points(self) -> "Registry":
+    def load_entry_points(self, block: Iterable[str] | None = None) -> "Registry":
+        """Load every plugin of the entry-point group but those FRAMEWORK_BLOCK_PLUGINS names, or, given
+        ``block``, those it names instead (a ray node's agent: the plugins its driver asked it to load)."""
         if settings.read(DISABLE_ENV):
             return self
         eps = list(entry_points(group=ENTRY_POINT_GROUP))
-        blocked = set(settings.read(BLOCK_ENV))
+        blocked = set(settings.read(BLOCK_ENV) if block is None else block)
         installed = sorted({ep.name for ep in eps})
         unknown = sorted(blocked - set(installed))
         if unknown:

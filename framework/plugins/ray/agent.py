@@ -54,11 +54,10 @@ class NodeAgent:
     def __init__(self, plugins: list[str] | None):
         from importlib.metadata import entry_points
 
-        from ...registry import BLOCK_ENV, default_registry
+        from ...registry import Registry
         names = {ep.name for ep in entry_points(group=contract.ENTRY_POINT_GROUP)}
         keep = (set(plugins) if plugins else names) - {SELF_PLUGIN}
-        os.environ[BLOCK_ENV] = ",".join(sorted(names - keep))
-        self.registry = default_registry()
+        self.registry = Registry().load_entry_points(block=names - keep)
         self.devices = {d.name: d for d in self.registry.devices()}
         self.values: dict[str, Any] = {}          # weights and caches, by the key the placing process chose
         self.programs: dict[str, Any] = {}
