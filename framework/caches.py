@@ -7,13 +7,20 @@ Every cache of the project follows the same rules:
     that does not match is reported (``report``), deleted and rebuilt, never used;
   * a folder that cannot be written is reported once per process and the run goes on uncached.
 
+A cache whose files a library writes and reads by itself (OpenVINO's blobs, numba's kernels, PoCL's
+programs) keeps a ``Manifest`` of their sizes and digests beside them: the folder is checked before the
+library may read it (a library's loader can abort the process on a bad file, as PoCL's does) and what the
+library wrote is recorded after it ran (``guard`` does both for a whole process).
+
 A cache registers its folder with ``register(name, folder_fn)`` when its module is imported.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -90,6 +97,160 @@ def locked(folder: Path, name: str = ".lock") -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- a folder that a library writes and reads by itself --------------------------------------------------
+MANIFEST = "manifest.json"
+_OWN = (MANIFEST, ".lock")             # the manifest's own files, neither checked nor recorded
+
+# files whose digest this process has checked: path -> (size, mtime_ns)
+_VERIFIED: dict[str, tuple[int, int]] = {}
+
+
+class Manifest:
+    """The size and digest of every file a library wrote into ``folder`` (``manifest.json`` there).
+
+    * ``check()``, before the library may read the folder: a file the manifest does not know, or that does
+      not match it (truncated, corrupt, foreign, a write cut short), is deleted and reported on one line
+      naming the cache (``what``) and what happens instead (``rebuilt``); the library builds it again. A
+      file's size is always compared, its digest once per process and again whenever its size or
+      modification time changes.
+    * ``record(kept)``, after the library wrote: the files that are new or changed since ``check`` (the
+      library's own rewrites, numba's index of a kernel's signatures say) are added, those gone dropped.
+
+    ``using()`` holds the folder's lock around the three, so two processes filling one cache never record
+    each other's half-written files. ``pattern`` (a glob under the folder) says which files are the
+    library's; ``format`` and ``entries`` name the manifest's layout."""
+
+    def __init__(self, folder: Path, what: str, rebuilt: str, pattern: str = "**/*",
+                 format: str = "framework-cache-manifest/1", entries: str = "files"):
+        self.folder, self.what, self.rebuilt, self.pattern = folder, what, rebuilt, pattern
+        self.format, self.entries = format, entries
+        self.rejected: list[str] = []           # what this process deleted, and why
+
+    def files(self) -> list[Path]:
+        return sorted(p for p in self.folder.glob(self.pattern)
+                      if p.name not in _OWN and not p.name.startswith(".") and p.is_file() and not p.is_symlink())
+
+    def _name(self, path: Path) -> str:
+        return path.relative_to(self.folder).as_posix()
+
+    def read(self) -> dict[str, dict]:
+        path = self.folder / MANIFEST
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("format") != self.format or not isinstance(data.get(self.entries), dict):
+                raise ValueError(f"format {data.get('format')!r}")
+            return {str(k): v for k, v in data[self.entries].items() if isinstance(v, dict)}
+        except (OSError, ValueError, AttributeError) as e:
+            report(f"{self.what} manifest {path} is unreadable ({type(e).__name__}: {e}): every file it listed "
+                   f"is checked as unknown")
+            return {}
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        text = json.dumps({"format": self.format, "digest": DIGEST, self.entries: entries}, indent=1, sort_keys=True)
+        write_atomic(self.folder / MANIFEST, text)
+
+    def _reject(self, path: Path, why: str) -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        _VERIFIED.pop(str(path), None)
+        self.rejected.append(f"{self._name(path)}: {why}")
+        report(f"{self.what} {path} {why}: deleted, {self.rebuilt}")
+
+    def _why_bad(self, path: Path, entry: dict | None) -> str | None:
+        """Why a file may not be handed to the library (None: it matches the manifest)."""
+        st = path.stat()
+        if entry is None:
+            return f"({st.st_size} bytes) is not in the manifest (a write cut short, or a file from elsewhere)"
+        if st.st_size != entry.get("size"):
+            return f"holds {st.st_size} bytes, the manifest recorded {entry.get('size')} (truncated or replaced)"
+        stamp = (st.st_size, st.st_mtime_ns)
+        if _VERIFIED.get(str(path)) != stamp:
+            digest = digest_file(path)
+            if digest != entry.get("digest"):
+                return f"has digest {digest}, the manifest recorded {entry.get('digest')} (corrupt)"
+            _VERIFIED[str(path)] = stamp
+        return None
+
+    def check(self) -> dict[str, dict]:
+        """Delete every file that does not match the manifest; the manifest of the files that remain."""
+        known = self.read()
+        kept: dict[str, dict] = {}
+        files = self.files()
+        if files and not (self.folder / MANIFEST).exists():       # a folder filled before it had a manifest
+            for path in files:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            report(f"{self.what}s in {self.folder} have no manifest (a cache from an earlier version, or "
+                   f"files from elsewhere): {len(files)} deleted, {self.rebuilt}")
+            return kept
+        for path in files:
+            name = self._name(path)
+            try:
+                why = self._why_bad(path, known.get(name))
+            except OSError:
+                continue
+            if why is None:
+                kept[name] = known[name]
+            else:
+                self._reject(path, why)
+        return kept
+
+    def record(self, kept: dict[str, dict]) -> None:
+        """After the library ran: add the files it wrote or rewrote since ``check`` (and drop those gone)."""
+        entries = {}
+        for path in self.files():
+            name = self._name(path)
+            try:
+                st = path.stat()
+                if name in kept and _VERIFIED.get(str(path)) == (st.st_size, st.st_mtime_ns):
+                    entries[name] = kept[name]
+                    continue
+                entries[name] = {"size": st.st_size, "digest": digest_file(path)}
+            except OSError:
+                continue
+            _VERIFIED[str(path)] = (st.st_size, st.st_mtime_ns)
+        self._write(entries)
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Around the library's use of the folder: check, use, record, under the folder's lock."""
+        with locked(self.folder):
+            kept = self.check()
+            yield
+            self.record(kept)
+
+
+_GUARDED: dict[str, Manifest] = {}
+
+
+def guard(folder: Path, what: str, rebuilt: str) -> Manifest:
+    """For a library that reads its cache folder by itself whenever it likes (numba's kernels, PoCL's
+    programs): check the folder now, before the library sees it, and record what the library wrote when
+    the process ends (a process that dies first records nothing: the next one deletes those files, said,
+    and the library builds them again). Once a process per folder.
+
+    A process that starts while another has not yet recorded what it wrote deletes those files too: a
+    cache miss for both, never a file handed on unchecked."""
+    key = str(folder)
+    if key not in _GUARDED:
+        manifest = _GUARDED[key] = Manifest(folder, what, rebuilt)
+        with locked(folder):
+            kept = manifest.check()
+        atexit.register(_record_at_exit, manifest, kept)
+    return _GUARDED[key]
+
+
+def _record_at_exit(manifest: Manifest, kept: dict[str, dict]) -> None:
+    try:
+        with locked(manifest.folder):
+            manifest.record(kept)
+    except OSError as e:
+        report(f"{manifest.what} manifest in {manifest.folder} cannot be written ({type(e).__name__}: "
+               f"{e.strerror or e}): what this run built is checked as unknown next time")
 
 
 # -- the caches of the project (framework cache) ------------------------------------------------------

@@ -1,12 +1,16 @@
-"""On-disk caches (GGUF index, OpenVINO compiled models, XDNA packed weights): written atomically, checked
-when read, a corrupt, truncated or foreign entry reported and rebuilt (never used), two processes filling
-one cache at once, a read-only folder reported once, and `framework cache` showing and clearing them."""
+"""On-disk caches (GGUF index, OpenVINO compiled models, XDNA packed weights, numba's kernels, PoCL's
+programs): written atomically, checked when read, a corrupt, truncated or foreign entry reported and rebuilt
+(never used), two processes filling one cache at once, a read-only folder reported once, and `framework
+cache` showing and clearing them."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +238,124 @@ def test_flipped_bytes_in_xdna_packed_tiles_are_reported_and_repacked(cache, tmp
     (why,) = dev.store.stats.rebuilt
     assert "'blk.0.attn_q.weight'" in why and "digest" in why and dev.store.stats.packed == 1
     assert "repacked" in capfd.readouterr().err
+
+
+# -- caches a library reads by itself: numba's kernels, PoCL's programs -----------------------------------
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncate":               # a write cut short
+        path.write_bytes(bytes(data[:len(data) // 2]))
+    else:                               # 64 bytes flipped in the middle: the size is unchanged
+        mid = len(data) // 2
+        data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+        path.write_bytes(bytes(data))
+
+
+def _child(code: str, cache: Path) -> subprocess.CompletedProcess:
+    """A process of its own: numba loads a kernel once a process, and PoCL aborts the whole process on a
+    bad program."""
+    env = {**os.environ, "FRAMEWORK_CACHE": str(cache)}
+    for name in ("NUMBA_CACHE_DIR", "POCL_CACHE_DIR", "POCL_KERNEL_CACHE"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _fill_once(tmp_path_factory, name: str, code: str) -> Path:
+    cache = tmp_path_factory.mktemp(name) / "cache"
+    run = _child(code, cache)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+    return cache
+
+
+NUMBA_RUN = ("import numpy as np\n"
+             "from framework.plugins.cpu.norm import rms_norm\n"
+             "out = rms_norm(np.full((2, 64), 2.0, np.float32), eps=0.0)\n"
+             "print('ok' if np.allclose(out, 1.0) else out)\n")
+
+OPENCL_RUN = ("import numpy as np\n"
+              "from framework.core.graph import F32, GraphBuilder\n"
+              "from framework.core.scheduler import Executor, make_plan\n"
+              "from framework.plugins.opencl.device import devices\n"
+              "(dev,) = devices()[:1]\n"
+              "b = GraphBuilder()\n"
+              "x = b.input('x', F32, (2, 64))\n"
+              "graph = b.build([b.rms_norm(x, 0.0)])\n"
+              "plan = make_plan(graph, [dev])\n"
+              "assert {f.device for f in plan.fragments} == {dev.name}, plan.fragments\n"
+              "(out,) = Executor([dev], lambda t: None).run(plan, {id(x): np.full((2, 64), 2.0, np.float32)})\n"
+              "print('ok' if np.allclose(np.asarray(out), 1.0, atol=1e-5) else out)\n")
+
+
+@pytest.fixture(scope="module")
+def numba_filled(tmp_path_factory) -> Path:
+    return _fill_once(tmp_path_factory, "numba", NUMBA_RUN)
+
+
+@pytest.fixture(scope="module")
+def opencl_filled(tmp_path_factory) -> Path:
+    return _fill_once(tmp_path_factory, "opencl", OPENCL_RUN)
+
+
+def _manifest_lists_every_file(folder: Path) -> None:
+    listed = json.loads((folder / "manifest.json").read_text())["files"]
+    on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
+               if p.is_file() and p.name not in ("manifest.json", ".lock")}
+    assert listed and set(listed) == on_disk
+
+
+@pytest.mark.parametrize("pattern, damage", [("*.nbi", "truncate"), ("*.nbc", "flip"), ("*.nbi", "flip")])
+def test_a_bad_numba_kernel_file_is_deleted_and_compiled_again(numba_filled, tmp_path, pattern, damage):
+    """numba loads its index and kernels as pickles: a damaged one used to fail every later cpu run with
+    UnpicklingError, blamed on the device."""
+    cache = tmp_path / "cache"
+    shutil.copytree(numba_filled, cache)
+    (folder,) = (cache / "numba").iterdir()
+    _manifest_lists_every_file(folder)
+    (bad,) = folder.rglob(pattern)
+    _damage(bad, damage)
+    run = _child(NUMBA_RUN, cache)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+    assert f"cache: numba kernel cache file {bad}" in run.stderr
+    assert "deleted, the kernel is compiled again" in run.stderr
+    _manifest_lists_every_file(folder)                                  # the rebuilt file is recorded
+    again = _child(NUMBA_RUN, cache)
+    assert again.returncode == 0 and "deleted" not in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("pattern, damage", [("program.bc", "truncate"), ("program.bc", "flip"), ("*.so", "truncate")])
+def test_a_bad_pocl_program_is_deleted_and_built_again(opencl_filled, tmp_path, pattern, damage):
+    """PoCL reads its cache without checking it: a damaged program aborted every later run (SIGABRT,
+    pocl_llvm_build.cc: Assertion 'program->data[device_i]' failed), a truncated kernel library crashed it
+    (SIGBUS). So the run is a process of its own here."""
+    cache = tmp_path / "cache"
+    shutil.copytree(opencl_filled, cache)
+    folder = cache / "opencl"
+    _manifest_lists_every_file(folder)
+    (bad,) = (folder / "pocl").rglob(pattern)
+    _damage(bad, damage)
+    run = _child(OPENCL_RUN, cache)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr)
+    assert f"cache: OpenCL kernel cache file {bad}" in run.stderr
+    assert "deleted, the kernel is built again" in run.stderr
+    _manifest_lists_every_file(folder)
+
+
+def test_a_library_cache_without_a_manifest_is_emptied_in_one_line(tmp_path, capfd):
+    """A folder filled before it had a manifest (or by hand): one line for the folder, not one a file."""
+    folder = tmp_path / "lib"
+    (folder / "sub").mkdir(parents=True)
+    for i in range(5):
+        (folder / "sub" / f"k{i}.bin").write_bytes(bytes([i]) * 100)
+    manifest = caches.Manifest(folder, "test cache file", "built again")
+    assert manifest.check() == {}
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"test cache files in {folder} have no manifest" in err and "5 deleted" in err
+    assert not list(folder.rglob("*.bin"))
+    (folder / "sub" / "k.bin").write_bytes(b"kernel")
+    manifest.record({})
+    assert caches.Manifest(folder, "test cache file", "built again").check() == {
+        "sub/k.bin": {"size": 6, "digest": caches.digest_bytes(b"kernel")}}
+    assert capfd.readouterr().err == ""
 
 
 # -- framework cache ------------------------------------------------------------------------------------

@@ -58,6 +58,14 @@ def target() -> tuple[str, str]:
     return cpu, isa_for(features)
 
 
+def _checked(folder: Path) -> Path:
+    """numba loads its cache files (pickles) without checking them, and a bad one fails every later run:
+    the folder is checked against its manifest before the first kernel may load from it, and what numba
+    writes is recorded when the process ends (caches.guard)."""
+    caches.guard(folder, "numba kernel cache file", "the kernel is compiled again")
+    return folder
+
+
 def kernel(parallel: bool = False):
     """numba's njit, compiled on first use and cached on disk (a later process loads it in milliseconds),
     or not cached at all with FRAMEWORK_CACHE=off."""
@@ -65,6 +73,6 @@ def kernel(parallel: bool = False):
         folder = cache_dir()
         if folder is None:
             return numba.njit(cache=False, fastmath=False, parallel=parallel, nogil=True)(fn)
-        with _cache_dir_set(folder):
+        with _cache_dir_set(_checked(folder)):
             return numba.njit(cache=True, fastmath=False, parallel=parallel, nogil=True)(fn)
     return wrap
