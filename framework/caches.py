@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,6 +252,56 @@ def _record_at_exit(manifest: Manifest, kept: dict[str, dict]) -> None:
     except OSError as e:
         report(f"{manifest.what} manifest in {manifest.folder} cannot be written ({type(e).__name__}: "
                f"{e.strerror or e}): what this run built is checked as unknown next time")
+
+
+# -- work that a cache keeps for later runs: said, and left out of every speed figure --------------------
+_FILLED = {"seconds": 0.0, "depth": 0, "t0": 0.0}
+
+
+@contextlib.contextmanager
+def filling(what: str, cached: bool = True) -> Iterator[None]:
+    """Around work whose result a cache keeps for later runs (numba compiling a kernel): the first time in a
+    process, one line on stderr says what it is ("compiling the cpu kernels, once: cached for later runs"),
+    so that a first run's wait reads as what it is; its time is added to ``filled_seconds()``, which every
+    tokens-per-second figure leaves out (``Stopwatch``). Nested uses count once."""
+    report_line = f"{what}, once: cached for later runs" if cached else f"{what} (the cache is off: again every run)"
+    if _FILLED["depth"] == 0:
+        if what not in _REPORTED:
+            _REPORTED.add(what)
+            sys.stdout.flush()
+            # on a terminal the line comes amid the prompt just written: it starts a line of its own
+            fresh = "\n" if sys.stdout.isatty() and sys.stderr.isatty() else ""
+            sys.stderr.write(f"{fresh}{report_line}\n")
+            sys.stderr.flush()
+        _FILLED["t0"] = time.perf_counter()
+    _FILLED["depth"] += 1
+    try:
+        yield
+    finally:
+        _FILLED["depth"] -= 1
+        if _FILLED["depth"] == 0:
+            _FILLED["seconds"] += time.perf_counter() - _FILLED["t0"]
+
+
+def filled_seconds() -> float:
+    """Seconds this process has spent in ``filling`` (compiling what a cache keeps), up to now."""
+    return _FILLED["seconds"] + (time.perf_counter() - _FILLED["t0"] if _FILLED["depth"] else 0.0)
+
+
+class Stopwatch:
+    """Seconds since it was made, less the time spent filling caches meanwhile (``filled``): a speed figure's
+    clock, so a first run's compiling is not counted as prefill or decode."""
+
+    def __init__(self):
+        self.t0, self.f0 = time.perf_counter(), filled_seconds()
+
+    @property
+    def filled(self) -> float:
+        return filled_seconds() - self.f0
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0 - self.filled
 
 
 # -- the caches of the project (framework cache) ------------------------------------------------------

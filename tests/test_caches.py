@@ -358,6 +358,40 @@ def test_a_library_cache_without_a_manifest_is_emptied_in_one_line(tmp_path, cap
     assert capfd.readouterr().err == ""
 
 
+def _run_line(run: subprocess.CompletedProcess) -> tuple[float, float]:
+    """(seconds of prefill, seconds of compiling) from the run's summary: tokens / tok/s, and the compile line."""
+    import re
+    pre = re.search(r"^prefill (\d+) tokens? at ([\d.]+) tok/s", run.stderr, re.M)
+    compiled = re.search(r"^compiling kernels ([\d.]+) s, left out of the speeds above$", run.stderr, re.M)
+    assert pre, run.stderr
+    return int(pre[1]) / float(pre[2]), float(compiled[1]) if compiled else 0.0
+
+
+def test_a_first_run_says_it_compiles_and_keeps_that_out_of_prefill(tmp_path):
+    """A cold numba cache: the kernels compile during the first prefill. The run says so on its own line, and
+    the summary gives the compile time apart from the prefill's speed (which it once swallowed: "prefill 6
+    tokens at 0.1 tok/s"); the next run loads them and says nothing. A tiny float32 model on the fast path
+    (q8), so only its cheap kernels (norm, attention) compile."""
+    from tiny_models import write
+
+    from framework.plugins.cpu.device import CpuDevice
+    if not CpuDevice("q8").available:       # numba compiles for a CPU without AVX2: the kernels never run
+        pytest.skip(f"cpu plugin's q8 path unavailable: {CpuDevice('q8').unavailable_reason}")
+    model = write("llama", tmp_path / "tiny-llama.gguf", decoded=True)
+    cmd = [sys.executable, "-m", "framework", "run", "-m", str(model), "Hello there", "-n", "3", "--backends", "cpu"]
+    env = {**os.environ, "FRAMEWORK_CACHE": str(tmp_path / "cache"), "FRAMEWORK_CPU_MATMUL": "q8"}
+    env.pop("NUMBA_CACHE_DIR", None)
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("compiling the cpu kernels, once: cached for later runs\n") == 1, first.stderr
+    assert "compiling" not in first.stdout
+    prefill, compiled = _run_line(first)
+    assert 0 < prefill < compiled, first.stderr
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and "compiling" not in second.stderr, second.stderr
+    assert second.stdout == first.stdout                               # the same text from the cached kernels
+
+
 # -- framework cache ------------------------------------------------------------------------------------
 def test_framework_cache_shows_and_clears(cache, tiny, capsys):
     Model(tiny)

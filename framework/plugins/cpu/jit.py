@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import numba
+import numba.core.event
 
 from ...contract import caches, settings
 from .vectors import isa_for
@@ -64,6 +65,27 @@ def _checked(folder: Path) -> Path:
     writes is recorded when the process ends (caches.guard)."""
     caches.guard(folder, "numba kernel cache file", "the kernel is compiled again")
     return folder
+
+
+class _CompileSaid(numba.core.event.Listener):
+    """numba compiles a kernel on its first call where its cache has none (about a minute for all of them
+    on a 2-core host): said once on stderr, and its time left out of every tokens-per-second figure
+    (caches.filling)."""
+
+    def __init__(self):
+        self._fills: list = []
+
+    def on_start(self, event) -> None:
+        fill = caches.filling("compiling the cpu kernels", cached=cache_dir() is not None)
+        fill.__enter__()
+        self._fills.append(fill)
+
+    def on_end(self, event) -> None:
+        if self._fills:
+            self._fills.pop().__exit__(None, None, None)
+
+
+numba.core.event.register("numba:compile", _CompileSaid())
 
 
 def kernel(parallel: bool = False):
