@@ -284,8 +284,17 @@ def filling(what: str, cached: bool = True) -> Iterator[None]:
 
 
 def filled_seconds() -> float:
-    """Seconds this process has spent in ``filling`` (compiling what a cache keeps), up to now."""
+    """Seconds this process has spent in ``filling`` (compiling what a cache keeps), or waited for another
+    process to (``filled_elsewhere``), up to now."""
     return _FILLED["seconds"] + (time.perf_counter() - _FILLED["t0"] if _FILLED["depth"] else 0.0)
+
+
+def filled_elsewhere(seconds: float, what: str) -> None:
+    """Seconds this process waited while another filled its cache for it (a Ray node compiling its kernels for
+    a fragment placed there): said once for ``what``, and left out of speed figures as ``filling`` is."""
+    with filling(what):
+        pass
+    _FILLED["seconds"] += seconds
 
 
 class Stopwatch:
