@@ -219,7 +219,8 @@ def test_a_read_only_openvino_cache_folder_is_reported_once(cache, ov_cpu, tmp_p
 
 
 # -- XDNA's packed weights --------------------------------------------------------------------------------
-def test_flipped_bytes_in_xdna_packed_tiles_are_reported_and_repacked(cache, tmp_path, capfd):
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_xdna_packed_tiles_are_reported_and_repacked(cache, tmp_path, capfd, damage):
     from test_xdna import matmul_graph, q_weight, run_graph
 
     from framework.plugins.xdna.cache import model_key
@@ -229,14 +230,12 @@ def test_flipped_bytes_in_xdna_packed_tiles_are_reported_and_repacked(cache, tmp
     x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
     want = run_graph([host_arm_device(0, cache_root=tmp_path)], graph, xl, x, {w.name: raw})[1][0]
     packed = tmp_path / model_key(raw) / "packed.bin"
-    data = bytearray(packed.read_bytes())
-    mid = len(data) // 2
-    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
-    packed.write_bytes(bytes(data))
+    _damage(packed, damage)
     dev = host_arm_device(0, cache_root=tmp_path)
     np.testing.assert_array_equal(run_graph([dev], graph, xl, x, {w.name: raw})[1][0], want)
     (why,) = dev.store.stats.rebuilt
-    assert "'blk.0.attn_q.weight'" in why and "digest" in why and dev.store.stats.packed == 1
+    assert "'blk.0.attn_q.weight'" in why and dev.store.stats.packed == 1
+    assert ("digest" if damage == "flip" else "truncated") in why, why
     assert "repacked" in capfd.readouterr().err
 
 
@@ -390,6 +389,20 @@ def test_a_first_run_says_it_compiles_and_keeps_that_out_of_prefill(tmp_path):
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and "compiling" not in second.stderr, second.stderr
     assert second.stdout == first.stdout                               # the same text from the cached kernels
+
+
+def test_compiling_another_process_did_for_this_one_is_said_once_and_left_out():
+    """A Ray node's first kernel compiles, reported with its results: said once, and counted as filling (so the
+    session's Stopwatch leaves them out of prefill and decode), as this process's own compiles are."""
+    import io
+    from contextlib import redirect_stderr
+    clock = caches.Stopwatch()
+    err = io.StringIO()
+    with redirect_stderr(err):
+        caches.filled_elsewhere(5.0, "compiling the kernels of node test-n9")
+        caches.filled_elsewhere(2.0, "compiling the kernels of node test-n9")
+    assert err.getvalue() == "compiling the kernels of node test-n9, once: cached for later runs\n"
+    assert 7.0 <= clock.filled < 8.0
 
 
 # -- framework cache ------------------------------------------------------------------------------------
