@@ -177,27 +177,34 @@ class Manifest:
         return None
 
     def check(self) -> dict[str, dict]:
-        """Delete every file that does not match the manifest; the manifest of the files that remain."""
+        """Delete every file that does not match the manifest; the manifest of the files that remain. A file
+        written since a live process began to guard the folder (``guard``) is that process's to record when
+        it ends: left alone, neither kept nor deleted."""
         known = self.read()
+        first = not (self.folder / MANIFEST).exists()     # a folder filled before it had a manifest
+        since = _live_writers_since(self.folder)
         kept: dict[str, dict] = {}
-        files = self.files()
-        if files and not (self.folder / MANIFEST).exists():       # a folder filled before it had a manifest
-            for path in files:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            report(f"{self.what}s in {self.folder} have no manifest (a cache from an earlier version, or "
-                   f"files from elsewhere): {len(files)} deleted, {self.rebuilt}")
-            return kept
-        for path in files:
+        dropped: list[Path] = []
+        for path in self.files():
             name = self._name(path)
             try:
-                why = self._why_bad(path, known.get(name))
+                why, mtime = self._why_bad(path, known.get(name)), path.stat().st_mtime_ns
             except OSError:
                 continue
             if why is None:
                 kept[name] = known[name]
+            elif since is not None and mtime >= since:
+                continue
+            elif first:
+                dropped.append(path)
             else:
                 self._reject(path, why)
+        for path in dropped:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if dropped:
+            report(f"{self.what}s in {self.folder} have no manifest (a cache from an earlier version, or "
+                   f"files from elsewhere): {len(dropped)} deleted, {self.rebuilt}")
         return kept
 
     def record(self, kept: dict[str, dict]) -> None:
@@ -226,6 +233,29 @@ class Manifest:
 
 
 _GUARDED: dict[str, Manifest] = {}
+WRITER = ".writer."         # + a process id: a live process guards the folder and records at its end
+
+
+def _live_writers_since(folder: Path) -> int | None:
+    """When the earliest other live process guarding ``folder`` began (its marker's mtime, ns), or None.
+    A marker of a process that is gone is removed."""
+    since = None
+    for marker in folder.glob(WRITER + "*"):
+        pid = marker.name[len(WRITER):]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                marker.unlink()
+            continue
+        except PermissionError:         # alive, another user's
+            pass
+        with contextlib.suppress(OSError):
+            mtime = marker.stat().st_mtime_ns
+            since = mtime if since is None else min(since, mtime)
+    return since
 
 
 def guard(folder: Path, what: str, rebuilt: str) -> Manifest:
@@ -234,13 +264,15 @@ def guard(folder: Path, what: str, rebuilt: str) -> Manifest:
     the process ends (a process that dies first records nothing: the next one deletes those files, said,
     and the library builds them again). Once a process per folder.
 
-    A process that starts while another has not yet recorded what it wrote deletes those files too: a
-    cache miss for both, never a file handed on unchecked."""
+    While it runs, a marker (``.writer.PID``) tells processes that start meanwhile to leave alone the
+    files written since it began (the library's own, which it records when it ends), rather than delete
+    them as unknown."""
     key = str(folder)
     if key not in _GUARDED:
         manifest = _GUARDED[key] = Manifest(folder, what, rebuilt)
         with locked(folder):
             kept = manifest.check()
+            (folder / f"{WRITER}{os.getpid()}").touch()
         atexit.register(_record_at_exit, manifest, kept)
     return _GUARDED[key]
 
@@ -249,6 +281,7 @@ def _record_at_exit(manifest: Manifest, kept: dict[str, dict]) -> None:
     try:
         with locked(manifest.folder):
             manifest.record(kept)
+            (manifest.folder / f"{WRITER}{os.getpid()}").unlink(missing_ok=True)
     except OSError as e:
         report(f"{manifest.what} manifest in {manifest.folder} cannot be written ({type(e).__name__}: "
                f"{e.strerror or e}): what this run built is checked as unknown next time")

@@ -298,7 +298,7 @@ def opencl_filled(tmp_path_factory) -> Path:
 def _manifest_lists_every_file(folder: Path) -> None:
     listed = json.loads((folder / "manifest.json").read_text())["files"]
     on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-               if p.is_file() and p.name not in ("manifest.json", ".lock")}
+               if p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")}
     assert listed and set(listed) == on_disk
 
 
@@ -389,6 +389,27 @@ def test_a_first_run_says_it_compiles_and_keeps_that_out_of_prefill(tmp_path):
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and "compiling" not in second.stderr, second.stderr
     assert second.stdout == first.stdout                               # the same text from the cached kernels
+
+
+def test_files_a_live_process_is_writing_are_left_to_it(tmp_path, capfd):
+    """Another process guarding the folder records what its library wrote when it ends: one that starts
+    meanwhile leaves those files alone (deleting them as unknown would make both build them again); once that
+    process is gone, an unrecorded file is deleted."""
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    caches.Manifest(folder, "test cache file", "built again").record({})
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / f".writer.{writer.pid}").touch()
+        (folder / "k.bin").write_bytes(b"being written by the other process")
+        assert caches.Manifest(folder, "test cache file", "built again").check() == {}
+        assert (folder / "k.bin").exists() and capfd.readouterr().err == ""
+    finally:
+        writer.kill()
+        writer.wait()
+    caches.Manifest(folder, "test cache file", "built again").check()
+    assert not (folder / "k.bin").exists() and not (folder / f".writer.{writer.pid}").exists()
+    assert f"test cache file {folder / 'k.bin'}" in capfd.readouterr().err
 
 
 def test_compiling_another_process_did_for_this_one_is_said_once_and_left_out():

@@ -68,9 +68,8 @@ def _checked(folder: Path) -> Path:
 
 
 class _CompileSaid(numba.core.event.Listener):
-    """numba compiles a kernel on its first call where its cache has none (about a minute for all of them
-    on a 2-core host): said once on stderr, and its time left out of every tokens-per-second figure
-    (caches.filling)."""
+    """numba compiles a kernel on its first call where its cache has none (a first run waits for all of
+    them): said once on stderr, and its time left out of every tokens-per-second figure (caches.filling)."""
 
     def __init__(self):
         self._fills: list = []

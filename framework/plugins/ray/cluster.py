@@ -140,8 +140,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def unreachable(address: str) -> str:
     """Why ray.init would not connect (it would wait without end), or ''. ``address`` is HOST:PORT or 'auto'.
-    Ray connects to a loopback host through this machine's network address unless LOOPBACK_ENV=0 (where a
-    cluster started with ``ray start`` listens), so that is the address asked."""
+    Ray connects to a loopback host through this machine's network address (where ``ray start`` makes the head
+    listen) unless LOOPBACK_ENV=0, so that is where it is asked whether anything answers."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return ""                       # "auto", or a form Ray resolves itself
