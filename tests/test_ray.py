@@ -299,6 +299,27 @@ def test_framework_run_spans_two_nodes_from_the_command_line(cluster, registry, 
     assert all(f["network_bytes"] > 0 and f["node_seconds"] > 0 and f["tokens"] > 0 for f in figures.values())
 
 
+def test_a_cluster_on_loopback_alone_is_named_without_the_loopback_setting():
+    """A head in Ray's loopback mode listens on 127.0.0.1 alone, and a process without
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 would connect to this machine's network address and wait without end:
+    the plugin says which setting is missing (a process of its own: Ray reads the setting when imported)."""
+    code = ("import socket\n"
+            "import ray.util\n"
+            "from framework.plugins.ray.cluster import unreachable\n"
+            "s = socket.socket()\n"
+            "s.bind(('127.0.0.1', 0))\n"
+            "s.listen()\n"
+            "print(ray.util.get_node_ip_address())\n"
+            "print(unreachable(f'127.0.0.1:{s.getsockname()[1]}'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    there, why = run.stdout.splitlines()
+    if there.startswith("127."):
+        pytest.skip("this machine has no network address: Ray keeps loopback addresses here")
+    assert "answers on loopback only" in why and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in why, why
+
+
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "distributed.md"
 
 
