@@ -25,6 +25,7 @@ from ..graph import LeafKind, Tensor, ops
 from ..graph.dtypes import NUMPY_TYPES
 from .errors import DeviceRunError
 from .plan import Plan
+from .products import join_outputs
 from .verdicts import check_available, in_distribution, plugin_of
 from .verify import Verifier, compared
 
@@ -183,7 +184,7 @@ class Executor:
             if id(t) not in hosted:
                 self._check_finite(made_by[id(t)], t, host, values)
             outputs.append(host)
-        return outputs
+        return join_outputs(plan.graph, outputs)     # a product computed in blocks of rows, whole again
 
     def _host_args(self, f, b: _Bound, args: list, inputs: dict[int, np.ndarray]) -> list:
         """Host copies of a fragment's arguments for the verifier (None for the weights, which it loads
