@@ -30,26 +30,29 @@ def tensor_limit(devices: list[Device]) -> int | None:
 def split_large_products(graph: Graph, devices: list[Device]) -> Graph:
     """``graph``, or a copy of it whose large product outputs are computed in blocks of rows (module doc)."""
     limit = tensor_limit(devices)
-    if limit is None or not any(_rows_per_block(t, limit) for t in graph.outputs):
+    if limit is None or not any(_rows_per_block(graph, t, limit) for t in graph.outputs):
         return graph
     nodes, outputs, parts = list(graph.nodes), [], []
     for t in graph.outputs:
-        rows = _rows_per_block(t, limit)
+        rows = _rows_per_block(graph, t, limit)
         if not rows:
             outputs.append(t)
             parts.append(1)
             continue
         blocks = _blocks(t, rows)
-        at = nodes.index(t)
+        at = next(i for i, n in enumerate(nodes) if n is t)
         nodes[at:at + 1] = [n for block in blocks for n in block]
         outputs += [block[-1] for block in blocks]
         parts.append(len(blocks))
     return Graph(nodes=nodes, leaves=list(graph.leaves), outputs=outputs, meta={**graph.meta, PARTS: parts})
 
 
-def _rows_per_block(t: Tensor, limit: int) -> int:
-    """Rows of t per block where t is a 2-D product output over ``limit`` bytes that rows can split; else 0."""
+def _rows_per_block(graph: Graph, t: Tensor, limit: int) -> int:
+    """Rows of t per block where t is a 2-D product output over ``limit`` bytes that rows can split (and no
+    node of the graph reads: only the caller does); else 0."""
     if t.op != "MUL_MAT" or len(t.shape) != 2 or t.nbytes <= limit or len(t.src[1].shape) != 2:
+        return 0
+    if graph.consumers.get(id(t)):
         return 0
     x = t.src[1]
     if not x.contiguous or t.shape[0] < 2:
