@@ -39,5 +39,7 @@ def verified_line(verifier) -> str:
         return (f"verified nothing: every fragment ran on {verifier.reference.name}, the reference itself "
                 f"(--verify {REFERENCE} compares with the graph's reference interpreter)")
     steps = "every step" if verifier.every == 1 else f"one step in {verifier.every}"
+    share, node = verifier.closest
     return (f"verified: {verifier.checked} fragment runs agree with {verifier.reference.name}'s on the same inputs "
-            f"within the op table's thresholds ({steps}, {verifier.steps} steps)")
+            f"within the op table's thresholds ({steps}, {verifier.steps} steps; the closest, '{node}', at "
+            f"{share:.1%} of its threshold)")

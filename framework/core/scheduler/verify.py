@@ -69,6 +69,7 @@ class Verifier:
         self.reference, self.weight_bytes, self.every = reference, weight_bytes, every
         self.steps = 0                  # steps begun; step k (from 0) is checked when k % every == 0
         self.checked = 0                # fragments compared so far (the run's summary says it)
+        self.closest = (0.0, "")        # the largest NMSE over its threshold seen, and the node's name
         self._weights: dict[int, object] = {}
         self._programs: dict[str, object] = {}
         self._thresholds: dict[str, list[tuple[float, int]]] = {}      # per program: per output
@@ -102,6 +103,7 @@ class Verifier:
             err = ops.nmse(outputs[id(t)], ref.to_host(h))
             if not err <= limit:
                 raise _diverged(f, device, t, err, limit, chain, ref.name)
+            self.closest = max(self.closest, (err / limit if limit else 0.0, t.name))
 
     def _weight(self, t: Tensor):
         handle = self._weights.get(id(t))
