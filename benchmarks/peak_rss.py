@@ -37,12 +37,13 @@ def peak_rss(argv: list[str], env: dict) -> tuple[int, int]:
     return proc.returncode, usage.ru_maxrss * 1024
 
 
-def held_per_byte(models: list[str]) -> dict[tuple[str, str], float]:
-    """What each available device says it will hold for a model's weights (Device.weight_nbytes, the figure
-    reservation counts), per byte of the weights in the file: {(model, device name): ratio}."""
+def held_per_byte(models: list[str], devices=None) -> dict[tuple[str, str], float]:
+    """What each available device (of ``devices``, default the registry's) says it will hold for a model's
+    weights (Device.weight_nbytes, the figure reservation counts), per byte of the weights in the file:
+    {(model, device name): ratio}."""
     from framework.core.registry import default_registry
     from framework.model.model import Model
-    devices = [d for d in default_registry().devices() if d.available]
+    devices = [d for d in (devices or default_registry().devices()) if d.available]
     held = {}
     for name in models:
         model = Model(model_path(name))
