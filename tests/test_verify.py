@@ -151,3 +151,18 @@ def test_serve_answers_500_naming_the_node_on_a_verified_step(buggy_env):
     assert status == 500, body
     assert_names(" ".join(body["error"]["message"].split()), *BUGGY_NAMES)
     assert "verifying one step in 1 against cpu (--verify)" in log
+
+
+def test_a_reference_that_fails_is_named_as_the_reference_not_the_checked_device():
+    class BrokenReference(ReferenceDevice):
+        name = "broken"
+
+        def compile(self, fragment):
+            raise RuntimeError("no kernel for this fragment")
+
+    _, devices = registered("none", take="^result_output$")
+    with pytest.raises(DeviceRunError) as info:
+        session(devices, verifier=verifier(BrokenReference())).eval(PROMPT)
+    assert info.value.device == "broken"
+    assert_names(" ".join(str(info.value).split()), "--verify's reference device broken", "no kernel for this fragment",
+                 "fix: verify against another device (--verify reference")

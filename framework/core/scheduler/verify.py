@@ -89,13 +89,13 @@ class Verifier:
         output in ``outputs`` (id of tensor -> host values made on ``device``); raise a DeviceRunError
         naming the first output over its threshold."""
         ref = self.reference
-        args = [self._weight(t) if t.is_leaf and t.kind == LeafKind.WEIGHT else ref.from_host(a)
-                for t, a in zip(f.inputs, inputs)]
-        program = self._programs.get(f.program)
-        if program is None:
-            program = self._programs[f.program] = ref.compile(f)
-        results = program.run(args)
-        ref.synchronize()
+        try:
+            results = self._run(f, inputs)
+        except Exception as e:          # the reference's own failure is not the checked device's
+            raise DeviceRunError(f"--verify's reference device {ref.name} (plugin {plugin_of(ref)}) failed running "
+                                 f"{f.describe()}: {type(e).__name__}: {e}\n  fix: verify against another device "
+                                 f"(--verify {REFERENCE}: the graph's reference interpreter)", device=ref.name,
+                                 plugin=plugin_of(ref), fragment=f.index) from e
         self.checked += 1
         for t, h, (limit, chain) in zip(f.outputs, results, self._limits(f)):
             if id(t) not in outputs:
@@ -104,6 +104,17 @@ class Verifier:
             if not err <= limit:
                 raise _diverged(f, device, t, err, limit, chain, ref.name)
             self.closest = max(self.closest, (err / limit if limit else 0.0, t.name))
+
+    def _run(self, f: Fragment, inputs: list) -> list:
+        ref = self.reference
+        args = [self._weight(t) if t.is_leaf and t.kind == LeafKind.WEIGHT else ref.from_host(a)
+                for t, a in zip(f.inputs, inputs)]
+        program = self._programs.get(f.program)
+        if program is None:
+            program = self._programs[f.program] = ref.compile(f)
+        results = program.run(args)
+        ref.synchronize()
+        return results
 
     def _weight(self, t: Tensor):
         handle = self._weights.get(id(t))
