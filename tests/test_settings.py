@@ -171,7 +171,7 @@ ENVIRONMENT_OUTSIDE_SETTINGS = {
     "framework/plugins/cpu/jit.py",              # NUMBA_CACHE_DIR: numba's own cache folder
     "framework/plugins/openvino_npu/device.py",  # ONEDNN_MAX_CPU_ISA: oneDNN's cap on OpenVINO's kernels
     "framework/plugins/xdna/xrt.py",             # XILINX_XRT: where XRT installs pyxrt
-    "framework/plugins/ray/cluster.py",          # RAY_ADDRESS, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: Ray's own
+    "framework/plugins/ray/cluster.py",          # RAY_ADDRESS: Ray's own (the cluster to join)
     "framework/cli/main.py",                     # sets RAY_ADDRESS from --ray-address
     "framework/bench.py",                        # sets FRAMEWORK_OPENVINO_THREADS while its devices are made
     "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_* (being rebuilt)

@@ -44,6 +44,7 @@ from .common import (
     write_output,
 )
 from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
+from .verify import add_verify_args, verified_line, verifier_for
 
 SAMPLE_PROMPT = "The capital of France is"
 
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "fragment took (.html, .svg, .dot, .json or .txt)")
     add_draft_args(run)
     _check_values_arg(run)
+    add_verify_args(run)
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
     _model_args(check)
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
     check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
     add_draft_args(check)
+    add_verify_args(check)
 
     split = sub.add_parser("split", help="show where every node of the plan runs, why, and what it costs")
     _model_args(split)
@@ -101,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body", type=positive_int, default=1 << 20, help="largest request body in bytes")
     serve.add_argument("--shutdown-timeout", type=seconds, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
+    add_verify_args(serve, every=16)
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     _ray_address(backends)
@@ -247,7 +251,7 @@ def cmd_run(args) -> int:
                     f"is nothing to continue: give a prompt")
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
                       kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory),
-                      check_values=args.check_values)
+                      check_values=args.check_values, verifier=verifier_for(args, model))
     decoder = speculative_decoder(args, session, devices)
     (decoder or session).reserve(len(ids), args.n_predict)     # every check before anything is loaded
     with weight_progress() as progress:
@@ -271,6 +275,8 @@ def cmd_run(args) -> int:
         interrupted = True
     out("\n")
     _summary(model, session, generated, interrupted, decoder)
+    if session.executor.verifier is not None:
+        err.print(escape(verified_line(session.executor.verifier)), soft_wrap=True)
     for line in fallback_lines(session) + (fallback_lines(decoder.draft.session) if decoder else []):
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     for line in memory_fit_lines(session):
@@ -324,6 +330,9 @@ def _summary(model, session, generated: int, interrupted: bool, decoder=None) ->
         err.print(f"prefill {_tokens(pre.tokens)}{_speed(pre)}, decode {_tokens(dec.tokens)}{_speed(dec)}; "
                   f"{_tokens(generated)} generated (the first from the prefill)",
                   soft_wrap=True)
+    compiled = pre.compile_seconds + dec.compile_seconds
+    if compiled:                # a first run's kernel compiles, which a cache keeps (caches.filling)
+        err.print(f"compiling kernels {compiled:.1f} s, left out of the speeds above", soft_wrap=True)
     for d in session.devices:                 # what a plugin reports: compiled models, cache hits
         line = d.report_line() if session.executor.stats.get(d.name, {}).get("compiles") else None
         if line:
@@ -355,8 +364,9 @@ def cmd_check(args) -> int:
     devices = _devices(args)
     model = load_model(args.model)
     t0 = time.perf_counter()
+    verifier = verifier_for(args, model)
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
-                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
+                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory), verifier=verifier)
     decoder = speculative_decoder(args, session, devices)
     reservation = (decoder or session).reserve(args.prompt_tokens, args.n_predict)
     seconds = time.perf_counter() - t0
@@ -368,7 +378,22 @@ def cmd_check(args) -> int:
     out("\n".join(reservation.summary()) + "\n")
     if args.plan:
         _write_plans(session, Path(args.plan), decoder)
+    if verifier is not None:
+        _check_verified(model, session, args.prompt_tokens)
     return 0
+
+
+def _check_verified(model, session, prompt_tokens: int) -> None:
+    """check --verify: the reserved prefill and one decode step run on the sample prompt's tokens (repeated to
+    --prompt-tokens), each fragment compared with the reference's."""
+    from ..runtime.generate import generate
+    from ..runtime.sampling import Sampler, SamplingParams
+    sample = model.tokenizer.encode(SAMPLE_PROMPT)
+    ids = (sample * (prompt_tokens // len(sample) + 1))[:prompt_tokens]
+    for _ in generate(session, ids, 2, Sampler(SamplingParams(0.0, 40, 0.95, None)), set()):
+        pass
+    out(f"--verify: the prefill of {len(ids)} tokens (the sample prompt's, repeated) and one decode step ran; "
+        + verified_line(session.executor.verifier) + "\n")
 
 
 def cmd_serve(args) -> int:
@@ -525,10 +550,9 @@ def cmd_perplexity(args) -> int:
     with weight_progress() as progress:
         session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
                           memory_caps=memory_caps(args.device_memory), check_values=args.check_values)
-    t0 = time.perf_counter()
     result = perplexity_of_file(session, path, args.ctx, progress=_perplexity_progress())
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "
-        f"({len(result.nll)} scored, window {args.ctx}), {result.n_tokens / (time.perf_counter() - t0):.1f} tok/s\n")
+        f"({len(result.nll)} scored, window {args.ctx}), {result.tokens_per_second:.1f} tok/s\n")
     return 0
 
 

@@ -19,11 +19,11 @@ indexed by position and the mask hides rows past n_past, so nothing is cleared.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import caches
 from ..contract import Device
 from ..core.scheduler import Executor, Plan, Reservation, make_plan, reserve, reserve_together
 from ..model.model import Model
@@ -33,7 +33,8 @@ from .context import Context, phase_name
 @dataclass
 class StepStats:
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0             # compiling that a cache keeps for later runs left out (compile_seconds)
+    compile_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -48,7 +49,8 @@ class Session:
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
                  share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None,
                  share_model_with: "Session | None" = None, max_plans: int | None = None,
-                 draft_of: "Session | None" = None, hidden: bool = False, check_values: bool = False):
+                 draft_of: "Session | None" = None, hidden: bool = False, check_values: bool = False,
+                 verifier=None):
         draft_of = draft_of or share_kv_with
         shared = share_kv_with.context if share_kv_with is not None else None
         self.context = c = Context(model, devices, n_ctx, n_batch, kv_device, n_layers, memory_caps, shared,
@@ -68,11 +70,11 @@ class Session:
             raise ValueError("share_model_with needs a session of the same model on the same devices")
         # another session of the model (a server's parallel slot: a cache of our own) or a draft's target:
         # its weights and programs; check_values: every device's outputs must be finite (devices of other
-        # distributions' always are)
+        # distributions' always are); verifier: --verify's (core/scheduler/verify.py)
         lender = draft_of if draft_of is not None else other
-        caches = share_kv_with.executor.caches if share_kv_with is not None else None
-        self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches,
-                                 lender.executor if lender is not None else None, check_values)
+        kv = share_kv_with.executor.caches if share_kv_with is not None else None
+        self.executor = Executor(self.devices, model.weight_bytes, self.residence, kv,
+                                 lender.executor if lender is not None else None, check_values, verifier)
         self.n_past, self.prefill, self.decode = 0, StepStats(), StepStats()
 
     def reset(self) -> None:
@@ -174,7 +176,7 @@ class Session:
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def _step(self, chunk: list[int], all_logits: bool, prompt: bool) -> np.ndarray:
-        t0 = time.perf_counter()
+        clock = caches.Stopwatch()
         n = len(chunk)
         plan, inp = self.plan(n, self.n_past, None if all_logits else 1)
         values = self.context.step_values(inp, chunk, self.n_past)
@@ -185,6 +187,7 @@ class Session:
         self.n_past += n
         stats = self.prefill if prompt else self.decode
         stats.tokens += n
-        stats.seconds += time.perf_counter() - t0
+        stats.seconds += clock.seconds
+        stats.compile_seconds += clock.filled
         return logits
 
