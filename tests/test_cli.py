@@ -160,7 +160,7 @@ def test_fallbacks_are_grouped_by_op_device_and_reason_code_and_strict_lists_eve
 
 
 def test_tables_fit_80_columns_and_are_not_padded_when_piped(capsys):
-    from framework.cli.table import Row, render
+    from framework.terminal import Row, render
     code, out, _ = run_cli(capsys, "backends")
     assert code == 0 and not [ln for ln in out.splitlines() if ln != ln.rstrip()]
     rows = [ln for ln in out.splitlines() if ln and not ln.startswith((" ", "plugins:", "device profiles", "one "))]
@@ -253,3 +253,39 @@ def test_a_capability_error_has_exit_status_1_on_every_command(capsys, monkeypat
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     code, _, err = run_cli(capsys, *command, "-m", "smollm2", "--backends", "example:0,cpu")
     assert code == 1 and "[program_budget]" in " ".join(err.split()), err
+
+
+def _framework_imports(path: Path) -> set[str]:
+    """The framework modules a file imports, relative imports resolved."""
+    import ast
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            found.add(f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m and m.startswith("framework")}
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("front, others", [("framework/serve", ("framework.cli", "framework.bench")),
+                                           ("framework/bench.py", ("framework.cli", "framework.serve"))])
+def test_cli_serve_and_bench_share_only_what_sits_below_them(front, others):
+    """Exit codes, streams, tables and device choice live below the three front ends (framework.exit_codes,
+    framework.terminal): neither the server nor the benchmark imports the command line that starts them."""
+    where = ROOT / front
+    files = sorted(where.rglob("*.py")) if where.is_dir() else [where]
+    climbing = {f"{f.relative_to(ROOT)} imports {m}" for f in files for m in _framework_imports(f)
+                if m.startswith(others)}
+    assert not climbing
+
+
+def test_the_command_line_loads_plugins_only_through_the_registry():
+    """No second loader beside the registry (which validates plugins and honours the block list)."""
+    for f in sorted((ROOT / "framework/cli").rglob("*.py")):
+        text = f.read_text()
+        assert ".load()" not in text and "ENTRY_POINT_GROUP" not in text, f

@@ -492,8 +492,8 @@ def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
     from framework.cli.main import main
     made = []
 
-    def select(spec):
-        made.extend(real(spec))
+    def select(spec, profile=None, threads=None):
+        made.extend(real(spec, profile, threads))
         return made
 
     real = bench.select_devices

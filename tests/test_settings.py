@@ -157,3 +157,21 @@ def test_a_bad_ray_timeout_is_named(monkeypatch, value):
         cluster.timeout()
     monkeypatch.setenv("FRAMEWORK_RAY_TIMEOUT", "2.5")
     assert cluster.timeout() == 2.5
+
+
+def test_settings_loads_plugins_through_the_registry_and_its_block_list(tmp_path):
+    """`framework settings` loads plugins the registry's way: a blocked plugin is not imported (its settings
+    are not listed) and the command says so by name; unblocked, its settings are listed."""
+    import os
+    import subprocess
+    import sys
+    code = "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "FRAMEWORK_CACHE": str(tmp_path)}
+    env.pop("FRAMEWORK_BLOCK_PLUGINS", None)
+    listed = subprocess.run([sys.executable, "-c", code, "settings"], capture_output=True, text=True, env=env)
+    assert listed.returncode == 0 and "FRAMEWORK_XDNA_MAX_CHAIN" in listed.stdout, listed.stderr
+    blocked = subprocess.run([sys.executable, "-c", code, "settings"], capture_output=True, text=True,
+                             env={**env, "FRAMEWORK_BLOCK_PLUGINS": "xdna"})
+    assert blocked.returncode == 0, blocked.stderr
+    assert "FRAMEWORK_XDNA_MAX_CHAIN" not in blocked.stdout
+    assert "plugin 'xdna' is blocked by FRAMEWORK_BLOCK_PLUGINS" in " ".join(blocked.stderr.split())

@@ -15,29 +15,21 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from ..exit_codes import EXIT_BROKEN_PIPE, EXIT_CAPABILITY, EXIT_DEVICE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
+from ..terminal import err, out, select_devices, start_output
 from .common import (
-    EXIT_CAPABILITY,
-    EXIT_DEVICE,
-    EXIT_INPUT,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
     Terminated,
     UsageError,
     check_output,
     device_memory,
-    err,
     fail,
     load_model,
     memory_caps,
-    model_path,
     on_sigterm,
-    out,
     port_number,
     positive_int,
     seconds,
-    select_devices,
     show_traceback,
-    start_output,
     text_argument,
     weight_progress,
     whole_number,
@@ -214,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:             # `framework run ... | head`: the reader left; say nothing more
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_BROKEN_PIPE
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         return fail(f"{where}{e.strerror or e}", EXIT_INPUT)
@@ -232,7 +224,7 @@ def cmd_run(args) -> int:
     from ..runtime.sampling import Sampler, SamplingParams
     from ..runtime.session import Session
     from .report import fallback_lines, memory_fit_lines, placement_rows
-    from .table import print_table
+    from ..terminal import print_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
     check_output(args.plan, "--plan")
@@ -389,7 +381,7 @@ def cmd_backends(args) -> int:
     from rich.console import Console
 
     from ..core.registry import default_registry
-    from .table import Row, print_table
+    from ..terminal import Row, print_table
     reg = default_registry()
     if not reg.plugins:
         return fail("no backend plugins found in entry-point group framework.backends (is the package installed?)")
@@ -461,7 +453,8 @@ def cmd_info(args) -> int:
     from ..model.metadata import describe
     from ..model.tokenizer import tokenizer_from_metadata
 
-    path = model_path(args.model)
+    from ..model.default import resolve_model
+    path = resolve_model(args.model)
     with err.status(f"reading {path.name}"):
         file = open_model_file(path)
     meta, arch = file.metadata, file.architecture
