@@ -126,7 +126,21 @@ def test_backends_npu_without_one_names_the_emulation_option(capsys, registry):
     err = " ".join(err.split())
     assert code == 2 and "alias 'npu' matches no available NPU device" in err
     assert "--backends npu --device-profile xdna or xdna2 (xdna:0 as xdna on the xdna host arm (numpy))" in err
-    assert "--backends openvino:CPU --device-profile npu37xx or npu40xx" in err
+    assert "--backends npu --device-profile npu37xx or npu40xx (openvino:CPU as npu37xx)" in err
+
+
+@pytest.mark.parametrize("profile", ["npu37xx", "npu40xx"])
+def test_the_npu_alias_finds_openvinos_emulation_of_an_intel_npu(capsys, registry, profile):
+    """`--backends npu,cpu --device-profile npu37xx` (the card's own command): the emulated OpenVINO device takes
+    the type of what it emulates, an NPU, labelled EMULATION, and the run goes through on it."""
+    if any(d.type.value == "NPU" and d.available for d in registry.devices()):
+        pytest.skip("this machine has an NPU, which the alias would find first")
+    code, out, err = run_cli(capsys, "run", "Hi", "-m", "smollm2", "-n", "3", "--ctx", "64", "--backends", "npu,cpu",
+                             "--device-profile", profile)
+    err = " ".join(err.split())
+    assert code == 0, err
+    assert out.startswith("Hi") and f"on openvino:CPU (EMULATION of {profile}), cpu" in err
+    assert "3 tokens generated" in err
 
 
 def test_device_profile_must_be_one_a_plugin_offers(capsys):

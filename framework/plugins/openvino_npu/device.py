@@ -215,17 +215,20 @@ class OpenVinoDevice(Device):
                  dynamic_quantization: int | str | None = None, threads: int | None = None):
         self.ov_name = ov_name
         self.name = f"openvino:{ov_name}"
-        self.type = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
+        # the hardware OpenVINO drives decides buffers, threads and compile settings; an emulation takes the
+        # type of what it emulates (every profile is an NPU's), so `--backends npu` finds it as it finds xdna's
+        self.hardware = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
         self.available = available
         self.unavailable_reason = unavailable_reason
         self.physical_id = physical_id
         self.architecture = architecture
         self.full_name = full_name
-        self.buffer_type = HOST_BUFFER if self.type == DeviceType.CPU else BufferType(f"openvino_{ov_name}")
+        self.buffer_type = HOST_BUFFER if self.hardware == DeviceType.CPU else BufferType(f"openvino_{ov_name}")
         self.profile = profile
         self.emulation = profile.name if (profile and emulated) else None
+        self.type = DeviceType.NPU if self.emulation else self.hardware
         self.limits = profile.limits if profile else Limits()
-        if self.type in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
+        if self.hardware in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
             # the CPU, and Intel's NPUs, compute in host memory
             self.limits = dataclasses.replace(self.limits, memory_bytes=host_memory_limit())
         self.refused = dict(profile.refused_ops) if profile else {}
@@ -253,13 +256,13 @@ class OpenVinoDevice(Device):
             what += (f", EMULATION of {profile.name} ({profile.description})" if emulated
                      else f", profile {profile.name} ({profile.description})")
         # what "auto" finds: an 8-bit dot product on a CPU device; none assumed on others (not measured there)
-        self.dot_product = dot_product_isa() if self.type == DeviceType.CPU else None
-        if self.type == DeviceType.CPU:
+        self.dot_product = dot_product_isa() if self.hardware == DeviceType.CPU else None
+        if self.hardware == DeviceType.CPU:
             what += (f"; {self.precision} ({PRECISION_HINT}), "
                      f"{dynamic_quantization_words(self.dynamic_quantization, self.dot_product)}")
             if self.threads:
                 what += f", {self.threads} thread{'' if self.threads == 1 else 's'} (INFERENCE_NUM_THREADS)"
-        elif self.type == DeviceType.GPU:       # it gets DYNAMIC_QUANTIZATION_GROUP_SIZE too (requested_settings)
+        elif self.hardware == DeviceType.GPU:       # it gets DYNAMIC_QUANTIZATION_GROUP_SIZE too (requested_settings)
             what += f"; {dynamic_quantization_words(self.dynamic_quantization, gpu=True)}"
         self.description = what
 
@@ -278,7 +281,7 @@ class OpenVinoDevice(Device):
                 raise ValueError("max_live_programs needs a profile")
             prof = dataclasses.replace(prof, name=f"{prof.name}[max_live_programs={max_live_programs}]",
                                        limits=dataclasses.replace(prof.limits, max_live_programs=max_live_programs))
-        emulated = prof is not None and not (self.type == DeviceType.NPU and self.profile is prof
+        emulated = prof is not None and not (self.hardware == DeviceType.NPU and self.profile is prof
                                              and self.emulation is None)
         return OpenVinoDevice(self.ov_name, available=self.available, unavailable_reason=self.unavailable_reason,
                               full_name=self.full_name, physical_id=self.physical_id,
@@ -358,7 +361,7 @@ class OpenVinoDevice(Device):
         """OpenVINO's compile properties. Every one that changes results is set here, none left to what
         OpenVINO picks for the CPU at hand (``requested_settings``, read back from every compiled model)."""
         cfg = {"PERFORMANCE_HINT": "LATENCY", **self.requested_settings()}
-        if self.type == DeviceType.CPU and self.threads:
+        if self.hardware == DeviceType.CPU and self.threads:
             # one thread per core by default: on a shared machine, a step's ~1000 kernels each wait at a barrier
             # for the slowest of them (docs/openvino.md, "Decode against llama.cpp")
             cfg["INFERENCE_NUM_THREADS"] = self.threads
@@ -372,7 +375,7 @@ class OpenVinoDevice(Device):
         (which the "auto" group size reads); DYNAMIC_QUANTIZATION_GROUP_SIZE only where the device has the property
         (OpenVINO's CPU and GPU plugins)."""
         cfg: dict[str, Any] = {PRECISION_HINT: self.precision}
-        if self.type in (DeviceType.CPU, DeviceType.GPU):
+        if self.hardware in (DeviceType.CPU, DeviceType.GPU):
             cfg[DYNQUANT] = self.group_size(weights)
         return cfg
 
@@ -504,7 +507,7 @@ class OvProgram:
         """Every requested setting must be the compiled model's (a model imported from the on-disk cache
         included): a CPU plugin that overrode one would change results without a word."""
         dev = self.device
-        if dev.type != DeviceType.CPU:
+        if dev.hardware != DeviceType.CPU:
             return
         wrong = {k: (v, self.effective.get(k)) for k, v in self.requested.items()
                  if str(self.effective.get(k)) != str(v)}
