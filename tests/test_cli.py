@@ -303,3 +303,101 @@ def test_the_command_line_loads_plugins_only_through_the_registry():
     for f in sorted((ROOT / "framework/cli").rglob("*.py")):
         text = f.read_text()
         assert ".load()" not in text and "ENTRY_POINT_GROUP" not in text, f
+
+
+# -- the options a llama.cpp user expects ------------------------------------------------------------------
+
+def _subparsers():
+    import argparse
+
+    from framework.cli.main import build_parser
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+def test_every_option_with_a_default_says_it_in_its_help():
+    """An option that has a default states it (llama.cpp's --help does): a user should not read the source."""
+    import argparse
+    silent = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, sp in _subparsers().items()
+              for a in sp._actions
+              if a.default not in (None, False, argparse.SUPPRESS) and "default" not in (a.help or "")]
+    assert not silent
+
+
+def test_cache_help_names_every_cache():
+    """`framework cache --help` names every cache the project and its plugins register (loaded as `framework
+    cache` loads them)."""
+    from framework import caches
+    from framework.cli.state import load_plugins
+    from framework.model import gguf_file  # noqa: F401 - registers the GGUF index cache
+    assert not load_plugins()
+    text = _subparsers()["cache"].format_help()
+    assert caches.CACHES and all(name in text for name in caches.CACHES), text
+    # the cpu plugin registers its numba cache when its kernels are first imported: named all the same
+    assert all(name in text for name in ("gguf-index", "numba", "opencl", "openvino", "xdna")), text
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "perplexity", "bench"])
+def test_threads_is_an_option_of_every_command_that_computes(command):
+    flags = {s for a in _subparsers()[command]._actions for s in a.option_strings}
+    assert {"-t", "--threads"} <= flags
+
+
+def test_threads_reach_the_cpu_kernels_and_openvinos_cpu_device(capsys, monkeypatch):
+    """-t as bench applies it: numba's pool for the cpu plugin, INFERENCE_NUM_THREADS for openvino:CPU (made
+    with it, the process's environment left as it was)."""
+    import numba
+
+    from framework.terminal import select_devices
+    monkeypatch.delenv("FRAMEWORK_OPENVINO_THREADS", raising=False)
+    before = numba.get_num_threads()
+    try:
+        code, out, _ = run_cli(capsys, "run", "Hi", "-m", "smollm2", "-n", "2", "--ctx", "64", "-t", "1")
+        assert code == 0 and out.startswith("Hi") and numba.get_num_threads() == 1
+        (ov,) = select_devices("openvino:CPU", threads=1)
+        assert ov.threads == 1 and ov.compile_config()["INFERENCE_NUM_THREADS"] == 1
+        assert "FRAMEWORK_OPENVINO_THREADS" not in __import__("os").environ
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_a_prompt_from_a_file(capsys, tmp_path):
+    """-f FILE: the file's text is the prompt (one trailing newline dropped, as llama.cpp does), the same
+    greedy text as the prompt given as an argument; a file and an argument together are refused."""
+    ref = reference("smollm2")[0]["prompts"][0]
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(ref["prompt"] + "\n")
+    code, out, err = run_cli(capsys, "run", "-f", str(prompt), "-m", "smollm2", "-n", "4", "--ctx", "128")
+    assert code == 0, err
+    assert out.startswith(ref["prompt"] + ref["greedy_text"][:6])
+    code, _, err = run_cli(capsys, "run", "Hi", "-f", str(prompt), "-m", "smollm2")
+    assert code == 2 and "a prompt argument and -f" in err
+    prompt.write_bytes(b"caf\xe9\n")
+    code, _, err = run_cli(capsys, "run", "-f", str(prompt), "-m", "smollm2")
+    assert code == 2 and "is not UTF-8 text: byte 0xe9 at byte offset 3" in " ".join(err.split())
+
+
+def _converse(messages: list[str], tmp_path) -> str:
+    """`framework run -cnv` with the messages on a pipe to its stdin; returns its stdout."""
+    import os
+    import subprocess
+    import sys
+    code = "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "run", "-m", "smollm2", "-cnv", "-n", "12", "--ctx", "256"],
+                          input="".join(m + "\n" for m in messages), capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "FRAMEWORK_CACHE": os.environ.get("FRAMEWORK_CACHE", str(tmp_path))})
+    assert done.returncode == 0, done.stderr
+    assert "tokens generated" in done.stderr and "placement" in done.stderr
+    return done.stdout
+
+
+def test_conversation_mode_keeps_the_history_and_clear_forgets_it(tmp_path):
+    """-cnv through a pipe: a reply depends on the messages before it, and after /clear the model answers as
+    in a fresh conversation, token for token (the cache kept the shared prefix and was rewound past it)."""
+    fresh = _converse(["What is my name?"], tmp_path)
+    told = _converse(["My name is Ada.", "What is my name?"], tmp_path)
+    cleared = _converse(["My name is Ada.", "", "What is my name?", "/clear", "What is my name?", "/exit", "Hi"],
+                        tmp_path)
+    assert fresh.strip() and not told.endswith(fresh)        # the first message changed the second reply
+    assert cleared == told + fresh                            # blank lines skipped, /clear forgets, /exit ends
