@@ -401,3 +401,41 @@ def test_conversation_mode_keeps_the_history_and_clear_forgets_it(tmp_path):
                         tmp_path)
     assert fresh.strip() and not told.endswith(fresh)        # the first message changed the second reply
     assert cleared == told + fresh                            # blank lines skipped, /clear forgets, /exit ends
+
+
+def test_conformance_without_device_tests_every_available_device(capfd, registry):
+    """As docs/plugin-guide.md says: no --device, every available device (here: collected, not run)."""
+    code = main(["conformance", "-k", "GET_ROWS and F32", "--collect-only", "-q", "-p", "no:cacheprovider"])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    tested = set(re.findall(r"\[([^\[\]-]+:?[^\[\]-]*)-GET_ROWS", out))
+    assert tested == {d.name for d in registry.devices() if d.available}, out[-2000:]
+
+
+def test_backends_fits_an_80_column_terminal():
+    """On a terminal of 80 columns (a pseudo-terminal, COLUMNS=80) no line of `framework backends` is wider:
+    long reasons and the closing lines wrap under what they belong to."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    leader, follower = pty.openpty()
+    code = "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "backends"], stdout=follower, stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "80", "TERM": "xterm"})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:                  # the terminal closes when the command ends
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())
+    lines = text.replace("\r", "").splitlines()
+    assert any(ln.startswith("device profiles") for ln in lines) and any(ln.startswith("    ") for ln in lines)
+    assert max(len(ln) for ln in lines) <= 80, [ln for ln in lines if len(ln) > 80]

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from ..exit_codes import EXIT_BROKEN_PIPE, EXIT_CAPABILITY, EXIT_DEVICE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
-from ..terminal import Row, err, out, print_table, select_devices, start_output
+from ..terminal import Row, err, out, print_table, print_wrapped, select_devices, start_output
 from ..terminal.devices import THREADS_REACH
 from .common import (
     Terminated,
@@ -149,10 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     conf = sub.add_parser("conformance", help="the op conformance suite (pytest, with this interpreter) for a device",
                           description="Runs `python -m pytest --pyargs framework.conformance --device NAME` with "
-                          "the interpreter framework is installed in; every other argument goes to pytest (-x, -q, "
-                          "-k MUL_MAT, ...).")
-    conf.add_argument("--device", required=True, action="append", metavar="NAME",
-                      help="device to test, as `framework backends` lists it (repeat for several)")
+                          "the interpreter framework is installed in, on every available device without --device; "
+                          "every other argument goes to pytest (-x, -q, -k MUL_MAT, ...).")
+    conf.add_argument("--device", action="append", metavar="NAME",
+                      help="device to test, as `framework backends` lists it (repeat for several; default: every "
+                      "available device)")
     for sp in sub.choices.values():
         sp.add_argument("--debug", action="store_true", help="on an error, show the traceback (file and line) too")
     return p
@@ -454,15 +455,17 @@ def cmd_backends(args) -> int:
     dists: dict[str, list[str]] = {}
     for rec in reg.plugins.values():
         dists.setdefault(rec.distribution, []).append(rec.name)
-    out("plugins: " + "; ".join(f"{', '.join(names)} ({dist})" for dist, names in dists.items()) + "\n")
+    lines = ["plugins: " + "; ".join(f"{', '.join(names)} ({dist})" for dist, names in dists.items())]
     profiles: dict[tuple[str, ...], list[str]] = {}
     for d in reg.devices():
         if d.profiles:
             profiles.setdefault(d.profiles, []).append(d.name)
-    for names, devs in profiles.items():
-        out(f"device profiles (--device-profile NAME, an EMULATION): {', '.join(names)} on {', '.join(devs)}\n")
-    for group in reg.same_silicon():
-        out(f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}\n")
+    lines += [f"device profiles (--device-profile NAME, an EMULATION): {', '.join(names)} on {', '.join(devs)}"
+              for names, devs in profiles.items()]
+    lines += [f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}"
+              for group in reg.same_silicon()]
+    for line in lines:
+        print_wrapped(console, line)
     return 0
 
 
@@ -494,7 +497,7 @@ def cmd_conformance(args) -> int:
     registered = any(ep.value.split(":")[0].strip() == plugin for ep in entry_points(group="pytest11"))
     extra = [a for a in args.pytest_args if a != "--"]
     command = [sys.executable, "-m", "pytest", *([] if registered else ["-p", plugin]),
-               "--pyargs", "framework.conformance", *(f"--device={d}" for d in args.device), *extra]
+               "--pyargs", "framework.conformance", *(f"--device={d}" for d in args.device or ()), *extra]
     err.print(" ".join(command), soft_wrap=True, highlight=False)
     return subprocess.call(command)
 

@@ -4,6 +4,6 @@ of them imports another."""
 
 from .devices import select_devices
 from .output import end_line, err, out, start_output
-from .table import Row, print_table, render
+from .table import Row, print_table, print_wrapped, render
 
-__all__ = ["Row", "end_line", "err", "out", "print_table", "render", "select_devices", "start_output"]
+__all__ = ["Row", "end_line", "err", "out", "print_table", "print_wrapped", "render", "select_devices", "start_output"]
