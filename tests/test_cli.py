@@ -160,17 +160,23 @@ def test_fallbacks_are_grouped_by_op_device_and_reason_code_and_strict_lists_eve
     code, out, _ = run_cli(capsys, *args)
     assert code == 0
     lines = [ln.strip() for ln in out.splitlines() if "fallback:" in ln]
-    dtype = [ln for ln in lines if ln.startswith("fallback: ") and " MUL_MAT nodes ran on cpu" in ln
+    dtype = [ln for ln in lines if ln.startswith("fallback: ") and " MUL_MAT nodes would run on cpu" in ln
              and "unsupported_dtype" in ln]
     assert len(dtype) == 2, lines                                         # one per phase, for many weights
-    assert re.search(r"fallback: (\d+) MUL_MAT nodes ran on cpu \(first: \S+\); xdna:0: unsupported_dtype: weight "
-                     r"type \w+ \(blk\.\d+\.\S+\) has no exact tile form", dtype[0]), dtype[0]
+    assert re.search(r"fallback: (\d+) MUL_MAT nodes would run on cpu \(first: \S+\); xdna:0: unsupported_dtype: "
+                     r"weight type \w+ \(blk\.\d+\.\S+\) has no exact tile form", dtype[0]), dtype[0]
     assert int(re.search(r"fallback: (\d+)", dtype[0]).group(1)) > 20
     assert len(lines) == 2 * len(set(lines)) <= 20              # the same few groups in each of the two phases
     code, _, err = run_cli(capsys, *args, "--strict")
     assert code == 1 and "[strict_fallback]" in err
-    listed = [ln for ln in err.splitlines() if re.match(r"\s+\S+ \((MUL_MAT|ADD|MUL|RMS_NORM|ROPE|GLU|\w+) \[", ln)]
-    assert len(listed) > len(lines)                                       # every node, not the groups
+    # the banner groups its nodes too: a line per op, device and reason, never one per node
+    banner = err.split("[strict_fallback]", 1)[1].split("fix:", 1)[0]
+    total = int(re.search(r"--strict: (\d+) nodes of the (prefill|decode)\S* graph", banner).group(1))
+    listed = [ln for ln in banner.splitlines() if re.match(r"\s+\d+ \w+ nodes? -> cpu \(first: ", ln)]
+    assert listed and len(listed) == len(set(lines)) < total, banner
+    assert sum(int(ln.split()[0]) for ln in listed) == total
+    assert any(re.search(r"MUL_MAT nodes -> cpu \(first: \S+, \[.*; also \S+, \S+ and \d+ more\); xdna:0: "
+                         r"unsupported_dtype", ln) for ln in listed), listed
 
 
 def test_tables_fit_80_columns_and_are_not_padded_when_piped(capsys):

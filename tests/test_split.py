@@ -144,8 +144,8 @@ def test_text_summary_of_a_two_device_plan(two_device):
         for f in p.fragments:
             if any(n.op == "ROPE" for n in f.nodes):
                 assert f.device == "cpu" and "fallback" in lines[phase][f.index]
-        assert re.search(r"fallback: 36 ROPE nodes ran on cpu \(first: Qcur_rope-0\); example:0: refused_by_config: "
-                         r"example:0 is configured to refuse ROPE", text)
+        assert re.search(r"fallback: 36 ROPE nodes would run on cpu \(first: Qcur_rope-0\); example:0: "
+                         r"refused_by_config: example:0 is configured to refuse ROPE", text)
     # budgets, against what reservation counted
     for dev, n in two_device.reservation.programs.items():
         assert re.search(rf"^  {re.escape(dev)}\s+live programs {n} of no limit;", text, re.MULTILINE), dev
@@ -267,6 +267,10 @@ def test_a_node_no_device_accepts_gets_a_lane_of_its_own(failed):
                 assert p.refusals["example:0"].startswith("refused_by_config")
             elif n.op not in VIEW_OPS:
                 assert p.device == "example:0", (n.name, p)
+            if p.device != UNPLACED:         # the stand-in's "placed_elsewhere" is no refusal, nor a fallback
+                assert UNPLACED not in p.refusals, (n.name, p)
+        assert all(p.device == UNPLACED or UNPLACED not in p.refusals for _, p in plan.fallbacks)
+        assert "placed_elsewhere" not in render_text(view)
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -464,7 +468,7 @@ def test_page_groups_fallbacks_whose_reasons_name_each_weight_under_its_timeline
     phase = next(iter(view.plans))
     section = text.split(phase + ":", 1)[1]
     lines = [ln for ln in section.splitlines() if ln.startswith("  fallback: ")][:len(groups)]
-    assert [ln.strip() for ln in lines] == [g.line() for g in groups]
+    assert [ln.strip() for ln in lines] == [g.line(planned=True) for g in groups]
     mm = next(g for g in groups if g.op == "MUL_MAT")
     assert f"fallback: {count(mm.count, 'MUL_MAT node')} ran on cpu (first: {mm.first}); f32only: unsupported_dtype: " \
            f"f32only declares weight types F32;" in mm.line()

@@ -10,7 +10,7 @@ on the pseudo-device `(no device)` so that the rest of the graph can still be pl
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..contract import Device, DeviceType, Limits, Verdict
 from ..core.graph import VIEW_OPS, LeafKind, Tensor
@@ -56,6 +56,10 @@ def plan_with_unplaced(graph, devices: list[Device], residence: dict, fit=None) 
         if p.device == UNPLACED and p.refusals:
             why = "; ".join(f"{d}: {r}" for d, r in p.refusals.items())
             plan.placement[key] = Placement(UNPLACED, f"no selected device accepts it ({why})", p.refusals)
+        elif UNPLACED in p.refusals:
+            # the stand-in's "placed_elsewhere" is no refusal: a node a selected device took is no fallback
+            plan.placement[key] = replace(p, refusals={d: r for d, r in p.refusals.items()
+                                                                    if d != UNPLACED})
     return plan
 
 

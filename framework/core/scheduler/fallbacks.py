@@ -28,11 +28,14 @@ class FallbackGroup:
     def count(self) -> int:
         return len(self.nodes)
 
-    def line(self) -> str:
+    def line(self, planned: bool = False) -> str:
+        """One line; ``planned``: of a plan not run (`framework check`, a view of a reservation), whose nodes
+        would run on the device rather than ran."""
         why = "; ".join(f"{d}: {r}" for d, r in self.reasons.items())
+        where = f"{'would run' if planned else 'ran'} on {self.device} (first: {self.first}); {why}"
         if self.op == MEMORY:
-            return f"fallback for memory: {count(self.count, 'node')} ran on {self.device} (first: {self.first}); {why}"
-        return f"fallback: {count(self.count, self.op + ' node')} ran on {self.device} (first: {self.first}); {why}"
+            return f"fallback for memory: {count(self.count, 'node')} {where}"
+        return f"fallback: {count(self.count, self.op + ' node')} {where}"
 
 
 MEMORY = "memory"       # the refusal code of a device whose memory cannot hold a node's layer

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ...contract import Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
-from .fallbacks import count, group_fallbacks
+from .fallbacks import MEMORY, count, group_fallbacks
 from .memory import Budget, Fit
 from .plan import Plan, Residence, make_plan, preallocated_sources
 from .verdicts import ask_buffer
@@ -49,7 +49,7 @@ class Reservation:
             if plan.copies:
                 lines.append(f"{'':>16}  {count(len(plan.copies), 'copy', 'copies')}, "
                              f"{sum(c.nbytes for c in plan.copies) / 2**20:.1f} MiB")
-            lines += [f"{'':>16}  {g.line()}" for g in group_fallbacks([plan])]
+            lines += [f"{'':>16}  {g.line(planned=True)}" for g in group_fallbacks([plan])]
         for dev, n in self.programs.items():
             mem = self.memory.get(dev, {})
             lines.append(f"{dev}: {count(n, 'program')} over all phases, memory "
@@ -155,11 +155,9 @@ def check_strict(plan: Plan, phase: str) -> None:
     if not fallbacks:
         return
     first = plan.devices[0].name
-    def operands(n: Tensor) -> str:
-        return ", ".join(f"{list(s.shape)} {s.dtype.name}" for s in n.src)
-
-    lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name} of {operands(n)}) -> {p.device}; "
-             + "; ".join(f"{d}: {r}" for d, r in p.refusals.items()) for n, p in fallbacks]
+    # one line per op, device and reasons (a layer's worth of nodes repeats each refusal), with the first node
+    groups = group_fallbacks([plan])
+    lines = [_strict_line(g, {n.name: n for n, _ in fallbacks}) for g in groups]
     moves = [m for _, p in fallbacks for m in p.memory if m.device == first]
     memory = next((m for m in moves if m.part.startswith("layer")), moves[0] if moves else None)   # the next layer
     fix = f"drop --strict to let them fall back, or use a device that supports them instead of {first}"
@@ -169,8 +167,22 @@ def check_strict(plan: Plan, phase: str) -> None:
                f"{_mib(memory.needed)})" + (", or lift the cap of --device-memory" if memory.source == "capped"
                                             else ""))
     raise CapabilityError(
-        "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}:\n    "
+        "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}, "
+        f"{count(len(groups), 'group')} by op and reason (`framework split` lists every node):\n    "
         + "\n    ".join(lines), node=fallbacks[0][0].name, devices=tuple(d.name for d in plan.devices), fix=fix)
+
+
+def _strict_line(group, nodes: dict[str, Tensor]) -> str:
+    """'24 MUL_MAT nodes -> cpu (first: ffn_up-0, [2304, 1] F32 of [640, 2304] Q4_K, [640, 1] F32; also
+    ffn_up-1, ffn_up-2 and 21 more); xdna:0: unsupported_dtype: ...'."""
+    n = nodes[group.first]
+    operands = ", ".join(f"{list(s.shape)} {s.dtype.name}" for s in n.src)
+    others = group.nodes[1:3]
+    also = (f"; also {', '.join(others)}" + (f" and {group.count - 3} more" if group.count > 3 else "")
+            if others else "")
+    what = "node" if group.op == MEMORY else f"{group.op} node"
+    return (f"{count(group.count, what)} -> {group.device} (first: {n.name}, {list(n.shape)} {n.dtype.name} of "
+            f"{operands}{also}); " + "; ".join(f"{d}: {r}" for d, r in group.reasons.items()))
 
 
 def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
