@@ -752,3 +752,15 @@ def test_both_models_on_xdna_and_cpu_meet_the_reference_bounds(host_arm_case):
     expected = {"smollm2": 7 * 30, "gemma3": 27}[name]     # SmolLM2: every Q4_1 matrix; Gemma: its Q4_K ones
     assert len(dev.stats.weights) == expected and dev.stats.runs > 0
     assert all("repacked" in how for how in dev.stats.weights.values())
+
+
+@pytest.mark.parametrize("profile", ["xdna", "xdna2"])
+def test_linear_attention_is_refused_with_the_npus_own_reason(profile):
+    """GatedDeltaNet is refused as on every NPU profile, but the reason speaks of this device, not of what
+    Intel's NPU 37xx did with it."""
+    from framework.contract import NPU_REFUSED_OPS
+    dev = host_arm_device(0, profile)
+    assert set(dev.refused_ops) == set(NPU_REFUSED_OPS)
+    reason = dev.refused_ops["GATED_DELTA_NET"].reason
+    assert f"profile {profile} refuses GATED_DELTA_NET" in reason and "AIE array" in reason
+    assert "37xx" not in reason and "Intel" not in reason
