@@ -30,6 +30,12 @@ def test_run_streams_llama_cpps_greedy_text_and_summarises(capsys, tmp_path):
     assert "placement" in err and "cpu" in err
     record = json.loads(plan.read_text())
     assert record["devices"] == ["cpu"] and any(k.startswith("decode") for k in record["plans"])
+    # the figures the summary printed: each phase's speed, each device's time, runs, copies and programs
+    speed = re.search(r"decode 5 tokens at ([\d.]+) tok/s", err)
+    assert record["speed"]["decode"]["tokens"] == 5 and record["speed"]["prefill"]["tokens"] == 5
+    assert f"{record['speed']['decode']['tokens_per_second']:.1f}" == speed.group(1)
+    cpu = record["device_times"]["cpu"]
+    assert cpu["runs"] > 0 and cpu["programs"] >= 1 and re.search(rf"\b{cpu['seconds']:.2f} s\b", err), err
 
 
 def test_run_chat_on_a_base_model_says_what_will_happen(capsys):

@@ -113,6 +113,7 @@ def check_run_plan(capsys, command):
     assert code == 0 and "plans written to plan.json" in err
     record = json.loads(Path("plan.json").read_text())
     assert record["devices"] == ["cpu"] and record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert record["speed"]["decode"]["tokens"] == 1 and record["device_times"]["cpu"]["seconds"] > 0
 
 
 def check_run_conversation(capsys, command, monkeypatch):

@@ -390,6 +390,15 @@ def _write_plans(session, path: Path, decoder=None) -> None:
     record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
               "plans": {_phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
     tokens = session.prefill.tokens + session.decode.tokens
+    if tokens:              # what the summary printed: tokens per second of each phase, each device's time
+        record["speed"] = {phase: {"tokens": st.tokens, "seconds": st.seconds,
+                                   "tokens_per_second": st.tokens_per_second}
+                           for phase, st in (("prefill", session.prefill), ("decode", session.decode))}
+        stats = session.executor.stats
+        record["device_times"] = {d.name: {"seconds": stats[d.name]["seconds"], "runs": stats[d.name]["runs"],
+                                           "bytes_copied": stats[d.name]["bytes_copied"],
+                                           "programs": stats[d.name]["compiles"]}
+                                  for d in session.devices if d.name in stats}
     figures = {d.name: {**f, "tokens": tokens} for d in session.devices if (f := d.run_figures())}
     if figures:             # what devices measured themselves (a remote device: network bytes, time on its node)
         record["device_figures"] = figures
