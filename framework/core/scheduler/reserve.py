@@ -209,13 +209,53 @@ def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
                 if others else "")
         raise CapabilityError(
             "program_budget", f"device {dev}{emu} allows {budget} live compiled programs, but the plans need "
-            f"{len(structures)} distinct programs ({detail}){live}", devices=(dev,),
+            f"{len(structures)} distinct programs ({detail}){live}{_splitters(plans, dev)}", devices=(dev,),
             limit=f"max_live_programs={budget}",
             fix=(f"close the other sessions on {dev} first (their programs are freed with them), or give this "
                  f"one another device" if others and len(structures) <= budget else
-                 f"at most {budget} fit: let {dev} take whole fragments (remove what splits them, e.g. an op it "
-                 f"refuses between layers), or put another device before it in --backends"))
+                 f"at most {budget} fit{_layers_that_fit(plans, dev, budget - others)}: let {dev} take whole "
+                 f"fragments (remove what splits them, e.g. an op it refuses between layers), or put another "
+                 f"device before it in --backends"))
     return {dev: len(s) for dev, s in needed.items()}
+
+
+def _splitters(plans: dict[str, Plan], dev: str, most: int = 3) -> str:
+    """'; its fragments are split by the nodes it refuses: 72 ROPE (refused_by_config), ...': the refusals
+    that cut the device's layers into more fragments, hence more programs, the largest groups first."""
+    refused: dict[tuple[str, str], set[str]] = {}
+    for g in group_fallbacks(plans.values()):
+        for device, code in g.codes:
+            if device == dev:
+                refused.setdefault((g.op, code), set()).update(g.nodes)
+    if not refused:
+        return ""
+    ranked = sorted(refused.items(), key=lambda kv: -len(kv[1]))
+    said = ", ".join(f"{len(nodes)} {op} ({code})" for (op, code), nodes in ranked[:most])
+    more = f" and {len(ranked) - most} more" if len(ranked) > most else ""
+    return f"; its fragments are split by the nodes it refuses: {said}{more}"
+
+
+def _layers_that_fit(plans: dict[str, Plan], dev: str, room: int) -> str:
+    """' (the programs of layers 0-11, 12 of 30 layers)': how many whole layers, from the first, the budget
+    left holds, counting the programs outside the layers (the head, the embeddings) first. A fragment counts
+    for the first layer it holds (one cut between layers runs from a layer into the next)."""
+    per_layer: dict[int | None, set[str]] = {}
+    for plan in plans.values():
+        for f in plan.fragments:
+            if f.device == dev:
+                layers = [n.layer for n in f.nodes if n.layer is not None]
+                per_layer.setdefault(min(layers, default=None), set()).add(f.program)
+    layers = sorted(k for k in per_layer if k is not None)
+    if not layers:
+        return ""
+    held, fit = set(per_layer.get(None, ())), 0
+    for layer in layers:
+        held |= per_layer[layer]
+        if len(held) > room:
+            break
+        fit += 1
+    span = f"layers {layers[0]}-{layers[fit - 1]}, " if fit > 1 else f"layer {layers[0]}, " if fit == 1 else ""
+    return f" (the programs of {span}{fit} of {len(layers)} layers)"
 
 
 @dataclass
