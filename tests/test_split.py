@@ -504,3 +504,26 @@ def test_failed_page_shows_the_error_on_its_node(browser, failed, tmp_path):
     page.screenshot(path=str(ARTIFACTS / "split-failed.png"))
     assert requests == [path.as_uri()] and problems == []
     page.close()
+
+
+def test_header_table_fits_a_1600_px_window(browser, registry, tmp_path):
+    """The widest header there is: an emulation's long label, every budget, and the measured time of a run;
+    in a 1600 px window the devices table ends inside it (no sideways scrolling of the page)."""
+    from framework.cli.split import write_run_view
+    devices = registry.select("npu,cpu", "xdna2")
+    session = Session(load_model("smollm2"), devices, n_ctx=N_CTX, n_layers=2)
+    session.eval([1, 2, 3, 4, 5])
+    session.eval([6])
+    path = tmp_path / "ran.html"
+    write_run_view(session, path)
+    page = browser.new_page(viewport={"width": 1600, "height": 950})
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=15000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "split-header-1600.png"))
+    box = page.evaluate("() => { const r = document.getElementById('devices').getBoundingClientRect(); "
+                        "return {right: r.right, columns: document.getElementById('devices').rows[0].cells.length, "
+                        "page: document.documentElement.scrollWidth, emulation: document.querySelector("
+                        "'#devices .emu') !== null}; }")
+    assert box["emulation"] and box["columns"] == 12, box             # the label and the measured column shown
+    assert box["right"] <= 1600 and box["page"] <= 1600, box
