@@ -451,3 +451,41 @@ def test_backends_fits_an_80_column_terminal():
     lines = text.replace("\r", "").splitlines()
     assert any(ln.startswith("device profiles") for ln in lines) and any(ln.startswith("    ") for ln in lines)
     assert max(len(ln) for ln in lines) <= 80, [ln for ln in lines if len(ln) > 80]
+
+
+def test_conversation_mode_on_a_terminal():
+    """-cnv on a terminal (a pseudo-terminal): it says how to use it, prompts with '> ' for each message,
+    answers, and ends at /exit with the summary."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    leader, follower = pty.openpty()
+    code = "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", "-m", "smollm2", "-cnv", "-n", "6", "--ctx", "128"],
+                            stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "TERM": "dumb"})
+    os.close(follower)
+    seen = b""
+
+    def until(text: bytes, start: int = 0) -> None:
+        nonlocal seen
+        while text not in seen[start:]:
+            ready, _, _ = select.select([leader], [], [], 300)
+            assert ready, f"no {text!r} from framework run -cnv: {seen[-2000:]!r}"
+            seen += os.read(leader, 65536)
+
+    try:
+        until(b"/exit or Ctrl-D ends it")
+        until(b"> ")
+        asked = len(seen)
+        os.write(leader, b"Hi\n")
+        until(b"\n> ", asked)                   # the answer, then the next prompt
+        answer = seen[asked:].rsplit(b"\n> ", 1)[0].split(b"Hi", 1)[1].strip()
+        assert answer and b"<|im_" not in answer, seen[-500:]
+        os.write(leader, b"/exit\n")
+        until(b"tokens generated")
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill() if proc.poll() is None else None
+        os.close(leader)

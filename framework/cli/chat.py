@@ -49,11 +49,12 @@ def converse(session, args, sampler) -> tuple[int, bool]:
     generated, interrupted = 0, False
     tty = sys.stdin.isatty()
     if tty:
-        err.print("conversation: a message a line; /clear forgets the conversation, /exit or Ctrl-D ends it")
+        err.print("conversation: a message a line; /clear forgets the conversation, /exit or Ctrl-D ends it",
+                  soft_wrap=True)
     while (message := _read_message(tty)) is not None:
         if message == "/clear":
             history.clear()
-            err.print("(the conversation is forgotten)")
+            err.print("(the conversation is forgotten)", soft_wrap=True)
             continue
         history.append({"role": "user", "content": message})
         ids = chat_prompt_ids(tok, template, system + history)
