@@ -37,21 +37,44 @@ def peak_rss(argv: list[str], env: dict) -> tuple[int, int]:
     return proc.returncode, usage.ru_maxrss * 1024
 
 
-def held_per_byte(models: list[str]) -> None:
-    """What each available device says it will hold for a model's weights (Device.weight_nbytes, the figure
-    reservation counts), per byte of the weights in the file."""
+def held_per_byte(models: list[str], devices=None) -> dict[tuple[str, str], float]:
+    """What each available device (of ``devices``, default the registry's) says it will hold for a model's
+    weights (Device.weight_nbytes, the figure reservation counts), per byte of the weights in the file:
+    {(model, device name): ratio}."""
     from framework.core.registry import default_registry
     from framework.model.model import Model
-    devices = [d for d in default_registry().devices() if d.available]
-    print("weights held per byte of the file's weights (Device.weight_nbytes over every tensor):")
-    print(f"{'model':<8} " + " ".join(f"{d.name:>13}" for d in devices))
+    devices = [d for d in (devices or default_registry().devices()) if d.available]
+    held = {}
     for name in models:
         model = Model(model_path(name))
         graph_weights = [model.arch.weight(n) for n in model.arch.weight_names()]
         in_file = sum(t.nbytes for t in graph_weights)
-        print(f"{name:<8} " + " ".join(f"{sum(d.weight_nbytes(t) for t in graph_weights) / in_file:>13.2f}"
-                                       for d in devices))
-    print()
+        for d in devices:
+            held[name, d.name] = sum(d.weight_nbytes(t) for t in graph_weights) / in_file
+    return held
+
+
+def baseline_rss() -> int:
+    """Peak RSS in bytes of a process that imports the framework and loads every plugin, no model."""
+    return peak_rss([sys.executable, "-c", BASELINE], {})[1]
+
+
+def run_peak_rss(name: str, key: str) -> int | None:
+    """Peak RSS in bytes of a second `framework run -n 8` of a model on one BACKENDS key (the first fills the
+    on-disk caches); None when the run fails (its error is printed)."""
+    spec, env = BACKENDS[key]
+    argv = [sys.executable, "-m", "framework", "run", "-m", str(model_path(name)), "-n", "8",
+            "--backends", spec, "Once upon a time"]
+    if peak_rss(argv, env)[0]:
+        return None
+    rc, peak = peak_rss(argv, env)
+    return None if rc else peak
+
+
+def backend_keys(backends: str) -> list[str]:
+    """The BACKENDS keys a comma-separated --backends value names (a key or its first word)."""
+    wanted = backends.split(",")
+    return [k for k in BACKENDS if k.split(" ")[0] in wanted or k in wanted]
 
 
 def main() -> int:
@@ -59,23 +82,24 @@ def main() -> int:
     p.add_argument("--models", default="smollm2,gemma3")
     p.add_argument("--backends", default=",".join(BACKENDS), help=f"keys of: {'; '.join(BACKENDS)}")
     args = p.parse_args()
-    held_per_byte(args.models.split(","))
-    framework = [sys.executable, "-m", "framework"]
-    _, base = peak_rss([sys.executable, "-c", BASELINE], {})
+    models = args.models.split(",")
+    held = held_per_byte(models)
+    devices = sorted({d for _, d in held}, key=lambda d: [k for _, k in held].index(d))
+    print("weights held per byte of the file's weights (Device.weight_nbytes over every tensor):")
+    print(f"{'model':<8} " + " ".join(f"{d:>13}" for d in devices))
+    for name in models:
+        print(f"{name:<8} " + " ".join(f"{held[name, d]:>13.2f}" for d in devices))
+    print()
+    base = baseline_rss()
     print(f"baseline (python, the framework and every plugin loaded, no model): {base / 2**20:.0f} MiB")
-    keys = [k for k in BACKENDS if k.split(" ")[0] in args.backends.split(",") or k in args.backends]
     print(f"{'model':<8} {'file MiB':>8}  {'backends':<24} {'peak MiB':>8} {'over baseline':>13} {'/ file':>7}")
-    for name in args.models.split(","):
-        path = model_path(name)
-        size = path.stat().st_size
-        for key in keys:
-            spec, env = BACKENDS[key]
-            argv = framework + ["run", "-m", str(path), "-n", "8", "--backends", spec, "Once upon a time"]
-            rc, _ = peak_rss(argv, env)                   # fills the caches
-            if rc:
-                print(f"{name:<8} {size / 2**20:>8.1f}  {key:<24} failed (exit {rc})")
+    for name in models:
+        size = model_path(name).stat().st_size
+        for key in backend_keys(args.backends):
+            peak = run_peak_rss(name, key)
+            if peak is None:
+                print(f"{name:<8} {size / 2**20:>8.1f}  {key:<24} failed")
                 continue
-            _, peak = peak_rss(argv, env)
             print(f"{name:<8} {size / 2**20:>8.1f}  {key:<24} {peak / 2**20:>8.0f} {(peak - base) / 2**20:>13.0f} "
                   f"{(peak - base) / size:>7.1f}")
     return 0

@@ -5,6 +5,8 @@ regular expression on node names; the rest it refuses with a verdict), and makes
 
   shape       the node's result loses its last column (a kernel that writes the wrong shape)
   nan         the node's result holds a NaN
+  q8-scale    a product with a Q8_0 weight reads every other block's scale 1/4 too large: finite, plausible,
+              wrong (only --verify or the conformance suite notices)
   too-few     the program returns one output fewer than the fragment has
   bool        supports_op answers True instead of a Verdict
   raise       supports_op raises
@@ -25,7 +27,8 @@ import numpy as np
 from framework.contract import Device, DeviceType, ReferenceProgram, Verdict, hookimpl
 
 FRAMEWORK_CONTRACT = 1
-MISTAKES = ("none", "shape", "nan", "too-few", "bool", "raise", "buffer")
+MISTAKES = ("none", "shape", "nan", "too-few", "bool", "raise", "buffer", "q8-scale")
+SCALE_ERROR = 1 / 4
 
 
 class BuggyProgram(ReferenceProgram):
@@ -33,10 +36,10 @@ class BuggyProgram(ReferenceProgram):
         super().__init__(fragment.nodes, fragment.inputs, fragment.outputs)
         self.mistake = device.mistake
         self.wrong = {i for i, n in enumerate(fragment.nodes) if device.take.search(n.name)}
-        self.steps = [(self._wrong(fn) if i in self.wrong else fn, out, ins)
+        self.steps = [(self._wrong(fn, fragment.nodes[i]) if i in self.wrong else fn, out, ins)
                       for i, (fn, out, ins) in enumerate(self.steps)]
 
-    def _wrong(self, fn):
+    def _wrong(self, fn, node):
         if self.mistake == "shape":
             return lambda *a: fn(*a)[..., :-1]
         if self.mistake == "nan":
@@ -45,6 +48,11 @@ class BuggyProgram(ReferenceProgram):
                 out.reshape(-1)[out.size // 2] = np.nan
                 return out
             return nan
+        if self.mistake == "q8-scale" and node.op == "MUL_MAT" and node.src[0].dtype.name == "Q8_0":
+            def scaled(w, x):           # the even 32-value blocks of each weight row count 1 + SCALE_ERROR times
+                even = (np.arange(w.shape[-1]) // 32) % 2 == 0
+                return fn(w, x) + SCALE_ERROR * fn(w * even, x)
+            return scaled
         return fn
 
     def run(self, args):

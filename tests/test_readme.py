@@ -96,6 +96,11 @@ def check_make_clean_cache(capsys, command, tmp_path):
     assert not cache.exists() and not ov.exists()
 
 
+def check_run_verify(capsys, command):
+    code, out, err = run_framework(capsys, command, "-n", "2", "--ctx", "256")
+    assert code == 0 and "verified: 2 fragment runs agree with cpu's on the same inputs" in " ".join(err.split()), err
+
+
 def check_run_gemma3(capsys, command):
     code, out, err = run_framework(capsys, command, "-n", "2", "--ctx", "256")
     assert code == 0 and out.startswith("Once upon a time") and "gemma3" in err and "placement" in err
@@ -273,6 +278,7 @@ COMMANDS = {
     ".venv/bin/framework info -m smollm2": check_info,
     ".venv/bin/framework perplexity -m smollm2 -f tests/reference/smollm2_text.txt": check_perplexity,
     ".venv/bin/framework conformance --device example:0": check_conformance,
+    ".venv/bin/framework run -m smollm2 --backends example:0,cpu --verify": check_run_verify,
     ".venv/bin/framework settings": check_settings,
     ".venv/bin/framework cache": check_cache,
 }

@@ -37,6 +37,7 @@ from .common import (
     write_output,
 )
 from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
+from .verify import add_verify_args, verified_line, verifier_for
 
 SAMPLE_PROMPT = "The capital of France is"
 # the caches `framework cache` lists, for its help without loading every plugin (a test keeps it whole)
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "fragment took (.html, .svg, .dot, .json or .txt)")
     add_draft_args(run)
     _check_values_arg(run)
+    add_verify_args(run)
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
     _model_args(check)
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate (default 64)")
     check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
     add_draft_args(check)
+    add_verify_args(check)
 
     split = sub.add_parser("split", help="show where every node of the plan runs, why, and what it costs")
     _model_args(split)
@@ -109,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "1048576: 1 MiB)")
     serve.add_argument("--shutdown-timeout", type=seconds, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
+    add_verify_args(serve, every=16)
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     _ray_address(backends)
@@ -274,7 +278,7 @@ def cmd_run(args) -> int:
                     f"is nothing to continue: give a prompt")
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
                       kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory),
-                      check_values=args.check_values)
+                      check_values=args.check_values, verifier=verifier_for(args, model))
     decoder = speculative_decoder(args, session, devices)
     (decoder or session).reserve(len(ids), args.n_predict)     # every check before anything is loaded
     with weight_progress() as progress:
@@ -308,6 +312,8 @@ def _report_run(args, model, session, generated: int, interrupted: bool, decoder
     """After the text: the summary, fallbacks, memory fit and placement on stderr, then the files asked for."""
     from .report import fallback_lines, memory_fit_lines, placement_rows
     _summary(model, session, generated, interrupted, decoder)
+    if session.executor.verifier is not None:
+        err.print(escape(verified_line(session.executor.verifier)), soft_wrap=True)
     for line in fallback_lines(session) + (fallback_lines(decoder.draft.session) if decoder else []):
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     for line in memory_fit_lines(session):
@@ -417,8 +423,9 @@ def cmd_check(args) -> int:
     devices = _devices(args)
     model = load_model(args.model)
     t0 = time.perf_counter()
+    verifier = verifier_for(args, model)
     session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, strict=args.strict,
-                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory))
+                      kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory), verifier=verifier)
     decoder = speculative_decoder(args, session, devices)
     reservation = (decoder or session).reserve(args.prompt_tokens, args.n_predict)
     seconds = time.perf_counter() - t0
@@ -430,7 +437,22 @@ def cmd_check(args) -> int:
     out("\n".join(reservation.summary()) + "\n")
     if args.plan:
         _write_plans(session, Path(args.plan), decoder)
+    if verifier is not None:
+        _check_verified(model, session, args.prompt_tokens)
     return 0
+
+
+def _check_verified(model, session, prompt_tokens: int) -> None:
+    """check --verify: the reserved prefill and one decode step run on the sample prompt's tokens (repeated to
+    --prompt-tokens), each fragment compared with the reference's."""
+    from ..runtime.generate import generate
+    from ..runtime.sampling import Sampler, SamplingParams
+    sample = model.tokenizer.encode(SAMPLE_PROMPT)
+    ids = (sample * (prompt_tokens // len(sample) + 1))[:prompt_tokens]
+    for _ in generate(session, ids, 2, Sampler(SamplingParams(0.0, 40, 0.95, None)), set()):
+        pass
+    out(f"--verify: the prefill of {len(ids)} tokens (the sample prompt's, repeated) and one decode step ran; "
+        + verified_line(session.executor.verifier) + "\n")
 
 
 def cmd_serve(args) -> int:

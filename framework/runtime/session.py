@@ -60,7 +60,8 @@ class Session:
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,
                  share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None,
                  share_model_with: "Session | None" = None, max_plans: int | None = None,
-                 draft_of: "Session | None" = None, hidden: bool = False, check_values: bool = False):
+                 draft_of: "Session | None" = None, hidden: bool = False, check_values: bool = False,
+                 verifier=None):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch = model, list(devices), n_batch
@@ -101,10 +102,10 @@ class Session:
             raise ValueError("share_model_with needs a session of the same model on the same devices")
         # another session of the model (a server's parallel slot: a cache of our own) or a draft's target:
         # its weights and programs; check_values: every device's outputs must be finite (devices of other
-        # distributions' always are)
+        # distributions' always are); verifier: --verify's (core/scheduler/verify.py)
         lender = draft_of if draft_of is not None else other
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, caches,
-                                 lender.executor if lender is not None else None, check_values)
+                                 lender.executor if lender is not None else None, check_values, verifier)
         self.n_past = 0
         self.prefill = StepStats()
         self.decode = StepStats()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..contract import Device
 from ..core.scheduler import Plan, check_together
+from ..core.scheduler.verify import Verifier
 from ..model.chat import ChatTemplateError, chat_template_for
 from ..model.default import MODELS
 from ..model.model import Model
@@ -79,10 +80,11 @@ def reserve_session(session: Session):
 
 def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch: int, parallel: int,
                 max_queue: int, strict: bool = False, kv_device: str | None = None,
-                memory_caps: dict[str, int] | None = None,
+                memory_caps: dict[str, int] | None = None, verify: tuple[Device, int] | None = None,
                 say: Callable[[str], None] = lambda line: None) -> list[ServedModel]:
     """Load and reserve every model with its parallel sessions; check them all together against each
-    device's program budget and memory. Nothing is loaded onto a device or compiled here."""
+    device's program budget and memory. Nothing is loaded onto a device or compiled here. verify: (reference
+    device, every N steps) for --verify: one Verifier per model, shared by its sessions."""
     if n_ctx < 2:
         raise ValueError(f"--ctx must be at least 2 tokens (a prompt token and a generated one), got {n_ctx}")
     resolved: dict[str, Path] = {}
@@ -98,7 +100,8 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
         for note in model.notes:          # tensors the architecture does not read, as `run` says them
             say(f"note: {note}")
         keep = dict(n_ctx=n_ctx, n_batch=n_batch, strict=strict, kv_device=kv_device, memory_caps=memory_caps,
-                    max_plans=max_plans(n_ctx))
+                    max_plans=max_plans(n_ctx), verifier=Verifier(verify[0], model.weight_bytes, verify[1])
+                    if verify else None)
         first = Session(model, devices, **keep)
         sessions = [first] + [Session(model, devices, share_model_with=first, **keep) for _ in range(parallel - 1)]
         results = [reserve_session(s) for s in sessions]

@@ -21,9 +21,15 @@ from .models import load_models
 
 
 def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]) -> int:
+    verify = None
+    if args.verify:     # every --verify-every-th step of each model compared with the reference device's
+        from ..core.registry import default_registry
+        from ..core.scheduler.verify import reference_device
+        verify = (reference_device(args.verify, default_registry().select), args.verify_every)
+        say(f"verifying one step in {args.verify_every} against {verify[0].name} (--verify)")
     served = load_models(args.model, devices, n_ctx=args.ctx, n_batch=args.batch, parallel=args.parallel,
                          max_queue=args.queue, strict=args.strict, kv_device=args.kv_device,
-                         memory_caps=memory_caps, say=say)
+                         memory_caps=memory_caps, verify=verify, say=say)
     for m in served:
         say(f"{m.id}: {m.path} (sha256 {m.sha256[:16]}...) on {', '.join(m.devices)}, {args.parallel} sessions of "
             f"{args.ctx} tokens, reserved")

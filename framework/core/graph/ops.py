@@ -13,9 +13,12 @@ outermost axis first: ggml's ``ne`` reversed). ``docs/ops.md`` is generated from
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+
+import numpy as np
 
 from . import reference as R
 
@@ -243,6 +246,18 @@ def names(*ops: str) -> frozenset[str]:
 def nmse_threshold(op: str) -> float:
     s = OPS.get(op)
     return s.nmse if s else NMSE_DEFAULT
+
+
+def nmse(out, ref) -> float:
+    """ggml's normalised mean squared error, sum((out - ref)^2) / sum(ref^2), in float64: the measure the
+    thresholds above are for (the conformance suite and --verify compare with it)."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    den = float(np.sum(ref * ref))
+    num = float(np.sum((out - ref) ** 2))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
 
 
 def bind(node) -> Callable:

@@ -7,7 +7,9 @@ outputs (the logits) hold finite values (always). The values of every output are
 finite too for devices of plugins outside this distribution, and for every device with
 ``check_values`` (``--check-values``). A violation is a DeviceRunError naming the plugin, the device,
 the fragment and the node, before the next device reads the value. (A write into a cache is checked
-where another device reads it, not at every step: that would read the whole cache every time.)"""
+where another device reads it, not at every step: that would read the whole cache every time.) With a
+``Verifier`` (``--verify``), each fragment's outputs are also compared with a reference device's on the
+same inputs (verify.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ from ..graph import LeafKind, Tensor, ops
 from ..graph.dtypes import NUMPY_TYPES
 from .errors import DeviceRunError
 from .plan import Plan
+from .products import join_outputs
 from .verdicts import check_available, in_distribution, plugin_of
+from .verify import Verifier, compared
 
 WeightBytes = Callable[[Tensor], np.ndarray]
 Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fragment>", bytes done, bytes total)
@@ -48,16 +52,19 @@ class _Bound:
 
 class Executor:
     def __init__(self, devices: list[Device], weight_bytes: WeightBytes, residence: dict | None = None,
-                 caches: dict | None = None, share_with: "Executor | None" = None, check_values: bool = False):
+                 caches: dict | None = None, share_with: "Executor | None" = None, check_values: bool = False,
+                 verifier: Verifier | None = None):
         """share_with: another session's executor in this process (a draft's target, a server's other slot): its
         loaded weights and compiled programs are this one's too, so a weight or a program structure both use
         exists once. check_values: every device's outputs are checked to be finite (those of other
-        distributions' devices always are)."""
+        distributions' devices always are). verifier: every fragment's outputs compared with its reference
+        device's (--verify; one verifier may serve several executors)."""
         check_available(devices)
         self.devices = {d.name: d for d in devices}
         # devices whose outputs' values are checked: all with check_values, else those of other distributions
         self.value_checked = {d.name for d in devices if check_values or not in_distribution(d)}
         self.weight_bytes = weight_bytes
+        self.verifier = verifier
         self.residence = residence if residence is not None else {}
         self.weights: dict[tuple[str, int], Any] = share_with.weights if share_with is not None else {}
         # pre-allocated tensors: id -> (device, handle); shared with another executor for a shared KV cache
@@ -136,6 +143,7 @@ class Executor:
         hosted: dict[int, np.ndarray] = {}      # host copies already made (by a check), reused by copies
         made_by: dict[int, Any] = {}            # id(tensor) -> the fragment that made it
         caches = self.caches
+        verifying = self.verifier is not None and self.verifier.begin_step()
         for f, b in zip(plan.fragments, self._bound[id(plan)]):
             dev_name = f.device
             args = list(b.args)
@@ -145,6 +153,8 @@ class Executor:
                     continue
                 held = caches[key] if kind == _CACHE else values[key]
                 args[i] = held[1] if held[0] == dev_name else self._arg(t, dev_name, values, inputs, hosted, made_by)
+            # what the fragment reads, as it is before the run (a cache it writes in place changes)
+            read = self._host_args(f, b, args, inputs) if verifying and self.verifier.covers(f) else None
             t0 = time.perf_counter()
             results = self._device_call(dev_name, "running", f.describe(), b.program.run, args)
             t1 = time.perf_counter()
@@ -164,13 +174,26 @@ class Executor:
                 elif checked:                   # a value-checked device's: finite, before another device reads it
                     host = hosted[id(t)] = self._to_host(held)
                     self._check_finite(f, t, host, values)
+            if read is not None:                # read back outside the device's time: the check's cost is its own
+                made = {id(t): hosted[id(t)] if id(t) in hosted else b.device.to_host(values[id(t)][1])
+                        for t in f.outputs if compared(t)}
+                self.verifier.check(f, b.device, read, made)
         outputs = []
         for t in plan.graph.outputs:            # the answer itself is always checked: never NaN logits
             host = hosted[id(t)] if id(t) in hosted else self._to_host(values[id(t)])
             if id(t) not in hosted:
                 self._check_finite(made_by[id(t)], t, host, values)
             outputs.append(host)
-        return outputs
+        return join_outputs(plan.graph, outputs)     # a product computed in blocks of rows, whole again
+
+    def _host_args(self, f, b: _Bound, args: list, inputs: dict[int, np.ndarray]) -> list:
+        """Host copies of a fragment's arguments for the verifier (None for the weights, which it loads
+        itself); copies, so that the reference's writes into a cache touch only its own."""
+        host: list = [None] * len(args)
+        for i, t, key, kind in b.fetched:
+            value = inputs[key] if kind == _INPUT else b.device.to_host(args[i])
+            host[i] = np.array(value, copy=True)
+        return host
 
     def _arg(self, t: Tensor, dev_name: str, values: dict, inputs: dict[int, np.ndarray], hosted: dict,
              made_by: dict) -> Any:

@@ -1,6 +1,9 @@
 """Planning: which device runs every node, and why; fragments, copies, programs, fallbacks.
 
 The assignment is a sequence of numbered passes (after ggml's scheduler):
+  0. a graph output made by a matrix product larger than one tensor of a device may hold (the logits of
+     a perplexity window over a large vocabulary) is computed in blocks of token rows, joined on the
+     host when it is read back (products.py);
   1. nodes that read or write a pre-allocated tensor (a KV cache, or a tensor another session of the
      process holds: a draft reading its target's cache or borrowing its embedding), directly or through
      views, are pinned to the device whose buffer holds it, when that device accepts them;
@@ -30,6 +33,7 @@ from ..graph import VIEW_OPS, Graph, LeafKind, Tensor
 from .errors import CapabilityError
 from .fragment import Fragment, cut_submissions, set_program_key, split_fragments
 from .memory import Budget, Fit, MemoryMove, memory_budgets, parts_of
+from .products import split_large_products
 from .verdicts import ask, check_available
 
 SMOOTH_MAX_RUN = 4       # nodes; longer runs are real work and stay where the verdicts put them
@@ -147,6 +151,7 @@ def make_plan(graph: Graph, devices: list[Device], residence: dict[int, Residenc
     """``fit``: the session's memory fit (memory.fit_layers), whose caches ``residence`` places."""
     check_available(devices)
     residence = residence or {}
+    graph = split_large_products(graph, devices)
     placement: dict[int, Placement] = {}
     _pass1_pin_preallocated(graph, devices, residence, placement)
     _pass2_memory(graph, devices, fit, placement)
