@@ -35,8 +35,8 @@ def speculative_decoder(args, session, devices):
     draft_devices = select_devices(args.draft_backends) if args.draft_backends else devices
     spec = args.draft
     if not spec.startswith("layers:"):
-        from .common import model_path
-        spec = str(model_path(spec))
+        from ..model.default import resolve_model
+        spec = str(resolve_model(spec))
     from .common import load_model
     return SpeculativeDecoder(session, make_draft(spec, session, draft_devices, load=load_model), args.draft_n)
 
