@@ -375,7 +375,7 @@ def test_rope_rows_are_the_reference_table():
     """A step's rope table is rows of one table by position (made once, grown past its end): the same values
     as the reference's table of the step's own positions, for a decode step, a prefill chunk, positions past
     the first rows and in any order."""
-    from framework.plugins.vulkan.submission import RopeRows, rope_table
+    from framework.backend import RopeRows, rope_table
     rows = RopeRows()
     for pos in ([0], [7], [RopeRows.FIRST - 1], [RopeRows.FIRST], [5000], list(range(40, 72)), [9, 2, 9]):
         pos = np.array(pos, dtype=np.int32)

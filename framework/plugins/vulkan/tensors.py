@@ -1,13 +1,9 @@
-"""What the device hands out: tensors in device buffers (or host values not yet uploaded), and weights
-in their device layout, split into chunks of whole rows. The handles are the contract's, shared by every
-plugin that computes in device buffers; these are the Vulkan plugin's names for them."""
+"""The Vulkan plugin's output handle read back through its run's own copy (submission.Stage); every other
+handle is the skeleton's (framework.backend: DeviceTensor, DeviceWeight)."""
 
 from __future__ import annotations
 
-from ...contract import Chunk, DeviceTensor, DeviceWeight, Lease, contiguous_strides
-
-VkTensor, VkWeight, contig = DeviceTensor, DeviceWeight, contiguous_strides
-
+from ...backend import DeviceTensor
 
 
 class StagedTensor(DeviceTensor):
@@ -19,6 +15,3 @@ class StagedTensor(DeviceTensor):
     def __init__(self, *a, readback=None, **k):
         super().__init__(*a, **k)
         self.readback = readback
-
-
-__all__ = ["Chunk", "Lease", "StagedTensor", "VkTensor", "VkWeight", "contig"]

@@ -1,0 +1,84 @@
+"""The base of a device that keeps tensors in its own memory (tinygrad's ``Compiled``): it owns the
+buffers a run needs (scratch, pooled outputs: BufferPools), weights in the word layout of
+weight_words, handles from and to the host, the verdict rules every such device shares, and compile.
+
+A plugin's device subclasses it and gives the primitives:
+
+* ``new_buffer(nbytes)``, ``buffer_with(array)`` (a buffer holding the array's bytes) and
+  ``read_buffer(buffer, byte_offset, count, dtype)`` (a flat array): memory;
+* ``program_class``: its Program subclass (program.py), which encodes a fragment's steps and submits
+  them, and ``synchronize()``: waiting for the queue;
+* ``max_chunk_bytes`` (the most one buffer or binding may hold; a weight over it is split into chunks of
+  whole rows) and ``even_chunks`` (kernels read scale planes in word pairs);
+* ``kernel_verdict(node)`` (optional, default yes): what its kernels refuse beyond the shared rules;
+* ``disable_setting`` (optional): the setting naming the ops every device of the plugin refuses,
+  read into ``disabled`` by the subclass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import Device, Tensor, Verdict, plain_operand_refusal
+from ..core.device_buffers import BufferPools, DeviceTensor
+from ..core.graph import ops
+from .lowering import is_weight
+from .rope import RopeRows
+
+
+class BackendDevice(BufferPools, Device):
+    program_class: type = None
+    disable_setting = ""
+    disabled: frozenset = frozenset()
+    binding_unit = "one buffer"     # what max_chunk_bytes bounds, in the refusals' words
+    max_axes = 4
+
+    def init_backend(self) -> None:
+        """The pools and the rope rows: called by the subclass once the device is available."""
+        self.init_pools()
+        self.rope_rows = RopeRows()    # the rope tables' rows by position, for every program
+
+    @property
+    def refused_ops(self) -> dict[str, Verdict]:
+        return {op: Verdict.no("refused_by_profile", f"{op} is disabled on {self.name} by {self.disable_setting}")
+                for op in self.disabled}
+
+    # -- verdicts --------------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> Verdict:
+        """The shared rules (views of weights, at most max_axes axes, plain operands), then the kernels'."""
+        if node.op in ops.VIEW_OPS:
+            if any(is_weight(s) for s in node.src):
+                return Verdict.no("unsupported_buffer",
+                                  f"{self.name} does not take views of weights ({node.src[0].describe()})")
+            return Verdict.yes()
+        for t in (node, *node.src):
+            if len(t.shape) > self.max_axes:
+                return Verdict.no("unsupported_shape",
+                                  f"{self.name} kernels take at most {self.max_axes} axes ({t.describe()})")
+        refusal = plain_operand_refusal(self, node, self.binding_unit)
+        return refusal if refusal is not None else self.kernel_verdict(node)
+
+    def kernel_verdict(self, node: Tensor) -> Verdict:
+        return Verdict.yes()
+
+    # -- memory ----------------------------------------------------------------------------------
+    def weight_nbytes(self, tensor: Tensor) -> int:
+        """The file's bytes, and per chunk a scale plane's padding word and a buffer's rounding to 16 bytes."""
+        return tensor.nbytes + 16 * len(self.chunk_plan(tensor.dtype.name, tensor.shape))
+
+    def alloc(self, tensor: Tensor) -> DeviceTensor:
+        """A zero-filled tensor (``zeros(nbytes)``, by default new_buffer, which must then zero-fill)."""
+        dt = np.float32 if tensor.dtype.name == "F32" else np.int32
+        return DeviceTensor(self.zeros(tensor.nelements * 4), 0, tensor.shape, dt)
+
+    def zeros(self, nbytes: int):
+        return self.new_buffer(nbytes)
+
+    # -- programs --------------------------------------------------------------------------------
+    def compile(self, fragment):
+        return self.program_class(self, fragment)
+
+    def describe(self) -> str:
+        state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
+        what = f", {self.description}" if self.available else ""
+        return f"{self.name} ({self.type.value}, {state}{what})"
