@@ -5,10 +5,10 @@ read-back, profiling) and a base device (device.py: the plain-operand rule, load
 from_host, to_host, compile). A plugin on it gives discovery, a device with a few primitives, its
 program's encoding, and a kernel table; docs/plugin-guide.md ("A GPU plugin") walks through one."""
 
-from ..contract import fusion, plain_operand_refusal
 from ..core import weight_words
 from ..core.device_buffers import BufferPools, Chunk, DeviceTensor, DeviceWeight, Lease, contiguous_strides
-from .device import BackendDevice
+from ..core.graph import fusion
+from .device import BackendDevice, plain_operand_refusal
 from .lowering import KernelTable, Lowering, is_weight
 from .memory import Memory
 from .program import Arguments, Program

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import replace
 
 import numpy as np
 
@@ -29,8 +30,14 @@ class OpenCLDevice(BackendDevice):
     binding_unit = "one allocation"
 
     @property
-    def max_chunk_bytes(self) -> int:
-        return self.max_alloc
+    def max_alloc(self) -> int:
+        """The largest allocation: the buffer types' max_size (a weight over it is split into chunks)."""
+        return self.buffer_type.max_size
+
+    @max_alloc.setter
+    def max_alloc(self, nbytes: int) -> None:
+        self.buffer_type = replace(self.buffer_type, max_size=int(nbytes))
+        self.weight_buffer_type = replace(self.weight_buffer_type, max_size=int(nbytes))
 
     def __init__(self, index: int, platform=None, cl_device=None, reason: str = ""):
         self.index = index

@@ -1,5 +1,5 @@
 """The fused decode kernels of a GPU device: which runs of nodes become one kernel is the core's decision
-(framework.contract.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
+(framework.backend.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
 by name), and each group becomes launches of kernels.cl's rowvec or attn_block ("Fused decode kernels"):
 
 * a product group: one rowvec launch a weight chunk, x made by its prologue in local memory (the norm, with

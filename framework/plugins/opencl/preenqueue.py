@@ -40,7 +40,8 @@ import weakref
 
 import numpy as np
 
-from ...contract import DeviceTensor, contiguous_strides, settings
+from ...backend import DeviceTensor, contiguous_strides
+from ...contract import settings
 from .options import PREENQUEUE_ENV, SWITCH_ENV
 
 STAGE_MAX = 8 << 20       # bytes of a run's value outputs copied back ahead of the next run (a decode step's logits)

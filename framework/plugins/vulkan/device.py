@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,8 +44,14 @@ class VulkanDevice(BackendDevice):
     even_chunks = True          # the kernels read each chunk's scale plane in word pairs (two f16 scales)
 
     @property
-    def max_chunk_bytes(self) -> int:
-        return self.max_binding
+    def max_binding(self) -> int:
+        """The most one storage binding holds: the buffer types' max_size (a weight over it is split)."""
+        return self.buffer_type.max_size
+
+    @max_binding.setter
+    def max_binding(self, nbytes: int) -> None:
+        self.buffer_type = replace(self.buffer_type, max_size=int(nbytes))
+        self.weight_buffer_type = replace(self.weight_buffer_type, max_size=int(nbytes))
 
     def __init__(self, index: int, adapter=None, reason: str = ""):
         self.index = index

@@ -1,5 +1,5 @@
 """Which nodes of a fragment become one fused kernel (wgsl_fused.py): the core's decision
-(framework.contract.fusion, whose docstring lists the fusions), asked with this plugin's limits, for
+(framework.backend.fusion, whose docstring lists the fusions), asked with this plugin's limits, for
 decode on a GPU adapter. Each fusion is turned off by name in FRAMEWORK_VULKAN_UNFUSE (a
 comma-separated list, or "all").
 """

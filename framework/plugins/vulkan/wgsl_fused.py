@@ -20,7 +20,7 @@ lowering use; its parameter block is a wgsl.Params built here too.
 
 from __future__ import annotations
 
-from ...contract import fusion
+from ...backend import fusion
 from . import wgsl
 from .wgsl import NEG_BIG, Params
 
