@@ -137,9 +137,9 @@ def rowvec(lw, g: fusion.ProductGroup) -> None:
             build[f"F_T{i}"] = w.dtype.name
         groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
         launch(lw, f"{label} {g.out.name}", "rowvec", build, groups * sh["wg"], sh["wg"],
-                  w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
-                  r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
-                  **dict(args, write_y=args["write_y"] * int(ci == 0)))
+               w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
+               r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
+               **dict(args, write_y=args["write_y"] * int(ci == 0)))
 
 
 def _qkv(g: fusion.AttnGroup) -> list:
@@ -183,7 +183,7 @@ def _products(lw, g: fusion.AttnGroup) -> tuple:
         binds |= {f"w{i}": ChunkArg(lw.arg_of(w), 0), f"o{i}": lw.new_val(m), f"n{i}": w.shape[0]}
         groups += -(-w.shape[0] // per)
     launch(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", "rowvec3", build, groups * sh["wg"],
-              sh["wg"], **binds, **args)
+           sh["wg"], **binds, **args)
     return binds["o0"], binds["o1"], binds["o2"]
 
 
@@ -243,14 +243,14 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     label = "+".join(filter(None, ["NORM" if norm else "", "" if own else "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
     weights = {n: None if own else ChunkArg(lw.arg_of(w), 0) for n, w in (("wq", g.wq), ("wk", g.wk), ("wv", g.wv))}
     launch(lw, f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG, **weights,
-              qp=qkv[0], kp=qkv[1], vp=qkv[2],
-              gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
-              pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
-              krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
-              po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
-              chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),
-              q_scale=g.q_scale, q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0,
-              vec4=("kc", "vc"), **args)
+           qp=qkv[0], kp=qkv[1], vp=qkv[2],
+           gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
+           pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
+           krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
+           po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
+           chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),
+           q_scale=g.q_scale, q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0,
+           vec4=("kc", "vc"), **args)
     if not itself:
         launch(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", "flash_combine", kernels.base_options(lw.dev),
-                  h * kernels.AWG, kernels.AWG, p=part, o=out, TH=h, D=d, nc=nc + 1)
+               h * kernels.AWG, kernels.AWG, p=part, o=out, TH=h, D=d, nc=nc + 1)

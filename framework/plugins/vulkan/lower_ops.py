@@ -26,8 +26,8 @@ def rms_norm(lw, n: Tensor, norm: Tensor, gain: Tensor | None):
     label = "RMS_NORM+MUL" if gain is not None else "RMS_NORM"
     binds = [lw.ref(norm.src[0]), gb, lw.new_val(n)]
     emit(lw, f"{label} {n.name}", ("rms_norm",), lambda: wgsl.simple("rms_norm"), RW3, binds,
-            {"ncols": ncols, "nrows": nrows, "eps": float(norm.params["eps"]), "has_gain": int(gain is not None),
-             "gain_len": ncols}, nrows)
+         {"ncols": ncols, "nrows": nrows, "eps": float(norm.params["eps"]), "has_gain": int(gain is not None),
+          "gain_len": ncols}, nrows)
 
 
 def op_rms_norm(lw, n):
@@ -81,8 +81,8 @@ def op_soft_max(lw, n):
     rows = n.nelements // s
     t = n.shape[-2] if len(n.shape) > 1 else 1
     simple(lw, n, "soft_max", [a, mask, o], RW3,
-              {"ncols": s, "nrows": rows, "mask_rows": t, "has_mask": int(len(n.src) > 1),
-               "scale": float(n.params["scale"])}, rows)
+           {"ncols": s, "nrows": rows, "mask_rows": t, "has_mask": int(len(n.src) > 1),
+            "scale": float(n.params["scale"])}, rows)
 
 
 def op_flash_attn_ext(lw, n):
@@ -105,10 +105,10 @@ def op_flash_attn_ext(lw, n):
             nc = -(-s // ch)
             part = lw.scratch((t * h * nc * (d + 4),))
             emit(lw, f"FLASH_ATTN_EXT[split] {n.name}", ("flash_attn_split",), lambda: wgsl.simple("flash_attn_split"),
-                    RW5, [q, k, v, mask, part], params | {"nc": nc, "chunk": ch},
-                    t * h * nc)
+                 RW5, [q, k, v, mask, part], params | {"nc": nc, "chunk": ch},
+                 t * h * nc)
             emit(lw, f"FLASH_ATTN_EXT[combine] {n.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
-                    RW2, [part, o], {"rows": t * h, "d": d, "nc": nc}, t * h)
+                 RW2, [part, o], {"rows": t * h, "d": d, "nc": nc}, t * h)
             return
     simple(lw, n, kernel, [q, k, v, mask, o], RW5, params, t * h)
 
@@ -118,7 +118,7 @@ def op_rope(lw, n):
     p = n.params
     binds = [lw.ref(n.src[0]), lw.rope(n, t), lw.new_val(n)]
     simple(lw, n, "rope", binds, RW3, {"t": t, "h": h, "d": d, "n_dims": int(p["n_dims"]),
-                                      "neox": int(p["mode"] == "neox")}, _each(t * h * (d // 2)))
+                                   "neox": int(p["mode"] == "neox")}, _each(t * h * (d // 2)))
 
 
 def op_set_rows(lw, n):
@@ -127,7 +127,7 @@ def op_set_rows(lw, n):
     w = n.shape[1]
     t = n.src[2].shape[0]
     simple(lw, n, "set_rows", [src, rows, dst], RW3,
-              {"w": w, "t": t, "dst_rows": n.shape[0]}, _each(w * t))
+           {"w": w, "t": t, "dst_rows": n.shape[0]}, _each(w * t))
 
 
 def cont_params(shape, strides) -> dict:
@@ -141,7 +141,7 @@ def cont_params(shape, strides) -> dict:
 def op_cont(lw, n):
     a = lw.ref(n.src[0])
     simple(lw, n, "cont", [a, lw.new_val(n)], RW2, cont_params(n.shape, a.strides or contiguous_strides(a.shape)),
-              _each(n.nelements))
+           _each(n.nelements))
 
 
 def op_get_rows(lw, n):
@@ -152,8 +152,8 @@ def op_get_rows(lw, n):
     t = rows.shape[0]
     if not is_weight(a):
         emit(lw, f"GET_ROWS {n.name}", ("get_rows_f", "F32"), lambda: wgsl.get_rows_f("F32"), RW3,
-                [lw.ref(a), rr, o], {"w": w, "t": t, "row0": 0, "rows": a.shape[0]},
-                _each(w * t))
+             [lw.ref(a), rr, o], {"w": w, "t": t, "row0": 0, "rows": a.shape[0]},
+             _each(w * t))
         return
     qt = a.dtype.name
     arg = lw.arg_of(a)
@@ -162,10 +162,10 @@ def op_get_rows(lw, n):
         params = {"w": w, "t": t, "row0": row0, "rows": nrows}
         if qt in quant.FLOAT_TYPES:
             emit(lw, f"GET_ROWS {n.name}", ("get_rows_f", qt), lambda qt=qt: wgsl.get_rows_f(qt), RW3, binds, params,
-                    _each(w * t))
+                 _each(w * t))
         else:
             emit(lw, f"GET_ROWS {n.name}", ("get_rows_q", qt), lambda qt=qt: wgsl.get_rows_q(qt), RW3, binds,
-                    params | {"gpr": w // 32, "moff": ChunkArg(arg, ci)}, _each(w // 8 * t))
+                 params | {"gpr": w // 32, "moff": ChunkArg(arg, ci)}, _each(w // 8 * t))
 
 
 LOWER = {"RMS_NORM": op_rms_norm, "ADD": op_add, "MUL": op_mul, "SCALE": op_scale, "UNARY": op_unary, "GLU": op_glu,

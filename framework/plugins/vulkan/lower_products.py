@@ -31,9 +31,9 @@ def op_mul_mat(lw, n):
     for bind, row0, rows in parts:
         total = sb[0] * sb[1] * m * rows
         emit(lw, f"MUL_MAT {n.name}", ("mul_mat_f", elem), lambda elem=elem: wgsl.mul_mat_f(elem), RW3,
-                [bind, br, o],
-                {"n": nrows, "m": m, "k": k, "a0": sa[0], "a1": sa[1], "b0": sb[0], "b1": sb[1], "row0": row0,
-                 "rows": rows, "ld": nrows}, -(-total // 256))
+             [bind, br, o],
+             {"n": nrows, "m": m, "k": k, "a0": sa[0], "a1": sa[1], "b0": sb[0], "b1": sb[1], "row0": row0,
+              "rows": rows, "ld": nrows}, -(-total // 256))
 
 
 def _quant_mul_mat(lw, n, a, br, o):
@@ -45,7 +45,7 @@ def _quant_mul_mat(lw, n, a, br, o):
     elif br.off % 4:
         moved = lw.scratch(br.shape)
         emit(lw, f"CONT (align) {n.name}", ("cont",), lambda: wgsl.simple("cont"), RW2, [br, moved],
-                cont_params(pad4(br.shape), contiguous_strides(pad4(br.shape))), -(-br.size // 256))
+             cont_params(pad4(br.shape), contiguous_strides(pad4(br.shape))), -(-br.size // 256))
         br = moved
     qt = a.dtype.name
     nrows, k = a.shape
@@ -62,17 +62,17 @@ def _quant_mul_mat(lw, n, a, br, o):
                 binds[1] = _quant_x(lw, br, b_rows, k)
             key = ("matvec", qt, mm, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
             emit(lw, f"MUL_MAT[matvec] {n.name}", key,
-                    lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
-                                                            bool(sh["x8"])),
-                    RW3, binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
+                 lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
+                                                         bool(sh["x8"])),
+                 RW3, binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
         elif m > MATVEC_MAX_ROWS and not (sh := matmul_shape(lw.dev, m, rows, gpr))["reg"]:
             _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params)
         else:
             bm, bn = tile_for(m, rows, not lw.dev.cpu_adapter)
             nbn = -(-rows // bn)
             emit(lw, f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
-                    lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn), RW3, binds, params | {"nbn": nbn},
-                    -(-(nbn * -(-m // bm)) // 64))
+                 lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn), RW3, binds, params | {"nbn": nbn},
+                 -(-(nbn * -(-m // bm)) // 64))
 
 
 def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
@@ -91,12 +91,12 @@ def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
         binds = [binds[0], binds[1], part] + binds[3:]
         params |= {"ld": rows, "col0": 0, "plane": m * rows}
     emit(lw, f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}{'/f16' if f16 else ''}] {n.name}",
-            ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
-            rw, binds, params, split * nbn * -(-m // bm))
+         ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
+         rw, binds, params, split * nbn * -(-m // bm))
     if split > 1:
         emit(lw, f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"), RW2,
-                [part, out], {"n": rows, "m": m, "splits": split, "plane": m * rows, "ld": ld, "col0": col0},
-                -(-(m * rows) // 256))
+             [part, out], {"n": rows, "m": m, "splits": split, "plane": m * rows, "ld": ld, "col0": col0},
+             -(-(m * rows) // 256))
 
 
 def _quant_x(lw, br: Ref, m: int, k: int) -> Ref:
@@ -114,7 +114,7 @@ def _x_form(lw, br: Ref, m: int, k: int, kernel: str, words: int) -> Ref:
     groups = m * k // 32
     xq = lw.scratch((groups, words))
     emit(lw, kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), RW2, [br, xq],
-            {"n": groups}, -(-groups // 256))
+         {"n": groups}, -(-groups // 256))
     if br.kind == "val":
         lw.memo[key] = xq
     return xq
