@@ -157,63 +157,7 @@ def _online_softmax(end: str = "S") -> str:
 """
 
 
-FLASH_ATTN = """
-@group(0) @binding(1) var<storage, read> Q: array<f32>;
-@group(0) @binding(2) var<storage, read> K: array<f32>;
-@group(0) @binding(3) var<storage, read> V: array<f32>;
-@group(0) @binding(4) var<storage, read> Mk: array<f32>;
-@group(0) @binding(5) var<storage, read_write> O: array<f32>;
-var<workgroup> qs: array<f32, 256>;
-var<workgroup> ps: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let T = U.t; let H = U.h; let Hkv = U.hkv; let D = U.d; let S = U.s;
-  let id = lin(w, nw);
-  if (id >= T * H) { return; }
-  let t = id / H; let h = id % H;
-  let hk = h / (H / Hkv);
-  let hm = U.has_mask;
-  let scale = U.scale;
-  let qb = off(0u) + (t * H + h) * D;
-  for (var d = li; d < D; d += 64u) { qs[d] = Q[qb + d]; }
-  workgroupBarrier();
-  var m = """ + NEG_BIG + """;
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  let kstride = Hkv * D;
-  let kb = off(1u) + hk * D;
-  let vb = off(2u) + hk * D;
-  let mb = off(3u) + t * S;
-  for (var s0 = 0u; s0 < S; s0 += 64u) {
-    let s = s0 + li;
-    var sc = """ + NEG_BIG + """;
-    if (s < S) {
-      var dot = 0.0;
-      let kr = kb + s * kstride;
-      for (var d = 0u; d < D; d++) { dot += qs[d] * K[kr + d]; }
-      sc = dot * scale;
-      if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
-    }
-""" + _online_softmax() + """    for (var j = 0u; j < nv; j++) {
-      let pj = ps[j];
-      let vr = vb + (s0 + j) * kstride;
-      for (var i = 0u; i < 4u; i++) {
-        let d = li + 64u * i;
-        if (d < D) { acc[i] += pj * V[vr + d]; }
-      }
-    }
-    m = mn;
-    workgroupBarrier();
-  }
-  let ob = off(4u) + (t * H + h) * D;
-  for (var i = 0u; i < 4u; i++) {
-    let d = li + 64u * i;
-    if (d < D) { O[ob + d] = acc[i] / l; }
-  }
-}
-"""
+FLASH_ATTN = source("flash_attn", neg_big=NEG_BIG, online_softmax=_online_softmax())
 FLASH_ATTN_PARAMS = Params("t h hkv d s has_mask scale:f32")   # T query rows, H heads over Hkv, head size D, S keys
 
 # The one-workgroup-per-row kernel's lines and the split kernel's (flash decoding: few query rows,
@@ -242,59 +186,8 @@ def flash_attn4(split: bool = False) -> str:
     """Attention with vec4 loads (D a multiple of 4, offsets too): a thread's key row is D/4 loads, its
     output one vec4. split: the keys of one chunk per workgroup, a partial result out (flash decoding)."""
     v = _FLASH4_SPLIT if split else _FLASH4_WHOLE
-    return """
-@group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> K: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> V: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Mk: array<f32>;
-""" + v["out"] + """
-var<workgroup> qs: array<vec4<f32>, 64>;
-var<workgroup> ps: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let T = U.t; let H = U.h; let Hkv = U.hkv; let D4 = U.d / 4u; let S = U.s;
-""" + v["rows"] + """
-  let t = id / H; let h = id % H;
-  let hk = h / (H / Hkv);
-  let hm = U.has_mask;
-  let scale = U.scale;
-  if (li < D4) { qs[li] = Q[off(0u) / 4u + (t * H + h) * D4 + li]; }
-  workgroupBarrier();
-  var m = """ + NEG_BIG + """;
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  let kstride = Hkv * D4;
-  let kb = off(1u) / 4u + hk * D4;
-  let vb = off(2u) / 4u + hk * D4;
-  let mb = off(3u) + t * S;
-  for (var s0 = """ + v["first"] + "; s0 < " + v["end"] + """; s0 += 64u) {
-    let s = s0 + li;
-    var sc = """ + NEG_BIG + """;
-    if (s < """ + v["end"] + """) {
-      var d0 = vec4<f32>(0.0);
-      var d1 = vec4<f32>(0.0);
-      let kr = kb + s * kstride;
-      var d = 0u;
-      for (; d + 1u < D4; d += 2u) { d0 += qs[d] * K[kr + d]; d1 += qs[d + 1u] * K[kr + d + 1u]; }
-      if (d < D4) { d0 += qs[d] * K[kr + d]; }
-      sc = dot(d0 + d1, vec4<f32>(1.0)) * scale;
-      if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
-    }
-""" + _online_softmax(v["end"]) + """    if (li < D4) {
-      var j = 0u;
-      for (; j + 1u < nv; j += 2u) {
-        acc += ps[j] * V[vb + (s0 + j) * kstride + li] + ps[j + 1u] * V[vb + (s0 + j + 1u) * kstride + li];
-      }
-      if (j < nv) { acc += ps[j] * V[vb + (s0 + j) * kstride + li]; }
-    }
-    m = mn;
-    workgroupBarrier();
-  }
-""" + v["store"] + """
-}
-"""
+    return source("flash_attn4", out=v["out"], rows=v["rows"], neg_big=NEG_BIG, first=v["first"], end=v["end"],
+                  online_softmax=_online_softmax(v["end"]), store=v["store"])
 
 
 FLASH_COMBINE = source("flash_combine", neg_big=NEG_BIG)
