@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "framework"
 PLUGINS = PACKAGE / "plugins"
 
-FRAMEWORK_LINES = 25_500
+FRAMEWORK_LINES = 24_500
 BACKEND_LINES = 1_500
 # the goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
-PLUGIN_LINES = {"vulkan": 1_650, "opencl": 2_200}
+PLUGIN_LINES = {"vulkan": 1_650, "opencl": 2_250}
 # Python files that are kernel sources, counted apart until they are .wgsl files of their own
 KERNEL_SOURCES = {"framework/plugins/vulkan/wgsl.py", "framework/plugins/vulkan/wgsl_fused.py"}
 MAX_CLASS_LINES = 200
