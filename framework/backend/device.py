@@ -24,6 +24,8 @@ A plugin's device subclasses it and gives the primitives:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..contract import Device, LeafKind, Tensor, Verdict
@@ -78,11 +80,18 @@ class BackendDevice(BufferPools, Device):
 
     @property
     def max_chunk_bytes(self) -> int:
-        """The most one buffer or binding holds: the buffer type's max_size (set by the subclass)."""
+        """The most one buffer or binding holds: the buffer type's max_size (set by the subclass, or here)."""
         if self.buffer_type.max_size is None:
             raise ValueError(f"{self.name}: its buffer type {self.buffer_type.name} declares no max_size, which a "
                              f"device on the backend skeleton needs (BufferType(name, max_size=...))")
         return self.buffer_type.max_size
+
+    @max_chunk_bytes.setter
+    def max_chunk_bytes(self, nbytes: int) -> None:
+        """Both buffer types' max_size (the device's limit, or a smaller one: tests of split weights)."""
+        self.buffer_type = replace(self.buffer_type, max_size=int(nbytes))
+        if self.weight_buffer_type is not None:
+            self.weight_buffer_type = replace(self.weight_buffer_type, max_size=int(nbytes))
 
     @property
     def refused_ops(self) -> dict[str, Verdict]:

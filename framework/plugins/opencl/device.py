@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import replace
 
 import numpy as np
 
@@ -29,15 +28,7 @@ class OpenCLDevice(BackendDevice):
     disable_setting = DISABLE_OPS_ENV
     binding_unit = "one allocation"
 
-    @property
-    def max_alloc(self) -> int:
-        """The largest allocation: the buffer types' max_size (a weight over it is split into chunks)."""
-        return self.buffer_type.max_size
-
-    @max_alloc.setter
-    def max_alloc(self, nbytes: int) -> None:
-        self.buffer_type = replace(self.buffer_type, max_size=int(nbytes))
-        self.weight_buffer_type = replace(self.weight_buffer_type, max_size=int(nbytes))
+    max_alloc = BackendDevice.max_chunk_bytes    # the largest allocation: the buffer types' max_size
 
     def __init__(self, index: int, platform=None, cl_device=None, reason: str = ""):
         self.index = index

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import replace
 
 import numpy as np
 
@@ -43,15 +42,7 @@ class VulkanDevice(BackendDevice):
     binding_unit = "one storage binding"
     even_chunks = True          # the kernels read each chunk's scale plane in word pairs (two f16 scales)
 
-    @property
-    def max_binding(self) -> int:
-        """The most one storage binding holds: the buffer types' max_size (a weight over it is split)."""
-        return self.buffer_type.max_size
-
-    @max_binding.setter
-    def max_binding(self, nbytes: int) -> None:
-        self.buffer_type = replace(self.buffer_type, max_size=int(nbytes))
-        self.weight_buffer_type = replace(self.weight_buffer_type, max_size=int(nbytes))
+    max_binding = BackendDevice.max_chunk_bytes    # the most one storage binding holds: the buffer types' max_size
 
     def __init__(self, index: int, adapter=None, reason: str = ""):
         self.index = index
