@@ -12,13 +12,19 @@ shut down at the end and no raylet of it may be left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +52,7 @@ TIMEOUT = 6.0                       # FRAMEWORK_RAY_TIMEOUT for the fault tests
 
 
 def _raylets(session_dir: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
     return [line for line in ps.splitlines() if "raylet" in line and session_dir in line]
 
 
@@ -291,6 +297,100 @@ def test_framework_run_spans_two_nodes_from_the_command_line(cluster, registry, 
     figures = json.loads(plan.read_text())["device_figures"]
     assert set(figures) == {"ray:n1/cpu", "ray:n2/cpu"}
     assert all(f["network_bytes"] > 0 and f["node_seconds"] > 0 and f["tokens"] > 0 for f in figures.values())
+
+
+def test_a_cluster_on_loopback_alone_is_named_without_the_loopback_setting():
+    """A head in Ray's loopback mode listens on 127.0.0.1 alone, and a process without
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 would connect to this machine's network address and wait without end:
+    the plugin says which setting is missing (a process of its own: Ray reads the setting when imported)."""
+    code = ("import socket\n"
+            "import ray.util\n"
+            "from framework.plugins.ray.cluster import unreachable\n"
+            "s = socket.socket()\n"
+            "s.bind(('127.0.0.1', 0))\n"
+            "s.listen()\n"
+            "print(ray.util.get_node_ip_address())\n"
+            "print(unreachable(f'127.0.0.1:{s.getsockname()[1]}'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    there, why = run.stdout.splitlines()
+    if there.startswith("127."):
+        pytest.skip("this machine has no network address: Ray keeps loopback addresses here")
+    assert "answers on loopback only" in why and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in why, why
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "distributed.md"
+
+
+def _docs_one_machine_recipe() -> list[list[str]]:
+    """The commands of docs/distributed.md's "On one machine" block, one list of words each."""
+    text = DOCS.read_text(encoding="utf-8").split("On one machine, to try it", 1)[1]
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+
+
+def _end_processes_of(temp: str) -> list[str]:
+    """End the Ray processes of one session (those whose command line names its folder, and their children),
+    as `ray stop` would end every Ray process of the user; the command lines of any left."""
+    def listed() -> list[tuple[int, int, str]]:
+        ps = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+        return [(int(p), int(pp), a) for p, pp, a in (line.split(None, 2) for line in ps.splitlines()
+                                                        if len(line.split(None, 2)) == 3)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        rows = listed()
+        ours = {p for p, _, a in rows if temp in a}
+        ours |= {p for p, pp, _ in rows if pp in ours}
+        for pid in ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 10
+        while any(temp in a for _, _, a in listed()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return [a for _, _, a in listed() if temp in a]
+
+
+def test_the_docs_one_machine_recipe_works_as_written(tmp_path):
+    """docs/distributed.md's commands for two nodes on one machine, as written (Ray's loopback mode, which the
+    docs once asked for, makes `ray start` refuse the second node): only a free port for 6379, a temporary
+    folder, one CPU and a small object store per node, the tiny model and 4 tokens are added, and the session's
+    processes are ended instead of `ray stop` (which ends every Ray process of the user). The run's standard
+    output is exactly the one-process run's: Ray writes nothing into it."""
+    head, node, backends, run, stop = _docs_one_machine_recipe()
+    assert [c[:2] for c in (head, node, backends, run, stop)] == [
+        ["ray", "start"], ["ray", "start"], ["framework", "backends"], ["framework", "run"], ["ray", "stop"]]
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = str(s.getsockname()[1])
+    temp = tempfile.mkdtemp(prefix="ray-docs-", dir="/tmp")      # short: Ray's socket paths have a length limit
+    model = str(tiny_models.write("llama", tmp_path / "tiny-llama.gguf"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
+    env.update({"FRAMEWORK_RAY_PLUGINS": "cpu", BLOCK_ENV: "opencl,openvino,vulkan,xdna,example"})
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    small = ["--num-cpus", "1", "--object-store-memory", str(80 << 20)]
+
+    def command(words: list[str], *more: str) -> subprocess.CompletedProcess:
+        words = [w.replace("6379", port) for w in words]
+        exe = [ray_bin] if words[0] == "ray" else [sys.executable, "-m", "framework"]
+        return subprocess.run([*exe, *words[1:], *more], env=env, capture_output=True, text=True, timeout=300)
+
+    try:
+        for words, more in ((head, ["--temp-dir", temp, "--include-dashboard", "false", *small]), (node, small)):
+            started = command(words, *more)
+            assert started.returncode == 0 and "PANIC" not in started.stderr + started.stdout, started.stderr
+        listed = command(backends)
+        assert listed.returncode == 0, listed.stderr
+        for name in ("ray:n1/cpu", "ray:n2/cpu"):
+            assert f"{name} " in listed.stdout and "unavailable" not in listed.stdout.split(name, 1)[1].split("\n")[0]
+        remote = command(run, "-m", model, "-n", "4")
+        assert remote.returncode == 0 and "ray:n1/cpu" in remote.stderr, remote.stderr
+    finally:
+        left = _end_processes_of(temp)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not left, f"Ray processes left: {left}"
+    local = command(["framework", "run", run[-1], "-m", model, "-n", "4", "--backends", "cpu"])
+    assert local.returncode == 0, local.stderr
+    assert remote.stdout == local.stdout and remote.stdout.startswith(run[-1])
 
 
 def test_a_node_with_another_framework_version_is_refused_naming_both(cluster, tmp_path):

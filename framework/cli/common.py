@@ -65,9 +65,18 @@ def select_devices(spec: str, profile: str | None = None):
     for group in registry.same_silicon():
         chosen = [d.name for d in group if d in devices]
         if len(chosen) > 1:
-            err.print(f"[yellow]note: {' and '.join(chosen)} are one physical device ({group[0].physical_id}) "
-                      f"reached through two plugins[/yellow]", soft_wrap=True)
+            err.print(f"[yellow]note: {' and '.join(chosen)} are {_reached_as(group, chosen)} on one physical "
+                      f"device ({group[0].physical_id})[/yellow]", soft_wrap=True)
     return devices
+
+
+def _reached_as(group, chosen: list[str]) -> str:
+    """How the chosen devices of one chip are reached: several devices of one plugin (two GPUs a driver
+    lists twice, or two queues of one) or several plugins."""
+    plugins = sorted({d.name.split(":")[0] for d in group if d.name in chosen})
+    if len(plugins) == 1:
+        return f"devices of the {plugins[0]} plugin"
+    return f"reached through {len(plugins)} plugins ({', '.join(plugins)})"
 
 
 @contextmanager

@@ -324,6 +324,9 @@ def _summary(model, session, generated: int, interrupted: bool, decoder=None) ->
         err.print(f"prefill {_tokens(pre.tokens)}{_speed(pre)}, decode {_tokens(dec.tokens)}{_speed(dec)}; "
                   f"{_tokens(generated)} generated (the first from the prefill)",
                   soft_wrap=True)
+    compiled = pre.compile_seconds + dec.compile_seconds
+    if compiled:                # a first run's kernel compiles, which a cache keeps (caches.filling)
+        err.print(f"compiling kernels {compiled:.1f} s, left out of the speeds above", soft_wrap=True)
     for d in session.devices:                 # what a plugin reports: compiled models, cache hits
         line = d.report_line() if session.executor.stats.get(d.name, {}).get("compiles") else None
         if line:
@@ -525,10 +528,9 @@ def cmd_perplexity(args) -> int:
     with weight_progress() as progress:
         session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
                           memory_caps=memory_caps(args.device_memory), check_values=args.check_values)
-    t0 = time.perf_counter()
     result = perplexity_of_file(session, path, args.ctx, progress=_perplexity_progress())
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "
-        f"({len(result.nll)} scored, window {args.ctx}), {result.n_tokens / (time.perf_counter() - t0):.1f} tok/s\n")
+        f"({len(result.nll)} scored, window {args.ctx}), {result.tokens_per_second:.1f} tok/s\n")
     return 0
 
 

@@ -9,13 +9,13 @@ batch of text, whatever the file's size.
 from __future__ import annotations
 
 import codecs
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import caches
 from .session import Session
 
 READ_BLOCK = 1 << 20        # bytes read from the file at a time
@@ -100,7 +100,7 @@ def _score(session: Session, batches: Iterable[tuple[list[int], float]], window:
     if window < 2:
         raise ValueError(f"the window (--ctx) must be at least 2 tokens, got {window}")
     nll, top1, n_tokens, windows = [], [], 0, 0
-    t0 = time.perf_counter()
+    clock = caches.Stopwatch()                 # a first run's kernel compiles are not scoring time
     for chunk, fraction in batches:
         n_tokens += len(chunk)
         if len(chunk) < 2:
@@ -112,13 +112,13 @@ def _score(session: Session, batches: Iterable[tuple[list[int], float]], window:
         top1.append(b)
         windows += 1
         if progress:
-            progress(Progress(windows, n_tokens, fraction, time.perf_counter() - t0))
+            progress(Progress(windows, n_tokens, fraction, clock.seconds))
     if not nll:
         return PerplexityResult(float("nan"), np.zeros(0), np.zeros(0, dtype=np.int64), n_tokens,
-                                time.perf_counter() - t0)
+                                clock.seconds)
     nll_all = np.concatenate(nll)
     return PerplexityResult(float(np.exp(nll_all.mean())), nll_all, np.concatenate(top1), n_tokens,
-                            time.perf_counter() - t0)
+                            clock.seconds)
 
 
 def _window_scores(logits: np.ndarray, chunk: list[int]) -> tuple[np.ndarray, np.ndarray]:

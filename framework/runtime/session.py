@@ -25,11 +25,11 @@ indexed by position and the mask hides rows past n_past, so nothing is cleared.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .. import caches
 from ..contract import Device
 from ..core.graph import Graph, LeafKind, ops
 from ..core.scheduler import Executor, Plan, Reservation, Residence, make_plan, reserve, reserve_together
@@ -47,7 +47,8 @@ class ContextFullError(ValueError):
 @dataclass
 class StepStats:
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0             # compiling that a cache keeps for later runs left out (compile_seconds)
+    compile_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -286,7 +287,7 @@ class Session:
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def _step(self, chunk: list[int], all_logits: bool, prompt: bool) -> np.ndarray:
-        t0 = time.perf_counter()
+        clock = caches.Stopwatch()
         n = len(chunk)
         plan, inp = self.plan(n, self.n_past, None if all_logits else 1)
         n_tokens, n_kv = inp.mask.shape
@@ -312,7 +313,8 @@ class Session:
         self.n_past += n
         stats = self.prefill if prompt else self.decode
         stats.tokens += n
-        stats.seconds += time.perf_counter() - t0
+        stats.seconds += clock.seconds
+        stats.compile_seconds += clock.filled
         return logits
 
 

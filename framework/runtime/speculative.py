@@ -35,13 +35,13 @@ the devices' budgets of the one process (the draft's executor shares the target'
 from __future__ import annotations
 
 import codecs
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import caches
 from ..contract import Device
 from ..core.scheduler import Reservation, Residence
 from ..model.model import Model
@@ -225,10 +225,11 @@ class AssistantSession(Session):
                   id(inp.mask): prior_mask(pos0, n_kv, 0), id(inp.out_ids): np.zeros(1, dtype=np.int32)}
         if inp.mask_swa is not None:
             values[id(inp.mask_swa)] = prior_mask(pos0, n_kv, self.model.hp.sliding_window)
-        t0 = time.perf_counter()
+        clock = caches.Stopwatch()             # a first run's kernel compiles are not decode time
         logits, hidden = self.executor.run(plan, values)
         self.decode.tokens += 1
-        self.decode.seconds += time.perf_counter() - t0
+        self.decode.seconds += clock.seconds
+        self.decode.compile_seconds += clock.filled
         return logits[0], hidden[0]
 
 
@@ -460,9 +461,9 @@ class SpeculativeDecoder:
     def _round(self, history: list[int], token: int, n: int, sampler: Sampler, pick) -> list[int]:
         """One draft and verification: appends the accepted tokens to history; returns the new tokens."""
         t, st = self.target, self.stats
-        t0 = time.perf_counter()
+        clock = caches.Stopwatch()
         drafts, dists = self.draft.propose(history, token, n, pick) if n > 0 else ([], [])
-        t1 = time.perf_counter()
+        drafting = clock.seconds
         base = t.n_past
         rows = t.eval([token] + drafts, all_logits=True, prompt=False)
         if sampler.greedy:
@@ -476,18 +477,18 @@ class SpeculativeDecoder:
         st.drafted += len(drafts)
         st.accepted += n_ok
         st.tokens += n_ok + 1
-        st.draft_seconds += t1 - t0
-        st.seconds += time.perf_counter() - t0
+        st.draft_seconds += drafting
+        st.seconds += clock.seconds
         return drafts[:n_ok] + [new]
 
     def _baseline(self, token: int, n_prompt: int) -> None:
         """Decode steps of the target alone from the prompt (the first one not timed), then rolled back."""
         t, st = self.target, self.stats
         for i in range(self.baseline_steps(n_prompt)):
-            t0 = time.perf_counter()
+            clock = caches.Stopwatch()
             token = int(np.argmax(t.eval([token])))
             if i:
                 st.baseline_tokens += 1
-                st.baseline_seconds += time.perf_counter() - t0
+                st.baseline_seconds += clock.seconds
         t.rewind(n_prompt)
         t.decode.tokens = t.decode.seconds = 0

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import numba
+import numba.core.event
 
 from ...contract import caches, settings
 from .vectors import isa_for
@@ -58,6 +59,34 @@ def target() -> tuple[str, str]:
     return cpu, isa_for(features)
 
 
+def _checked(folder: Path) -> Path:
+    """numba loads its cache files (pickles) without checking them, and a bad one fails every later run:
+    the folder is checked against its manifest before the first kernel may load from it, and what numba
+    writes is recorded when the process ends (caches.guard)."""
+    caches.guard(folder, "numba kernel cache file", "the kernel is compiled again")
+    return folder
+
+
+class _CompileSaid(numba.core.event.Listener):
+    """numba compiles a kernel on its first call where its cache has none (a first run waits for all of
+    them): said once on stderr, and its time left out of every tokens-per-second figure (caches.filling)."""
+
+    def __init__(self):
+        self._fills: list = []
+
+    def on_start(self, event) -> None:
+        fill = caches.filling("compiling the cpu kernels", cached=cache_dir() is not None)
+        fill.__enter__()
+        self._fills.append(fill)
+
+    def on_end(self, event) -> None:
+        if self._fills:
+            self._fills.pop().__exit__(None, None, None)
+
+
+numba.core.event.register("numba:compile", _CompileSaid())
+
+
 def kernel(parallel: bool = False):
     """numba's njit, compiled on first use and cached on disk (a later process loads it in milliseconds),
     or not cached at all with FRAMEWORK_CACHE=off."""
@@ -65,6 +94,6 @@ def kernel(parallel: bool = False):
         folder = cache_dir()
         if folder is None:
             return numba.njit(cache=False, fastmath=False, parallel=parallel, nogil=True)(fn)
-        with _cache_dir_set(folder):
+        with _cache_dir_set(_checked(folder)):
             return numba.njit(cache=True, fastmath=False, parallel=parallel, nogil=True)(fn)
     return wrap

@@ -34,9 +34,9 @@ _cached: Discovery | None = None
 def _pocl_cache() -> None:
     """PoCL reads POCL_CACHE_DIR (and POCL_KERNEL_CACHE, 0: no cache) when the loader first opens it:
     before the first platform query."""
-    from .options import cache_dir
+    from .options import checked_cache_dir
     try:
-        root = cache_dir()
+        root = checked_cache_dir()
     except settings.SettingError:
         return                      # the devices say why (options.problem)
     if root is None:

@@ -89,3 +89,13 @@ def cache_dir() -> Path | None:
 
 
 caches.register("opencl", "OpenCL kernel binaries (pyopencl's and PoCL's)", cache_dir)
+
+
+def checked_cache_dir() -> Path | None:
+    """cache_dir(), checked against its manifest before PoCL or pyopencl may read it: PoCL aborts the process
+    on a bad program in its cache, so it is handed only files the manifest vouches for (caches.guard). A
+    folder that cannot be written is left to kernels.py, which says so."""
+    root = cache_dir()
+    if root is not None and caches.unwritable(root) is None:
+        caches.guard(root, "OpenCL kernel cache file", "the kernel is built again")
+    return root

@@ -135,21 +135,33 @@ def remote_devices() -> list[Device]:
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"   # "0": Ray keeps loopback addresses (as on macOS)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def unreachable(address: str) -> str:
-    """Why ray.init would not connect (it would wait without end), or ''. ``address`` is HOST:PORT or 'auto'."""
+    """Why ray.init would not connect (it would wait without end), or ''. ``address`` is HOST:PORT or 'auto'.
+    Ray connects to a loopback host through this machine's network address (where ``ray start`` makes the head
+    listen) unless LOOPBACK_ENV=0, so that is where it is asked whether anything answers."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return ""                       # "auto", or a form Ray resolves itself
-    if host in ("127.0.0.1", "localhost", "::1") and os.environ.get(LOOPBACK_ENV) != "0":
-        return (f"{address} is a loopback address, which Ray replaces with this machine's network address: for a "
-                f"cluster on loopback set {LOOPBACK_ENV}=0 for every Ray process and this one")
+    import ray.util
+    there = ray.util.get_node_ip_address() if host in LOOPBACK else host
+    if _answers(there, int(port)):
+        return ""
+    if there != host and _answers(host, int(port)):
+        return (f"{address} answers on loopback only (a cluster in Ray's loopback mode, {LOOPBACK_ENV}=0), and Ray "
+                f"connects to {there}:{port} instead: set {LOOPBACK_ENV}=0 for this process too")
+    return f"nothing answers at {address}{f' ({there}:{port})' if there != host else ''}: is the cluster's head " \
+           f"node running there?"
+
+
+def _answers(host: str, port: int) -> bool:
     try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as e:
-        return f"nothing answers at {address} ({e}): is the cluster's head node running there?"
-    return ""
+        socket.create_connection((host, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
 
 
 def _node_devices(ray, name: str, node: dict) -> list[Device]:
