@@ -32,6 +32,7 @@ from ..contract import Device, LeafKind, Tensor, Verdict
 from ..core.device_buffers import BufferPools, DeviceTensor
 from ..core.graph import ops
 from .lowering import is_weight
+from .program import StagedTensor
 from .rope import RopeRows
 
 
@@ -128,6 +129,15 @@ class BackendDevice(BufferPools, Device):
 
     def zeros(self, nbytes: int):
         return self.new_buffer(nbytes)
+
+    def to_host(self, handle) -> np.ndarray:
+        """A handle's values: those its run copied for reading back where they are still there, else its
+        buffer's (BufferPools.to_host)."""
+        if isinstance(handle, StagedTensor) and handle.host is None:
+            values = handle.readback()
+            if values is not None:
+                return values
+        return super().to_host(handle)
 
     # -- programs --------------------------------------------------------------------------------
     def compile(self, fragment):

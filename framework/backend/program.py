@@ -18,6 +18,18 @@ from .lowering import Lowering
 from .steps import ChunkArg, Ref, RopeArg
 
 
+class StagedTensor(DeviceTensor):
+    """An output whose run also copied its values for reading back (to host memory, or to a buffer the host
+    maps), in the run's own submission: ``readback()`` gives them, or None where a later run has copied over
+    them (the device then reads the handle's own buffer)."""
+
+    __slots__ = ("readback",)
+
+    def __init__(self, *a, readback=None, **k):
+        super().__init__(*a, **k)
+        self.readback = readback
+
+
 @dataclass
 class Arguments:
     """A run's arguments: each one's buffer and element offset, the host values among them (by argument),

@@ -26,10 +26,11 @@ OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from ...backend import Program
+from ...backend import Program, StagedTensor
 from . import preenqueue
 from .enqueue import Launches
 from .kernels import build
@@ -164,8 +165,8 @@ class ClProgram(Program):
         dev.last_run, self.last_sig = self, sig
         if not again:
             return self.results(args, a.bufs, outs)
-        staged = self._copy_back(outs)
-        results = self.results(args, a.bufs, outs, _staged_handle(staged))
+        run = self._copy_back(outs)
+        results = self.results(args, a.bufs, outs, _staged_handle(self.stage, run))
         self._enqueue_next(sig)
         return results
 
@@ -184,7 +185,7 @@ class ClProgram(Program):
         self.bound_outs = tuple(id(b) for b, _ in outs.values())
 
     # -- the next run, enqueued ahead (preenqueue.py) -----------------------------------------------
-    def _copy_back(self, outs) -> dict:
+    def _copy_back(self, outs) -> int:
         """This run's value outputs copied to pinned host memory without waiting, ahead of the next run."""
         if self.stage is None:
             self.stage = preenqueue.Stage(self.dev, {v: self.val_sizes[v] for v in outs})
@@ -229,8 +230,9 @@ class ClProgram(Program):
         self.profiled((e.profile.end - e.profile.start) * 1e-9 for e in events)
 
 
-def _staged_handle(staged: dict):
-    """The handles of the value outputs this run copied back ahead of the next (preenqueue.StagedTensor)."""
+def _staged_handle(stage, run: int):
+    """The handles of the value outputs this run copied back ahead of the next (preenqueue.Stage)."""
     def wrap(i, r, buf, lease):
-        return preenqueue.StagedTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease, staged=staged[r.idx])
+        return StagedTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease,
+                            readback=partial(stage.values, run, r.idx, r.off, r.shape, r.strides))
     return wrap

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 
 import numpy as np
@@ -23,7 +22,6 @@ from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
 from .submission import ENCODING, VkProgram, wait_for_queue
-from .tensors import StagedTensor
 from .verdicts import OPS, verdict
 
 options.declare(OPS)
@@ -185,15 +183,6 @@ class VulkanDevice(BackendDevice):
     def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
         data = self.gpu.queue.read_buffer(buffer, byte_offset, count * 4)
         return np.frombuffer(data, dtype=dtype, count=count)
-
-    def to_host(self, handle) -> np.ndarray:
-        if isinstance(handle, StagedTensor) and handle.host is None:   # its run copied it for reading back
-            n = math.prod(handle.shape)
-            stage, run, at = handle.readback
-            data = stage.read(run, at, 4 * n) if n else None
-            if data is not None:
-                return np.frombuffer(data, dtype=handle.dtype, count=n).reshape(handle.shape).copy()
-        return super().to_host(handle)
 
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its commands are submitted, and the executor stops its

@@ -10,11 +10,13 @@ FRAMEWORK_VULKAN_PROFILE=1 puts each dispatch in a pass of its own between GPU t
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
 import numpy as np
 
-from ...backend import Program
+from ...backend import Program, StagedTensor
 from .lowering import TABLE
-from .tensors import StagedTensor
 from .uniforms import ParamBlocks
 
 BG_CACHE = 64             # bind groups kept per step (a program shared by fragments with other weights)
@@ -87,7 +89,7 @@ class VkProgram(Program):
             if i not in stage.at:
                 return None
             return StagedTensor(buf, r.off, r.shape, np.float32, None if r.contiguous else r.strides, lease=lease,
-                                readback=(stage, stage.runs, stage.at[i]))
+                                readback=partial(stage.values, stage.runs, stage.at[i], r.shape))
         return wrap
 
     def _encode(self, cmds, stage, timed: bool):
@@ -271,6 +273,12 @@ class Stage:
         if self.native is not None:
             return self.native.view[at:at + nbytes]
         return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
+
+    def values(self, run: int, at: int, shape: tuple) -> np.ndarray | None:
+        """A contiguous float output of run `run` copied at `at`, or None (see read)."""
+        n = math.prod(shape)
+        data = self.read(run, at, 4 * n) if n else None
+        return None if data is None else np.frombuffer(data, dtype=np.float32, count=n).reshape(shape).copy()
 
 
 class NativeMap:
