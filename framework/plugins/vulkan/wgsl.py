@@ -121,11 +121,14 @@ UNARY_PARAMS = Params("n op scale:f32")   # op 0 scale, 1 gelu, 2 silu, 3 tanh
 GLU = source("glu", act=ACT, each_element=_EACH_ELEMENT)
 GLU_PARAMS = Params("n op")   # op 1 geglu, 2 swiglu
 
+# the entry point of the one-workgroup-per-row kernels (128 threads): row `row` of U.nrows, U.ncols long
+_EACH_ROW = source("each_row")
+
 # RMS norm of each row, optionally times a gain vector (the models' norm: RMS_NORM then MUL)
-RMS_NORM = source("rms_norm")
+RMS_NORM = source("rms_norm", each_row=_EACH_ROW)
 RMS_NORM_PARAMS = Params("ncols nrows eps:f32 has_gain gain_len")   # the gain (gain_len values) repeats along the row
 
-SOFT_MAX = source("soft_max", neg_big=NEG_BIG)
+SOFT_MAX = source("soft_max", each_row=_EACH_ROW, neg_big=NEG_BIG)
 SOFT_MAX_PARAMS = Params("ncols nrows mask_rows has_mask scale:f32")
 
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.

@@ -3,14 +3,7 @@
 @group(0) @binding(2) var<storage, read> Wg: array<f32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 var<workgroup> red: array<f32, 128>;
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let row = lin(w, nw);
-  if (row >= U.nrows) { return; }
-  let n = U.ncols;
-  let base = off(0u) + row * n;
-  var s = 0.0;
+@@each_row@@  var s = 0.0;
   for (var c = li; c < n; c += 128u) { let x = A[base + c]; s += x * x; }
   red[li] = s;
   workgroupBarrier();

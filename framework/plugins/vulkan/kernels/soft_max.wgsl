@@ -8,14 +8,7 @@ fn val(base: u32, mb: u32, c: u32, hm: u32, sc: f32) -> f32 {
   if (hm == 1u) { x = x + max(Mk[mb + c], @@neg_big@@); }
   return x;
 }
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let row = lin(w, nw);
-  if (row >= U.nrows) { return; }
-  let n = U.ncols;
-  let base = off(0u) + row * n;
-  let mb = off(1u) + (row % U.mask_rows) * n;
+@@each_row@@  let mb = off(1u) + (row % U.mask_rows) * n;
   let hm = U.has_mask;
   let sc = U.scale;
   var m = @@neg_big@@;
