@@ -314,12 +314,12 @@ def _report_run(args, model, session, generated: int, interrupted: bool, decoder
     _summary(model, session, generated, interrupted, decoder)
     if session.executor.verifier is not None:
         err.print(escape(verified_line(session.executor.verifier)), soft_wrap=True)
-    for line in fallback_lines(session) + (fallback_lines(decoder.draft.session) if decoder else []):
+    for line in [line for s in (decoder.sessions() if decoder else [session]) for line in fallback_lines(s)]:
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     for line in memory_fit_lines(session):
         err.print(escape(line), soft_wrap=True)
     print_table(err, *placement_rows(session), right=(1, 2, 3, 4, 5, 6), title="placement")
-    if decoder is not None:
+    if decoder is not None and decoder.draft.session is not None:
         print_table(err, *placement_rows(decoder.draft.session), right=(1, 2, 3, 4, 5, 6), title="draft placement")
     if args.plan:
         _write_plans(session, Path(args.plan), decoder)
