@@ -215,9 +215,7 @@ class OpenVinoDevice(Device):
                  dynamic_quantization: int | str | None = None, threads: int | None = None):
         self.ov_name = ov_name
         self.name = f"openvino:{ov_name}"
-        # the hardware OpenVINO drives decides buffers, threads and compile settings; an emulation takes the
-        # type of what it emulates (every profile is an NPU's), so `--backends npu` finds it as it finds xdna's
-        self.hardware = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
+        self.hardware = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)    # its buffers, threads, settings
         self.available = available
         self.unavailable_reason = unavailable_reason
         self.physical_id = physical_id
@@ -226,13 +224,12 @@ class OpenVinoDevice(Device):
         self.buffer_type = HOST_BUFFER if self.hardware == DeviceType.CPU else BufferType(f"openvino_{ov_name}")
         self.profile = profile
         self.emulation = profile.name if (profile and emulated) else None
-        self.type = DeviceType.NPU if self.emulation else self.hardware
+        self.type = DeviceType.NPU if self.emulation else self.hardware   # every profile is an NPU's (alias npu)
         self.limits = profile.limits if profile else Limits()
         if self.hardware in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
             # the CPU, and Intel's NPUs, compute in host memory
             self.limits = dataclasses.replace(self.limits, memory_bytes=host_memory_limit())
-        self.refused = dict(profile.refused_ops) if profile else {}
-        self.refused.update(refuse or {})
+        self.refused = {**(profile.refused_ops if profile else {}), **(refuse or {})}
         self.refused_ops = {op: Verdict.no("refused_by_profile", f"{self._refuser(op)} refuses {op}: {why}")
                             for op, why in self.refused.items()}
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
