@@ -359,6 +359,8 @@ def test_threads_is_an_option_of_every_command_that_computes(command):
 def test_threads_reach_the_cpu_kernels_and_openvinos_cpu_device(capsys, monkeypatch):
     """-t as bench applies it: numba's pool for the cpu plugin, INFERENCE_NUM_THREADS for openvino:CPU (made
     with it, the process's environment left as it was)."""
+    import os
+
     import numba
 
     from framework.terminal import select_devices
@@ -369,7 +371,7 @@ def test_threads_reach_the_cpu_kernels_and_openvinos_cpu_device(capsys, monkeypa
         assert code == 0 and out.startswith("Hi") and numba.get_num_threads() == 1
         (ov,) = select_devices("openvino:CPU", threads=1)
         assert ov.threads == 1 and ov.compile_config()["INFERENCE_NUM_THREADS"] == 1
-        assert "FRAMEWORK_OPENVINO_THREADS" not in __import__("os").environ
+        assert "FRAMEWORK_OPENVINO_THREADS" not in os.environ
     finally:
         numba.set_num_threads(before)
 
