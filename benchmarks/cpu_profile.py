@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from framework.bench import prompt_ids
-from framework.cli.common import select_devices
+from framework.terminal import select_devices
 from framework.model.default import model_path
 from framework.model.model import Model
 from framework.plugins.cpu import device as cpu_device

@@ -38,7 +38,7 @@ def model_path(name: str, work: Path) -> Path:
         sys.path.insert(0, str(ROOT / "tests"))
         import tiny_models
         return tiny_models.write("llama", work / "tiny-llama.gguf")
-    from framework.cli.common import model_path as packaged
+    from framework.model.default import resolve_model as packaged
     return packaged(name)
 
 

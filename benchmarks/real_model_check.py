@@ -102,7 +102,7 @@ def llama_perplexity(path: Path, threads: int, text_file: Path) -> tuple[int, fl
 
 
 def framework_side(path: Path, backends: str, ref: dict, text: str) -> dict:
-    from framework.cli.common import select_devices
+    from framework.terminal import select_devices
     from framework.model.model import Model
     from framework.runtime.perplexity import perplexity
     from framework.runtime.session import Session

@@ -102,7 +102,7 @@ def warm_baseline(args, prefill: list[float], decode: list[float]) -> None:
     """`framework run`'s own loop (Session and generate, the chat prompt, greedy) in this process, --repeats
     rounds after one that is not counted: prefill and decode warm, as the server runs them after its
     warm-up. A fresh `framework run` times its first prefill, which also pays first-call costs."""
-    from framework.cli.common import select_devices
+    from framework.terminal import select_devices
     from framework.model.chat import chat_prompt_ids, chat_template_for
     from framework.model.model import Model
     from framework.runtime.generate import generate

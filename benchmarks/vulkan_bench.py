@@ -327,7 +327,7 @@ def host_breakdown(dev, s, tok: int, n: int) -> dict:
     for p in progs:
         p.run = timer("run", p.run)            # instance attributes over the methods, removed below
         p._encode = timer("encode", p._encode, fine)
-        p._results = timer("results", p._results, fine)
+        p.results = timer("results", p.results, fine)
     dev.synchronize, dev.to_host = timer("synchronize", dev.synchronize), timer("to_host", dev.to_host)
     s.eval = timer("eval", s.eval, fine)
     s.executor.run = timer("executor_run", s.executor.run, fine)
@@ -340,7 +340,7 @@ def host_breakdown(dev, s, tok: int, n: int) -> dict:
         wall = time.perf_counter() - t0
     finally:
         for p in progs:
-            del p.run, p._encode, p._results
+            del p.run, p._encode, p.results
         del dev.synchronize, dev.to_host, s.eval, s.executor.run, queue.submit
     out = {k: round(v / n * 1e3, 3) for k, v in acc.items()}
     out["wall"] = round(wall / n * 1e3, 3)

@@ -20,10 +20,11 @@ import numpy as np
 from rich.console import Console
 
 from . import caches
-from .cli.common import err, model_path, out, select_devices
-from .cli.table import Row, print_table
+from .exit_codes import EXIT_OK
+from .model.default import resolve_model
+from .terminal import Row, err, out, print_table, select_devices
+from .terminal.devices import THREADS_REACH
 
-OPENVINO_THREADS = "FRAMEWORK_OPENVINO_THREADS"     # the openvino plugin's thread setting (INFERENCE_NUM_THREADS)
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 PARAGRAPH = ("The history of computing is a story of machines that learned to do arithmetic faster and "
              "faster, and of people who found new things to ask of them. Early mechanical calculators "
@@ -216,27 +217,14 @@ def _models(spec: str) -> list[tuple[str, Path]]:
     names = [m.strip() for m in spec.split(",") if m.strip()]
     if not names:
         raise ValueError("-m is empty: name packaged models (smollm2, gemma3) or GGUF files")
-    return [(Path(n).name if Path(n).suffix == ".gguf" else n, model_path(n)) for n in names]
+    return [(Path(n).name if Path(n).suffix == ".gguf" else n, resolve_model(n)) for n in names]
 
 
 def run_bench(args) -> int:
-    import numba
-
     models = _models(args.model)
-    # the cpu plugin's kernels and OpenVINO's CPU device take the same thread count as llama.cpp (the OpenVINO
-    # devices read their setting when they are made, so the process's environment is left as it was)
-    saved = os.environ.get(OPENVINO_THREADS)
-    os.environ[OPENVINO_THREADS] = str(args.threads)
-    try:
-        devices = select_devices(args.backends)
-    finally:
-        if saved is None:
-            del os.environ[OPENVINO_THREADS]
-        else:
-            os.environ[OPENVINO_THREADS] = saved
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    err.print(f"threads: {args.threads} (numpy's BLAS, the cpu plugin's numba kernels, OpenVINO's CPU device and "
-              f"llama.cpp), "
+    # the cpu plugin's kernels and OpenVINO's CPU device take the same thread count as llama.cpp
+    devices = select_devices(args.backends, threads=args.threads)
+    err.print(f"threads: {args.threads} ({THREADS_REACH}, and llama.cpp), "
               f"{os.cpu_count()} CPUs; prompt "
               f"{args.prompt_tokens} tokens, {args.decode_tokens} decoded; min, median and max of {args.repeats} "
               f"runs after a warm-up, the engines taking turns", soft_wrap=True)
@@ -252,7 +240,7 @@ def run_bench(args) -> int:
                                                  "reserve ms (min/med/max)"], rows, right=(2, 3, 4),
                 title="reservation: build the graph, then plan and check it")
     if args.reservation_only:
-        return 0
+        return EXIT_OK
     bw = measure_bandwidth()
     with_llama = not args.no_llama_cpp and llama_cpp_installed()
     if not args.no_llama_cpp and not with_llama:
@@ -261,7 +249,7 @@ def run_bench(args) -> int:
         _bench_model(name, path, devices, args, bw, with_llama)
     out(f"machine bandwidth (same run, min/median/max): copy {' / '.join(bw['copy_GBps'].cells())} GB/s "
         f"(read + write), float32 gemv {' / '.join(bw['gemv_GBps'].cells())} GB/s (read)\n")
-    return 0
+    return EXIT_OK
 
 
 def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], with_llama: bool) -> None:

@@ -23,7 +23,7 @@ one's shape and dtype, and, for plugins outside the framework's own distribution
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -32,12 +32,10 @@ import numpy as np
 import pluggy
 
 from . import caches, settings
-from .core.graph import DType, Fragment, LeafKind, Tensor, fusion, ops, reference
+from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
-from .core import weight_words
-from .core.device_buffers import BufferPools, Chunk, DeviceTensor, DeviceWeight, Lease, Ref, contiguous_strides
 from .core.host import host_memory_limit
 from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 
@@ -93,43 +91,20 @@ class Verdict:
 _YES = Verdict(True)
 
 
-def plain_operand_refusal(dev, n: Tensor, unit: str) -> Verdict | None:
-    """The refusal (or None) a device with BufferPools (device buffers of F32 values) gives a node whose
-    operands it reads as plain values: weights other than a product's or a row gather's first operand must
-    be F32 and within one chunk of dev.chunk_plan, other operands F32 or I32, contiguous (except CONT's) and
-    at most dev.max_chunk_bytes (`unit`: what that limit is, e.g. "one storage binding"); the result F32 and
-    within the same limit."""
-    device, max_bytes = dev.name, dev.max_chunk_bytes
-    for i, s in enumerate(n.src):
-        if s.is_leaf and s.kind == LeafKind.WEIGHT:
-            in_kernel = n.op in ("GET_ROWS", "MUL_MAT") and i == 0
-            if not in_kernel and (s.dtype.name != "F32" or len(dev.chunk_plan("F32", s.shape)) > 1):
-                return Verdict.no("unsupported_dtype", f"{n.op} reads weight {s.describe()} as plain float32 values; "
-                                  f"{device} does that only for F32 weights within {unit}")
-            continue
-        if s.dtype.name not in ("F32", "I32"):
-            return Verdict.no("unsupported_dtype", f"{device} computes on F32 (and I32 indices) only, not "
-                              f"{s.describe()}")
-        if s.nbytes > max_bytes:
-            return Verdict.no("unsupported_shape", f"{s.describe()} is {s.nbytes} bytes, more than {unit} of "
-                              f"{device} ({max_bytes} bytes)")
-        if n.op != "CONT" and not s.contiguous:
-            return Verdict.no("unsupported_shape", f"{n.op} on {device} needs contiguous operands; {s.describe()} "
-                              f"is a permuted view (CONT it first)")
-    if n.dtype.name != "F32":
-        return Verdict.no("unsupported_dtype", f"{device} writes F32 results only, not {n.describe()}")
-    if n.nbytes > max_bytes:
-        return Verdict.no("unsupported_shape", f"the result {n.describe()} is {n.nbytes} bytes, more than {unit} "
-                          f"of {device} ({max_bytes} bytes); use smaller batches")
-    return None
-
-
 @dataclass(frozen=True)
 class BufferType:
-    """Where a tensor's bytes live. ``host`` buffers are plain numpy arrays any device can read."""
+    """Where a tensor's bytes live. ``host`` buffers are plain numpy arrays any device can read.
+
+    ``alignment`` (optional, default 16): the bytes a buffer of this type starts on. ``max_size``
+    (optional, default None: no limit): the most one buffer (or one binding of it) may hold; a device on
+    the backend skeleton splits a weight over it into chunks of whole rows and refuses operands over it.
+    Two buffer types are the same memory when their names (and ``host``) are: the limits are not
+    compared."""
 
     name: str
     host: bool = False
+    alignment: int = field(default=16, compare=False)
+    max_size: int | None = field(default=None, compare=False)
 
 
 HOST_BUFFER = BufferType("host", host=True)
@@ -328,11 +303,7 @@ __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSION
            # the graph a device receives, the op table and its reference kernels, GGUF's sizes and decoder
            "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
            "row_bytes", "dequantize",
-           # which runs of nodes a plugin's decode kernels fuse (framework/core/graph/fusion.py)
-           "fusion",
            # settings read from the environment, on-disk caches, the host's memory (docs/plugin-guide.md)
-           "settings", "caches", "host_memory_limit",
-           # for plugins that compute in device buffers: handles, operands, buffer pools, the word layout of
-           # the weight types, and the operand checks their verdicts share
-           "DeviceTensor", "DeviceWeight", "Chunk", "Lease", "Ref", "BufferPools", "contiguous_strides",
-           "weight_words", "plain_operand_refusal"]
+           "settings", "caches", "host_memory_limit"]
+# A plugin whose tensors live in device memory builds on framework.backend, the skeleton that holds the
+# kit such plugins share (buffer pools, handles, the weights' word layout, fusion, the shared verdict rules).

@@ -11,7 +11,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The floors, from the ground up: a module imports from its own floor or the ones below it. A module
 # belongs to the floor of the longest prefix below that names it; a module on no floor fails the test.
-# (exit_codes, backend and terminal are the floors of modules the work under way adds.)
 FLOORS = (
     ("framework.settings", "framework.caches", "framework.exit_codes"),    # the environment, the disk, exits
     ("framework.core",),                   # the graph and what device memory holds (core/ but its scheduler)
@@ -26,20 +25,6 @@ FLOORS = (
     ("framework.serve", "framework.bench"),                    # the server and the benchmarks
     ("framework.cli", "framework.__main__"),                   # the command line over all of them
 )
-
-# Known exceptions that work under way removes (the GPU plugins rebuilt on framework/backend/, the exit
-# codes moved out of the command line): each entry names a tie that still exists; once it is gone the test
-# says so, and the entry is deleted. Nothing else may be added here.
-ALLOWED_CYCLES = {
-    frozenset({"framework.plugins.opencl.device", "framework.plugins.opencl.program"}),
-    frozenset({"framework.plugins.opencl.coverage", "framework.plugins.opencl.kernels"}),
-    frozenset({"framework.plugins.opencl.lower", "framework.plugins.opencl.fused"}),
-}
-ALLOWED_UPWARD = {
-    ("framework.bench", "framework.cli.common"),               # the CLI's device choice and streams
-    ("framework.bench", "framework.cli.table"),                # the CLI's tables
-    ("framework.serve.server", "framework.cli.common"),        # the CLI's exit codes
-}
 
 
 def modules() -> dict[str, tuple[Path, list[str]]]:
@@ -128,24 +113,16 @@ def test_every_module_stands_on_a_floor():
 
 
 def test_no_import_runs_from_a_lower_floor_to_a_higher_one():
-    upward = set()
-    for module, targets in graph().items():
-        here = floor_of(module)
-        upward |= {(module, t) for t in targets if here is not None and floor_of(t) > here}
-    new = sorted(upward - ALLOWED_UPWARD)
-    assert not new, "imports that climb a floor (move what they take down, or the importer up): " + "; ".join(
-        f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})" for a, b in new)
-    gone = sorted(ALLOWED_UPWARD - upward)
-    assert not gone, f"no longer imported, delete from ALLOWED_UPWARD: {gone}"
+    upward = sorted((module, t) for module, targets in graph().items() for t in targets
+                    if floor_of(module) is not None and floor_of(t) > floor_of(module))
+    assert not upward, "imports that climb a floor (move what they take down, or the importer up): " + "; ".join(
+        f"{a} (floor {floor_of(a)}) imports {b} (floor {floor_of(b)})" for a, b in upward)
 
 
 def test_no_import_cycle():
-    found = set(cycles(graph()))
-    new = [sorted(c) for c in found - ALLOWED_CYCLES]
-    assert not new, "modules that import each other (directly or around a loop): " + "; ".join(
-        " <-> ".join(c) for c in new)
-    gone = [sorted(c) for c in ALLOWED_CYCLES - found]
-    assert not gone, f"no longer a cycle, delete from ALLOWED_CYCLES: {gone}"
+    found = sorted(sorted(c) for c in cycles(graph()))
+    assert not found, "modules that import each other (directly or around a loop): " + "; ".join(
+        " <-> ".join(c) for c in found)
 
 
 def test_the_reader_sees_imports_inside_functions_and_cycles_through_them(tmp_path):

@@ -504,7 +504,7 @@ def test_handles_of_earlier_runs_keep_their_values(ocl, monkeypatch):
     them to; a handle of an earlier run than the last reads its own buffer instead: read after later runs,
     every handle gives its own run's values (those of the same runs without runs ahead)."""
     from framework.conformance.cases import all_cases
-    from framework.plugins.opencl.preenqueue import StagedTensor
+    from framework.backend import StagedTensor
     case = next(c for c in all_cases() if c.id.startswith("SET_ROWS+FLASH_ATTN_EXT"))
     b = case.build()
     plan = make_plan(b.graph, [ocl])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -492,8 +493,8 @@ def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
     from framework.cli.main import main
     made = []
 
-    def select(spec):
-        made.extend(real(spec))
+    def select(spec, profile=None, threads=None):
+        made.extend(real(spec, profile, threads))
         return made
 
     real = bench.select_devices
@@ -867,3 +868,27 @@ def test_second_run_compiles_nothing(tmp_path, ov_cpu):
         dev = ov_cpu.with_options(cache_dir=tmp_path / "ov-cache-plain", dynamic_quantization=dq)
         assert _plain_program(dev, cols=12).effective["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == dq
         assert (dev.stats.compiled, dev.stats.from_cache) == ((1, 0) if k == 0 else (0, 1))
+
+
+def test_program_budget_error_names_what_splits_the_layers_and_how_many_fit(ov_cpu):
+    """An NPU's budget overrun says which refusals cut its layers into more programs and how many whole layers
+    the budget holds, so the fix is a number, not a guess. (Reservation only: nothing is compiled.)"""
+    from framework.registry import default_registry
+    model = load_model("smollm2")
+    dev = ov_cpu.with_options(profile="npu37xx", max_live_programs=40, cache_dir=None,
+                              refuse={"ROPE": "refused here to split every layer"})
+    session = Session(model, [dev, *default_registry().select("cpu")], n_ctx=256)
+    with pytest.raises(CapabilityError) as err:
+        session.reserve(8, 2)
+    e = err.value
+    n_layer = model.hp.n_layer
+    assert e.code == "program_budget" and "allows 40 live compiled programs" in str(e)
+    assert f"its fragments are split by the nodes it refuses: {2 * n_layer} ROPE (refused_by_profile)" in str(e)
+    fit = re.search(r"at most 40 fit \(the programs of layers 0-(\d+), (\d+) of (\d+) layers\)", e.fix)
+    assert fit and int(fit[3]) == n_layer and int(fit[2]) == int(fit[1]) + 1 and 0 < int(fit[2]) < n_layer, e.fix
+    # the count holds: the model cut to that many layers fits the budget, one layer more does not
+    layers = int(fit[2])
+    assert Session(model, [dev, *default_registry().select("cpu")], n_ctx=256, n_layers=layers).reserve(8, 2)
+    with pytest.raises(CapabilityError):
+        Session(model, [dev, *default_registry().select("cpu")], n_ctx=256, n_layers=layers + 1).reserve(8, 2)
+    assert dev.stats.compiled == 0

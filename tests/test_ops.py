@@ -712,8 +712,8 @@ def test_bind_gives_the_kernel_with_the_node_parameters(rng):
 
 def test_one_rope_table_serves_every_plugin(rng):
     """The CPU kernel, the Vulkan table and the OpenVINO table all read reference.rope_cos_sin."""
+    from framework.backend import rope_table as vk_rope_table
     from framework.plugins.openvino_npu.rope import rope_table as ov_rope_table
-    from framework.plugins.vulkan.submission import rope_table as vk_rope_table
 
     pos = np.array([0, 5, 4000], dtype=np.int32)
     cos, sin = K.rope_cos_sin(pos, 16, 10000.0, 0.5)

@@ -118,6 +118,29 @@ def check_run_plan(capsys, command):
     assert code == 0 and "plans written to plan.json" in err
     record = json.loads(Path("plan.json").read_text())
     assert record["devices"] == ["cpu"] and record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert record["speed"]["decode"]["tokens"] == 1 and record["device_times"]["cpu"]["seconds"] > 0
+
+
+def check_run_conversation(capsys, command, monkeypatch):
+    """Two messages on stdin (a pipe, as `printf 'Hi\\n...' | framework run -cnv`): two replies, one a line."""
+    import io
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\nWhat is the capital of France?\n"))
+    code, out, err = run_framework(capsys, command, "-n", "8", "--ctx", "256")
+    assert code == 0 and "placement" in err, err
+    assert out.count("\n") >= 2 and "<|im_" not in out and "user" not in out, out
+
+
+def check_run_prompt_file(capsys, command, monkeypatch):
+    import numba
+    monkeypatch.chdir(ROOT)                          # the README names a file of the repository
+    before = numba.get_num_threads()
+    try:
+        code, out, err = run_framework(capsys, command, "-n", "2")
+        assert code == 0 and numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+    finally:
+        numba.set_num_threads(before)
+    text = (ROOT / "tests/reference/smollm2_text.txt").read_text(encoding="utf-8")
+    assert out.startswith(text.removesuffix("\n")) and "2 tokens generated" in err, err
 
 
 def check_run_draft(capsys, command):
@@ -242,6 +265,8 @@ COMMANDS = {
     '.venv/bin/framework run "Once upon a time" -n 64': check_run_gemma3,
     '.venv/bin/framework run -m smollm2 "Why is the sky blue?" --chat': check_run_chat,
     ".venv/bin/framework run -m smollm2 --backends cpu --plan plan.json": check_run_plan,
+    ".venv/bin/framework run -m smollm2 -cnv": check_run_conversation,
+    ".venv/bin/framework run -m smollm2 -f tests/reference/smollm2_text.txt -n 16 -t 2": check_run_prompt_file,
     ".venv/bin/framework run -m smollm2 --draft layers:24 --draft-n 3 -n 8": check_run_draft,
     ".venv/bin/framework models": check_models,
     ".venv/bin/framework serve -m smollm2 --parallel 2": check_serve,
@@ -261,6 +286,16 @@ COMMANDS = {
 
 def test_every_readme_command_has_a_check_and_every_check_a_command():
     assert sorted(readme_commands()) == sorted(COMMANDS)
+
+
+def test_the_files_readme_commands_write_are_ignored_by_git():
+    """`--plan plan.json`, `-o split.html` run in a checkout leave no untracked file: .gitignore names them."""
+    written = [argv[i + 1] for argv in map(shlex.split, readme_commands()) for i, a in enumerate(argv[:-1])
+               if a in ("--plan", "--plan-view", "-o", "--output")]
+    assert written
+    res = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert sorted(res.stdout.split()) == sorted(written), res.stderr
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -165,19 +165,17 @@ def test_a_bad_ray_timeout_is_named(monkeypatch, value):
 
 # Where framework/ may touch os.environ other than framework/settings.py: a library's own variables, read to
 # predict or set for that library (not project settings), and places that set a setting for a process they
-# start. The last entries are modules being rebuilt on framework/backend/, which reads through settings; the
-# test fails on an entry no longer needed, so it is deleted then.
+# start or for devices they make. The test fails on an entry no longer needed, so it is deleted then.
 ENVIRONMENT_OUTSIDE_SETTINGS = {
     "framework/plugins/cpu/jit.py",              # NUMBA_CACHE_DIR: numba's own cache folder
     "framework/plugins/openvino_npu/device.py",  # ONEDNN_MAX_CPU_ISA: oneDNN's cap on OpenVINO's kernels
     "framework/plugins/xdna/xrt.py",             # XILINX_XRT: where XRT installs pyxrt
     "framework/plugins/ray/cluster.py",          # RAY_ADDRESS: Ray's own (the cluster to join)
+    "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_*
+    "framework/plugins/opencl/discovery.py",     # PoCL's POCL_* and the OpenCL loader's OCL_ICD_VENDORS
+    "framework/plugins/opencl/kernels.py",       # FRAMEWORK_OPENCL_MATVEC quoted raw (settings.raw would do)
     "framework/cli/main.py",                     # sets RAY_ADDRESS from --ray-address
-    "framework/bench.py",                        # sets FRAMEWORK_OPENVINO_THREADS while its devices are made
-    "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_* (being rebuilt)
-    "framework/plugins/vulkan/fusion.py",        # FRAMEWORK_VULKAN_UNFUSE read raw (being rebuilt)
-    "framework/plugins/opencl/discovery.py",     # POCL_* and OCL_ICD_VENDORS, the OpenCL loader's (being rebuilt)
-    "framework/plugins/opencl/kernels.py",       # FRAMEWORK_OPENCL_MATVEC quoted raw (being rebuilt)
+    "framework/terminal/devices.py",             # sets FRAMEWORK_OPENVINO_THREADS while devices are made
 }
 
 
@@ -194,3 +192,21 @@ def test_the_environment_is_read_through_settings():
     touching.discard("framework/settings.py")
     assert touching - ENVIRONMENT_OUTSIDE_SETTINGS == set(), "read FRAMEWORK_* settings with settings.read"
     assert ENVIRONMENT_OUTSIDE_SETTINGS - touching == set(), "no longer touches os.environ: delete the entry"
+
+
+def test_settings_loads_plugins_through_the_registry_and_its_block_list(tmp_path):
+    """`framework settings` loads plugins the registry's way: a blocked plugin is not imported (its settings
+    are not listed) and the command says so by name; unblocked, its settings are listed."""
+    import os
+    import subprocess
+    import sys
+    code = "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "FRAMEWORK_CACHE": str(tmp_path)}
+    env.pop("FRAMEWORK_BLOCK_PLUGINS", None)
+    listed = subprocess.run([sys.executable, "-c", code, "settings"], capture_output=True, text=True, env=env)
+    assert listed.returncode == 0 and "FRAMEWORK_XDNA_MAX_CHAIN" in listed.stdout, listed.stderr
+    blocked = subprocess.run([sys.executable, "-c", code, "settings"], capture_output=True, text=True,
+                             env={**env, "FRAMEWORK_BLOCK_PLUGINS": "xdna"})
+    assert blocked.returncode == 0, blocked.stderr
+    assert "FRAMEWORK_XDNA_MAX_CHAIN" not in blocked.stdout
+    assert "plugin 'xdna' is blocked by FRAMEWORK_BLOCK_PLUGINS" in " ".join(blocked.stderr.split())

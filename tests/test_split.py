@@ -144,8 +144,8 @@ def test_text_summary_of_a_two_device_plan(two_device):
         for f in p.fragments:
             if any(n.op == "ROPE" for n in f.nodes):
                 assert f.device == "cpu" and "fallback" in lines[phase][f.index]
-        assert re.search(r"fallback: 36 ROPE nodes ran on cpu \(first: Qcur_rope-0\); example:0: refused_by_config: "
-                         r"example:0 is configured to refuse ROPE", text)
+        assert re.search(r"fallback: 36 ROPE nodes would run on cpu \(first: Qcur_rope-0\); example:0: "
+                         r"refused_by_config: example:0 is configured to refuse ROPE", text)
     # budgets, against what reservation counted
     for dev, n in two_device.reservation.programs.items():
         assert re.search(rf"^  {re.escape(dev)}\s+live programs {n} of no limit;", text, re.MULTILINE), dev
@@ -267,6 +267,10 @@ def test_a_node_no_device_accepts_gets_a_lane_of_its_own(failed):
                 assert p.refusals["example:0"].code == "refused_by_config"
             elif n.op not in VIEW_OPS:
                 assert p.device == "example:0", (n.name, p)
+            if p.device != UNPLACED:         # the stand-in's "placed_elsewhere" is no refusal, nor a fallback
+                assert UNPLACED not in p.refusals, (n.name, p)
+        assert all(p.device == UNPLACED or UNPLACED not in p.refusals for _, p in plan.fallbacks)
+        assert "placed_elsewhere" not in render_text(view)
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -464,7 +468,7 @@ def test_page_groups_fallbacks_whose_reasons_name_each_weight_under_its_timeline
     phase = next(iter(view.plans))
     section = text.split(phase + ":", 1)[1]
     lines = [ln for ln in section.splitlines() if ln.startswith("  fallback: ")][:len(groups)]
-    assert [ln.strip() for ln in lines] == [g.line() for g in groups]
+    assert [ln.strip() for ln in lines] == [g.line(planned=True) for g in groups]
     mm = next(g for g in groups if g.op == "MUL_MAT")
     assert f"fallback: {count(mm.count, 'MUL_MAT node')} ran on cpu (first: {mm.first}); f32only: unsupported_dtype: " \
            f"f32only declares weight types F32;" in mm.line()
@@ -500,3 +504,26 @@ def test_failed_page_shows_the_error_on_its_node(browser, failed, tmp_path):
     page.screenshot(path=str(ARTIFACTS / "split-failed.png"))
     assert requests == [path.as_uri()] and problems == []
     page.close()
+
+
+def test_header_table_fits_a_1600_px_window(browser, registry, tmp_path):
+    """The widest header there is: an emulation's long label, every budget, and the measured time of a run;
+    in a 1600 px window the devices table ends inside it (no sideways scrolling of the page)."""
+    from framework.cli.split import write_run_view
+    devices = registry.select("npu,cpu", "xdna2")
+    session = Session(load_model("smollm2"), devices, n_ctx=N_CTX, n_layers=2)
+    session.eval([1, 2, 3, 4, 5])
+    session.eval([6])
+    path = tmp_path / "ran.html"
+    write_run_view(session, path)
+    page = browser.new_page(viewport={"width": 1600, "height": 950})
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=15000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "split-header-1600.png"))
+    box = page.evaluate("() => { const r = document.getElementById('devices').getBoundingClientRect(); "
+                        "return {right: r.right, columns: document.getElementById('devices').rows[0].cells.length, "
+                        "page: document.documentElement.scrollWidth, emulation: document.querySelector("
+                        "'#devices .emu') !== null}; }")
+    assert box["emulation"] and box["columns"] == 12, box             # the label and the measured column shown
+    assert box["right"] <= 1600 and box["page"] <= 1600, box

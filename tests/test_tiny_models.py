@@ -205,8 +205,8 @@ def test_xdna_profiles_refuse_linear_attention():
     from framework.contract import NPU_REFUSED_OPS
     from framework.plugins.xdna.profiles import PROFILES
     for profile in PROFILES.values():
-        assert profile.refused_ops == NPU_REFUSED_OPS
-        assert set(profile.refused_ops) == {"GATED_DELTA_NET", "SSM_CONV"}
+        assert set(profile.refused_ops) == set(NPU_REFUSED_OPS) == {"GATED_DELTA_NET", "SSM_CONV"}
+        assert all("AIE array" in why and "37xx" not in why for why in profile.refused_ops.values())
 
 
 def test_info_describes_an_unsupported_architecture(tmp_path, capsys):

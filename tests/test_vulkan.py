@@ -371,11 +371,23 @@ def test_parameter_blocks_are_filled_and_read_by_name():
         assert params.source(body) == wgsl.simple(name)
 
 
+def test_kernel_sources_are_files_with_named_pieces():
+    """A kernel's text is a file (kernels/NAME.wgsl) whose shared pieces (the entry point, the activation
+    functions) are filled by name; a piece missing or unknown is an error naming the file."""
+    from framework.plugins.vulkan import wgsl
+    assert {"binary", "rms_norm", "matvec", "matmul_tile"} <= {p.stem for p in wgsl.KERNELS.glob("*.wgsl")}
+    assert wgsl.source("binary", each_element=wgsl._EACH_ELEMENT, index4=wgsl._INDEX4) == wgsl.BINARY
+    with pytest.raises(ValueError, match=r"kernels/binary.wgsl needs index4, not given"):
+        wgsl.source("binary", each_element=wgsl._EACH_ELEMENT)
+    with pytest.raises(ValueError, match=r"kernels/rms_norm.wgsl has no @@gain@@"):
+        wgsl.source("rms_norm", gain="")
+
+
 def test_rope_rows_are_the_reference_table():
     """A step's rope table is rows of one table by position (made once, grown past its end): the same values
     as the reference's table of the step's own positions, for a decode step, a prefill chunk, positions past
     the first rows and in any order."""
-    from framework.plugins.vulkan.submission import RopeRows, rope_table
+    from framework.backend import RopeRows, rope_table
     rows = RopeRows()
     for pos in ([0], [7], [RopeRows.FIRST - 1], [RopeRows.FIRST], [5000], list(range(40, 72)), [9, 2, 9]):
         pos = np.array(pos, dtype=np.int32)

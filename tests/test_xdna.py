@@ -655,6 +655,31 @@ def test_device_profile_brings_up_the_host_arm_in_place_of_an_absent_npu(tmp_pat
     assert not bad.with_options(profile="xdna2").available
 
 
+@pytest.mark.parametrize("profile", ["xdna", "xdna2"])
+def test_the_chain_setting_holds_under_every_profile(tmp_path, profile):
+    """FRAMEWORK_XDNA_MAX_CHAIN=2 travels with the absent NPU into the host arm --device-profile brings up (it
+    was validated, then dropped: chains of the profile's 24); a limit above the profile's is refused by name."""
+    (absent,) = discover({"FRAMEWORK_XDNA_MAX_CHAIN": "2", "FRAMEWORK_XDNA_REQUANTIZE": "allow"},
+                         sysfs=tmp_path / "none", pyxrt_loader=no_pyxrt)
+    dev = absent.with_options(profile=profile)
+    assert dev.arm == "host" and dev.max_chain == 2 and dev.limits.max_chain == 2 and dev.requantize
+    assert "chains of at most 2 runs" in dev.description
+    assert dev.with_options(max_chain=1).max_chain == 1           # an explicit option still wins
+    with pytest.raises(ValueError, match=f"exceeds profile {profile}'s limit of {get_profile(profile).max_chain}"):
+        absent.with_options(profile=profile, max_chain=get_profile(profile).max_chain + 1)
+
+
+def test_the_chain_setting_shows_in_the_plan_under_a_profile(capsys, monkeypatch, tmp_path):
+    """The plan's report says what runs: chains of at most 2 commands, not the profile's 24."""
+    from framework.cli import main
+    monkeypatch.setenv("FRAMEWORK_XDNA_MAX_CHAIN", "2")
+    out = tmp_path / "split.txt"
+    assert main(["split", "-m", "smollm2", "--backends", "npu,cpu", "--device-profile", "xdna2", "--phase", "decode",
+                 "--ctx", "64", "-n", "2", "-o", str(out)]) == 0
+    xdna_line = next(line for line in out.read_text().splitlines() if line.strip().startswith("xdna:0"))
+    assert "longest chain 2 of 2 commands" in xdna_line, xdna_line
+
+
 def test_npu_discovery_steps(tmp_path):
     sysfs, devroot = fake_sysfs(tmp_path, [("accel0", "amdxdna", "0x17f0", "0x10"),
                                            ("accel1", "amdxdna", "0x1502", "0x00")])
@@ -728,3 +753,15 @@ def test_both_models_on_xdna_and_cpu_meet_the_reference_bounds(host_arm_case):
     expected = {"smollm2": 7 * 30, "gemma3": 27}[name]     # SmolLM2: every Q4_1 matrix; Gemma: its Q4_K ones
     assert len(dev.stats.weights) == expected and dev.stats.runs > 0
     assert all("repacked" in how for how in dev.stats.weights.values())
+
+
+@pytest.mark.parametrize("profile", ["xdna", "xdna2"])
+def test_linear_attention_is_refused_with_the_npus_own_reason(profile):
+    """GatedDeltaNet is refused as on every NPU profile, but the reason speaks of this device, not of what
+    Intel's NPU 37xx did with it."""
+    from framework.contract import NPU_REFUSED_OPS
+    dev = host_arm_device(0, profile)
+    assert set(dev.refused_ops) == set(NPU_REFUSED_OPS)
+    reason = dev.refused_ops["GATED_DELTA_NET"].reason
+    assert f"profile {profile} refuses GATED_DELTA_NET" in reason and "AIE array" in reason
+    assert "37xx" not in reason and "Intel" not in reason

@@ -6,77 +6,30 @@ import argparse
 import math
 import os
 import re
-import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-err = Console(stderr=True, highlight=False)
-
-
-# exit statuses, the same on every command
-EXIT_OK = 0
-EXIT_CAPABILITY = 1      # the plan cannot be carried out: a capability error at reservation
-EXIT_INPUT = 2           # a bad argument, file or name
-EXIT_DEVICE = 3          # a device failed while loading, compiling or running
-EXIT_INTERRUPTED = 130   # Ctrl-C
-EXIT_TERMINATED = 143    # SIGTERM
+from ..exit_codes import EXIT_INPUT
+from ..terminal import end_line, err
 
 
 class UsageError(Exception):
     """A bad value on the command line: printed as one line, exit status 2."""
 
 
-def model_path(arg: str | None) -> Path:
-    """-m: a GGUF file, or a packaged model's short name (smollm2, gemma3); the default model without it."""
-    from ..model.default import MODELS, default_model_path
-    if not arg:
-        return default_model_path()
-    path = Path(arg)
-    if arg in MODELS and not path.exists():
-        return MODELS[arg]()
-    if not path.exists():
-        from ..model.gguf_file import ModelFileError
-        raise ModelFileError(f"model file not found: {arg} (packaged models go by name: {', '.join(MODELS)}; "
-                             f"`framework models` lists them with their files)")
-    return path
-
-
 def load_model(arg: str | None):
+    from ..model.default import resolve_model
     from ..model.model import Model
-    path = model_path(arg)
+    path = resolve_model(arg)
     with err.status(f"reading {path.name}"):
         model = Model(path)
     for note in model.notes:
         err.print(f"[yellow]note: {escape(note)}[/yellow]", soft_wrap=True)
     return model
-
-
-def select_devices(spec: str, profile: str | None = None):
-    """Resolve --backends, under --device-profile when given; say when two chosen devices are one physical
-    device."""
-    from ..registry import default_registry
-    registry = default_registry()
-    devices = registry.select(spec, profile)
-    for group in registry.same_silicon():
-        chosen = [d.name for d in group if d in devices]
-        if len(chosen) > 1:
-            err.print(f"[yellow]note: {' and '.join(chosen)} are {_reached_as(group, chosen)} on one physical "
-                      f"device ({group[0].physical_id})[/yellow]", soft_wrap=True)
-    return devices
-
-
-def _reached_as(group, chosen: list[str]) -> str:
-    """How the chosen devices of one chip are reached: several devices of one plugin (two GPUs a driver
-    lists twice, or two queues of one) or several plugins."""
-    plugins = sorted({d.name.split(":")[0] for d in group if d.name in chosen})
-    if len(plugins) == 1:
-        return f"devices of the {plugins[0]} plugin"
-    return f"reached through {len(plugins)} plugins ({', '.join(plugins)})"
 
 
 @contextmanager
@@ -223,27 +176,3 @@ def show_traceback(e: BaseException) -> None:
     import traceback
     end_line()
     err.print(escape("".join(traceback.format_exception(e)).rstrip()), soft_wrap=True)
-
-
-_line_open = False      # the text streamed to stdout does not end with a newline yet
-
-
-def out(text: str) -> None:
-    global _line_open
-    if not text:
-        return
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    _line_open = not text.endswith("\n")
-
-
-def start_output() -> None:
-    """A command starts with nothing streamed (main() may run several times in one process)."""
-    global _line_open
-    _line_open = False
-
-
-def end_line() -> None:
-    """End the streamed text's line, so that what stderr prints next starts on a line of its own."""
-    if _line_open:
-        out("\n")

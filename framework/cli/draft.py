@@ -2,6 +2,7 @@
 
     framework run -m gemma-4.gguf --draft gemma-4-assistant.gguf --backends vulkan:0
     framework run --draft layers:6 --draft-n 3            # the target's first 6 layers as its draft
+    framework run -f edit.txt --draft ngram:3              # prompt lookup: spans copied from the prompt
     framework check --backends vulkan:0 --draft layers:2 --draft-backends cpu   # the shared-KV error
 """
 
@@ -9,18 +10,33 @@ from __future__ import annotations
 
 import argparse
 
-from .common import positive_int, select_devices
+from ..terminal import select_devices
+from .common import positive_int
+
+DEFAULT_P_MIN = 0.75        # llama.cpp's --draft-p-min
+
+
+def probability(text: str) -> float:
+    v = float(text)
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"a probability at least 0 and below 1, got {text}")
+    return v
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
     from ..runtime.speculative import DEFAULT_DRAFT_N
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--draft", metavar="SPEC", help="a draft that proposes tokens the target checks in one step: "
-                   "layers:K (the target's first K layers and head, on the target's cache), a GGUF file with the "
-                   "target's vocabulary (its own cache), or a Gemma 4 assistant GGUF (MTP, on the target's cache)")
+                   "ngram[:N] (prompt lookup: what followed the latest earlier occurrence of the last N tokens, "
+                   "default N 3; no model), layers:K (the target's first K layers and head, on the target's "
+                   "cache), a GGUF file with the target's vocabulary (its own cache), or a Gemma 4 assistant GGUF "
+                   "(MTP, on the target's cache) (default: none)")
     g.add_argument("--draft-backends", metavar="LIST", help="the draft's devices (default: --backends)")
     g.add_argument("--draft-n", type=positive_int, default=DEFAULT_DRAFT_N,
                    help=f"tokens drafted per target step (default {DEFAULT_DRAFT_N})")
+    g.add_argument("--draft-p-min", type=probability, default=DEFAULT_P_MIN,
+                   help="a model draft stops at the first token whose probability it puts below this; 0 never "
+                        f"stops (default {DEFAULT_P_MIN}, llama.cpp's)")
 
 
 def speculative_decoder(args, session, devices):
@@ -28,20 +44,29 @@ def speculative_decoder(args, session, devices):
     target's graphs to return their hidden state)."""
     from ..runtime.speculative import DEFAULT_DRAFT_N, SpeculativeDecoder, make_draft
     if not getattr(args, "draft", None):
-        if getattr(args, "draft_backends", None) or getattr(args, "draft_n", DEFAULT_DRAFT_N) != DEFAULT_DRAFT_N:
-            raise ValueError("--draft-backends and --draft-n need --draft SPEC (layers:K or a draft GGUF file)")
+        if getattr(args, "draft_backends", None) or getattr(args, "draft_n", DEFAULT_DRAFT_N) != DEFAULT_DRAFT_N \
+                or getattr(args, "draft_p_min", DEFAULT_P_MIN) != DEFAULT_P_MIN:
+            raise ValueError("--draft-backends, --draft-n and --draft-p-min need --draft SPEC (ngram[:N], layers:K "
+                             "or a draft GGUF file)")
         return None
-    draft_devices = select_devices(args.draft_backends) if args.draft_backends else devices
     spec = args.draft
-    if not spec.startswith("layers:"):
-        from .common import model_path
-        spec = str(model_path(spec))
+    lookup = spec == "ngram" or spec.startswith("ngram:")
+    if lookup and args.draft_backends:
+        raise ValueError(f"--draft-backends {args.draft_backends}: --draft {spec} runs no model and uses no device; "
+                         f"drop --draft-backends")
+    draft_devices = select_devices(args.draft_backends) if args.draft_backends else devices
+    if not lookup and not spec.startswith("layers:"):
+        from ..model.default import resolve_model
+        spec = str(resolve_model(spec))
     from .common import load_model
-    return SpeculativeDecoder(session, make_draft(spec, session, draft_devices, load=load_model), args.draft_n)
+    return SpeculativeDecoder(session, make_draft(spec, session, draft_devices, load=load_model), args.draft_n,
+                              p_min=args.draft_p_min)
 
 
 def shared_summary(decoder) -> str:
     """The target's tensors the draft uses in place, in a line: caches by layer, weights counted."""
+    if decoder.draft.session is None:
+        return "reads only the text"
     shared = decoder.draft.shared()
     if not shared:
         return "shares nothing with the target (its own weights and cache)"
@@ -67,16 +92,17 @@ def _ranges(values: list[int]) -> str:
 
 def draft_line(decoder) -> str:
     d = decoder.draft
-    names = ", ".join(x.name for x in d.session.devices)
-    return f"draft {d.describe()} on {names}, {decoder.n_draft} tokens a step; {shared_summary(decoder)}"
+    where = f"on {', '.join(x.name for x in d.session.devices)}" if d.session else "(no model, no device)"
+    return f"draft {d.describe()} {where}, {decoder.n_draft} tokens a step; {shared_summary(decoder)}"
 
 
 def draft_record(decoder) -> dict:
     """The draft in a --plan record: what it is, its devices, the tensors it shares, its plans, the run's figures."""
     d = decoder.draft
-    return {"kind": d.kind, "draft": d.describe(), "devices": [x.name for x in d.session.devices],
+    return {"kind": d.kind, "draft": d.describe(), "devices": [x.name for x in d.session.devices] if d.session else [],
             "n_draft": decoder.n_draft,
             "shared": {name: {"owner": r.owner, "device": r.device, "buffer": r.buffer.name, "copies": list(r.copies)}
                        for name, r in d.shared().items()},
-            "plans": {d.session.context.phase_name(k): plan.to_dict() for k, (plan, _) in d.session.plans.items()},
+            "plans": {d.session.context.phase_name(k): plan.to_dict() for k, (plan, _) in d.session.plans.items()}
+            if d.session else {},
             "stats": decoder.stats.to_dict()}

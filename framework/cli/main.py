@@ -15,29 +15,22 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from ..exit_codes import EXIT_BROKEN_PIPE, EXIT_CAPABILITY, EXIT_DEVICE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_TERMINATED
+from ..terminal import Row, err, out, print_table, print_wrapped, select_devices, start_output
+from ..terminal.devices import THREADS_REACH
 from .common import (
-    EXIT_CAPABILITY,
-    EXIT_DEVICE,
-    EXIT_INPUT,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
     Terminated,
     UsageError,
     check_output,
     device_memory,
-    err,
     fail,
     load_model,
     memory_caps,
-    model_path,
     on_sigterm,
-    out,
     port_number,
     positive_int,
     seconds,
-    select_devices,
     show_traceback,
-    start_output,
     text_argument,
     weight_progress,
     whole_number,
@@ -47,6 +40,10 @@ from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
 from .verify import add_verify_args, verified_line, verifier_for
 
 SAMPLE_PROMPT = "The capital of France is"
+# the caches `framework cache` lists, for its help without loading every plugin (a test keeps it whole)
+CACHES = (("gguf-index", "parsed GGUF headers"), ("numba", "the cpu plugin's compiled kernels"),
+          ("opencl", "OpenCL kernel binaries"), ("openvino", "OpenVINO compiled models"),
+          ("xdna", "XDNA packed weight tiles"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,13 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="generate text from a prompt")
-    run.add_argument("prompt", nargs="?", default=SAMPLE_PROMPT, help=f"default: {SAMPLE_PROMPT!r}")
+    run.add_argument("prompt", nargs="?", help=f"the text to continue (default: {SAMPLE_PROMPT!r}; with -cnv, the "
+                     f"system prompt, default none)")
+    run.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE, UTF-8 text, one trailing newline "
+                     "dropped as llama.cpp does (default: the prompt argument)")
+    run.add_argument("-cnv", "--conversation", "--interactive", dest="conversation", action="store_true",
+                     help="chat: read a message a line from stdin, answer each in the model's chat template with the "
+                     "conversation so far (-n tokens a reply; /clear forgets it, /exit or end of input ends)")
     _model_args(run)
+    _threads_arg(run)
     run.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate (default 64)")
     run.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
-    run.add_argument("--top-k", type=int, default=40)
-    run.add_argument("--top-p", type=float, default=0.95)
-    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--top-k", type=int, default=40, help="sample among the K likeliest tokens (default 40)")
+    run.add_argument("--top-p", type=float, default=0.95, help="sample among the likeliest tokens whose "
+                     "probabilities add up to P (default 0.95)")
+    run.add_argument("--seed", type=int, default=None, help="the sampler's seed, 0 or more (default: a random seed "
+                     "each run)")
     run.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     run.add_argument("--plan", metavar="FILE", help="write the plans that ran as JSON")
     run.add_argument("--plan-view", metavar="FILE", help="write the view of the plans that ran, with the time each "
@@ -73,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="reserve (plan and check every graph shape) without running")
     _model_args(check)
-    check.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
-    check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
+    check.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for (default 32)")
+    check.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate (default 64)")
     check.add_argument("--plan", metavar="FILE", help="write the reserved plans as JSON")
     add_draft_args(check)
     add_verify_args(check)
@@ -82,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     split = sub.add_parser("split", help="show where every node of the plan runs, why, and what it costs")
     _model_args(split)
     split.add_argument("--phase", choices=("prefill", "decode"), help="only this phase's plans (default: all)")
-    split.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for")
-    split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate")
+    split.add_argument("--prompt-tokens", type=positive_int, default=32, help="prompt length to plan for (default 32)")
+    split.add_argument("-n", "--n-predict", type=positive_int, default=64, help="tokens to generate (default 64)")
     split.add_argument("-o", "--output", metavar="FILE", help=".html, .svg, .dot, .json or .txt (default: the "
                        "summary on the terminal)")
     add_draft_args(split)
@@ -92,16 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("-m", "--model", action="append", metavar="MODEL", help="a GGUF file or a short name ("
                        "smollm2, gemma3); repeat to serve several (default: gemma3)")
     _device_args(serve)
+    _threads_arg(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                        "machine only)")
-    serve.add_argument("--port", type=port_number, default=8080)
+    serve.add_argument("--port", type=port_number, default=8080, help="TCP port, 0 for any free one (default 8080)")
     serve.add_argument("--parallel", type=positive_int, default=1, help="sessions per model, each with its own KV "
                        "cache (default 1)")
     serve.add_argument("--queue", type=whole_number, default=16, help="requests per model that may wait for a session; "
                        "more are refused with 429 (default 16)")
     serve.add_argument("--api-key", default=settings.read(settings.API_KEY.name), help="require 'Authorization: "
                        "Bearer KEY' (default: $FRAMEWORK_API_KEY, else no key)")
-    serve.add_argument("--max-body", type=positive_int, default=1 << 20, help="largest request body in bytes")
+    serve.add_argument("--max-body", type=positive_int, default=1 << 20, help="largest request body in bytes (default "
+                       "1048576: 1 MiB)")
     serve.add_argument("--shutdown-timeout", type=seconds, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
     add_verify_args(serve, every=16)
@@ -110,37 +118,46 @@ def build_parser() -> argparse.ArgumentParser:
     _ray_address(backends)
     sub.add_parser("models", help="the packaged models -m accepts by name, with their files and sizes")
     sub.add_parser("settings", help="every environment setting, what it accepts, and its effective value")
-    cache = sub.add_parser("cache", help="the on-disk caches and their sizes; `cache clear` deletes them")
-    cache.add_argument("action", nargs="?", choices=("show", "clear"), default="show")
-    cache.add_argument("names", nargs="*", metavar="NAME", help="only these caches (gguf-index, openvino, xdna)")
+    cache = sub.add_parser("cache", help="the on-disk caches and their sizes; `cache clear` deletes them",
+                           description="The caches under FRAMEWORK_CACHE (default ~/.cache/framework): "
+                           + "; ".join(f"{n}: {what}" for n, what in CACHES) + ".")
+    cache.add_argument("action", nargs="?", choices=("show", "clear"), default="show", help="show the caches, or "
+                       "clear them (default: show)")
+    cache.add_argument("names", nargs="*", metavar="NAME",
+                       help=f"only these caches ({', '.join(n for n, _ in CACHES)}; default: all)")
 
     info = sub.add_parser("info", help="architecture, sizes, tensor types and tokenizer of a model file")
     _model_option(info)
 
     ppl = sub.add_parser("perplexity", help="perplexity of a text file")
     _model_args(ppl)
+    _threads_arg(ppl)
     ppl.add_argument("-f", "--file", required=True, help="text file")
     _check_values_arg(ppl)
 
     bench = sub.add_parser("bench", help="load, prefill and decode speed, bandwidth, llama.cpp alongside")
     bench.add_argument("-m", "--model", "--models", dest="model", default="smollm2,gemma3", metavar="MODEL",
                        help="comma-separated packaged model names or GGUF files (default: smollm2,gemma3)")
-    bench.add_argument("--backends", default="cpu")
+    bench.add_argument("--backends", default="cpu", help="priority list of devices or aliases (default: cpu)")
     _ray_address(bench)
-    bench.add_argument("--prompt-tokens", type=positive_int, default=256)
-    bench.add_argument("--decode-tokens", type=positive_int, default=32)
-    bench.add_argument("--repeats", type=positive_int, default=3)
-    bench.add_argument("--threads", type=positive_int, default=2)
+    bench.add_argument("--prompt-tokens", type=positive_int, default=256, help="prompt tokens a prefill runs "
+                       "(default 256)")
+    bench.add_argument("--decode-tokens", type=positive_int, default=32, help="decode steps a run times (default 32)")
+    bench.add_argument("--repeats", type=positive_int, default=3, help="counted runs of each engine, after one "
+                       "warm-up run (default 3)")
+    bench.add_argument("-t", "--threads", type=positive_int, default=2, help=f"threads of {THREADS_REACH} and of "
+                       f"llama.cpp (default 2)")
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     bench.add_argument("--reservation-only", action="store_true", help="only time graph building and reservation")
     _check_values_arg(bench)
 
     conf = sub.add_parser("conformance", help="the op conformance suite (pytest, with this interpreter) for a device",
                           description="Runs `python -m pytest --pyargs framework.conformance --device NAME` with "
-                          "the interpreter framework is installed in; every other argument goes to pytest (-x, -q, "
-                          "-k MUL_MAT, ...).")
-    conf.add_argument("--device", required=True, action="append", metavar="NAME",
-                      help="device to test, as `framework backends` lists it (repeat for several)")
+                          "the interpreter framework is installed in, on every available device without --device; "
+                          "every other argument goes to pytest (-x, -q, -k MUL_MAT, ...).")
+    conf.add_argument("--device", action="append", metavar="NAME",
+                      help="device to test, as `framework backends` lists it (repeat for several; default: every "
+                      "available device)")
     for sp in sub.choices.values():
         sp.add_argument("--debug", action="store_true", help="on an error, show the traceback (file and line) too")
     return p
@@ -161,13 +178,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     _device_args(p)
 
 
+def _threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-t", "--threads", type=positive_int, help=f"threads of {THREADS_REACH}, as `framework bench "
+                   f"--threads` sets them (default: each keeps its own: numba's NUMBA_NUM_THREADS, "
+                   f"FRAMEWORK_OPENVINO_THREADS)")
+
+
 def _ray_address(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", metavar="HOST:PORT", help="a Ray cluster whose nodes lend their devices, listed as "
                    "ray:NODE/DEVICE (sets RAY_ADDRESS; needs framework[ray]; docs/distributed.md)")
 
 
 def _device_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backends", default="cpu", help="priority list of devices or aliases (cpu, gpu, npu)")
+    p.add_argument("--backends", default="cpu", help="priority list of devices or aliases: cpu, gpu, npu (default: "
+                   "cpu)")
     _ray_address(p)
     p.add_argument("--device-profile", metavar="NAME", help="emulate the hardware NAME (npu37xx, npu40xx on openvino "
                    "devices; xdna, xdna2 on xdna:0's host arm): planning and execution under its limits, labelled "
@@ -218,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:             # `framework run ... | head`: the reader left; say nothing more
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_BROKEN_PIPE
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
         return fail(f"{where}{e.strerror or e}", EXIT_INPUT)
@@ -235,17 +259,20 @@ def cmd_run(args) -> int:
     from ..runtime.generate import generate
     from ..runtime.sampling import Sampler, SamplingParams
     from ..runtime.session import Session
-    from .report import fallback_lines, memory_fit_lines, placement_rows
-    from .table import print_table
 
     sampler = Sampler(SamplingParams(args.temp, args.top_k, args.top_p, args.seed))
     check_output(args.plan, "--plan")
     check_output(args.plan_view, "--plan-view")
-    text_argument(args.prompt)
+    args.prompt = _prompt_text(args)
+    if args.conversation and (args.draft or args.chat):
+        raise UsageError(f"-cnv answers in the chat template by itself, and without a draft: drop "
+                         f"{'--draft' if args.draft else '--chat'}")
     devices = _devices(args)
     model = load_model(args.model)
     tok = model.tokenizer
-    ids = _prompt_ids(model, args.prompt, args.chat)
+    # a conversation's first message is not known yet: plan for a full prefill chunk
+    ids = ([0] * max(1, min(args.batch, args.ctx - args.n_predict)) if args.conversation
+           else _prompt_ids(model, args.prompt, args.chat))
     if not ids:
         return fail(f"the prompt is empty and {model.file.path.name} adds no beginning-of-sequence token, so there "
                     f"is nothing to continue: give a prompt")
@@ -263,6 +290,10 @@ def cmd_run(args) -> int:
             if args.n_predict > 1:
                 session.plan(1, len(ids))                  # the decode step's program too
     session.progress = None
+    if args.conversation:
+        from .chat import converse
+        generated, interrupted = converse(session, args, sampler)
+        return _report_run(args, model, session, generated, interrupted, decoder)
     out(args.prompt if not args.chat else "")
     interrupted, generated = False, 0
     stream = (decoder.generate(ids, args.n_predict, sampler, tok.eog_ids) if decoder is not None else
@@ -274,15 +305,21 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     out("\n")
+    return _report_run(args, model, session, generated, interrupted, decoder)
+
+
+def _report_run(args, model, session, generated: int, interrupted: bool, decoder) -> int:
+    """After the text: the summary, fallbacks, memory fit and placement on stderr, then the files asked for."""
+    from .report import fallback_lines, memory_fit_lines, placement_rows
     _summary(model, session, generated, interrupted, decoder)
     if session.executor.verifier is not None:
         err.print(escape(verified_line(session.executor.verifier)), soft_wrap=True)
-    for line in fallback_lines(session) + (fallback_lines(decoder.draft.session) if decoder else []):
+    for line in [line for s in (decoder.sessions() if decoder else [session]) for line in fallback_lines(s)]:
         err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     for line in memory_fit_lines(session):
         err.print(escape(line), soft_wrap=True)
     print_table(err, *placement_rows(session), right=(1, 2, 3, 4, 5, 6), title="placement")
-    if decoder is not None:
+    if decoder is not None and decoder.draft.session is not None:
         print_table(err, *placement_rows(decoder.draft.session), right=(1, 2, 3, 4, 5, 6), title="draft placement")
     if args.plan:
         _write_plans(session, Path(args.plan), decoder)
@@ -292,19 +329,32 @@ def cmd_run(args) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
+def _prompt_text(args) -> str | None:
+    """The prompt: the argument, or -f FILE's text (one trailing newline dropped, as llama.cpp does), or the
+    sample prompt; with -cnv, the system prompt (none by default)."""
+    if args.file is not None and args.prompt is not None:
+        raise UsageError(f"a prompt argument and -f {args.file} both give the prompt: give one")
+    if args.file is None:
+        default = None if args.conversation else SAMPLE_PROMPT
+        return default if args.prompt is None else text_argument(args.prompt)
+    path = Path(args.file)
+    if path.is_dir():
+        raise UsageError(f"-f {args.file}: that is a folder; name a text file")
+    raw = path.read_bytes()                 # a missing file is an OSError, named by main()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"-f {args.file} is not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset {e.start} "
+                         f"({e.reason})") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
 def _prompt_ids(model, prompt: str, chat: bool) -> list[int]:
     if not chat:
         return model.tokenizer.encode(prompt)
-    from ..model.chat import chat_prompt_ids, chat_template_for
-    template, source = chat_template_for(model.file.metadata, model.arch.name)
-    if "built-in" in source:
-        from ..model.default import CATALOG
-        chat_models = ", ".join(f"-m {m.name}" for m in CATALOG if m.chat)
-        err.print(f"[yellow]note: {escape(model.file.path.name)} has no chat template: it is a base model, trained to "
-                  f"continue text rather than to answer. --chat wraps the prompt in {escape(source)} anyway; expect "
-                  f"a continuation or repetition, not an answer. A model with its own template: {chat_models}"
-                  f"[/yellow]", soft_wrap=True)
-    return chat_prompt_ids(model.tokenizer, template, [{"role": "user", "content": prompt}])
+    from ..model.chat import chat_prompt_ids
+    from .chat import chat_template
+    return chat_prompt_ids(model.tokenizer, chat_template(model, "--chat"), [{"role": "user", "content": prompt}])
 
 
 def _tokens(n: int) -> str:
@@ -341,7 +391,7 @@ def _summary(model, session, generated: int, interrupted: bool, decoder=None) ->
 
 def _devices(args):
     """--backends, under --device-profile (an emulation) when given."""
-    return select_devices(args.backends, getattr(args, "device_profile", None))
+    return select_devices(args.backends, getattr(args, "device_profile", None), getattr(args, "threads", None))
 
 
 def _write_plans(session, path: Path, decoder=None) -> None:
@@ -349,6 +399,15 @@ def _write_plans(session, path: Path, decoder=None) -> None:
     record = {"model": str(session.model.file.path), "devices": [d.name for d in session.devices],
               "plans": {phase_name(k): plan.to_dict() for k, (plan, _) in session.plans.items()}}
     tokens = session.prefill.tokens + session.decode.tokens
+    if tokens:              # what the summary printed: tokens per second of each phase, each device's time
+        record["speed"] = {phase: {"tokens": st.tokens, "seconds": st.seconds,
+                                   "tokens_per_second": st.tokens_per_second}
+                           for phase, st in (("prefill", session.prefill), ("decode", session.decode))}
+        stats = session.executor.stats
+        record["device_times"] = {d.name: {"seconds": stats[d.name]["seconds"], "runs": stats[d.name]["runs"],
+                                           "bytes_copied": stats[d.name]["bytes_copied"],
+                                           "programs": stats[d.name]["compiles"]}
+                                  for d in session.devices if d.name in stats}
     figures = {d.name: {**f, "tokens": tokens} for d in session.devices if (f := d.run_figures())}
     if figures:             # what devices measured themselves (a remote device: network bytes, time on its node)
         record["device_figures"] = figures
@@ -414,7 +473,6 @@ def cmd_backends(args) -> int:
     from rich.console import Console
 
     from ..registry import default_registry
-    from .table import Row, print_table
     reg = default_registry()
     if not reg.plugins:
         return fail("no backend plugins found in entry-point group framework.backends (is the package installed?)")
@@ -431,15 +489,17 @@ def cmd_backends(args) -> int:
     dists: dict[str, list[str]] = {}
     for rec in reg.plugins.values():
         dists.setdefault(rec.distribution, []).append(rec.name)
-    out("plugins: " + "; ".join(f"{', '.join(names)} ({dist})" for dist, names in dists.items()) + "\n")
+    lines = ["plugins: " + "; ".join(f"{', '.join(names)} ({dist})" for dist, names in dists.items())]
     profiles: dict[tuple[str, ...], list[str]] = {}
     for d in reg.devices():
         if d.profiles:
             profiles.setdefault(d.profiles, []).append(d.name)
-    for names, devs in profiles.items():
-        out(f"device profiles (--device-profile NAME, an EMULATION): {', '.join(names)} on {', '.join(devs)}\n")
-    for group in reg.same_silicon():
-        out(f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}\n")
+    lines += [f"device profiles (--device-profile NAME, an EMULATION): {', '.join(names)} on {', '.join(devs)}"
+              for names, devs in profiles.items()]
+    lines += [f"one physical device ({group[0].physical_id}) is reached as: {', '.join(d.name for d in group)}"
+              for group in reg.same_silicon()]
+    for line in lines:
+        print_wrapped(console, line)
     return 0
 
 
@@ -471,7 +531,7 @@ def cmd_conformance(args) -> int:
     registered = any(ep.value.split(":")[0].strip() == plugin for ep in entry_points(group="pytest11"))
     extra = [a for a in args.pytest_args if a != "--"]
     command = [sys.executable, "-m", "pytest", *([] if registered else ["-p", plugin]),
-               "--pyargs", "framework.conformance", *(f"--device={d}" for d in args.device), *extra]
+               "--pyargs", "framework.conformance", *(f"--device={d}" for d in args.device or ()), *extra]
     err.print(" ".join(command), soft_wrap=True, highlight=False)
     return subprocess.call(command)
 
@@ -486,7 +546,8 @@ def cmd_info(args) -> int:
     from ..model.metadata import describe
     from ..model.tokenizer import tokenizer_from_metadata
 
-    path = model_path(args.model)
+    from ..model.default import resolve_model
+    path = resolve_model(args.model)
     with err.status(f"reading {path.name}"):
         file = open_model_file(path)
     meta, arch = file.metadata, file.architecture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..viz.record import human_bytes
-from .table import Row
+from ..terminal import Row
 
 
 def placement_rows(session) -> tuple[list[str], list[Row]]:

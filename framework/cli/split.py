@@ -15,7 +15,9 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from .common import EXIT_CAPABILITY, check_output, err, fail, load_model, memory_caps, out, select_devices
+from ..exit_codes import EXIT_CAPABILITY
+from ..terminal import err, out, select_devices
+from .common import check_output, fail, load_model, memory_caps
 
 
 def run_split(args) -> int:

@@ -3,29 +3,31 @@ effective value) and `framework cache` (the on-disk caches, their sizes, and cle
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .common import err, fail, out
+from ..terminal import err, out
+from .common import fail
 
 
 def load_plugins() -> list[str]:
-    """Import every installed backend plugin and run its discovery, so that each declares its settings
-    and caches (whatever FRAMEWORK_BLOCK_PLUGINS says: these commands list everything). Returns the
-    plugins that failed, with why."""
-    from ..contract import ENTRY_POINT_GROUP
-    failed = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            hook = getattr(ep.load(), "framework_devices", None)
-            if callable(hook):
-                hook()
-        except Exception as e:      # noqa: BLE001 - listed below the table, never fatal here
-            failed.append(f"plugin '{ep.name}' could not be loaded: {type(e).__name__}: {e}")
-    return failed
+    """Load the installed backend plugins through the registry (its validation, its block list), so that
+    each declares its settings and caches. Returns a line for each plugin whose settings and caches
+    cannot be listed: blocked, failed, or not loaded at all because a setting is refused."""
+    from .. import settings
+    from ..registry import BLOCK_ENV, DISABLE_ENV, Registry
+    try:
+        registry = Registry().load_entry_points()
+    except settings.SettingError as e:      # a refused setting, named in the line
+        return [f"no plugin was loaded ({e}): their own settings and caches are not listed"]
+    lines = [f"plugin '{r.name}' ({r.distribution}) could not be loaded: {r.error}"
+             for r in registry.plugins.values() if r.error]
+    lines += [f"plugin '{name}' is blocked by {BLOCK_ENV}: its settings and caches are not listed"
+              for name in sorted(registry.blocked)]
+    if settings.read(DISABLE_ENV):
+        lines.append(f"{DISABLE_ENV} is set: no plugin was loaded, so their own settings and caches are not listed")
+    return lines
 
 
 def _console() -> Console:
@@ -69,7 +71,8 @@ def _show(value) -> str:
 def cmd_cache(args) -> int:
     from .. import caches, settings
     from ..model import gguf_file  # noqa: F401 - registers the GGUF index cache
-    load_plugins()
+    for line in load_plugins():
+        err.print(f"[yellow]{escape(line)}[/yellow]", soft_wrap=True)
     try:
         root = settings.cache_root()
     except settings.SettingError as e:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import positive_int, select_devices
+from ..terminal import select_devices
+from .common import positive_int
 
 DEFAULT_REFERENCE = "cpu"
 

@@ -1,10 +1,11 @@
-"""For plugins whose tensors live in device buffers (the Vulkan and OpenCL plugins): the handles they give
-the executor, what a lowered program's operands are, and a Device base that keeps the buffers a program
-run needs (scratch, pooled outputs) and loads weights in the word layout of weight_words.py.
+"""For plugins whose tensors live in device buffers (exported by the backend skeleton, framework.backend):
+the handles they give the executor, what a lowered program's operands are, and the buffers a program run
+needs (scratch, pooled outputs), with weights loaded in the word layout of weight_words.py.
 
-A subclass gives ``new_buffer(nbytes)``, ``buffer_with(array)`` (a buffer holding the array's bytes),
-``read_buffer(buffer, byte_offset, count, dtype)`` (a flat array), ``max_chunk_bytes`` (the most one
-weight chunk may hold) and, where its kernels read scale planes in word pairs, ``even_chunks = True``."""
+The device (framework.backend.BackendDevice) gives ``new_buffer(nbytes)``, ``buffer_with(array)`` (a
+buffer holding the array's bytes), ``read_buffer(buffer, byte_offset, count, dtype)`` (a flat array),
+``max_chunk_bytes`` (the most one weight chunk may hold: its buffer type's max_size) and, where its
+kernels read scale planes in word pairs, ``even_chunks = True``."""
 
 from __future__ import annotations
 

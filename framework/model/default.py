@@ -59,3 +59,18 @@ def model_path(name: str) -> Path:
     if name not in MODELS:
         raise ValueError(f"unknown model '{name}'; known: {', '.join(MODELS)}")
     return MODELS[name]()
+
+
+def resolve_model(arg: str | None) -> Path:
+    """-m's value: a GGUF file, or a packaged model's short name (smollm2, gemma3); the default model without
+    it. A name that is neither raises ModelFileError naming the packaged models."""
+    if not arg:
+        return default_model_path()
+    path = Path(arg)
+    if arg in MODELS and not path.exists():
+        return MODELS[arg]()
+    if not path.exists():
+        from .gguf_file import ModelFileError
+        raise ModelFileError(f"model file not found: {arg} (packaged models go by name: {', '.join(MODELS)}; "
+                             f"`framework models` lists them with their files)")
+    return path

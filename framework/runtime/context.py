@@ -1,15 +1,13 @@
-"""A session's context: one model on a list of devices, its KV cache, where that cache lives, and
-the graph of every step shape.
+"""A session's context: one model on a list of devices, its KV cache, where that cache lives, and the
+graph of every step shape. Each distinct step shape (``shape_key``) gets its graph once; the KV length
+a step attends over is rounded up to a multiple of KV_PAD (as llama.cpp pads n_kv), so decode reuses a
+handful of shapes. When a selected device demands static shapes (limits.static_shapes), every prefill
+chunk is padded to n_batch tokens and every step attends over all n_ctx cache rows: two shapes for a
+whole run. Padding tokens write their K and V to scratch rows after the n_ctx real ones, which no query
+reads, and their logits are never returned.
 
-Each distinct step shape (``shape_key``) gets its graph once; the KV length a step attends over
-is rounded up to a multiple of KV_PAD (as llama.cpp pads n_kv), so decode reuses a handful of
-shapes. When a selected device demands static shapes (limits.static_shapes), every prefill chunk
-is padded to n_batch tokens and every step attends over all n_ctx cache rows: two shapes for a
-whole run. Padding tokens write their K and V to scratch rows after the n_ctx real ones, which no
-query reads, and their logits are never returned.
-
-The memory fit (which device runs each layer) is worked out once, over the largest steps; the
-cache is then placed layer by layer on a device that can write it. A draft's context made with
+The memory fit (which device runs each layer) is worked out once, over the largest steps; the cache is
+then placed layer by layer on a device that can write it. A draft's context made with
 ``share_kv_with=target`` uses the target's cache tensors, fit and placement, in place.
 """
 

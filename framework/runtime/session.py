@@ -1,10 +1,8 @@
-"""A session: steps over a context (runtime/context.py: the model on its devices, the KV cache, the
-memory fit, the graph of every step shape): the plans of those shapes, the executor that runs them,
-and the count of tokens in the context.
-
-Prefill runs in chunks of n_batch tokens, decode one token at a time. `reserve()` plans every shape a
-run will use and checks the plans before any weight is loaded; a shape met later (a longer run than
-reserved) is planned and checked on arrival.
+"""A session steps over a context (runtime/context.py: the model on its devices, the KV cache, the memory
+fit, the graph of every step shape): it plans those shapes, runs them through the executor and counts the
+tokens in the context. Prefill runs in chunks of n_batch tokens, decode one token at a time. `reserve()`
+plans every shape a run will use and checks the plans before any weight is loaded; a shape met later (a
+longer run than reserved) is planned and checked on arrival.
 
 Sessions of one model can share its weights and compiled programs (`share_model_with`), each
 keeping its own KV cache: a server's parallel slots. A shared program is one object, so steps of
@@ -42,8 +40,7 @@ class StepStats:
 
 
 class Session:
-    """Steps over a Context: plans each step shape once, checked against the devices' budgets (with its
-    partners' plans), and runs them through the executor, counting the tokens in the context."""
+    """Steps over a Context: each step shape planned once, checked with its partners' plans, then run."""
 
     def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512, progress=None,
                  strict: bool = False, kv_device: str | None = None, n_layers: int | None = None,

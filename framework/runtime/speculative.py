@@ -7,6 +7,8 @@ Drafts (``--draft SPEC``):
   those layers in place: no copy, no second cache. What it writes at a position is what the target's
   first K layers write there, so the target's verification step overwrites it with the same values.
 - a GGUF file with the target's vocabulary: its own cache, kept in step with the accepted tokens.
+- ``ngram[:N]``: prompt lookup (``runtime/lookup.py``), the continuation of the latest earlier occurrence of
+  the last N tokens in the prompt and the text so far; no model, no device, nothing to reserve.
 - a Gemma 4 MTP assistant (architecture ``gemma4-assistant``): Q-only attention layers that read the
   target's cache of the layers llama.cpp maps them to, the target's token embedding, and the hidden
   state the target's head read for the last accepted token (``Session(hidden=True)``); every draft token
@@ -20,6 +22,11 @@ own greedy output. Sampling: standard speculative rejection sampling (Leviathan 
 2023): a draft d drawn from the draft's distribution q is accepted with probability min(1, p(d) / q(d)),
 p being the target's (both after temperature, top-k and top-p), and a refused one is replaced by a draw
 from max(0, p - q), normalised; the tokens produced are distributed as the target's own samples.
+
+Drafting adapts (``Adaptive``): a model draft stops proposing at the first token its own top probability
+puts below ``p_min`` (llama.cpp's ``--draft-p-min``), and every draft is paused, for a number of rounds
+that doubles each time, when the acceptance of its recent rounds falls below a floor, then tried again:
+a draft that does not help costs little more than the target alone.
 
 Rejected tokens are dropped by rewinding: the KV cache is indexed by position and rows past n_past are
 masked, so rollback sets n_past (``Session.rewind``). A target (or a draft with its own cache) that keeps
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +54,7 @@ from ..core.scheduler import Reservation, Residence
 from ..model.arch.base import SpeculationError
 from ..model.model import Model
 from .generate import Piece
+from .lookup import lookup, one_hot, parse_match
 from .sampling import Sampler
 from .context import KV_PAD
 from .session import Session
@@ -83,13 +91,27 @@ def accept_sampled(p_rows: list[np.ndarray], q_rows: list[np.ndarray], drafts: l
     return len(drafts), int(rng.choice(len(p), p=p))
 
 
-def picker(sampler: Sampler):
-    """How a draft chooses: the argmax when greedy, else a draw from its distribution, which is kept."""
-    def pick(logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+def confident(logits: np.ndarray, q: np.ndarray | None, p_min: float) -> bool:
+    """Whether a draft's top probability reaches p_min (q: the distribution a sampled draft drew from;
+    None when greedy, where it is the softmax of the logits)."""
+    if p_min <= 0:
+        return True
+    if q is not None:
+        return float(q.max()) >= p_min
+    z = np.exp(logits - logits.max())
+    return float(z.max() / z.sum()) >= p_min
+
+
+def picker(sampler: Sampler, p_min: float = 0.0):
+    """How a draft chooses: the argmax when greedy, else a draw from its distribution, which is kept; None
+    (stop drafting) where the draft's top probability is below p_min."""
+    def pick(logits: np.ndarray) -> tuple[int, np.ndarray | None] | None:
         if sampler.greedy:
-            return int(np.argmax(logits)), None
-        q = sampler.distribution(logits)
-        return int(sampler.rng.choice(len(q), p=q)), q
+            tok, q = int(np.argmax(logits)), None
+        else:
+            q = sampler.distribution(logits)
+            tok = int(sampler.rng.choice(len(q), p=q))
+        return (tok, q) if confident(logits, q, p_min) else None
     return pick
 
 
@@ -98,7 +120,7 @@ class Draft:
     """What proposes tokens. ``session`` is the draft's session (its plans, executor and devices)."""
 
     kind = ""
-    session: Session
+    session: Session | None         # None: a draft without a model (ngram), which plans and runs nothing
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -161,7 +183,10 @@ class LayersDraft(Draft):
         s.n_past = self.target.n_past
         out, dists = [], []
         for _ in range(n):
-            tok, q = pick(s.eval([token]))
+            picked = pick(s.eval([token]))
+            if picked is None:
+                break
+            tok, q = picked
             out.append(tok)
             dists.append(q)
             token = tok
@@ -202,12 +227,39 @@ class ModelDraft(Draft):
         logits = s.eval(history[s.n_past:] + [token], prompt=False)
         out, dists = [], []
         for i in range(n):
-            tok, q = pick(logits)
+            picked = pick(logits)
+            if picked is None:
+                break
+            tok, q = picked
             out.append(tok)
             dists.append(q)
             if i + 1 < n:
                 logits = s.eval([tok])
         return out, dists
+
+
+class NgramDraft(Draft):
+    """Prompt lookup: the continuation of the latest earlier occurrence of the last N tokens."""
+
+    kind = "ngram"
+    session = None
+
+    def __init__(self, target: Session, n_match: int):
+        self.n_match, self.n_vocab = n_match, target.model.hp.n_vocab
+
+    def describe(self) -> str:
+        return (f"ngram:{self.n_match} (prompt lookup: what followed the latest earlier occurrence of the last "
+                f"{self.n_match} tokens)")
+
+    def keys(self, n_prompt, positions, n_draft):
+        return []
+
+    def propose(self, history, token, n, pick):
+        drafts = lookup(history + [token], self.n_match, n)
+        return drafts, [one_hot(d, self.n_vocab) for d in drafts]
+
+    def shared(self):
+        return {}
 
 
 class AssistantSession(Session):
@@ -278,7 +330,10 @@ class AssistantDraft(Draft):
         out, dists = [], []
         for _ in range(n):
             logits, h = self.session.draft_step(token, h, pos0)
-            token, q = pick(logits)
+            picked = pick(logits)
+            if picked is None:
+                break
+            token, q = picked
             out.append(token)
             dists.append(q)
         return out, dists
@@ -320,6 +375,11 @@ def make_draft(spec: str, target: Session, devices: list[Device], load=Model) ->
         raise SpeculationError(f"{target.model.name} ({target.model.arch.name}) keeps recurrent state that rejected "
                                f"draft tokens would already have changed, and it cannot be rolled back: speculative "
                                f"decoding needs a target whose state is its KV cache; run it without --draft")
+    if spec == "ngram" or spec.startswith("ngram:"):
+        try:
+            return NgramDraft(target, parse_match(spec))
+        except ValueError as e:
+            raise SpeculationError(str(e)) from None
     if spec.startswith("layers:"):
         try:
             k = int(spec.split(":", 1)[1])
@@ -328,8 +388,9 @@ def make_draft(spec: str, target: Session, devices: list[Device], load=Model) ->
         return LayersDraft(target, devices, k)
     path = Path(spec)
     if not path.is_file():
-        raise SpeculationError(f"--draft {spec}: not a file; a draft is layers:K (the target's first K layers) "
-                               f"or a GGUF file with the target's vocabulary (a Gemma 4 assistant for MTP)")
+        raise SpeculationError(f"--draft {spec}: not a file; a draft is ngram[:N] (prompt lookup), layers:K (the "
+                               f"target's first K layers) or a GGUF file with the target's vocabulary (a Gemma 4 "
+                               f"assistant for MTP)")
     model = load(path)
     if model.arch.name == ASSISTANT_ARCH:
         return AssistantDraft(target, model, devices)
@@ -338,10 +399,46 @@ def make_draft(spec: str, target: Session, devices: list[Device], load=Model) ->
 
 # -- decoding ---------------------------------------------------------------------------------------------
 @dataclass
+class Adaptive:
+    """When to draft: paused for ``pause`` rounds (2, then doubling up to MAX_PAUSE) once the acceptance of
+    the last ``window`` drafting rounds falls below ``floor``; after a pause one drafting round decides
+    whether to go on (its acceptance at the floor or above resets the pause) or to pause twice as long."""
+
+    floor: float = 0.3
+    window: int = 4
+    pause: int = 0                  # rounds left without drafting
+    next_pause: int = 2
+    probing: bool = False
+    recent: list = field(default_factory=list)     # (drafted, accepted) of the latest drafting rounds
+
+    MAX_PAUSE = 64
+
+    def allows(self) -> bool:
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return True
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not drafted:
+            return
+        self.recent = self.recent[-(self.window - 1):] + [(drafted, accepted)]
+        if not self.probing and len(self.recent) < self.window:
+            return
+        rate = sum(a for _, a in self.recent) / sum(d for d, _ in self.recent)
+        if rate < self.floor:
+            self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, self.MAX_PAUSE)
+            self.probing, self.recent = True, []
+        elif self.probing:
+            self.probing, self.next_pause = False, 2
+
+
+@dataclass
 class SpecStats:
     rounds: int = 0                 # target steps of the speculative loop
     drafted: int = 0
     accepted: int = 0
+    paused: int = 0                 # rounds without a draft because drafting was paused (Adaptive)
     tokens: int = 0                 # tokens the loop produced (the first token, from the prefill, not counted)
     seconds: float = 0.0            # the loop's time: drafting, verification, acceptance
     draft_seconds: float = 0.0
@@ -373,7 +470,7 @@ class SpecStats:
 
     def to_dict(self) -> dict:
         return {"prompt": {"tokens": self.prompt_tokens, "seconds": self.prompt_seconds},
-                "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+                "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted, "paused": self.paused,
                 "acceptance": round(self.acceptance, 4), "tokens": self.tokens,
                 "tokens_per_target_step": round(self.tokens_per_step, 4), "seconds": self.seconds,
                 "draft_seconds": self.draft_seconds, "tokens_per_second": self.tokens_per_second,
@@ -384,20 +481,34 @@ class SpecStats:
                 "speedup": round(self.speedup, 4)}
 
     def line(self) -> str:
-        return (f"speculative: drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance:.1f}%), "
+        if not self.rounds:
+            return "speculative: nothing was decoded (the first token came from the prompt's step)"
+        paused = f", drafting paused {self.paused} of {self.rounds} rounds" if self.paused else ""
+        return (f"speculative: drafted {self.drafted}, accepted {self.accepted} "
+                f"({100 * self.acceptance:.1f}%){paused}, "
                 f"{self.tokens_per_step:.2f} tokens per target step; decode {self.tokens_per_second:.1f} tok/s "
                 f"against {self.baseline_tokens_per_second:.1f} tok/s for the target alone "
                 f"({self.baseline_tokens} steps timed in this run): x{self.speedup:.2f}")
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: Session, draft: Draft, n_draft: int = DEFAULT_DRAFT_N, baseline: int = BASELINE_STEPS):
-        """baseline: decode steps of the target alone timed after the prompt (0: none), for the speed-up."""
+    def __init__(self, target: Session, draft: Draft, n_draft: int = DEFAULT_DRAFT_N, baseline: int = BASELINE_STEPS,
+                 p_min: float = 0.0):
+        """baseline: decode steps of the target alone timed after the prompt (0: none), for the speed-up;
+        p_min: a model draft stops at the first token it is less sure of (0: never)."""
         if n_draft < 1:
             raise SpeculationError(f"--draft-n must be at least 1, got {n_draft}")
+        if not 0.0 <= p_min < 1.0:
+            raise SpeculationError(f"--draft-p-min must be at least 0 and below 1, got {p_min}")
         self.target, self.draft, self.n_draft, self.baseline = target, draft, n_draft, baseline
-        target.partners, draft.session.partners = [draft.session], [target]
+        self.p_min, self.adaptive = p_min, Adaptive()
+        if draft.session is not None:
+            target.partners, draft.session.partners = [draft.session], [target]
         self.stats = SpecStats()
+
+    def sessions(self) -> list[Session]:
+        """The sessions that plan and run: the target's, and the draft's where it has one."""
+        return [s for s in (self.target, self.draft.session) if s is not None]
 
     # -- reservation ----------------------------------------------------------------------------------
     def keys(self, n_prompt: int, n_predict: int) -> tuple[list[tuple], list[tuple]]:
@@ -419,13 +530,15 @@ class SpeculativeDecoder:
         """Plan and check target and draft together; nothing is loaded or compiled."""
         target_keys, draft_keys = self.keys(n_prompt, n_predict)
         d = self.draft.session
+        if d is None:
+            return self.target.reserve_keys(target_keys, {})
         if d.borrowed:
             place_borrowed(d, self.target, self.target.make_plans(target_keys).values())
         return self.target.reserve_keys(target_keys, {d: draft_keys})
 
     def prepare(self, progress=None) -> None:
         """Load weights and compile programs of every reserved plan, before any clock starts."""
-        for s in (self.target, self.draft.session):
+        for s in self.sessions():
             for plan, _ in s.plans.values():
                 s.executor.prepare(plan, progress)
 
@@ -445,7 +558,7 @@ class SpeculativeDecoder:
         if token in stop_ids:
             return
         yield Piece(token, decoder.decode(tok.token_bytes(token)))
-        history, done, pick = list(prompt_ids), 1, picker(sampler)
+        history, done, pick = list(prompt_ids), 1, picker(sampler, self.p_min)
         while done < n_predict and t.n_past < t.n_ctx:
             produced = self._round(history, token, min(self.n_draft, n_predict - done - 1,
                                                        t.n_ctx - t.n_past - 1), sampler, pick)
@@ -460,7 +573,9 @@ class SpeculativeDecoder:
         """One draft and verification: appends the accepted tokens to history; returns the new tokens."""
         t, st = self.target, self.stats
         clock = caches.Stopwatch()
-        drafts, dists = self.draft.propose(history, token, n, pick) if n > 0 else ([], [])
+        allowed = n > 0 and self.adaptive.allows()
+        drafts, dists = self.draft.propose(history, token, n, pick) if allowed else ([], [])
+        st.paused += n > 0 and not allowed
         drafting = clock.seconds
         base = t.n_past
         rows = t.eval([token] + drafts, all_logits=True, prompt=False)
@@ -471,6 +586,7 @@ class SpeculativeDecoder:
         t.rewind(base + 1 + n_ok)
         history += [token] + drafts[:n_ok]
         self.draft.accepted(n_ok)
+        self.adaptive.update(len(drafts), n_ok)
         st.rounds += 1
         st.drafted += len(drafts)
         st.accepted += n_ok

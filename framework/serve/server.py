@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from ..cli.common import EXIT_DEVICE, EXIT_INPUT, EXIT_OK
+from ..exit_codes import EXIT_DEVICE, EXIT_INPUT, EXIT_OK
 from .app import Settings, create_app
 from .models import load_models
 

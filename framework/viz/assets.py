@@ -27,9 +27,13 @@ nav#phases button { font: inherit; padding: 3px 10px; margin-right: 4px; border:
 nav#phases button.on { background: #1d1d1d; color: #fff; border-color: #1d1d1d; }
 table { border-collapse: collapse; }
 #devices { margin: 4px 0; }
-#devices th, #devices td { padding: 3px 9px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
-#devices th { font-weight: 600; color: #444; background: #f6f6f6; }
+#devices th, #devices td { padding: 3px 7px; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+/* the table fits a 1600 px window: headings wrap to two lines, an emulation's label goes under its device */
+#devices th { font-weight: 600; color: #444; background: #f6f6f6; white-space: normal; vertical-align: bottom; }
 #devices td:first-child, #devices th:first-child { text-align: left; }
+#devices th:not(:first-child) { max-width: 7em; }
+#devices td:first-child { white-space: normal; max-width: 20em; }
+#devices .emu { display: block; font-size: 12px; }
 .swatch { display: inline-block; width: 11px; height: 11px; border-radius: 2px; vertical-align: -1px; margin-right: 5px;
        border: 1px solid rgba(0,0,0,.25); }
 .bar { display: inline-block; width: 46px; height: 7px; background: #e7e7e7; margin-left: 5px; border-radius: 3px;

@@ -10,7 +10,7 @@ on the pseudo-device `(no device)` so that the rest of the graph can still be pl
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..contract import Device, DeviceType, Limits, Verdict
 from ..core.graph import VIEW_OPS, LeafKind, Tensor
@@ -56,6 +56,10 @@ def plan_with_unplaced(graph, devices: list[Device], residence: dict, fit=None) 
         if p.device == UNPLACED and p.refusals:
             why = "; ".join(f"{d}: {r}" for d, r in p.refusals.items())
             plan.placement[key] = Placement(UNPLACED, f"no selected device accepts it ({why})", p.refusals)
+        elif UNPLACED in p.refusals:
+            # the stand-in's "placed_elsewhere" is no refusal: a node a selected device took is no fallback
+            plan.placement[key] = replace(p, refusals={d: r for d, r in p.refusals.items()
+                                                                    if d != UNPLACED})
     return plan
 
 
@@ -131,14 +135,13 @@ class PlanView:
         """A target and its draft (speculative decoding), reserved together: the target's phases, then the
         draft's ("draft ..."), and the target's tensors the draft uses in place, marked shared. On a
         CapabilityError, every shape of both is planned anyway and the error kept."""
-        target, draft = decoder.target, decoder.draft.session
         try:
             reservation = decoder.reserve(n_prompt, n_predict)
             plans, error = dict(reservation.plans), None
         except CapabilityError as e:
             reservation, error = None, e
             plans = {}
-            for s, keys in zip((target, draft), decoder.keys(n_prompt, n_predict)):
+            for s, keys in zip(decoder.sessions(), decoder.keys(n_prompt, n_predict)):
                 for key in keys:
                     graph = s.context.graph(key)[0]
                     plans[s.context.phase_name(key)] = plan_with_unplaced(graph, s.devices, s.residence)
@@ -148,15 +151,15 @@ class PlanView:
 
     @classmethod
     def _of_pair(cls, decoder, plans: dict[str, Plan]) -> PlanView:
-        target, draft = decoder.target, decoder.draft.session
-        devices = list({d.name: d for d in [*target.devices, *draft.devices]}.values())
-        view = cls(model=str(target.model.file.path), devices=devices, plans=plans,
-                   residence={**target.residence, **draft.residence})
+        sessions = decoder.sessions()
+        devices = list({d.name: d for s in sessions for d in s.devices}.values())
+        view = cls(model=str(decoder.target.model.file.path), devices=devices, plans=plans,
+                   residence={k: v for s in sessions for k, v in s.residence.items()})
         for name, plan in plans.items():
             if plan.graph.meta.get("role") != "draft":
                 continue
             for t in plan.graph.leaves:
-                home = draft.residence.get(id(t))
+                home = decoder.draft.session.residence.get(id(t))
                 if home is not None and home.owner:
                     view.shared[t.name] = (home.device, home.buffer.name)
         view.notes.append(f"draft: {decoder.draft.describe()}; {len(view.shared)} of the target's tensors used in "
@@ -167,12 +170,12 @@ class PlanView:
     def after_run_pair(cls, decoder) -> PlanView:
         """The plans a target and its draft ran, with the time each executor measured."""
         plans = {}
-        for s in (decoder.target, decoder.draft.session):
+        for s in decoder.sessions():
             plans.update({s.context.phase_name(k): plan for k, (plan, _) in s.plans.items()})
         view = cls._of_pair(decoder, plans)
         view.speculative = decoder.stats.to_dict()
         view.notes.append(decoder.stats.line())
-        for s in (decoder.target, decoder.draft.session):
+        for s in decoder.sessions():
             for dev, st in s.executor.stats.items():
                 view.device_seconds[dev] = view.device_seconds.get(dev, 0.0) + st.get("seconds", 0.0)
             for k, (plan, _) in s.plans.items():

@@ -115,7 +115,7 @@ def _phase_lines(view: PlanView, phase: str) -> list[str]:
         f"{count(u['submissions'], 'submission')}, {count(u['programs'], 'program')}, memory "
         f"{_limit(plan.memory.get(dev, {}).get('total', 0), budgets.get(dev, {}).get('memory_bytes'), human_bytes)}"
         for dev, u in plan.per_device().items()))
-    lines += [f"  {g.line()}" for g in group_fallbacks([plan])]
+    lines += [f"  {g.line(planned=not view.measured)}" for g in group_fallbacks([plan])]
     if plan.fit is not None:
         lines += [f"  {line}" for line in plan.fit.lines()]
     return lines

@@ -29,11 +29,14 @@ class FallbackGroup:
     def count(self) -> int:
         return len(self.nodes)
 
-    def line(self) -> str:
+    def line(self, planned: bool = False) -> str:
+        """One line; ``planned``: of a plan not run (`framework check`, a view of a reservation), whose nodes
+        would run on the device rather than ran."""
         why = "; ".join(f"{d}: {r}" for d, r in self.reasons.items())
+        where = f"{'would run' if planned else 'ran'} on {self.device} (first: {self.first}); {why}"
         if self.op == MEMORY:
-            return f"fallback for memory: {count(self.count, 'node')} ran on {self.device} (first: {self.first}); {why}"
-        return f"fallback: {count(self.count, self.op + ' node')} ran on {self.device} (first: {self.first}); {why}"
+            return f"fallback for memory: {count(self.count, 'node')} {where}"
+        return f"fallback: {count(self.count, self.op + ' node')} {where}"
 
 
 def group_fallbacks(plans: Iterable[Plan]) -> list[FallbackGroup]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ...contract import Device
 from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
-from .fallbacks import count, group_fallbacks
+from .fallbacks import MEMORY, count, group_fallbacks
 from .memory import Budget, Fit
 from .plan import Plan, Residence, make_plan, preallocated_sources
 from .verdicts import ask_buffer
@@ -49,7 +49,7 @@ class Reservation:
             if plan.copies:
                 lines.append(f"{'':>16}  {count(len(plan.copies), 'copy', 'copies')}, "
                              f"{sum(c.nbytes for c in plan.copies) / 2**20:.1f} MiB")
-            lines += [f"{'':>16}  {g.line()}" for g in group_fallbacks([plan])]
+            lines += [f"{'':>16}  {g.line(planned=True)}" for g in group_fallbacks([plan])]
         for dev, n in self.programs.items():
             mem = self.memory.get(dev, {})
             lines.append(f"{dev}: {count(n, 'program')} over all phases, memory "
@@ -155,11 +155,9 @@ def check_strict(plan: Plan, phase: str) -> None:
     if not fallbacks:
         return
     first = plan.devices[0].name
-    def operands(n: Tensor) -> str:
-        return ", ".join(f"{list(s.shape)} {s.dtype.name}" for s in n.src)
-
-    lines = [f"{n.name} ({n.op} {list(n.shape)} {n.dtype.name} of {operands(n)}) -> {p.device}; "
-             + "; ".join(f"{d}: {r}" for d, r in p.refusals.items()) for n, p in fallbacks]
+    # one line per op, device and reasons (a layer's worth of nodes repeats each refusal), with the first node
+    groups = group_fallbacks([plan])
+    lines = [_strict_line(g, {n.name: n for n, _ in fallbacks}) for g in groups]
     moves = [m for _, p in fallbacks for m in p.memory if m.device == first]
     memory = next((m for m in moves if m.part.startswith("layer")), moves[0] if moves else None)   # the next layer
     fix = f"drop --strict to let them fall back, or use a device that supports them instead of {first}"
@@ -169,8 +167,22 @@ def check_strict(plan: Plan, phase: str) -> None:
                f"{_mib(memory.needed)})" + (", or lift the cap of --device-memory" if memory.source == "capped"
                                             else ""))
     raise CapabilityError(
-        "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}:\n    "
+        "strict_fallback", f"--strict: {len(fallbacks)} nodes of the {phase} graph would not run on {first}, "
+        f"{count(len(groups), 'group')} by op and reason (`framework split` lists every node):\n    "
         + "\n    ".join(lines), node=fallbacks[0][0].name, devices=tuple(d.name for d in plan.devices), fix=fix)
+
+
+def _strict_line(group, nodes: dict[str, Tensor]) -> str:
+    """'24 MUL_MAT nodes -> cpu (first: ffn_up-0, [2304, 1] F32 of [640, 2304] Q4_K, [640, 1] F32; also
+    ffn_up-1, ffn_up-2 and 21 more); xdna:0: unsupported_dtype: ...'."""
+    n = nodes[group.first]
+    operands = ", ".join(f"{list(s.shape)} {s.dtype.name}" for s in n.src)
+    others = group.nodes[1:3]
+    also = (f"; also {', '.join(others)}" + (f" and {group.count - 3} more" if group.count > 3 else "")
+            if others else "")
+    what = "node" if group.op == MEMORY else f"{group.op} node"
+    return (f"{count(group.count, what)} -> {group.device} (first: {n.name}, {list(n.shape)} {n.dtype.name} of "
+            f"{operands}{also}); " + "; ".join(f"{d}: {r}" for d, r in group.reasons.items()))
 
 
 def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
@@ -197,13 +209,53 @@ def check_program_budget(plans: dict[str, Plan], by_name: dict[str, Device],
                 if others else "")
         raise CapabilityError(
             "program_budget", f"device {dev}{emu} allows {budget} live compiled programs, but the plans need "
-            f"{len(structures)} distinct programs ({detail}){live}", devices=(dev,),
+            f"{len(structures)} distinct programs ({detail}){live}{_splitters(plans, dev)}", devices=(dev,),
             limit=f"max_live_programs={budget}",
             fix=(f"close the other sessions on {dev} first (their programs are freed with them), or give this "
                  f"one another device" if others and len(structures) <= budget else
-                 f"at most {budget} fit: let {dev} take whole fragments (remove what splits them, e.g. an op it "
-                 f"refuses between layers), or put another device before it in --backends"))
+                 f"at most {budget} fit{_layers_that_fit(plans, dev, budget - others)}: let {dev} take whole "
+                 f"fragments (remove what splits them, e.g. an op it refuses between layers), or put another "
+                 f"device before it in --backends"))
     return {dev: len(s) for dev, s in needed.items()}
+
+
+def _splitters(plans: dict[str, Plan], dev: str, most: int = 3) -> str:
+    """'; its fragments are split by the nodes it refuses: 72 ROPE (refused_by_config), ...': the refusals
+    that cut the device's layers into more fragments, hence more programs, the largest groups first."""
+    refused: dict[tuple[str, str], set[str]] = {}
+    for g in group_fallbacks(plans.values()):
+        for device, code in g.codes:
+            if device == dev:
+                refused.setdefault((g.op, code), set()).update(g.nodes)
+    if not refused:
+        return ""
+    ranked = sorted(refused.items(), key=lambda kv: -len(kv[1]))
+    said = ", ".join(f"{len(nodes)} {op} ({code})" for (op, code), nodes in ranked[:most])
+    more = f" and {len(ranked) - most} more" if len(ranked) > most else ""
+    return f"; its fragments are split by the nodes it refuses: {said}{more}"
+
+
+def _layers_that_fit(plans: dict[str, Plan], dev: str, room: int) -> str:
+    """' (the programs of layers 0-11, 12 of 30 layers)': how many whole layers, from the first, the budget
+    left holds, counting the programs outside the layers (the head, the embeddings) first. A fragment counts
+    for the first layer it holds (one cut between layers runs from a layer into the next)."""
+    per_layer: dict[int | None, set[str]] = {}
+    for plan in plans.values():
+        for f in plan.fragments:
+            if f.device == dev:
+                layers = [n.layer for n in f.nodes if n.layer is not None]
+                per_layer.setdefault(min(layers, default=None), set()).add(f.program)
+    layers = sorted(k for k in per_layer if k is not None)
+    if not layers:
+        return ""
+    held, fit = set(per_layer.get(None, ())), 0
+    for layer in layers:
+        held |= per_layer[layer]
+        if len(held) > room:
+            break
+        fit += 1
+    span = f"layers {layers[0]}-{layers[fit - 1]}, " if fit > 1 else f"layer {layers[0]}, " if fit == 1 else ""
+    return f" (the programs of {span}{fit} of {len(layers)} layers)"
 
 
 @dataclass

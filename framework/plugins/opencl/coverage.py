@@ -1,5 +1,7 @@
 """What the OpenCL kernels cover, and the verdicts that follow from it: every node the kernels cannot
-compute is refused with a reason code, so the scheduler places it elsewhere. The ops covered (COVERED,
+compute is refused with a reason code, so the scheduler places it elsewhere. The rules every
+device-memory backend shares (views of weights, at most 4 axes, plain operands within one allocation)
+are the skeleton's (BackendDevice.supports_op), asked before these. The ops covered (COVERED,
 the device's supported_ops), the ops disabled by FRAMEWORK_OPENCL_DISABLE_OPS (its refused_ops) and
 the weight types read (its Limits.dtypes) are declared as data, which the framework applies before it
 asks; ``verdict`` answers the rest.
@@ -12,7 +14,8 @@ function added to the table later) is refused, never computed as another.
 
 from __future__ import annotations
 
-from ...contract import LeafKind, Tensor, Verdict, ops, plain_operand_refusal, settings
+from ...backend import is_weight
+from ...contract import Tensor, Verdict, ops, settings
 from . import options
 from .options import DISABLE_OPS_ENV
 
@@ -30,18 +33,14 @@ ROPE_NEOX = {"normal": 0, "neox": 1}
 CHOICES = {("UNARY", "op"): {k: v for k, v in UNARY_CODE.items() if k != "scale"}, ("GLU", "op"): GLU_ACTIVATION,
            ("ROPE", "mode"): ROPE_NEOX}
 OP_CODES = {**{k.lower(): v for k, v in BINARY_CODE.items()}, **UNARY_CODE}
-MAX_AXES = 4
 MAX_ELEMENTS = 1 << 32              # kernels index elements with 32-bit integers
+MAX_HEAD = 256                      # head sizes the attention kernel holds (its local memory and registers)
 
 options.declare(COVERED)
 
 
 def disabled_ops() -> frozenset[str]:
     return settings.read(DISABLE_OPS_ENV)
-
-
-def is_weight(t: Tensor) -> bool:
-    return t.is_leaf and t.kind == LeafKind.WEIGHT
 
 
 def verdict(dev, n: Tensor) -> Verdict:
@@ -52,30 +51,22 @@ def verdict(dev, n: Tensor) -> Verdict:
         if p.choices and n.params.get(p.name) not in CHOICES.get((op, p.name), ()):
             return Verdict.no("unsupported_op", f"{op} with {p.name}={n.params.get(p.name)!r}: the OpenCL kernels "
                               f"take {', '.join(CHOICES.get((op, p.name), ())) or 'no value of it'}")
-    if op in VIEW_OPS:
-        if any(is_weight(s) for s in n.src):
-            return Verdict.no("unsupported_buffer", f"{dev.name} does not take views of weights "
-                              f"({n.src[0].describe()})")
-        return Verdict.yes()
-    for check in (_operands, _op_specific):      # (a refusal is falsy: no `or` chain)
+    for check in (_elements, _op_specific):      # (a refusal is falsy: no `or` chain)
         refusal = check(dev, n)
         if refusal is not None:
             return refusal
     return Verdict.yes()
 
 
-def _operands(dev, n: Tensor) -> Verdict | None:
+def _elements(dev, n: Tensor) -> Verdict | None:
     for t in (n, *n.src):
-        if len(t.shape) > MAX_AXES:
-            return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most {MAX_AXES} axes ({t.describe()})")
         if t.nelements >= MAX_ELEMENTS:
             return Verdict.no("unsupported_shape", f"{t.describe()} has {t.nelements} elements; {dev.name} kernels "
                               f"index at most {MAX_ELEMENTS - 1}")
-    return plain_operand_refusal(dev, n, "one allocation")
+    return None
 
 
 def _op_specific(dev, n: Tensor) -> Verdict | None:
-    from .kernels import MAX_HEAD
     if n.op == "MUL_MAT":
         a = n.src[0]
         if is_weight(a) and len(a.shape) != 2:

@@ -9,43 +9,26 @@ import weakref
 
 import numpy as np
 
-from ...contract import (
-    BufferPools,
-    BufferType,
-    Device,
-    DeviceTensor,
-    DeviceType,
-    DeviceWeight,
-    Limits,
-    Tensor,
-    Verdict,
-    settings,
-)
+from ...backend import BackendDevice
+from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
 from . import enqueue, layout, options, preenqueue
 from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
 from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
+from .program import ClProgram
 from .properties import device_data, device_type, physical_id
 
 KIND_ORDER = {DeviceType.GPU: 0, DeviceType.ACCEL: 1, DeviceType.NPU: 1, DeviceType.CPU: 2}
 
 
-# the contract's handles, shared by every plugin that computes in device buffers, under this plugin's names
-ClTensor, ClWeight = DeviceTensor, DeviceWeight
-
-
-class OpenCLDevice(BufferPools, Device):
+class OpenCLDevice(BackendDevice):
     """An OpenCL device, driven through pyopencl: one context, one in-order queue."""
 
     supported_ops = COVERED
+    program_class = ClProgram
+    disable_setting = DISABLE_OPS_ENV
+    binding_unit = "one allocation"
 
-    @property
-    def max_chunk_bytes(self) -> int:
-        return self.max_alloc
-
-    @property
-    def refused_ops(self) -> dict[str, Verdict]:
-        return {op: Verdict.no("refused_by_profile", f"{op} is disabled on {self.name} by {DISABLE_OPS_ENV}")
-                for op in self.disabled}
+    max_alloc = BackendDevice.max_chunk_bytes    # the largest allocation: the buffer types' max_size
 
     def __init__(self, index: int, platform=None, cl_device=None, reason: str = ""):
         self.index = index
@@ -80,7 +63,7 @@ class OpenCLDevice(BufferPools, Device):
         self._context = self._queue = self._values_queue = None
         self._lock = threading.Lock()
         self.programs: dict = {}          # build options -> cl.Program (kernels.build)
-        self.init_pools()
+        self.init_backend()
         self._pending: list = []          # events of non-blocking uploads, kept until they complete
         self.enqueued = 0                 # kernels enqueued, all programs together
         self.runs = 0
@@ -180,25 +163,14 @@ class OpenCLDevice(BufferPools, Device):
         self._pending.append(cl.enqueue_copy(self.queue, buffer, np.ascontiguousarray(array), is_blocking=False))
 
     # -- the contract --------------------------------------------------------------------------
-    def supports_op(self, node: Tensor) -> Verdict:
+    def kernel_verdict(self, node: Tensor) -> Verdict:
         return verdict(self, node)
 
-    def weight_nbytes(self, tensor: Tensor) -> int:
-        return layout.packed_nbytes(tensor.dtype.name, tensor.shape, self.max_alloc)
-
-    def alloc(self, tensor: Tensor) -> ClTensor:
+    def zeros(self, nbytes: int):
         import pyopencl as cl
-        dt = np.float32 if tensor.dtype.name == "F32" else np.int32
-        buf = self.new_buffer(tensor.nelements * 4)
+        buf = self.new_buffer(nbytes)
         cl.enqueue_fill_buffer(self.queue, buf, np.uint32(0), 0, buf.size)
-        return ClTensor(buf, 0, tensor.shape, dt)
-
-    def to_host(self, handle) -> np.ndarray:
-        if isinstance(handle, preenqueue.StagedTensor):       # copied back by its run, ahead of the next
-            got = handle.values()
-            if got is not None:
-                return got
-        return super().to_host(handle)
+        return buf
 
     def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
         import pyopencl as cl
@@ -215,10 +187,6 @@ class OpenCLDevice(BufferPools, Device):
         elif self._queue is not None:
             self._queue.finish()
 
-    def compile(self, fragment):
-        from .program import ClProgram
-        return ClProgram(self, fragment)
-
     def report_line(self) -> str:
         return self.compile_summary()
 
@@ -230,11 +198,6 @@ class OpenCLDevice(BufferPools, Device):
                  f"{where}): {self.ahead_taken} taken, {self.ahead_released} released"
                  if self.ahead else f"no run enqueued ahead ({options.PREENQUEUE_ENV}=0 or profiling)")
         return f"{self.name}: kernels enqueued by {enqueue.how()}; {ahead}; {self.runs} runs, {self.enqueued} kernels"
-
-    def describe(self) -> str:
-        state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
-        what = f", {self.description}" if self.available else ""
-        return f"{self.name} ({self.type.value}, {state}{what})"
 
 
 def devices() -> list[OpenCLDevice]:
@@ -249,4 +212,4 @@ def devices() -> list[OpenCLDevice]:
     return [OpenCLDevice(i, p, d) for i, (p, d) in enumerate(ordered)]
 
 
-__all__ = ["ClTensor", "ClWeight", "OpenCLDevice", "devices"]
+__all__ = ["OpenCLDevice", "devices"]

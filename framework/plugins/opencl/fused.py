@@ -1,5 +1,5 @@
 """The fused decode kernels of a GPU device: which runs of nodes become one kernel is the core's decision
-(framework.contract.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
+(framework.backend.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
 by name), and each group becomes launches of kernels.cl's rowvec or attn_block ("Fused decode kernels"):
 
 * a product group: one rowvec launch a weight chunk, x made by its prologue in local memory (the norm, with
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...contract import fusion, reference, settings
+from ...backend import ChunkArg, fusion
+from ...contract import reference, settings
 from . import kernels, layout
 from .coverage import GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
+from .launches import launch
 from .options import UNFUSE_ENV
-
-AttnGroup, FusionPlan, ProductGroup, Sources = fusion.AttnGroup, fusion.FusionPlan, fusion.ProductGroup, fusion.Sources
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
 ATTN_MAX_PARTS = 256   # partials a head at most (kernels.cl's AT_MAXP: the combine's local memory)
@@ -43,7 +43,7 @@ def _local_bytes(dev) -> int:
     return int(dev.data.get("local_mem_bytes") or 32768)
 
 
-def product_shape(dev, g: ProductGroup, rows: int) -> dict:
+def product_shape(dev, g: fusion.ProductGroup, rows: int) -> dict:
     """The matrix-vector kernel's team shape for a chunk of `rows` rows (its tpr, r, wg and shfl; x stays
     f32 in local memory)."""
     w = g.muls[0].src[0]
@@ -62,13 +62,13 @@ class Target:
     def chunks(self, w) -> int:
         return len(self.dev.chunk_plan(w.dtype.name, w.shape))
 
-    def product_fits(self, g: ProductGroup) -> bool:
+    def product_fits(self, g: fusion.ProductGroup) -> bool:
         w = g.muls[0].src[0]
         sh = product_shape(self.dev, g, self.dev.chunk_plan(w.dtype.name, w.shape)[0][1])
         nbytes = w.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
         return nbytes <= _local_bytes(self.dev) and sh["wg"] % sh["tpr"] == 0
 
-    def attn_fits(self, g: AttnGroup) -> bool:
+    def attn_fits(self, g: fusion.AttnGroup) -> bool:
         d = g.fa.src[0].shape[2]
         kb = keys_a_block(d)
         nbytes = (g.wq.shape[1] // layout.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
@@ -79,20 +79,24 @@ class Target:
         return d % 4 == 0 and ATTN_WG % d == 0
 
 
-def plan(dev, fragment, off: frozenset[str]) -> FusionPlan:
-    if dev.is_cpu:
-        return FusionPlan([])
-    return fusion.plan(Target(dev), fragment, off)
+def plan(lw, fragment) -> fusion.FusionPlan:
+    """The fused groups of a fragment (none on a CPU device); the fusions turned off read once a lowering
+    (rms_mul is the lowering's own: lower_ops.py)."""
+    lw.fusions_off = fusions_off()
+    if lw.dev.is_cpu:
+        return fusion.FusionPlan([])
+    return fusion.plan(Target(lw.dev), fragment, lw.fusions_off)
 
 
-def emit(lw, g) -> None:
-    if isinstance(g, AttnGroup):
+def lower_group(lw, g) -> None:
+    """A fusion group of the core's plan, as its launches."""
+    if isinstance(g, fusion.AttnGroup):
         attn_block(lw, g)
     else:
         rowvec(lw, g)
 
 
-def _prologue(lw, src: Sources) -> tuple[dict, dict]:
+def _prologue(lw, src: fusion.Sources) -> tuple[dict, dict]:
     """The prologue's arguments and build options."""
     p = src.prologue
     args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "write_y": 0, "eps": 0.0, "eps1": 0.0, "ys": 1.0}
@@ -114,8 +118,7 @@ def _shfl_options(dev, shfl: int) -> dict:
     return {"PTX_SHFL": 1, **kernels.ptx_options(dev)} if shfl else {}
 
 
-def rowvec(lw, g: ProductGroup) -> None:
-    from .lower import ChunkArg
+def rowvec(lw, g: fusion.ProductGroup) -> None:
     p = g.src.prologue
     ws = [m.src[0] for m in g.muls]
     k = ws[0].shape[1]
@@ -133,18 +136,18 @@ def rowvec(lw, g: ProductGroup) -> None:
         for i, w in enumerate(ws):
             build[f"F_T{i}"] = w.dtype.name
         groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
-        lw.launch(f"{label} {g.out.name}", "rowvec", build, groups * sh["wg"], sh["wg"],
-                  w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
-                  r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
-                  **dict(args, write_y=args["write_y"] * int(ci == 0)))
+        launch(lw, f"{label} {g.out.name}", "rowvec", build, groups * sh["wg"], sh["wg"],
+               w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
+               r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
+               **dict(args, write_y=args["write_y"] * int(ci == 0)))
 
 
-def _qkv(g: AttnGroup) -> list:
+def _qkv(g: fusion.AttnGroup) -> list:
     """The group's Q, K and V products (the MUL_MAT nodes it absorbed), in that order."""
     return [next(n for n in g.nodes if n.op == "MUL_MAT" and n.src[0] is w) for w in (g.wq, g.wk, g.wv)]
 
 
-def _stack_shape(dev, g: AttnGroup) -> dict:
+def _stack_shape(dev, g: fusion.AttnGroup) -> dict:
     ws = (g.wq, g.wk, g.wv)
     k = g.wq.shape[1]
     rows = sum(w.shape[0] for w in ws)
@@ -152,7 +155,7 @@ def _stack_shape(dev, g: AttnGroup) -> dict:
                                                                       for w in ws))
 
 
-def own_products(dev, g: AttnGroup) -> bool:
+def own_products(dev, g: fusion.AttnGroup) -> bool:
     """Whether the attention's Q, K and V are made before it by one rowvec3 launch: for heads from
     fusion.ATTN_OWN_PRODUCTS (q rows times x's length), where each weight is one chunk and x fits."""
     if not fusion.wants_own_products(g):
@@ -164,9 +167,8 @@ def own_products(dev, g: AttnGroup) -> bool:
     return nbytes <= _local_bytes(dev) and sh["wg"] % sh["tpr"] == 0
 
 
-def _products(lw, g: AttnGroup) -> tuple:
+def _products(lw, g: fusion.AttnGroup) -> tuple:
     """Q, K and V, one rowvec3 launch (the attention's prologue in it): their values."""
-    from .lower import ChunkArg
     p = g.src.prologue
     muls = _qkv(g)
     args, opts = _prologue(lw, g.src)
@@ -180,8 +182,8 @@ def _products(lw, g: AttnGroup) -> tuple:
         build[f"F_T{i}"] = w.dtype.name
         binds |= {f"w{i}": ChunkArg(lw.arg_of(w), 0), f"o{i}": lw.new_val(m), f"n{i}": w.shape[0]}
         groups += -(-w.shape[0] // per)
-    lw.launch(f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", "rowvec3", build, groups * sh["wg"],
-              sh["wg"], **binds, **args)
+    launch(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", "rowvec3", build, groups * sh["wg"],
+           sh["wg"], **binds, **args)
     return binds["o0"], binds["o1"], binds["o2"]
 
 
@@ -202,8 +204,7 @@ def split_of(dev, s: int, h: int, d: int) -> tuple[int, int]:
     return -(-s // per), per
 
 
-def attn_block(lw, g: AttnGroup) -> None:
-    from .lower import ChunkArg
+def attn_block(lw, g: fusion.AttnGroup) -> None:
     fa = g.fa
     _, h, d = fa.src[0].shape
     s, hkv, _ = fa.src[1].shape
@@ -218,18 +219,16 @@ def attn_block(lw, g: AttnGroup) -> None:
         args, opts = _prologue(lw, g.src)
     caches = []
     for st in (g.k_set, g.v_set):
-        c = lw.ref(st.src[0])
-        if c.kind != "arg" or c.strides is not None or c.off:
+        c = lw.in_place(st)
+        if c.off:
             raise ValueError(f"{fa.name}: the attention block writes a whole cache argument in place, not "
                              f"{st.src[0].describe()}")
-        lw.written_args.add(c.idx)
-        lw.refs[id(st)] = c
         caches.append(c)
     rp = g.rope.params
     n_dims = int(rp["n_dims"])
     inv = reference.rope_inv_freq(n_dims, float(rp["freq_base"]), float(rp["freq_scale"]))
     nc, chunk = split_of(lw.dev, s, h, d)
-    part = lw.new_val(size=h * (nc + 1) * (d + 2))
+    part = lw.scratch((h * (nc + 1) * (d + 2),))
     out = lw.new_val(fa)
     mask = len(fa.src) > 3
     itself = "combine" not in lw.fusions_off     # its last work-group a head combines the partials
@@ -243,16 +242,15 @@ def attn_block(lw, g: AttnGroup) -> None:
     norm = g.src.prologue.src == "norm" and not own
     label = "+".join(filter(None, ["NORM" if norm else "", "" if own else "QKV", "ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
     weights = {n: None if own else ChunkArg(lw.arg_of(w), 0) for n, w in (("wq", g.wq), ("wk", g.wk), ("wv", g.wv))}
-    lw.launch(f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG, **weights,
-              qp=qkv[0], kp=qkv[1], vp=qkv[2],
-              gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
-              pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
-              krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
-              po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
-              chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),
-              q_scale=g.q_scale, q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0,
-              **args)
-    lw.launches[-1].vec4 = ("kc", "vc")
+    launch(lw, f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG, **weights,
+           qp=qkv[0], kp=qkv[1], vp=qkv[2],
+           gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
+           pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
+           krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
+           po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
+           chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),
+           q_scale=g.q_scale, q_eps=g.q_norm[1] if g.q_norm else 0.0, k_eps=g.k_norm[1] if g.k_norm else 0.0,
+           vec4=("kc", "vc"), **args)
     if not itself:
-        lw.launch(f"FLASH_ATTN_EXT[combine] {fa.name}", "flash_combine", kernels.base_options(lw.dev),
-                  h * kernels.AWG, kernels.AWG, p=part, o=out, TH=h, D=d, nc=nc + 1)
+        launch(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", "flash_combine", kernels.base_options(lw.dev),
+               h * kernels.AWG, kernels.AWG, p=part, o=out, TH=h, D=d, nc=nc + 1)

@@ -16,12 +16,11 @@ from pathlib import Path
 
 from ...contract import caches, settings
 from . import layout
-from .coverage import OP_CODES
+from .coverage import MAX_HEAD, OP_CODES
 from .options import MATMUL_ENV, MATVEC_ENV, cache_dir
 from .signatures import c_header
 
 SOURCE = Path(__file__).with_name("kernels.cl")
-MAX_HEAD = 256           # head sizes the attention kernel holds (its local memory and registers)
 RWG = 128                # work-group of the row kernels (RMS norm, softmax)
 AWG = 64                 # work-group of attention
 EWG = 256                # work-group of the one-thread-an-element kernels (fewer where the device allows fewer)

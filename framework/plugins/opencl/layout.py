@@ -1,4 +1,4 @@
-"""Device layouts of the weight types: the contract's word layout (framework/core/weight_words.py: GGUF
+"""Device layouts of the weight types: the skeleton's word layout (framework/core/weight_words.py: GGUF
 blocks kept quantized, each f16 scale moved to a plane of its own where it breaks word alignment), and
 the numbers the OpenCL kernels read it through (``kernel_defines``: words a block, groups a block), so
 that the geometry is known in one place. A weight larger than the device's largest allocation
@@ -6,7 +6,7 @@ that the geometry is known in one place. A weight larger than the device's large
 
 from __future__ import annotations
 
-from ...contract import weight_words
+from ...backend import weight_words
 
 QUANT_TYPES, FLOAT_TYPES, SUPPORTED, GROUP = (weight_words.QUANT_TYPES, weight_words.FLOAT_TYPES,
                                               weight_words.SUPPORTED, weight_words.GROUP)

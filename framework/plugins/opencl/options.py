@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...contract import caches, fusion, settings
+from ...backend import fusion
+from ...contract import caches, settings
 
 DISABLE_OPS_ENV = "FRAMEWORK_OPENCL_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 MAX_ALLOC_ENV = "FRAMEWORK_OPENCL_MAX_ALLOC"       # bytes: a smaller largest allocation (tests of split weights)

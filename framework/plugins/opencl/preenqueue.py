@@ -40,7 +40,8 @@ import weakref
 
 import numpy as np
 
-from ...contract import DeviceTensor, contiguous_strides, settings
+from ...backend import contiguous_strides
+from ...contract import settings
 from .options import PREENQUEUE_ENV, SWITCH_ENV
 
 STAGE_MAX = 8 << 20       # bytes of a run's value outputs copied back ahead of the next run (a decode step's logits)
@@ -62,35 +63,24 @@ class Stage:
             self.arrays[v], _ = cl.enqueue_map_buffer(dev.values_queue, buf, cl.map_flags.READ | cl.map_flags.WRITE,
                                                       0, (n,), np.float32, is_blocking=True)
 
-    def copy(self, queue, outs: dict) -> dict:
-        """This run's value outputs copied here without waiting: {value: (stage, run, value)} for the handles."""
+    def copy(self, queue, outs: dict) -> int:
+        """This run's value outputs copied here without waiting; the run's number, for the handles."""
         import pyopencl as cl
         self.runs += 1
         for v, (buf, _) in outs.items():
             self.events[v] = cl.enqueue_copy(queue, self.arrays[v], buf, is_blocking=False)
-        return {v: (self, self.runs, v) for v in outs}
+        return self.runs
 
-
-class StagedTensor(DeviceTensor):
-    """An output whose values its run also copied to pinned host memory (Stage): ``staged`` is (stage, run,
-    value). The device reads it back from there while no later run has copied over it."""
-
-    __slots__ = ("staged",)
-
-    def __init__(self, *a, staged=None, **k):
-        super().__init__(*a, **k)
-        self.staged = staged
-
-    def values(self) -> np.ndarray | None:
-        stage, run, v = self.staged
-        if run != stage.runs:
+    def values(self, run: int, v: int, offset: int, shape: tuple, strides: tuple | None) -> np.ndarray | None:
+        """Value v of run `run` as an output sees it, or None where a later run has copied over it."""
+        if run != self.runs:
             return None
-        stage.events[v].wait()
-        flat = stage.arrays[v]
-        shape, strides = self.shape, self.strides or contiguous_strides(self.shape)
+        self.events[v].wait()
+        flat = self.arrays[v]
         if not int(np.prod(shape)):
-            return np.zeros(shape, self.dtype)
-        view = np.lib.stride_tricks.as_strided(flat[self.offset:], shape, tuple(s * flat.itemsize for s in strides))
+            return np.zeros(shape, flat.dtype)
+        strides = strides or contiguous_strides(shape)
+        view = np.lib.stride_tricks.as_strided(flat[offset:], shape, tuple(s * flat.itemsize for s in strides))
         return np.array(view, copy=True)
 
 

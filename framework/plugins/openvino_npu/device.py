@@ -58,6 +58,10 @@ if TYPE_CHECKING:
     from .translate import Translation
 
 OV_WEIGHT_BUFFER = BufferType("openvino_compressed_weights", host=True)
+# the ops translate.py translates (declared here: this module imports without OpenVINO)
+SUPPORTED_OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+                          "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT",
+                          "CONCAT")
 CACHE_ENV = "FRAMEWORK_OPENVINO_CACHE_DIR"      # a folder, or "off"
 PROFILE_ENV = "FRAMEWORK_OPENVINO_PROFILE"      # a profile applied to every present non-NPU device
 PRECISION_ENV = "FRAMEWORK_OPENVINO_PRECISION"  # INFERENCE_PRECISION_HINT (default f32: measured)
@@ -210,10 +214,7 @@ class OpenVinoDevice(Device):
     weights_in_programs = True
     weight_buffer_type = OV_WEIGHT_BUFFER
     profiles = tuple(PROFILES)
-    # the ops translate.py translates (declared here: this module imports without OpenVINO)
-    supported_ops = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
-                              "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT",
-                              "CONCAT")
+    supported_ops = SUPPORTED_OPS
 
     def __init__(self, ov_name: str, *, available: bool = True, unavailable_reason: str = "",
                  full_name: str = "", physical_id: str = "", architecture: str = "",
@@ -222,21 +223,21 @@ class OpenVinoDevice(Device):
                  dynamic_quantization: int | str | None = None, threads: int | None = None):
         self.ov_name = ov_name
         self.name = f"openvino:{ov_name}"
-        self.type = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)
+        self.hardware = TYPES.get(ov_name.split(".")[0], DeviceType.ACCEL)    # its buffers, threads, settings
         self.available = available
         self.unavailable_reason = unavailable_reason
         self.physical_id = physical_id
         self.architecture = architecture
         self.full_name = full_name
-        self.buffer_type = HOST_BUFFER if self.type == DeviceType.CPU else BufferType(f"openvino_{ov_name}")
+        self.buffer_type = HOST_BUFFER if self.hardware == DeviceType.CPU else BufferType(f"openvino_{ov_name}")
         self.profile = profile
         self.emulation = profile.name if (profile and emulated) else None
+        self.type = DeviceType.NPU if self.emulation else self.hardware   # every profile is an NPU's (alias npu)
         self.limits = profile.limits if profile else Limits()
-        if self.type in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
+        if self.hardware in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
             # the CPU, and Intel's NPUs, compute in host memory
             self.limits = dataclasses.replace(self.limits, memory_bytes=host_memory_limit())
-        self.refused = dict(profile.refused_ops) if profile else {}
-        self.refused.update(refuse or {})
+        self.refused = {**(profile.refused_ops if profile else {}), **(refuse or {})}
         self.refused_ops = {op: Verdict.no("refused_by_profile", f"{self._refuser(op)} refuses {op}: {why}")
                             for op, why in self.refused.items()}
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
@@ -260,13 +261,13 @@ class OpenVinoDevice(Device):
             what += (f", EMULATION of {profile.name} ({profile.description})" if emulated
                      else f", profile {profile.name} ({profile.description})")
         # what "auto" finds: an 8-bit dot product on a CPU device; none assumed on others (not measured there)
-        self.dot_product = dot_product_isa() if self.type == DeviceType.CPU else None
-        if self.type == DeviceType.CPU:
+        self.dot_product = dot_product_isa() if self.hardware == DeviceType.CPU else None
+        if self.hardware == DeviceType.CPU:
             what += (f"; {self.precision} ({PRECISION_HINT}), "
                      f"{dynamic_quantization_words(self.dynamic_quantization, self.dot_product)}")
             if self.threads:
                 what += f", {self.threads} thread{'' if self.threads == 1 else 's'} (INFERENCE_NUM_THREADS)"
-        elif self.type == DeviceType.GPU:       # it gets DYNAMIC_QUANTIZATION_GROUP_SIZE too (requested_settings)
+        elif self.hardware == DeviceType.GPU:       # it gets DYNAMIC_QUANTIZATION_GROUP_SIZE too (requested_settings)
             what += f"; {dynamic_quantization_words(self.dynamic_quantization, gpu=True)}"
         self.description = what
 
@@ -285,7 +286,7 @@ class OpenVinoDevice(Device):
                 raise ValueError("max_live_programs needs a profile")
             prof = dataclasses.replace(prof, name=f"{prof.name}[max_live_programs={max_live_programs}]",
                                        limits=dataclasses.replace(prof.limits, max_live_programs=max_live_programs))
-        emulated = prof is not None and not (self.type == DeviceType.NPU and self.profile is prof
+        emulated = prof is not None and not (self.hardware == DeviceType.NPU and self.profile is prof
                                              and self.emulation is None)
         return OpenVinoDevice(self.ov_name, available=self.available, unavailable_reason=self.unavailable_reason,
                               full_name=self.full_name, physical_id=self.physical_id,
@@ -365,7 +366,7 @@ class OpenVinoDevice(Device):
         """OpenVINO's compile properties. Every one that changes results is set here, none left to what
         OpenVINO picks for the CPU at hand (``requested_settings``, read back from every compiled model)."""
         cfg = {"PERFORMANCE_HINT": "LATENCY", **self.requested_settings()}
-        if self.type == DeviceType.CPU and self.threads:
+        if self.hardware == DeviceType.CPU and self.threads:
             # one thread per core by default: on a shared machine, a step's ~1000 kernels each wait at a barrier
             # for the slowest of them (docs/openvino.md, "Decode against llama.cpp")
             cfg["INFERENCE_NUM_THREADS"] = self.threads
@@ -379,7 +380,7 @@ class OpenVinoDevice(Device):
         (which the "auto" group size reads); DYNAMIC_QUANTIZATION_GROUP_SIZE only where the device has the property
         (OpenVINO's CPU and GPU plugins)."""
         cfg: dict[str, Any] = {PRECISION_HINT: self.precision}
-        if self.type in (DeviceType.CPU, DeviceType.GPU):
+        if self.hardware in (DeviceType.CPU, DeviceType.GPU):
             cfg[DYNQUANT] = self.group_size(weights)
         return cfg
 
@@ -512,7 +513,7 @@ class OvProgram:
         """Every requested setting must be the compiled model's (a model imported from the on-disk cache
         included): a CPU plugin that overrode one would change results without a word."""
         dev = self.device
-        if dev.type != DeviceType.CPU:
+        if dev.hardware != DeviceType.CPU:
             return
         wrong = {k: (v, self.effective.get(k)) for k, v in self.requested.items()
                  if str(self.effective.get(k)) != str(v)}

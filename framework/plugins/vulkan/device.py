@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import threading
 
 import numpy as np
 
+from ...backend import BackendDevice
 from ...contract import (
     HOST_CPU,
-    BufferPools,
     BufferType,
-    Device,
     DeviceType,
     Limits,
     Tensor,
@@ -23,8 +21,7 @@ from ...contract import (
 from . import options, quant
 from .fusion import fusions_off
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
-from .submission import ENCODING, RopeRows, VkProgram, wait_for_queue
-from .tensors import StagedTensor, VkTensor, VkWeight
+from .submission import ENCODING, VkProgram, wait_for_queue
 from .verdicts import OPS, verdict
 
 options.declare(OPS)
@@ -33,21 +30,17 @@ ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU,
                  "CPU": DeviceType.CPU}
 
 
-class VulkanDevice(BufferPools, Device):
+class VulkanDevice(BackendDevice):
     """A Vulkan adapter, driven through wgpu's compute API."""
 
     weights_in_programs = False
     supported_ops = OPS
+    program_class = VkProgram
+    disable_setting = DISABLE_OPS_ENV
+    binding_unit = "one storage binding"
     even_chunks = True          # the kernels read each chunk's scale plane in word pairs (two f16 scales)
 
-    @property
-    def max_chunk_bytes(self) -> int:
-        return self.max_binding
-
-    @property
-    def refused_ops(self) -> dict[str, Verdict]:
-        return {op: Verdict.no("refused_by_profile", f"{op} is disabled on {self.name} by {DISABLE_OPS_ENV}")
-                for op in self.disabled}
+    max_binding = BackendDevice.max_chunk_bytes    # the most one storage binding holds: the buffer types' max_size
 
     def __init__(self, index: int, adapter=None, reason: str = ""):
         self.index = index
@@ -115,7 +108,7 @@ class VulkanDevice(BufferPools, Device):
         self._gpu = None
         self._lock = threading.Lock()
         self._pipelines: dict = {}
-        self.init_pools()
+        self.init_backend()
         self.uploads = 0
         self.submits = 0
         self.compiled: list[tuple[int, int]] = []     # per program compiled: (rows of x, dispatches a run)
@@ -124,7 +117,6 @@ class VulkanDevice(BufferPools, Device):
         self.profile = {} if settings.read(PROFILE_ENV) and self.timestamps else None
         self.pass_times: list[float] | None = None     # a list: each run's GPU time, one pass timed whole
         self.last_stage = None         # the read-back copies of the last run submitted (submission.Stage), if any
-        self.rope_rows = RopeRows()    # the rope tables' rows by position, for every program
 
     # -- the wgpu device, made on first use ----------------------------------------------------
     @property
@@ -185,29 +177,12 @@ class VulkanDevice(BufferPools, Device):
         return pipe, bgl
 
     # -- the contract --------------------------------------------------------------------------
-    def supports_op(self, node: Tensor) -> Verdict:
+    def kernel_verdict(self, node: Tensor) -> Verdict:
         return verdict(self, node)
-
-    def weight_nbytes(self, tensor: Tensor) -> int:
-        return tensor.nbytes + 8 * len(self.chunk_plan(tensor.dtype.name, tensor.shape))
-
-    def alloc(self, tensor: Tensor) -> VkTensor:
-        dt = np.float32 if tensor.dtype.name == "F32" else np.int32
-        n = tensor.nelements
-        return VkTensor(self.new_buffer(n * 4), 0, tensor.shape, dt)   # wgpu zero-fills new buffers
 
     def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
         data = self.gpu.queue.read_buffer(buffer, byte_offset, count * 4)
         return np.frombuffer(data, dtype=dtype, count=count)
-
-    def to_host(self, handle) -> np.ndarray:
-        if isinstance(handle, StagedTensor) and handle.host is None:   # its run copied it for reading back
-            n = math.prod(handle.shape)
-            stage, run, at = handle.readback
-            data = stage.read(run, at, 4 * n) if n else None
-            if data is not None:
-                return np.frombuffer(data, dtype=handle.dtype, count=n).reshape(handle.shape).copy()
-        return super().to_host(handle)
 
     def synchronize(self) -> None:
         """Wait for the queue: a run returns once its commands are submitted, and the executor stops its
@@ -223,7 +198,7 @@ class VulkanDevice(BufferPools, Device):
             self._gpu.queue.read_buffer(self.dummy(), 0, 16)
 
     def compile(self, fragment):
-        program = VkProgram(self, fragment)
+        program = super().compile(fragment)
         rows = max((n.src[1].nelements // n.src[1].shape[-1] for n in fragment.nodes if n.op == "MUL_MAT"), default=0)
         self.compiled.append((rows, len(program.steps)))
         return program
@@ -236,11 +211,6 @@ class VulkanDevice(BufferPools, Device):
         return (f"{self.name}: {len(self.compiled)} programs, {len(self._pipelines)} pipelines; dispatches a run: "
                 f"{runs or 'none'}; fusions off: {', '.join(off) if off else 'none'}; {ENCODING}"
                 + ("" if not self.cpu_adapter else " (a CPU adapter fuses no decode kernels)"))
-
-    def describe(self) -> str:
-        state = "available" if self.available else f"unavailable: {self.unavailable_reason}"
-        what = f", {self.description}" if self.available else ""
-        return f"{self.name} ({self.type.value}, {state}{what})"
 
 
 def _padded(array: np.ndarray) -> np.ndarray:
@@ -261,4 +231,4 @@ def devices() -> list[VulkanDevice]:
     return [VulkanDevice(i, a) for i, a in enumerate(found.adapters)]
 
 
-__all__ = ["VkTensor", "VkWeight", "VulkanDevice", "devices"]
+__all__ = ["VulkanDevice", "devices"]

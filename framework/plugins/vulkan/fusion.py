@@ -1,29 +1,25 @@
 """Which nodes of a fragment become one fused kernel (wgsl_fused.py): the core's decision
-(framework.contract.fusion, whose docstring lists the fusions), asked with this plugin's limits, for
+(framework.backend.fusion, whose docstring lists the fusions), asked with this plugin's limits, for
 decode on a GPU adapter. Each fusion is turned off by name in FRAMEWORK_VULKAN_UNFUSE (a
 comma-separated list, or "all").
 """
 
 from __future__ import annotations
 
-import os
-
-from ...contract import fusion
+from ...backend import fusion
+from ...contract import settings
 from . import quant, wgsl_fused
 from .kernel_shapes import matvec_shape
 from .options import UNFUSE_ENV
 from .wgsl_fused import ATTN_WG
 
-# the core's groups, under the names lower_fused.py imports from here
-AttnGroup, FusionPlan, ProductGroup, Sources = fusion.AttnGroup, fusion.FusionPlan, fusion.ProductGroup, fusion.Sources
 
-
-def fusions_off(value: str | None = None) -> frozenset[str]:
+def fusions_off() -> frozenset[str]:
     """The fusions FRAMEWORK_VULKAN_UNFUSE turns off; an unknown name is an error that lists them."""
-    return fusion.parse_off(os.environ.get(UNFUSE_ENV, "") if value is None else value, UNFUSE_ENV)
+    return settings.read(UNFUSE_ENV)
 
 
-def shape_of(dev, g: ProductGroup) -> dict:
+def shape_of(dev, g: fusion.ProductGroup) -> dict:
     """The matrix-vector shape of a product group (the first chunk's), as the unfused kernel would take."""
     w = g.muls[0].src[0]
     rows = dev.chunk_plan(w.dtype.name, w.shape)[0][1]
@@ -31,7 +27,7 @@ def shape_of(dev, g: ProductGroup) -> dict:
     return matvec_shape(dev, w.shape[1] // 32, 1, rows, nbytes)
 
 
-def rowvec_fits(dev, g: ProductGroup) -> bool:
+def rowvec_fits(dev, g: fusion.ProductGroup) -> bool:
     """Workgroup memory and storage bindings within the adapter's limits."""
     sh = shape_of(dev, g)
     k = g.muls[0].src[0].shape[1]
@@ -64,10 +60,10 @@ class _Target:
     def chunks(self, w) -> int:
         return len(self.lw.chunks(w))
 
-    def product_fits(self, g: ProductGroup) -> bool:
+    def product_fits(self, g: fusion.ProductGroup) -> bool:
         return rowvec_fits(self.lw.dev, g)
 
-    def attn_fits(self, g: AttnGroup) -> bool:
+    def attn_fits(self, g: fusion.AttnGroup) -> bool:
         roles = wgsl_fused.attn_roles(g.src.prologue, g.q_norm is not None, g.k_norm is not None, len(g.fa.src) > 3)
         return attn_fits(self.lw.dev, g.wq.shape[1], g.fa.src[0].shape[2], len(roles))
 
@@ -75,8 +71,10 @@ class _Target:
         return ATTN_WG % d == 0
 
 
-def plan(lw, fragment, off: frozenset[str]) -> FusionPlan:
-    """The fused groups of a fragment: none on a CPU adapter (lavapipe runs barrier-free kernels best)."""
+def plan(lw, fragment) -> fusion.FusionPlan:
+    """The fused groups of a fragment: none on a CPU adapter (lavapipe runs barrier-free kernels best).
+    The fusions turned off are read once a lowering (rms_mul is the lowering's own: lower_ops.py)."""
+    lw.fusions_off = fusions_off()
     if lw.dev.cpu_adapter:
-        return FusionPlan([])
-    return fusion.plan(_Target(lw), fragment, off)
+        return fusion.FusionPlan([])
+    return fusion.plan(_Target(lw), fragment, lw.fusions_off)

@@ -8,31 +8,33 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...contract import fusion as core_fusion
+from ...backend import ChunkArg, fusion
 from . import wgsl, wgsl_fused
-from .fusion import AttnGroup, ProductGroup, Sources, buffers_limit, rowvec_fits, shape_of
+from .fusion import buffers_limit, rowvec_fits, shape_of
 from .kernel_shapes import SPLIT_ATTN_BELOW
+from .steps import emit
 from .wgsl import GLU_CODE
 
 
-def emit(lw, g) -> None:
-    if isinstance(g, AttnGroup):
+def lower_group(lw, g) -> None:
+    """A fusion group of the core's plan, as its dispatches."""
+    if isinstance(g, fusion.AttnGroup):
         attn_block(lw, g)
     else:
         rowvec(lw, g)
 
 
-def _sources(lw, src: Sources) -> tuple[dict, dict]:
+def _sources(lw, src: fusion.Sources) -> tuple[dict, dict]:
     """The prologue's bindings by role and its parameters (write_y set per dispatch by the caller)."""
     p = src.prologue
     if p.src == "combine":
-        part, nc, d = lw.partials[id(src.fa)]
-        return {"P": ("ref", part)}, {"d4": d // 4, "nc": nc}
+        part, nc, d = lw.memo[("partials", id(src.fa))]
+        return {"P": part}, {"d4": d // 4, "nc": nc}
     binds = {"A": src.a}
     if p.src == "norm":
         binds |= {"B": src.b, "Gn": src.g, "Gp": src.g1}
-    binds = {r: ("ref", lw.ref(t)) for r, t in binds.items() if t is not None}
-    for _, r in binds.values():
+    binds = {r: lw.ref(t) for r, t in binds.items() if t is not None}
+    for r in binds.values():
         if r.kind == "arg":
             lw.align4.add(r.idx)
     params = {}
@@ -43,7 +45,7 @@ def _sources(lw, src: Sources) -> tuple[dict, dict]:
         if p.pre == "scale":
             params["y_scale"] = src.scale
         if p.write_y:
-            binds["Y"] = ("ref", lw.new_val(src.y))
+            binds["Y"] = lw.new_val(src.y)
     return binds, params
 
 
@@ -51,7 +53,7 @@ def _rw(roles: list[str]) -> tuple[bool, ...]:
     return tuple(r not in wgsl_fused.WEIGHT_ROLES and wgsl_fused.ROLE_TYPES[r][0] == "read_write" for r in roles)
 
 
-def rowvec(lw, g: ProductGroup) -> None:
+def rowvec(lw, g: fusion.ProductGroup) -> None:
     p = g.src.prologue
     pair = len(g.muls) == 2
     ws = [m.src[0] for m in g.muls]
@@ -61,28 +63,28 @@ def rowvec(lw, g: ProductGroup) -> None:
     roles = wgsl_fused.rowvec_roles(p, pair, g.epilogue)
     binds, params = _sources(lw, g.src)
     out = lw.new_val(g.out)
-    binds["O"] = ("ref", out)
+    binds["O"] = out
     if g.residual is not None:
-        binds["R"] = ("ref", lw.ref(g.residual))
+        binds["R"] = lw.ref(g.residual)
     args = [lw.arg_of(w) for w in ws]
     if pair:
-        binds["W1"] = ("chunk", args[1], 0)
-        params["moff1"] = ("moff", args[1], 0)
+        binds["W1"] = ChunkArg(args[1], 0)
+        params["moff1"] = ChunkArg(args[1], 0)
     if g.epilogue == "glu":
         params["op"] = GLU_CODE[g.out.params["op"]]
     key = ("rowvec", qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
     label = "+".join(filter(None, [{"norm": "NORM", "combine": "COMBINE"}.get(p.src), "MUL_MAT" + "x2" * pair,
                                    {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
     for ci, (row0, rows) in enumerate(lw.chunks(ws[0])):
-        binds["W0"] = ("chunk", args[0], ci)
-        step_params = params | {"n": rows, "col0": row0, "moff0": ("moff", args[0], ci)}
+        binds["W0"] = ChunkArg(args[0], ci)
+        step_params = params | {"n": rows, "col0": row0, "moff0": ChunkArg(args[0], ci)}
         if p.write_y:
             step_params["write_y"] = int(ci == 0)
-        lw.emit(f"{label} {g.out.name}", key,
-                lambda: wgsl_fused.rowvec(qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"]),
-                                          bool(sh["x8"])),
-                _rw(roles), [binds[r] for r in roles], step_params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])),
-                wgsl_fused.rowvec_params(p, pair, g.epilogue))
+        emit(lw, f"{label} {g.out.name}", key,
+             lambda: wgsl_fused.rowvec(qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"]),
+                                       bool(sh["x8"])),
+             _rw(roles), [binds[r] for r in roles], step_params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])),
+             wgsl_fused.rowvec_params(p, pair, g.epilogue))
 
 
 def split_of(s: int, rows: int) -> tuple[int, int]:
@@ -93,39 +95,39 @@ def split_of(s: int, rows: int) -> tuple[int, int]:
     return -(-s // ch), ch
 
 
-def _qkv(g: AttnGroup) -> list:
+def _qkv(g: fusion.AttnGroup) -> list:
     """The group's Q, K and V products (MUL_MAT nodes it absorbed), in that order."""
     return [next(n for n in g.nodes if n.op == "MUL_MAT" and n.src[0] is w) for w in (g.wq, g.wk, g.wv)]
 
 
-def _product_groups(g: AttnGroup) -> list[ProductGroup]:
+def _product_groups(g: fusion.AttnGroup) -> list[fusion.ProductGroup]:
     """Q, K and V as ROWVECs with the attention's prologue (the first writes its y, where it has one)."""
     out = []
     for i, m in enumerate(_qkv(g)):
         src = g.src
         if i and src.prologue.write_y:
             src = replace(src, prologue=replace(src.prologue, write_y=False), y=None)
-        out.append(ProductGroup([m], src, "", m))
+        out.append(fusion.ProductGroup([m], src, "", m))
     return out
 
 
-def own_products(lw, g: AttnGroup) -> bool:
+def own_products(lw, g: fusion.AttnGroup) -> bool:
     """Whether the attention's Q, K and V products are matrix-vector kernels of their own (see fusion.py)."""
-    return core_fusion.wants_own_products(g) and all(rowvec_fits(lw.dev, pg) for pg in _product_groups(g))
+    return fusion.wants_own_products(g) and all(rowvec_fits(lw.dev, pg) for pg in _product_groups(g))
 
 
-def _products(lw, g: AttnGroup) -> dict:
+def _products(lw, g: fusion.AttnGroup) -> dict:
     """Q, K and V across the whole GPU, one ROWVEC kernel over the three weights where they fit one (else
     one each); their outputs by the attention kernel's roles."""
     pgs = _product_groups(g)
     muls = _qkv(g)
-    stacked = ProductGroup(muls, g.src, "", muls[0])
+    stacked = fusion.ProductGroup(muls, g.src, "", muls[0])
     sh = shape_of(lw.dev, stacked)
     roles = wgsl_fused.stack_roles(g.src.prologue, 3)
     if sh["x8"] or not rowvec_fits(lw.dev, pgs[0]) or len(roles) > buffers_limit(lw.dev):
         for pg in pgs:
             rowvec(lw, pg)
-        return {role: ("ref", lw.ref(pg.out)) for role, pg in zip(("Qp", "Kp", "Vp"), pgs)}
+        return {role: lw.ref(pg.out) for role, pg in zip(("Qp", "Kp", "Vp"), pgs)}
     p = g.src.prologue
     binds, params = _sources(lw, g.src)
     if p.write_y:
@@ -136,19 +138,19 @@ def _products(lw, g: AttnGroup) -> dict:
     groups = 0
     for i, m in enumerate(muls):
         a = lw.arg_of(m.src[0])
-        binds[f"W{i}"] = ("chunk", a, 0)
-        binds[f"O{i}"] = ("ref", lw.new_val(m))
+        binds[f"W{i}"] = ChunkArg(a, 0)
+        binds[f"O{i}"] = lw.new_val(m)
         rows = m.src[0].shape[0]
-        params |= {f"n{i}": rows, f"moff{i}": ("moff", a, 0)}
+        params |= {f"n{i}": rows, f"moff{i}": ChunkArg(a, 0)}
         groups += -(-rows // per)
     key = ("rowvec_stack", qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], sh["sg"])
-    lw.emit(f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key,
-            lambda: wgsl_fused.rowvec_stack(qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"])),
-            _rw(roles), [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
+    emit(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key,
+         lambda: wgsl_fused.rowvec_stack(qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"])),
+         _rw(roles), [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
     return {role: binds[f"O{i}"] for i, role in enumerate(("Qp", "Kp", "Vp"))}
 
 
-def attn_block(lw, g: AttnGroup) -> None:
+def attn_block(lw, g: fusion.AttnGroup) -> None:
     fa = g.fa
     _, h, d = fa.src[0].shape
     s, hkv, _ = fa.src[1].shape
@@ -159,38 +161,30 @@ def attn_block(lw, g: AttnGroup) -> None:
     binds, params = (_products(lw, g), {}) if own else _sources(lw, g.src)
     caches = []
     for st in (g.k_set, g.v_set):
-        c = lw.ref(st.src[0])
-        if c.kind != "arg" or not c.contiguous or c.off:
-            raise ValueError(f"SET_ROWS writes a cache argument in place, not {st.src[0].describe()}")
-        lw.written_args.add(c.idx)
+        c = lw.in_place(st)
+        if c.off:
+            raise ValueError(f"{fa.name}: the attention block writes a whole cache, not {st.src[0].describe()}")
         lw.align4.add(c.idx)
-        lw.refs[id(st)] = c
         caches.append(c)
-    pos = lw.ref(g.rope.src[1])
-    if pos.kind != "arg":
-        raise ValueError(f"ROPE positions must be an argument of the fragment ({g.rope.src[1].describe()})")
     rp = g.rope.params
     n_dims = int(rp["n_dims"])
-    rope_key = (pos.idx, pos.off, n_dims, float(rp["freq_base"]), float(rp["freq_scale"]), 1)
-    if rope_key not in lw.ropes:
-        lw.ropes.append(rope_key)
     nc, ch = split_of(s, h)
     part = lw.scratch((h * (nc + 1) * (d + 4),))
     if not own:
         args = [lw.arg_of(w) for w in (g.wq, g.wk, g.wv)]
-        binds |= {"Wq": ("chunk", args[0], 0), "Wk": ("chunk", args[1], 0), "Wv": ("chunk", args[2], 0)}
-        params |= {"moffq": ("moff", args[0], 0), "moffk": ("moff", args[1], 0), "moffv": ("moff", args[2], 0)}
+        binds |= {"Wq": ChunkArg(args[0], 0), "Wk": ChunkArg(args[1], 0), "Wv": ChunkArg(args[2], 0)}
+        params |= {"moffq": ChunkArg(args[0], 0), "moffk": ChunkArg(args[1], 0), "moffv": ChunkArg(args[2], 0)}
         if p.write_y:
             params["write_y"] = 1
-    binds |= {"CS": ("rope", lw.ropes.index(rope_key)), "KR": ("ref", lw.ref(g.k_set.src[2])),
-              "Kc": ("ref", caches[0]), "Vc": ("ref", caches[1]), "PO": ("ref", part)}
+    binds |= {"CS": lw.rope(g.rope, 1), "KR": lw.ref(g.k_set.src[2]),
+              "Kc": caches[0], "Vc": caches[1], "PO": part}
     if mask:
-        binds["Mk"] = ("ref", lw.ref(fa.src[3]))
+        binds["Mk"] = lw.ref(fa.src[3])
     if g.q_norm is not None:
-        binds["Gq"] = ("ref", lw.ref(g.q_norm[0]))
+        binds["Gq"] = lw.ref(g.q_norm[0])
         params["q_eps"] = g.q_norm[1]
     if g.k_norm is not None:
-        binds["Gk"] = ("ref", lw.ref(g.k_norm[0]))
+        binds["Gk"] = lw.ref(g.k_norm[0])
         params["k_eps"] = g.k_norm[1]
     params |= {"h": h, "hkv": hkv, "s": s, "nc": nc, "chunk": ch, "cache_rows": g.k_set.src[0].shape[0],
                "scale": float(fa.params["scale"]), "q_scale": g.q_scale}
@@ -200,14 +194,14 @@ def attn_block(lw, g: AttnGroup) -> None:
     key = ("attn_block", qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None, mask)
     made = [] if own else ["NORM" if p.src == "norm" else "", "QKV"]
     label = "+".join(filter(None, made + ["ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
-    lw.emit(f"{label} {fa.name}", key,
-            lambda: wgsl_fused.attn_block(qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None,
-                                          mask),
-            _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
-            wgsl_fused.attn_params(p, g.q_norm is not None, g.k_norm is not None, mask))
+    emit(lw, f"{label} {fa.name}", key,
+         lambda: wgsl_fused.attn_block(qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None,
+                                       mask),
+         _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
+         wgsl_fused.attn_params(p, g.q_norm is not None, g.k_norm is not None, mask))
     if g.combined:
         o = lw.new_val(fa)
-        lw.emit(f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
-                (False, True), [("ref", part), ("ref", o)], {"rows": h, "d": d, "nc": nc + 1}, h)
+        emit(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
+             (False, True), [part, o], {"rows": h, "d": d, "nc": nc + 1}, h)
     else:                # the product reading the attention combines the partials in its prologue
-        lw.partials[id(fa)] = (part, nc + 1, d)
+        lw.memo[("partials", id(fa))] = (part, nc + 1, d)

@@ -4,12 +4,11 @@ and activations; a weight split into chunks is multiplied chunk by chunk."""
 
 from __future__ import annotations
 
+from ...backend import ChunkArg, Ref, contiguous_strides, is_weight, pad4
 from . import quant, wgsl
 from .kernel_shapes import MATVEC_MAX_ROWS, matmul_shape, matvec_shape, tile_for
 from .lower_ops import RW2, RW3, cont_params
-from .steps import Ref, pad4
-from .tensors import contig
-from .verdicts import is_weight
+from .steps import emit
 
 
 def op_mul_mat(lw, n):
@@ -24,17 +23,17 @@ def op_mul_mat(lw, n):
     m = b.shape[-2]
     if is_weight(a):
         arg = lw.arg_of(a)
-        parts = [(("chunk", arg, ci), row0, rows) for ci, (row0, rows) in enumerate(lw.chunks(a))]
+        parts = [(ChunkArg(arg, ci), row0, rows) for ci, (row0, rows) in enumerate(lw.chunks(a))]
         elem = a.dtype.name
     else:
-        parts = [(("ref", lw.ref(a)), 0, nrows)]
+        parts = [(lw.ref(a), 0, nrows)]
         elem = "F32"
     for bind, row0, rows in parts:
         total = sb[0] * sb[1] * m * rows
-        lw.emit(f"MUL_MAT {n.name}", ("mul_mat_f", elem), lambda elem=elem: wgsl.mul_mat_f(elem), RW3,
-                [bind, ("ref", br), ("ref", o)],
-                {"n": nrows, "m": m, "k": k, "a0": sa[0], "a1": sa[1], "b0": sb[0], "b1": sb[1], "row0": row0,
-                 "rows": rows, "ld": nrows}, -(-total // 256))
+        emit(lw, f"MUL_MAT {n.name}", ("mul_mat_f", elem), lambda elem=elem: wgsl.mul_mat_f(elem), RW3,
+             [bind, br, o],
+             {"n": nrows, "m": m, "k": k, "a0": sa[0], "a1": sa[1], "b0": sb[0], "b1": sb[1], "row0": row0,
+              "rows": rows, "ld": nrows}, -(-total // 256))
 
 
 def _quant_mul_mat(lw, n, a, br, o):
@@ -45,8 +44,8 @@ def _quant_mul_mat(lw, n, a, br, o):
             raise ValueError(f"MUL_MAT operand {n.src[1].describe()} is a view at an odd offset")
     elif br.off % 4:
         moved = lw.scratch(br.shape)
-        lw.emit(f"CONT (align) {n.name}", ("cont",), lambda: wgsl.simple("cont"), RW2, [("ref", br), ("ref", moved)],
-                cont_params(pad4(br.shape), contig(pad4(br.shape))), -(-br.size // 256))
+        emit(lw, f"CONT (align) {n.name}", ("cont",), lambda: wgsl.simple("cont"), RW2, [br, moved],
+             cont_params(pad4(br.shape), contiguous_strides(pad4(br.shape))), -(-br.size // 256))
         br = moved
     qt = a.dtype.name
     nrows, k = a.shape
@@ -54,26 +53,26 @@ def _quant_mul_mat(lw, n, a, br, o):
     gpr = k // 32
     arg = lw.arg_of(a)
     for ci, (row0, rows) in enumerate(lw.chunks(a)):
-        params = {"n": rows, "k": k, "m": b_rows, "gpr": gpr, "moff": ("moff", arg, ci), "ld": nrows, "col0": row0}
-        binds = [("chunk", arg, ci), ("ref", br), ("ref", o)]
+        params = {"n": rows, "k": k, "m": b_rows, "gpr": gpr, "moff": ChunkArg(arg, ci), "ld": nrows, "col0": row0}
+        binds = [ChunkArg(arg, ci), br, o]
         if m <= MATVEC_MAX_ROWS and not lw.dev.cpu_adapter:
             mm = next(x for x in (1, 2, 4, 8) if x >= m)
             sh = matvec_shape(lw.dev, gpr, mm, rows, rows * quant.row_bytes(qt, k))
             if sh["x8"]:
-                binds[1] = ("ref", _quant_x(lw, br, b_rows, k))
+                binds[1] = _quant_x(lw, br, b_rows, k)
             key = ("matvec", qt, mm, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
-            lw.emit(f"MUL_MAT[matvec] {n.name}", key,
-                    lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
-                                                            bool(sh["x8"])),
-                    RW3, binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
+            emit(lw, f"MUL_MAT[matvec] {n.name}", key,
+                 lambda qt=qt, mm=mm, sh=sh: wgsl.matvec(qt, sh["tpr"], mm, sh["r"], bool(sh["sg"]), sh["wg"],
+                                                         bool(sh["x8"])),
+                 RW3, binds, params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])))
         elif m > MATVEC_MAX_ROWS and not (sh := matmul_shape(lw.dev, m, rows, gpr))["reg"]:
             _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params)
         else:
             bm, bn = tile_for(m, rows, not lw.dev.cpu_adapter)
             nbn = -(-rows // bn)
-            lw.emit(f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
-                    lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn), RW3, binds, params | {"nbn": nbn},
-                    -(-(nbn * -(-m // bm)) // 64))
+            emit(lw, f"MUL_MAT[tiled-{bm}x{bn}] {n.name}", ("matmul_reg", qt, bm, bn),
+                 lambda qt=qt, bm=bm, bn=bn: wgsl.matmul_reg(qt, bm, bn), RW3, binds, params | {"nbn": nbn},
+                 -(-(nbn * -(-m // bm)) // 64))
 
 
 def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
@@ -83,21 +82,21 @@ def _tiled_mul_mat(lw, n, qt, sh, m, rows, binds, params):
     nbn = -(-rows // bn)
     rw = RW3
     if f16:       # x scaled per group, in f16 (HALF_X); bound again for its f32 scales
-        xh = ("ref", _x_form(lw, binds[1][1], m, params["k"], "half_x", 20))
+        xh = _x_form(lw, binds[1], m, params["k"], "half_x", 20)
         binds, rw = [binds[0], xh, binds[2], xh], rw + (False,)
     params = params | {"nbn": nbn, "gps": sh["gps"], "splits": split, "plane": 0}
     out, ld, col0 = binds[2], params["ld"], params["col0"]
     if split > 1:
         part = lw.scratch((split, m, rows))
-        binds = [binds[0], binds[1], ("ref", part)] + binds[3:]
+        binds = [binds[0], binds[1], part] + binds[3:]
         params |= {"ld": rows, "col0": 0, "plane": m * rows}
-    lw.emit(f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}{'/f16' if f16 else ''}] {n.name}",
-            ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
-            rw, binds, params, split * nbn * -(-m // bm))
+    emit(lw, f"MUL_MAT[tile-{bm}x{bn}{f'/k{split}' if split > 1 else ''}{'/f16' if f16 else ''}] {n.name}",
+         ("matmul_tile", qt, bm, bn, kg, f16), lambda: wgsl.matmul_tile(qt, bm, bn, kg, bool(f16)),
+         rw, binds, params, split * nbn * -(-m // bm))
     if split > 1:
-        lw.emit(f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"), RW2,
-                [("ref", part), out], {"n": rows, "m": m, "splits": split, "plane": m * rows, "ld": ld, "col0": col0},
-                -(-(m * rows) // 256))
+        emit(lw, f"MUL_MAT[split-sum] {n.name}", ("matmul_split_sum",), lambda: wgsl.simple("matmul_split_sum"), RW2,
+             [part, out], {"n": rows, "m": m, "splits": split, "plane": m * rows, "ld": ld, "col0": col0},
+             -(-(m * rows) // 256))
 
 
 def _quant_x(lw, br: Ref, m: int, k: int) -> Ref:
@@ -110,14 +109,14 @@ def _x_form(lw, br: Ref, m: int, k: int, kernel: str, words: int) -> Ref:
     f16 scaled per group); made once per computed value (Q, K and V of a layer share it); an
     argument, which a step may write, each time."""
     key = (br.idx, br.off, m, k, kernel)
-    if br.kind == "val" and key in lw.xq:
-        return lw.xq[key]
+    if br.kind == "val" and key in lw.memo:
+        return lw.memo[key]
     groups = m * k // 32
     xq = lw.scratch((groups, words))
-    lw.emit(kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), RW2, [("ref", br), ("ref", xq)],
-            {"n": groups}, -(-groups // 256))
+    emit(lw, kernel.upper(), (kernel,), lambda: wgsl.simple(kernel), RW2, [br, xq],
+         {"n": groups}, -(-groups // 256))
     if br.kind == "val":
-        lw.xq[key] = xq
+        lw.memo[key] = xq
     return xq
 
 

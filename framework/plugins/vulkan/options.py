@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ...contract import fusion, settings
+from ...backend import fusion
+from ...contract import settings
 
 DISABLE_OPS_ENV = "FRAMEWORK_VULKAN_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 PROFILE_ENV = "FRAMEWORK_VULKAN_PROFILE"

@@ -1,24 +1,19 @@
-"""What a lowered program is made of: every tensor of a fragment as a Ref (an argument or a value
-computed here, plus an element offset, a shape and strides), and every dispatch as a Step."""
+"""How the Vulkan plugin's lowering appends a dispatch: the kernel's pipeline (made once per device),
+its parameter block packed by name (wgsl.Params), and its workgroups."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...contract import Ref  # noqa: F401 (the operands of a Step)
+from ...backend import Step
+from . import wgsl
 
 
-@dataclass
-class Step:
-    name: str
+@dataclass(frozen=True)
+class Kernel:
     pipe: object
     bgl: object
-    binds: list          # ("ref", Ref) | ("chunk", arg, chunk) | ("rope", table) | ("dummy",)
-    params: dict         # the kernel's parameter fields by name (wgsl.Params); ("moff", arg, chunk): at run time
-    words: list          # ... as (word, type, value), from the kernel's block
-    groups: tuple
-    reads: tuple = ()
-    writes: tuple = ()      # the values it writes
+    words: list       # the parameter block as (word, type, value); a ChunkArg value: filled at run time
 
 
 def grid(n: int) -> tuple[int, int, int]:
@@ -28,5 +23,14 @@ def grid(n: int) -> tuple[int, int, int]:
     return x, -(-n // x), 1
 
 
-def pad4(shape) -> tuple:
-    return (1,) * (4 - len(shape)) + tuple(shape)
+def emit(lw, name, key, source, rw, binds, params, n_groups, block=None) -> None:
+    """One dispatch of the kernel `key`: `rw` says per binding whether it is written, `params` fills its
+    parameter block by name (`block`, or the family's, key[0], in wgsl.PARAMS)."""
+    words = (block or wgsl.PARAMS[key[0]]).pack(name, params)
+    pipe, bgl = lw.dev.pipeline(key, source, rw)
+    lw.emit(Step(name, Kernel(pipe, bgl, words), list(binds), tuple(rw), params, grid(n_groups)))
+
+
+def simple(lw, n, kernel, binds, rw, params, n_groups) -> None:
+    """A dispatch of one of wgsl.SIMPLE's kernels for node n."""
+    emit(lw, f"{n.op} {n.name}", (kernel,), lambda: wgsl.simple(kernel), rw, binds, params, n_groups)

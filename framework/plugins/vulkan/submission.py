@@ -1,6 +1,7 @@
-"""A compiled fragment and its runs: the arguments bound (host values copied straight into the
-program's own buffer, with the rope tables: one upload a run), the bind groups found, every dispatch
-recorded into one command encoder and one compute pass, and one submission per run.
+"""A compiled fragment and its runs, on the skeleton's Program (framework/backend/program.py: the
+lowering, the values' places, the arguments bound, the rope rows, the results): host values copied
+straight into the program's own buffer, with the rope tables (one upload a run), the bind groups found,
+every dispatch recorded into one command encoder and one compute pass, and one submission per run.
 
 Pipelines are made once per device; bind groups once per set of buffers, and reused whole while a
 program's buffers stay the same (decode, step after step); parameter blocks once per program.
@@ -9,14 +10,13 @@ FRAMEWORK_VULKAN_PROFILE=1 puts each dispatch in a pass of its own between GPU t
 
 from __future__ import annotations
 
-from operator import itemgetter
+import math
+from functools import partial
 
 import numpy as np
 
-from ...contract import LeafKind, reference
-from . import memory
-from .lowering import Lowering
-from .tensors import StagedTensor, VkTensor, VkWeight, contig
+from ...backend import Program, StagedTensor
+from .lowering import TABLE
 from .uniforms import ParamBlocks
 
 BG_CACHE = 64             # bind groups kept per step (a program shared by fragments with other weights)
@@ -30,35 +30,17 @@ ENCODING = ("pass commands through wgpu-native's C functions" if _native is not 
             "pass commands through wgpu's methods (wgpu.backends.wgpu_native._ffi is missing: slower encoding)")
 
 
-class VkProgram:
+class VkProgram(Program):
     def __init__(self, dev, fragment):
-        self.dev = dev
-        self.name = fragment.describe()
-        self.inputs = list(fragment.inputs)
-        self.outputs = list(fragment.outputs)
-        lowered = Lowering(dev, fragment)
-        self.refs, self.steps, self.ropes = lowered.refs, lowered.steps, lowered.ropes
-        self.val_sizes, self.written_args, self.align4 = lowered.val_sizes, lowered.written_args, lowered.align4
-        self.memory = memory.assign(self.steps, self.val_sizes, [self.refs[id(t)] for t in self.outputs])
+        super().__init__(dev, fragment, TABLE)
         self.params = ParamBlocks(dev, self.steps)
         self.bg_cache: list[dict] = [{} for _ in self.steps]
-        self.host_buf, self.host_key, self.host_place, self.rope_at = None, None, {}, []
-        # weights are the same handles run after run: taken as a block (see _bind_args)
-        self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
-        self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
-        self.pick_weights = _picker(self.weight_idx)
-        self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
-        self.weights_seen = 0      # counts the sets of weight handles taken: the weights' part of the keys below
-        self.rope_tabs: list = [None] * len(self.ropes)
+        self.host_buf, self.host_key, self.host_place, self.rope_at, self.rope_offs = None, None, {}, [], []
         self.last_sig, self.last_cmds = None, None
         self.timer = None          # (query set, resolve buffer) of device.pass_times
         self.stage = None          # Stage: the read-back copies of the value outputs
         self.ready = None          # (cmds, command buffer) encoded for the next run
         self.repeated = None       # the last run's cmds: the same again means the next is likely the same too
-        self.out_refs = [self.refs[id(t)] for t in self.outputs]
-        # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
-        self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
-                          for r in self.out_refs]
         # the value outputs read back through the run's own copies: (output, value, byte offset, bytes)
         self.staged = [(i, r.idx, 4 * r.off, 4 * r.size) for i, r in enumerate(self.out_refs)
                        if r.kind == "val" and r.contiguous and self.memory.val_out[r.idx] >= 0]
@@ -69,18 +51,15 @@ class VkProgram:
     def run(self, args):
         dev = self.dev
         queue = dev.gpu.queue
-        bufs, offs, host_vals, weights, wkey, staged = self._bind_args(args)
-        tables = self._rope_tables(args, host_vals)
-        rope_offs = self._upload(staged, tables, bufs, offs) if staged or tables else ()
-        self.params.update(queue, offs, weights, wkey, rope_offs)
-        mem = self.memory
-        out_of_val = {v: dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
-                      if mem.val_out[v] >= 0}
-        slot_bufs = [dev.scratch(s, nb) for s, nb in enumerate(mem.slot_bytes)]
-        cmds = self._commands(bufs, weights, wkey, out_of_val, slot_bufs)
+        a = self.arguments(args)
+        tables = self.rope_tables(args, a.host_vals)
+        rope_offs = self._upload(a.staged, tables, a.bufs, a.offs) if a.staged or tables else ()
+        self.params.update(queue, a.offs, a.weights, a.wkey, rope_offs)
+        out_of_val = self.output_buffers()
+        cmds = self._commands(a, out_of_val, self.scratch_buffers())
         if dev.profile is not None:
             self._run_profiled(dev.gpu.create_command_encoder(), cmds)
-            return self._results(args, bufs, out_of_val)
+            return self.results(args, a.bufs, out_of_val)
         timed = dev.pass_times is not None
         stage = self._stage_for(out_of_val)
         if stage is not None:
@@ -99,7 +78,19 @@ class VkProgram:
         elif cmds is self.repeated:            # run after run with the same buffers (decode): the next one now
             self.ready = (cmds, self._encode(cmds, stage, False))
         self.repeated = cmds
-        return self._results(args, bufs, out_of_val, stage)
+        return self.results(args, a.bufs, out_of_val, self._staged_handle(stage))
+
+    def _staged_handle(self, stage):
+        """The handles of the outputs this run copies for reading back (StagedTensor)."""
+        if stage is None:
+            return None
+
+        def wrap(i, r, buf, lease):
+            if i not in stage.at:
+                return None
+            return StagedTensor(buf, r.off, r.shape, np.float32, None if r.contiguous else r.strides, lease=lease,
+                                readback=partial(stage.values, stage.runs, stage.at[i], r.shape))
+        return wrap
 
     def _encode(self, cmds, stage, timed: bool):
         """One command buffer: every dispatch in one compute pass, then the copies of the outputs read back.
@@ -159,53 +150,6 @@ class VkProgram:
         return {"timestamp_writes": {"query_set": self.timer[0], "beginning_of_pass_write_index": 0,
                                      "end_of_pass_write_index": 1}}
 
-    def _bind_args(self, args):
-        """Each argument's buffer and element offset: a weight's first chunk, a device tensor's own buffer,
-        or for host values (and views a kernel cannot read in place) a place in the program's buffer for
-        them (the values returned as `staged`, for _upload). Also the weights by argument, and what stands
-        for them in the keys of the parameter blocks and the commands (the same while the weight handles are)."""
-        dev = self.dev
-        offs: list = [0] * len(args)
-        host_vals: dict[int, np.ndarray] = {}
-        staged: list[tuple[int, np.ndarray]] = []
-        held = self.pick_weights(args)
-        if held != self.last_weights or len(self.weight_bufs) != len(args):      # weights compared by identity
-            self._take_weights(held, len(args))
-        bufs: list = list(self.weight_bufs)
-        extra: dict[int, VkWeight] = {}         # weights among the other arguments (a program of other weights)
-        align4 = self.align4
-        for i in (self.other_idx if self.weights_ok else range(len(args))):
-            h = args[i]
-            if isinstance(h, VkWeight):
-                extra[i] = h
-                bufs[i] = h.chunks[0].buffer
-                continue
-            if isinstance(h, np.ndarray):
-                h = dev.from_host(h)
-            if h.host is not None or (h.strides is not None and not h.contiguous) or (i in align4 and h.offset % 4):
-                data = np.ascontiguousarray(h.host if h.host is not None else dev.to_host(h))
-                host_vals[i] = data
-                if i in self.written_args:      # a cache handed over as values: it lives on here from now
-                    bufs[i] = dev.buffer_with(data)
-                else:
-                    staged.append((i, data))
-            else:
-                bufs[i] = h.buffer
-                offs[i] = h.offset
-        if not extra:
-            return bufs, offs, host_vals, self.weight_map, self.weights_seen, staged
-        return bufs, offs, host_vals, {**self.weight_map, **extra}, (self.weights_seen, tuple(extra.items())), staged
-
-    def _take_weights(self, held: tuple, n_args: int) -> None:
-        """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
-        self.last_weights = held
-        self.weights_seen += 1
-        self.weights_ok = all(isinstance(h, VkWeight) for h in held)
-        self.weight_map = dict(zip(self.weight_idx, held)) if self.weights_ok else {}
-        self.weight_bufs = [None] * n_args
-        for i, h in self.weight_map.items():
-            self.weight_bufs[i] = h.chunks[0].buffer
-
     def _upload(self, staged, tables, bufs, offs) -> list[int]:
         """This run's host values (tokens, positions, cache rows, masks: 4-byte elements) and rope tables in
         one buffer, each at a 16-byte aligned place: one upload per run, and the places (the parameter blocks'
@@ -235,46 +179,18 @@ class VkProgram:
         self.dev.gpu.queue.write_buffer(self.host_buf, 0, block)
         return [at // 8 for at in self.rope_at]
 
-    def _rope_tables(self, args, host_vals) -> list[np.ndarray]:
-        """The (cos, sin) table of each rope, made on the host when the positions change (uploaded with the
-        host values)."""
-        dev = self.dev
-        for ti, (pa, poff, n_dims, base, scale, t) in enumerate(self.ropes):
-            pos = host_vals.get(pa)
-            if pos is None:
-                pos = dev.to_host(args[pa])
-            pos = np.asarray(pos).reshape(-1)[poff:poff + t]
-            self.rope_tabs[ti] = dev.rope_rows.table(pos, n_dims, base, scale)
-        return self.rope_tabs
-
-    def _commands(self, bufs, weights, wkey, out_of_val, slot_bufs) -> list:
+    def _commands(self, a, out_of_val, slot_bufs) -> list:
         """(pipeline, bind group, workgroups, buffers) of every step; the same as last run's (no lookups)
         when every buffer is the same (decode, step after step)."""
         dev = self.dev
-        host_buf = self.host_buf
-        val_out, val_slot = self.memory.val_out, self.memory.val_slot
         # the buffers themselves (compared by identity), and the weights, whose chunks are theirs for good
-        sig = (tuple(bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), wkey, host_buf)
+        sig = (tuple(a.bufs), tuple(v[0] for v in out_of_val.values()), tuple(slot_bufs), a.wkey, self.host_buf)
         if sig == self.last_sig:
             return self.last_cmds
-        dummy = dev.dummy()
-
-        def buffer_of(b):
-            kind = b[0]
-            if kind == "ref":
-                r = b[1]
-                if r.kind == "arg":
-                    return bufs[r.idx]
-                return out_of_val[r.idx][0] if val_out[r.idx] >= 0 else slot_bufs[val_slot[r.idx]]
-            if kind == "chunk":
-                return weights[b[1]].chunks[b[2]].buffer
-            if kind == "rope":            # the tables lie in the host values' buffer (_upload)
-                return host_buf
-            return dummy
-
+        tables = (self.host_buf, None)     # the rope tables lie in the host values' buffer (_upload)
         cmds = []
         for si, st in enumerate(self.steps):
-            buffers = tuple(buffer_of(b) for b in st.binds)
+            buffers = tuple(self.place(b, a, out_of_val, slot_bufs, tables)[0] for b in st.binds)
             key = tuple(id(b) for b in buffers)
             cache = self.bg_cache[si]
             hit = cache.get(key)
@@ -284,8 +200,8 @@ class VkProgram:
                             for j, b in enumerate(buffers)]
                 if len(cache) >= BG_CACHE:
                     cache.clear()
-                hit = cache[key] = (dev.gpu.create_bind_group(layout=st.bgl, entries=entries), buffers)
-            cmds.append((st.pipe, hit[0], st.groups, hit[1]))   # [3] keeps the buffers (their ids) alive
+                hit = cache[key] = (dev.gpu.create_bind_group(layout=st.kernel.bgl, entries=entries), buffers)
+            cmds.append((st.kernel.pipe, hit[0], st.grid, hit[1]))   # [3] keeps the buffers (their ids) alive
         self.last_sig, self.last_cmds = sig, cmds
         return cmds
 
@@ -310,48 +226,7 @@ class VkProgram:
         dev.submits += 1
         dev.last_stage = None
         ticks = np.frombuffer(gpu.queue.read_buffer(res, 0, 16 * n), dtype=np.uint64).reshape(n, 2)
-        for st, (t0, t1) in zip(self.steps, ticks):
-            key = st.name.split(" ")[0]
-            tot = dev.profile.setdefault(key, [0.0, 0])
-            tot[0] += (int(t1) - int(t0)) * 1e-9
-            tot[1] += 1
-
-    def _results(self, args, bufs, out_of_val, stage=None):
-        """The fragment's outputs as handles: a value's own buffer, or (an argument, a written cache) the
-        argument's buffer seen through the output's view."""
-        dev = self.dev
-        results = []
-        for i, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)):
-            if whole:
-                h = args[r.idx]
-                if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
-                    results.append(h)
-                    continue
-            if r.kind == "arg":
-                h = args[r.idx]
-                if isinstance(h, np.ndarray):
-                    h = dev.from_host(h)
-                if r.idx in self.written_args and (h.host is not None or not h.contiguous):
-                    h = VkTensor(bufs[r.idx], 0, tuple(self.inputs[r.idx].shape), np.float32)
-                if r.off == 0 and r.contiguous and tuple(r.shape) == tuple(h.shape) and h.contiguous:
-                    results.append(h)
-                elif h.host is not None:
-                    flat = np.ascontiguousarray(h.host).reshape(-1)
-                    st_ = r.strides or contig(r.shape)
-                    view = np.lib.stride_tricks.as_strided(flat[r.off:], r.shape, tuple(s * flat.itemsize for s in st_))
-                    results.append(VkTensor(None, 0, r.shape, flat.dtype, host=np.array(view)))
-                else:
-                    results.append(VkTensor(h.buffer, h.offset + r.off, r.shape, h.dtype,
-                                            None if r.contiguous else r.strides, lease=h.lease))
-            else:
-                buf, lease = out_of_val[r.idx]
-                strides = None if r.contiguous else r.strides
-                if stage is not None and i in stage.at:
-                    results.append(StagedTensor(buf, r.off, r.shape, np.float32, strides, lease=lease,
-                                                readback=(stage, stage.runs, stage.at[i])))
-                else:
-                    results.append(VkTensor(buf, r.off, r.shape, np.float32, strides, lease=lease))
-        return results
+        self.profiled((int(t1) - int(t0)) * 1e-9 for t0, t1 in ticks)
 
 
 class Stage:
@@ -398,6 +273,12 @@ class Stage:
         if self.native is not None:
             return self.native.view[at:at + nbytes]
         return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
+
+    def values(self, run: int, at: int, shape: tuple) -> np.ndarray | None:
+        """A contiguous float output of run `run` copied at `at`, or None (see read)."""
+        n = math.prod(shape)
+        data = self.read(run, at, 4 * n) if n else None
+        return None if data is None else np.frombuffer(data, dtype=np.float32, count=n).reshape(shape).copy()
 
 
 class NativeMap:
@@ -456,44 +337,3 @@ def wait_for_queue(gpu) -> bool:
         return False
     _native.lib.wgpuDevicePoll(gpu._internal, True, _native.ffi.NULL)
     return True
-
-
-def _picker(idx: list[int]):
-    """A function of a run's arguments that returns those at idx, as a tuple."""
-    if not idx:
-        return lambda args: ()
-    if len(idx) == 1:
-        return lambda args: (args[idx[0]],)
-    return itemgetter(*idx)
-
-
-def rope_table(pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
-    """(T, n_dims/2) pairs of (cos, sin): the reference's rope table, interleaved."""
-    return np.stack(reference.rope_cos_sin(pos, n_dims, base, scale), axis=-1)
-
-
-class RopeRows:
-    """Each rope's table rows for positions 0..n, made by rope_table in one go and made again, twice as long,
-    when a position reaches past them: a step's table is its positions' rows, so a decode step computes no
-    trigonometry (a dozen numpy calls on a cold cache were a tenth of a decode step's host time)."""
-
-    FIRST = 1024          # positions a table holds at first
-
-    def __init__(self):
-        self.rows: dict[tuple, np.ndarray] = {}
-
-    def table(self, pos: np.ndarray, n_dims: int, base: float, scale: float) -> np.ndarray:
-        if len(pos) == 0:
-            return rope_table(pos, n_dims, base, scale)
-        key = (n_dims, base, scale)
-        rows = self.rows.get(key)
-        if len(pos) == 1:
-            lo = hi = int(pos[0])
-        else:
-            lo, hi = int(pos.min()), int(pos.max())
-        if lo < 0:                                      # no rows for those: the table of the positions themselves
-            return rope_table(pos, n_dims, base, scale)
-        if rows is None or hi >= len(rows):
-            n = max(self.FIRST, 2 * (hi + 1), 0 if rows is None else 2 * len(rows))
-            rows = self.rows[key] = rope_table(np.arange(n, dtype=np.int64), n_dims, base, scale)
-        return rows[lo:lo + 1] if len(pos) == 1 else rows[pos]

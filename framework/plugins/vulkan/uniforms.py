@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .steps import Step
+from ...backend import ChunkArg, Ref, RopeArg, Step
 
 UNIFORM_STRIDE = 256      # bytes between two steps' parameter blocks (wgpu's uniform offset alignment)
 BLOCK_BYTES = UNIFORM_STRIDE   # bytes a kernel's block may take (wgsl.BLOCK_WORDS words)
@@ -22,16 +22,15 @@ class ParamBlocks:
         self.ropes: list[tuple[int, int, int]] = []       # (step, word, rope table)
         for si, st in enumerate(steps):
             for bi, b in enumerate(st.binds):
-                if b[0] == "ref":
-                    r = b[1]
-                    self.words[si, bi] = r.off
-                    if r.kind == "arg":
-                        self.dyn.append((si, bi, r.idx, r.off))
-                elif b[0] == "rope":
-                    self.ropes.append((si, bi, b[1]))
-            for w, typ, v in st.words:
-                if isinstance(v, tuple):
-                    self.moffs.append((si, w, v[1], v[2]))
+                if isinstance(b, Ref):
+                    self.words[si, bi] = b.off
+                    if b.kind == "arg":
+                        self.dyn.append((si, bi, b.idx, b.off))
+                elif isinstance(b, RopeArg):
+                    self.ropes.append((si, bi, b.table))
+            for w, typ, v in st.kernel.words:
+                if isinstance(v, ChunkArg):
+                    self.moffs.append((si, w, v.arg, v.chunk))
                 elif typ == "f32":
                     self.words[si, w] = np.float32(v).view(np.uint32)
                 else:

@@ -1,35 +1,23 @@
 """What the Vulkan kernels cover: each node gets a verdict, yes or no with a code and a sentence, so the
-scheduler places what they do not cover elsewhere."""
+scheduler places what they do not cover elsewhere. The rules every device-memory backend shares (views
+of weights, at most 4 axes, plain operands within one storage binding) are the skeleton's
+(BackendDevice.supports_op); these are the kernels' own."""
 
 from __future__ import annotations
 
-from ...contract import LeafKind, Tensor, Verdict, ops, plain_operand_refusal
+from ...backend import is_weight
+from ...contract import Tensor, Verdict, ops
 from . import quant
 from .wgsl import UNARY_CODE
 
 # the ops this plugin has kernels for (names checked against the op table)
 OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
                 "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT")
-VIEWS = ops.VIEW_OPS
 MAX_ATTN_HEAD = 256
 
 
-def is_weight(t: Tensor) -> bool:
-    return t.is_leaf and t.kind == LeafKind.WEIGHT
-
-
 def verdict(dev, n: Tensor) -> Verdict:
-    op = n.op       # the framework has applied supported_ops, refused_ops and Limits.dtypes already
-    if op in VIEWS:
-        if any(is_weight(s) for s in n.src):
-            return Verdict.no("unsupported_buffer",
-                              f"{dev.name} does not take views of weights ({n.src[0].describe()})")
-        return Verdict.yes()
-    if any(len(t.shape) > 4 for t in (n, *n.src)):
-        return Verdict.no("unsupported_shape", f"{dev.name} kernels take at most 4 axes ({n.describe()})")
-    refusal = plain_operand_refusal(dev, n, "one storage binding")
-    if refusal is not None:
-        return refusal
+    op = n.op
     if op == "MUL_MAT":
         a, b = n.src
         if b.dtype.name != "F32" or (not is_weight(a) and a.dtype.name != "F32"):

@@ -1,4 +1,6 @@
-"""WGSL sources of every kernel, built from templates.
+"""WGSL sources of every kernel: the kernels' text in kernels/*.wgsl (``source``: a file, its shared
+pieces filled in by name), assembled here where a kernel is generated from data (a weight type's
+accessors, a team's reduction, a tile's loads).
 
 Conventions shared by all kernels:
 
@@ -19,8 +21,31 @@ groups in f16.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from pathlib import Path
 
+KERNELS = Path(__file__).with_name("kernels")
 BLOCK_WORDS = 64          # u32 words a parameter block may hold (uniforms.UNIFORM_STRIDE bytes)
+
+
+@lru_cache(maxsize=None)
+def _read(name: str) -> str:
+    return (KERNELS / f"{name}.wgsl").read_text()
+
+
+def source(name: str, **parts: str) -> str:
+    """The text of kernels/NAME.wgsl, each ``@@part@@`` in it replaced by the piece given by that name (the
+    entry point, the activation functions, ...); a piece given and not used, or used and not given, is an
+    error naming the file."""
+    text = _read(name)
+    for key, piece in parts.items():
+        if f"@@{key}@@" not in text:
+            raise ValueError(f"kernels/{name}.wgsl has no @@{key}@@")
+        text = text.replace(f"@@{key}@@", piece)
+    missing = re.findall(r"@@(\w+)@@", text)
+    if missing:
+        raise ValueError(f"kernels/{name}.wgsl needs {', '.join(sorted(set(missing)))}, not given")
+    return text
 
 
 class Params:
@@ -71,18 +96,9 @@ fn lin(w: vec3<u32>, n: vec3<u32>) -> u32 {{ return w.x + w.y * n.x; }}
 
 
 # the entry point of the one-thread-per-element kernels: thread i of the U.n elements
-_EACH_ELEMENT = """
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  if (i >= U.n) { return; }
-""".removeprefix("\n")
+_EACH_ELEMENT = source("each_element")
 # element i's 4-D index (i0, i1, i2, i3) in the shape (U.d0, U.d1, U.d2, U.d3)
-_INDEX4 = """
-  let a1 = U.d1; let a2 = U.d2; let a3 = U.d3;
-  let i3 = i % a3; let r3 = i / a3; let i2 = r3 % a2; let r2 = r3 / a2; let i1 = r2 % a1; let i0 = r2 / a1;
-""".removeprefix("\n")
+_INDEX4 = source("index4")
 
 NEG_BIG = "-3.0e38"   # a masked score: finite, so no inf - inf arithmetic ever happens
 
@@ -91,136 +107,28 @@ NEG_BIG = "-3.0e38"   # a masked score: finite, so no inf - inf arithmetic ever 
 # element-wise
 # ------------------------------------------------------------------------------------------------------
 
-BINARY = """
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read> B: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-""" + _EACH_ELEMENT + _INDEX4 + """  let b0 = U.b0; let b1 = U.b1; let b2 = U.b2; let b3 = U.b3;
-  let bi = (((i0 % b0) * b1 + (i1 % b1)) * b2 + (i2 % b2)) * b3 + (i3 % b3);
-  let x = A[off(0u) + i];
-  let y = B[off(1u) + bi];
-  var r: f32;
-  if (U.op == 0u) { r = x + y; } else { r = x * y; }
-  O[off(2u) + i] = r;
-}
-"""
+BINARY = source("binary", each_element=_EACH_ELEMENT, index4=_INDEX4)
 BINARY_PARAMS = Params("n d0 d1 d2 d3 b0 b1 b2 b3 op")   # d: a's shape, b: b's (4-D); op 0 add, 1 mul
 
-ACT = """
-fn gelu(x: f32) -> f32 {
-  let t = tanh(clamp(0.7978845608028654 * (x + 0.044715 * x * x * x), -20.0, 20.0));
-  return 0.5 * x * (1.0 + t);
-}
-fn silu(x: f32) -> f32 { return x / (1.0 + exp(-x)); }
-fn act(op: u32, x: f32) -> f32 {
-  if (op == 1u) { return gelu(x); }
-  if (op == 2u) { return silu(x); }
-  return tanh(clamp(x, -20.0, 20.0));
-}
-"""
+ACT = source("act")
 
 UNARY_CODE = {"gelu": 1, "silu": 2, "tanh": 3}   # act()'s op codes (UNARY's 0 is SCALE)
 GLU_CODE = {"geglu": 1, "swiglu": 2}
 
-UNARY = ACT + """
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read_write> O: array<f32>;
-""" + _EACH_ELEMENT + """  let x = A[off(0u) + i];
-  let op = U.op;
-  var r: f32;
-  if (op == 0u) { r = x * U.scale; } else { r = act(op, x); }
-  O[off(1u) + i] = r;
-}
-"""
+UNARY = source("unary", act=ACT, each_element=_EACH_ELEMENT)
 UNARY_PARAMS = Params("n op scale:f32")   # op 0 scale, 1 gelu, 2 silu, 3 tanh
 
-GLU = ACT + """
-@group(0) @binding(1) var<storage, read> G: array<f32>;
-@group(0) @binding(2) var<storage, read> V: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-""" + _EACH_ELEMENT + """  O[off(2u) + i] = act(U.op, G[off(0u) + i]) * V[off(1u) + i];
-}
-"""
+GLU = source("glu", act=ACT, each_element=_EACH_ELEMENT)
 GLU_PARAMS = Params("n op")   # op 1 geglu, 2 swiglu
 
+# the entry point of the one-workgroup-per-row kernels (128 threads): row `row` of U.nrows, U.ncols long
+_EACH_ROW = source("each_row")
+
 # RMS norm of each row, optionally times a gain vector (the models' norm: RMS_NORM then MUL)
-RMS_NORM = """
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read> Wg: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-var<workgroup> red: array<f32, 128>;
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let row = lin(w, nw);
-  if (row >= U.nrows) { return; }
-  let n = U.ncols;
-  let base = off(0u) + row * n;
-  var s = 0.0;
-  for (var c = li; c < n; c += 128u) { let x = A[base + c]; s += x * x; }
-  red[li] = s;
-  workgroupBarrier();
-  for (var k = 64u; k > 0u; k >>= 1u) {
-    if (li < k) { red[li] += red[li + k]; }
-    workgroupBarrier();
-  }
-  let ms = red[0] * (1.0 / f32(n));
-  let sc = 1.0 / sqrt(ms + U.eps);
-  let ob = off(2u) + row * n;
-  let has_gain = U.has_gain;
-  let gl = U.gain_len;
-  for (var c = li; c < n; c += 128u) {
-    var y = A[base + c] * sc;
-    if (has_gain == 1u) { y = y * Wg[off(1u) + (c % gl)]; }
-    O[ob + c] = y;
-  }
-}
-"""
+RMS_NORM = source("rms_norm", each_row=_EACH_ROW)
 RMS_NORM_PARAMS = Params("ncols nrows eps:f32 has_gain gain_len")   # the gain (gain_len values) repeats along the row
 
-SOFT_MAX = """
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read> Mk: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-var<workgroup> red: array<f32, 128>;
-fn val(base: u32, mb: u32, c: u32, hm: u32, sc: f32) -> f32 {
-  var x = A[base + c] * sc;
-  if (hm == 1u) { x = x + max(Mk[mb + c], """ + NEG_BIG + """); }
-  return x;
-}
-@compute @workgroup_size(128)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let row = lin(w, nw);
-  if (row >= U.nrows) { return; }
-  let n = U.ncols;
-  let base = off(0u) + row * n;
-  let mb = off(1u) + (row % U.mask_rows) * n;
-  let hm = U.has_mask;
-  let sc = U.scale;
-  var m = """ + NEG_BIG + """;
-  for (var c = li; c < n; c += 128u) { m = max(m, val(base, mb, c, hm, sc)); }
-  red[li] = m;
-  workgroupBarrier();
-  for (var k = 64u; k > 0u; k >>= 1u) {
-    if (li < k) { red[li] = max(red[li], red[li + k]); }
-    workgroupBarrier();
-  }
-  let mx = red[0];
-  workgroupBarrier();
-  var s = 0.0;
-  for (var c = li; c < n; c += 128u) { s += exp(val(base, mb, c, hm, sc) - mx); }
-  red[li] = s;
-  workgroupBarrier();
-  for (var k = 64u; k > 0u; k >>= 1u) {
-    if (li < k) { red[li] += red[li + k]; }
-    workgroupBarrier();
-  }
-  let inv = 1.0 / red[0];
-  let ob = off(2u) + row * n;
-  for (var c = li; c < n; c += 128u) { O[ob + c] = exp(val(base, mb, c, hm, sc) - mx) * inv; }
-}
-"""
+SOFT_MAX = source("soft_max", each_row=_EACH_ROW, neg_big=NEG_BIG)
 SOFT_MAX_PARAMS = Params("ncols nrows mask_rows has_mask scale:f32")
 
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.
@@ -252,63 +160,7 @@ def _online_softmax(end: str = "S") -> str:
 """
 
 
-FLASH_ATTN = """
-@group(0) @binding(1) var<storage, read> Q: array<f32>;
-@group(0) @binding(2) var<storage, read> K: array<f32>;
-@group(0) @binding(3) var<storage, read> V: array<f32>;
-@group(0) @binding(4) var<storage, read> Mk: array<f32>;
-@group(0) @binding(5) var<storage, read_write> O: array<f32>;
-var<workgroup> qs: array<f32, 256>;
-var<workgroup> ps: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let T = U.t; let H = U.h; let Hkv = U.hkv; let D = U.d; let S = U.s;
-  let id = lin(w, nw);
-  if (id >= T * H) { return; }
-  let t = id / H; let h = id % H;
-  let hk = h / (H / Hkv);
-  let hm = U.has_mask;
-  let scale = U.scale;
-  let qb = off(0u) + (t * H + h) * D;
-  for (var d = li; d < D; d += 64u) { qs[d] = Q[qb + d]; }
-  workgroupBarrier();
-  var m = """ + NEG_BIG + """;
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  let kstride = Hkv * D;
-  let kb = off(1u) + hk * D;
-  let vb = off(2u) + hk * D;
-  let mb = off(3u) + t * S;
-  for (var s0 = 0u; s0 < S; s0 += 64u) {
-    let s = s0 + li;
-    var sc = """ + NEG_BIG + """;
-    if (s < S) {
-      var dot = 0.0;
-      let kr = kb + s * kstride;
-      for (var d = 0u; d < D; d++) { dot += qs[d] * K[kr + d]; }
-      sc = dot * scale;
-      if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
-    }
-""" + _online_softmax() + """    for (var j = 0u; j < nv; j++) {
-      let pj = ps[j];
-      let vr = vb + (s0 + j) * kstride;
-      for (var i = 0u; i < 4u; i++) {
-        let d = li + 64u * i;
-        if (d < D) { acc[i] += pj * V[vr + d]; }
-      }
-    }
-    m = mn;
-    workgroupBarrier();
-  }
-  let ob = off(4u) + (t * H + h) * D;
-  for (var i = 0u; i < 4u; i++) {
-    let d = li + 64u * i;
-    if (d < D) { O[ob + d] = acc[i] / l; }
-  }
-}
-"""
+FLASH_ATTN = source("flash_attn", neg_big=NEG_BIG, online_softmax=_online_softmax())
 FLASH_ATTN_PARAMS = Params("t h hkv d s has_mask scale:f32")   # T query rows, H heads over Hkv, head size D, S keys
 
 # The one-workgroup-per-row kernel's lines and the split kernel's (flash decoding: few query rows,
@@ -337,168 +189,26 @@ def flash_attn4(split: bool = False) -> str:
     """Attention with vec4 loads (D a multiple of 4, offsets too): a thread's key row is D/4 loads, its
     output one vec4. split: the keys of one chunk per workgroup, a partial result out (flash decoding)."""
     v = _FLASH4_SPLIT if split else _FLASH4_WHOLE
-    return """
-@group(0) @binding(1) var<storage, read> Q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> K: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> V: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> Mk: array<f32>;
-""" + v["out"] + """
-var<workgroup> qs: array<vec4<f32>, 64>;
-var<workgroup> ps: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let T = U.t; let H = U.h; let Hkv = U.hkv; let D4 = U.d / 4u; let S = U.s;
-""" + v["rows"] + """
-  let t = id / H; let h = id % H;
-  let hk = h / (H / Hkv);
-  let hm = U.has_mask;
-  let scale = U.scale;
-  if (li < D4) { qs[li] = Q[off(0u) / 4u + (t * H + h) * D4 + li]; }
-  workgroupBarrier();
-  var m = """ + NEG_BIG + """;
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  let kstride = Hkv * D4;
-  let kb = off(1u) / 4u + hk * D4;
-  let vb = off(2u) / 4u + hk * D4;
-  let mb = off(3u) + t * S;
-  for (var s0 = """ + v["first"] + "; s0 < " + v["end"] + """; s0 += 64u) {
-    let s = s0 + li;
-    var sc = """ + NEG_BIG + """;
-    if (s < """ + v["end"] + """) {
-      var d0 = vec4<f32>(0.0);
-      var d1 = vec4<f32>(0.0);
-      let kr = kb + s * kstride;
-      var d = 0u;
-      for (; d + 1u < D4; d += 2u) { d0 += qs[d] * K[kr + d]; d1 += qs[d + 1u] * K[kr + d + 1u]; }
-      if (d < D4) { d0 += qs[d] * K[kr + d]; }
-      sc = dot(d0 + d1, vec4<f32>(1.0)) * scale;
-      if (hm == 1u) { sc = sc + max(Mk[mb + s], """ + NEG_BIG + """); }
-    }
-""" + _online_softmax(v["end"]) + """    if (li < D4) {
-      var j = 0u;
-      for (; j + 1u < nv; j += 2u) {
-        acc += ps[j] * V[vb + (s0 + j) * kstride + li] + ps[j + 1u] * V[vb + (s0 + j + 1u) * kstride + li];
-      }
-      if (j < nv) { acc += ps[j] * V[vb + (s0 + j) * kstride + li]; }
-    }
-    m = mn;
-    workgroupBarrier();
-  }
-""" + v["store"] + """
-}
-"""
+    return source("flash_attn4", out=v["out"], rows=v["rows"], neg_big=NEG_BIG, first=v["first"], end=v["end"],
+                  online_softmax=_online_softmax(v["end"]), store=v["store"])
 
 
-FLASH_COMBINE = """
-@group(0) @binding(1) var<storage, read> P: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> O: array<vec4<f32>>;
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let id = lin(w, nw);
-  if (id >= U.rows) { return; }
-  let D4 = U.d / 4u; let NC = U.nc;
-  let base = off(0u) / 4u + id * NC * (D4 + 1u);
-  var m = """ + NEG_BIG + """;
-  for (var c = 0u; c < NC; c++) { m = max(m, P[base + c * (D4 + 1u) + D4].x); }
-  var l = 0.0;
-  var acc = vec4<f32>(0.0);
-  for (var c = 0u; c < NC; c++) {
-    let pc = base + c * (D4 + 1u);
-    let ml = P[pc + D4];
-    let f = exp(ml.x - m);
-    l += ml.y * f;
-    if (li < D4) { acc += P[pc + li] * f; }
-  }
-  if (li < D4) { O[off(1u) / 4u + id * D4 + li] = acc / l; }
-}
-"""
+FLASH_COMBINE = source("flash_combine", neg_big=NEG_BIG)
 FLASH_COMBINE_PARAMS = Params("rows d nc")   # rows: T * H; nc chunks
 
 # Rotary embedding; cos and sin of every (position, frequency) come from a table made on the host
 # in float64 (as the CPU plugin does), so no GPU trigonometry of large angles is involved.
-ROPE = """
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read> CS: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let T = U.t; let H = U.h; let D = U.d; let nd = U.n_dims;
-  let half = D / 2u;
-  let i = lin(w, nw) * 256u + li;
-  if (i >= T * H * half) { return; }
-  let j = i % half;
-  let th = i / half;
-  let t = th / H;
-  let base = th * D;
-  let ia = off(0u) + base;
-  let io = off(2u) + base;
-  let nh = nd / 2u;
-  if (j < nh) {
-    let cs = CS[off(1u) + t * nh + j];
-    var i0 = 2u * j; var i1 = 2u * j + 1u;
-    if (U.neox == 1u) { i0 = j; i1 = j + nh; }
-    let x0 = A[ia + i0]; let x1 = A[ia + i1];
-    O[io + i0] = x0 * cs.x - x1 * cs.y;
-    O[io + i1] = x0 * cs.y + x1 * cs.x;
-  } else {
-    let e = nd + 2u * (j - nh);
-    O[io + e] = A[ia + e];
-    O[io + e + 1u] = A[ia + e + 1u];
-  }
-}
-"""
+ROPE = source("rope")
 ROPE_PARAMS = Params("t h d n_dims neox")
 
-SET_ROWS = """
-@group(0) @binding(1) var<storage, read> S: array<f32>;
-@group(0) @binding(2) var<storage, read> R: array<i32>;
-@group(0) @binding(3) var<storage, read_write> Dst: array<f32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let W = U.w;
-  let i = lin(w, nw) * 256u + li;
-  if (i >= W * U.t) { return; }
-  let t = i / W; let c = i % W;
-  let r = R[off(1u) + t];
-  if (r < 0 || u32(r) >= U.dst_rows) { return; }
-  Dst[off(2u) + u32(r) * W + c] = S[off(0u) + i];
-}
-"""
+SET_ROWS = source("set_rows")
 SET_ROWS_PARAMS = Params("w t dst_rows")   # w: row width, t: rows written
 
 # A strided (4-D) gather into a contiguous tensor: CONT of a permuted view
-CONT = """
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read_write> O: array<f32>;
-""" + _EACH_ELEMENT + _INDEX4 + """  let src = i0 * U.st0 + i1 * U.st1 + i2 * U.st2 + i3 * U.st3;
-  O[off(1u) + i] = A[off(0u) + src];
-}
-"""
+CONT = source("cont", each_element=_EACH_ELEMENT, index4=_INDEX4)
 CONT_PARAMS = Params("n d0 d1 d2 d3 st0 st1 st2 st3")   # d: the output's shape, st: the source's strides (4-D)
 
-GET_ROWS_F32 = """
-@group(0) @binding(1) var<storage, read> A: array<{elem}>;
-@group(0) @binding(2) var<storage, read> R: array<i32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-fn load(i: u32) -> f32 {{ {load} }}
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-  let W = U.w;
-  let i = lin(w, nw) * 256u + li;
-  if (i >= W * U.t) {{ return; }}
-  let t = i / W; let c = i % W;
-  let r = u32(R[off(1u) + t]) - U.row0;
-  if (r >= U.rows) {{ return; }}
-  O[off(2u) + i] = load(off(0u) + r * W + c);
-}}
-"""
+GET_ROWS_F32 = source("get_rows_f32")
 GET_ROWS_F32_PARAMS = Params("w t row0 rows")   # row0, rows: this chunk's
 
 LOAD_F32 = "return A[i];"
@@ -506,27 +216,7 @@ LOAD_F16 = "return unpack2x16float(A[i >> 1u])[i & 1u];"
 
 # Generic batched product of two float tensors (activations, or an F32/F16 weight):
 # a (A0, A1, N, K), b (B0, B1, M, K) -> (B0, B1, M, N); a's batch axes repeat to b's (ggml).
-MUL_MAT_F = """
-@group(0) @binding(1) var<storage, read> A: array<{elem}>;
-@group(0) @binding(2) var<storage, read> B: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-fn load(i: u32) -> f32 {{ {load} }}
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-  let NC = U.rows; let M = U.m; let K = U.k;
-  let B0 = U.b0; let B1 = U.b1;
-  let i = lin(w, nw) * 256u + li;
-  if (i >= B0 * B1 * M * NC) {{ return; }}
-  let nl = i % NC; let r = i / NC; let m = r % M; let bb = r / M; let i1 = bb % B1; let i0 = bb / B1;
-  let j0 = i0 / (B0 / U.a0); let j1 = i1 / (B1 / U.a1);
-  let ab = off(0u) + ((j0 * U.a1 + j1) * NC + nl) * K;
-  let bbase = off(1u) + ((i0 * B1 + i1) * M + m) * K;
-  var s = 0.0;
-  for (var k = 0u; k < K; k++) {{ s += load(ab + k) * B[bbase + k]; }}
-  O[off(2u) + ((i0 * B1 + i1) * M + m) * U.ld + U.row0 + nl] = s;
-}}
-"""
+MUL_MAT_F = source("mul_mat_f")
 # a0, a1 / b0, b1: batch axes; row0, rows: this chunk's; ld: the output's row stride
 MUL_MAT_F_PARAMS = Params("n m k a0 a1 b0 b1 row0 rows ld")
 
@@ -546,22 +236,11 @@ var<private> moff: u32;   // word offset of the f16 scale plane
 Q_CONSTS = """const M4 = vec4<u32>(0x0F0F0F0Fu);     // the low nibble of every byte
 const BSH = vec4<u32>(0u, 8u, 16u, 24u);
 """
-Q_F4 = """// The 4 byte codes of w, less the zero point, as floats: a byte OR-ed into the mantissa of 2^23 is
-// the float 2^23 + byte exactly, and QZ = 2^23 + zero point, so the subtraction is exact too.
-fn f4(w: u32) -> vec4<f32> {
-  return bitcast<vec4<f32>>(((vec4<u32>(w) >> BSH) & vec4<u32>(0xFFu)) | vec4<u32>(0x4B000000u)) - vec4<f32>(QZ);
-}
-"""
+Q_F4 = source("q_f4")
 Q_COMMON = "\n" + Q_GROUP + Q_ROW + Q_CONSTS + Q_F4
 # the weight binding, and dpf(b): block b's f16 scale d from the scale plane (two a word)
-W_SCALAR = """
-@group(0) @binding(1) var<storage, read> W: array<u32>;
-fn dpf(b: u32) -> f32 { return unpack2x16float(W[moff + (b >> 1u)])[b & 1u]; }
-"""
-W_VEC4 = """
-@group(0) @binding(1) var<storage, read> W: array<vec4<u32>>;
-fn dpf(b: u32) -> f32 { let i = moff + (b >> 1u); return unpack2x16float(W[i >> 2u][i & 3u])[b & 1u]; }
-"""
+W_SCALAR = source("w_scalar")
+W_VEC4 = source("w_vec4")
 
 # type -> (zero point, has a min term m, grp); blocks of 16-byte multiples are read as vec4<u32>
 QTYPES = {
@@ -720,49 +399,12 @@ fn deq_hi(q: G, j: u32) -> vec4<f32> {{ return f4(q.hi[j]) * q.b{m_deq}; }}
 # R rows. The team's partial sums meet through subgroup shuffles where the team lies in one subgroup
 # (no workgroup memory, no barriers), else in workgroup memory. Unrolled: no private arrays but the
 # 8 vec4 of x.
-MATVEC = """
-{xdecl}
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-{deq}
-const TPR: u32 = {tpr}u;
-const RPW: u32 = {rpw}u;
-const WG: u32 = {wg}u;
-{red_decl}
-// X is read as vec4: its offset and K are multiples of 4.
-@compute @workgroup_size({wg})
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-  gpr = U.gpr; moff = U.moff;
-  let N = U.n; let K4 = U.k / 4u; let M = U.m;
-  let x4 = off(1u) / 4u;
-  let rl = li / TPR; let lane = li % TPR;
-  let r0 = (lin(w, nw) * RPW + rl) * {r}u;
-{decl}
-  if (r0 < N) {{
-{rows}
-    for (var g = lane; g < gpr; g += TPR) {{
-      let kb = x4 + g * 8u;
-{body}
-    }}
-  }}
-{reduce}
-  if (lane == 0u && r0 < N) {{
-    let ob = off(2u) + U.col0 + r0;
-    let ld = U.ld;
-{store}
-  }}
-}}
-"""
+MATVEC = source("matvec")
 # n: rows of this chunk, gpr: groups per row, moff: scale-plane offset, ld: output row stride, col0: the
 # chunk's first output column
 MATVEC_PARAMS = Params("n k m gpr moff ld col0")
 
-X_F32 = """
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-fn xg(b: u32) -> array<vec4<f32>, 8> {
-  return array<vec4<f32>, 8>(X[b], X[b + 1u], X[b + 2u], X[b + 3u], X[b + 4u], X[b + 5u], X[b + 6u], X[b + 7u]);
-}
-"""
+X_F32 = source("x_f32")
 X_Q8 = "@group(0) @binding(2) var<storage, read> X: array<vec4<u32>>;   // QUANT_X's groups\n"
 
 # a thread per 32-element group of x: the group's eight vec4s and their largest magnitude, m4 (the
@@ -777,41 +419,15 @@ _GROUP_OF_X = _EACH_ELEMENT + """
 # Activations to 8 bits for the matrix-vector kernel (as ggml's q8_1 does): per 32-element group,
 # codes q = round(x / d) with d = max|x| / 127, as 3 vec4: the 32 codes (int8, 4 a word), then
 # (d, sum of codes 0..15, sum of codes 16..31, sum of x). One thread a group.
-Q8_FNS = """fn q4(v: vec4<f32>, id: f32) -> u32 { return pack4xI8(vec4<i32>(round(v * id))); }
-fn s4(w: vec4<u32>) -> i32 {
-  let one = 0x01010101u;
-  return dot4I8Packed(w.x, one) + dot4I8Packed(w.y, one) + dot4I8Packed(w.z, one) + dot4I8Packed(w.w, one);
-}
-"""
+Q8_FNS = source("q8_fns")
 # from a group's eight vec4s x0..x7 and their largest magnitudes m4: its codes lo, hi, scale d and sum sx
-Q8_GROUP = """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w)) / 127.0;
-  let id = select(0.0, 1.0 / d, d > 0.0);
-  let lo = vec4<u32>(q4(x0, id), q4(x1, id), q4(x2, id), q4(x3, id));
-  let hi = vec4<u32>(q4(x4, id), q4(x5, id), q4(x6, id), q4(x7, id));
-  let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, vec4<f32>(1.0));
-"""
-QUANT_X = """
-@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> XQ: array<vec4<u32>>;
-""" + Q8_FNS + _GROUP_OF_X + Q8_GROUP + """  let o = off(1u) / 4u + i * 3u;
-  XQ[o] = lo;
-  XQ[o + 1u] = hi;
-  XQ[o + 2u] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(s4(lo)), bitcast<u32>(s4(hi)), bitcast<u32>(sx));
-}
-"""
+Q8_GROUP = source("q8_group")
+QUANT_X = source("quant_x", q8_fns=Q8_FNS, group_of_x=_GROUP_OF_X, q8_group=Q8_GROUP)
 QUANT_X_PARAMS = Params("n")   # n: groups of x (M * K / 32)
 
 
 # the team's sums to its lane 0: in workgroup memory (a fixed tree, barriers)
-RED_SHARED = """{store}
-  workgroupBarrier();
-  for (var s = TPR / 2u; s > 0u; s >>= 1u) {{
-    if (lane < s) {{
-{step}
-    }}
-    workgroupBarrier();
-  }}
-{load}"""
+RED_SHARED = source("red_shared")
 
 # ... or by butterfly shuffles inside the subgroup holding the team (TPR <= the subgroup size)
 RED_SUBGROUP = """  for (var s = TPR / 2u; s > 0u; s >>= 1u) {{
@@ -858,32 +474,7 @@ def matvec(qtype: str, tpr: int, mm: int, r: int = 1, subgroup: bool = False, wg
 # from global memory (no workgroup memory, no barriers: what Mesa's lavapipe runs well, and on a GPU
 # the x rows are shared by the warp through the cache); weight values are decoded once per block and
 # used BM times, x values used BN times.
-MATMUL_REG = """
-@group(0) @binding(2) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-{deq}
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-  gpr = U.gpr; moff = U.moff;
-  let N = U.n; let K4 = U.k / 4u; let M = U.m;
-  let nbn = U.nbn;
-  let id = lin(w, nw) * 64u + li;
-  let nb = id % nbn; let mb = id / nbn;
-  let m0 = mb * {bm}u; let n0 = nb * {bn}u;
-  if (m0 >= M) {{ return; }}
-  let x4 = off(1u) / 4u;
-{decl}
-  for (var g = 0u; g < gpr; g++) {{
-    for (var j = 0u; j < 4u; j++) {{
-{body}
-    }}
-  }}
-  let ob = off(2u) + U.col0;
-  let ld = U.ld;
-{store}
-}}
-"""
+MATMUL_REG = source("matmul_reg")
 MATMUL_REG_PARAMS = Params("n k m gpr moff ld col0 nbn")   # MATVEC's, and nbn: blocks along N
 
 # Workgroup-memory tiled matrix product (prefill on a GPU): a workgroup computes a BM x BN tile of
@@ -896,48 +487,7 @@ MATMUL_REG_PARAMS = Params("n k m gpr moff ld col0 nbn")   # MATVEC's, and nbn: 
 # dynamically indexed private vector would live in local memory. Split-K: workgroup s of S sums
 # groups [s GS, (s + 1) GS) and writes its partial tile to its own plane of O (stride U.plane);
 # MATMUL_SPLIT_SUM adds the planes in a fixed order.
-MATMUL_TILE = """
-@group(0) @binding(2) var<storage, read> X: array<{xt}>;{xs_bind}
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-{deq}
-const BM: u32 = {bm}u;
-const BN: u32 = {bn}u;
-const KG: u32 = {kg}u;
-const RS: u32 = {rs}u;    // vec4 per padded row of a tile (one more than a row holds)
-const TN: u32 = BN / 4u;
-const NT: u32 = BM * BN / 16u;
-{shared}
-@compute @workgroup_size({nt})
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-  gpr = U.gpr; moff = U.moff;
-  let N = U.n; let K4 = U.k / 4u; let M = U.m;
-  let nbn = U.nbn;
-  let tiles = nbn * ((M + BM - 1u) / BM);
-  let id = lin(w, nw);
-  let s = id / tiles;
-  if (s >= U.splits) {{ return; }}
-  let n0 = (id % tiles % nbn) * BN; let m0 = (id % tiles / nbn) * BM;
-  let g0 = s * U.gps; let g1 = min(gpr, g0 + U.gps);
-  let x4 = off(1u) / 4u;
-  let tn = li % TN; let tm = li / TN;
-{regs}
-{fetch0}
-  for (var g = g0; g < g1; g += KG) {{
-    workgroupBarrier();
-{put}
-    workgroupBarrier();
-    if (g + KG < g1) {{
-      let gn = g + KG;
-{fetch}
-    }}
-{mul}
-  }}
-  let ob = off(2u) + U.col0 + s * U.plane;
-  let ld = U.ld;
-{store}
-}}
-"""
+MATMUL_TILE = source("matmul_tile")
 # MATVEC's, nbn tiles along N, gps groups per split, plane: a split's stride in O (0 without a split)
 MATMUL_TILE_PARAMS = Params("n k m gpr moff ld col0 nbn gps splits plane")
 
@@ -947,10 +497,7 @@ MATMUL_TILE_PARAMS = Params("n k m gpr moff ld col0 nbn gps splits plane")
 TILE_FETCH_X = """{{ let e = li + {l}u * NT; let q = e / BM; let gg = G + q / 8u;
   let v = X[x4 + min(m0 + e % BM, M - 1u) * K4 + min(gg, gpr - 1u) * 8u + q % 8u];
   rx{l} = select(vec4<f32>(0.0), v, gg < g1); }}"""
-TILE_FETCH_W = """{{ let e = li + {l}u * NT; let r = e / BN; let gg = G + r / 4u;
-  let qg = grp(min(n0 + e % BN, N - 1u), min(gg, gpr - 1u));
-  rl{l} = select(vec4<f32>(0.0), deq_lo(qg, r % 4u), gg < g1);
-  rh{l} = select(vec4<f32>(0.0), deq_hi(qg, r % 4u), gg < g1); }}"""
+TILE_FETCH_W = source("tile_fetch_w")
 TILE_PUT_X = "{{ let e = li + {l}u * NT; xs[(e % BM) * RS + e / BM] = rx{l}; }}"
 TILE_PUT_W = """{{ let e = li + {l}u * NT; let r = e / BN; let o = (e % BN) * RS + 8u * (r / 4u) + r % 4u;
   ws[o] = rl{l}; ws[o + 4u] = rh{l}; }}"""
@@ -969,11 +516,7 @@ TILE_PUT_W = """{{ let e = li + {l}u * NT; let r = e / BN; let o = (e % BN) * RS
 # halves an element (H8, 16 bytes: one shared-memory load for two packed FMAs per output); naga cannot
 # bitcast u32 words to f16 vectors (it keeps the width), so nothing passes through u32 but HALF_X's output,
 # which the tiled kernel reads as H8 (binding 2) and, for the scales, as vec4<f32> (binding 4).
-TILE16_FNS = """
-const HZ: f32 = {hz}.0;   // Q4_1 / Q4_K: codes 0..15 centred on 8 (the min term takes 8 a), against cancellation
-fn h8(u: u32, v: u32) -> H8 {{ return H8(vec4<f16>(f4(u) - HZ), vec4<f16>(f4(v) - HZ)); }}
-fn hs(p: vec4<f16>) -> f32 {{ let r = p.xy + p.zw; return f32(r.x + r.y); }}
-"""
+TILE16_FNS = source("tile16_fns")
 XS_BIND = """
 struct H8 { a: vec4<f16>, b: vec4<f16> }   // 8 consecutive halves
 @group(0) @binding(4) var<storage, read> XS: array<vec4<f32>>;   // the same buffer: (scale, sum) of x's groups"""
@@ -989,74 +532,20 @@ TILE16_FETCH_W = """if (li + {l}u * NT < BN * KG) {{ let e = li + {l}u * NT; let
   rq{l} = grp(min(n0 + e % BN, N - 1u), min(gg, gpr - 1u));
   if (gg >= g1) {{ rq{l}.a = 0.0; rq{l}.b = 0.0; rq{l}.m = 0.0; }} }}"""
 TILE16_PUT_S = "{{ let e = li + {l}u * NT; if (e < BM * KG) {{ xd[(e % BM) * KG + e / BM] = rs{l}.xy; }} }}"
-TILE16_PUT_W = """{{ let e = li + {l}u * NT; if (e < BN * KG) {{ let o = (e % BN) * RS + 4u * (e / BN); let q = rq{l};
-  ws[o] = h8(q.lo[0], q.lo[1]); ws[o + 1u] = h8(q.lo[2], q.lo[3]);
-  ws[o + 2u] = h8(q.hi[0], q.hi[1]); ws[o + 3u] = h8(q.hi[2], q.hi[3]);
-  wd[(e % BN) * KG + e / BN] = vec4<f32>(q.a, q.b, q.m + HZ * q.a, 0.0); }} }}"""
+TILE16_PUT_W = source("tile16_put_w")
 TWO_SCALES = ("Q6_K",)    # types whose halves of a group have scales of their own
 
 # x for the f16 tiled product, per 32-element group (one thread each): 4 vec4<u32> of the 32 values
 # divided by the group's largest magnitude d, as f16 (two a word), then (d, sum of x, 0, 0). Made once
 # per value, as QUANT_X.
-HALF_X = """
-@group(0) @binding(1) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> XH: array<vec4<u32>>;
-fn h8(u: vec4<f32>, v: vec4<f32>, id: f32) -> vec4<u32> {
-  let a = u * id; let b = v * id;
-  return vec4<u32>(pack2x16float(a.xy), pack2x16float(a.zw), pack2x16float(b.xy), pack2x16float(b.zw));
-}
-""" + _GROUP_OF_X + """  let d = max(max(m4.x, m4.y), max(m4.z, m4.w));
-  let id = select(0.0, 1.0 / d, d > 0.0);
-  let o = off(1u) / 4u + i * 5u;
-  XH[o] = h8(x0, x1, id);
-  XH[o + 1u] = h8(x2, x3, id);
-  XH[o + 2u] = h8(x4, x5, id);
-  XH[o + 3u] = h8(x6, x7, id);
-  let sx = dot(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7, vec4<f32>(1.0));
-  XH[o + 4u] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(sx), 0u, 0u);
-}
-"""
+HALF_X = source("half_x", group_of_x=_GROUP_OF_X)
 HALF_X_PARAMS = Params("n")   # n: groups of x (M * K / 32)
 
-MATMUL_SPLIT_SUM = """
-@group(0) @binding(1) var<storage, read> P: array<f32>;
-@group(0) @binding(2) var<storage, read_write> O: array<f32>;
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-  let i = lin(w, nw) * 256u + li;
-  let N = U.n;
-  if (i >= N * U.m) { return; }
-  var s = 0.0;
-  for (var p = 0u; p < U.splits; p++) { s += P[off(0u) + p * U.plane + i]; }
-  O[off(1u) + U.col0 + (i / N) * U.ld + i % N] = s;
-}
-"""
+MATMUL_SPLIT_SUM = source("matmul_split_sum")
 MATMUL_SPLIT_SUM_PARAMS = Params("n m splits plane ld col0")   # plane: stride of a split (M * N)
 
 # Rows of a quantized weight (the token embedding): one thread per 8 values (4 of each half of a group)
-GET_ROWS_Q = """
-@group(0) @binding(2) var<storage, read> R: array<i32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
-{deq}
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {{
-  gpr = U.gpr; moff = U.moff;
-  let Wd = U.w;
-  let pieces = Wd / 8u;
-  let i = lin(w, nw) * 256u + li;
-  if (i >= pieces * U.t) {{ return; }}
-  let t = i / pieces; let p = i % pieces;
-  let r = u32(R[off(1u) + t]) - U.row0;
-  if (r >= U.rows) {{ return; }}
-  let j = p % 4u;
-  let q = grp(r, p / 4u);
-  let lo = deq_lo(q, j); let hi = deq_hi(q, j);
-  let o = off(2u) + t * Wd + (p / 4u) * 32u + 4u * j;
-  for (var k = 0u; k < 4u; k++) {{ O[o + k] = lo[k]; O[o + 16u + k] = hi[k]; }}
-}}
-"""
+GET_ROWS_Q = source("get_rows_q")
 GET_ROWS_Q_PARAMS = Params("w t row0 rows gpr moff")   # GET_ROWS_F32's, gpr groups per row, moff the scale-plane offset
 
 

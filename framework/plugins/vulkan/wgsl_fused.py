@@ -20,9 +20,9 @@ lowering use; its parameter block is a wgsl.Params built here too.
 
 from __future__ import annotations
 
-from ...contract import fusion
+from ...backend import fusion
 from . import wgsl
-from .wgsl import NEG_BIG, Params
+from .wgsl import NEG_BIG, Params, source
 
 Prologue = fusion.Prologue
 
@@ -63,28 +63,10 @@ def _off(roles: list[str], role: str) -> str:
     return f"off({roles.index(role)}u)"
 
 
-ROW_SUM = """var<workgroup> rsum: array<f32, WG>;
-var<workgroup> rsum8: array<f32, 8>;
-// a workgroup's sum of v, in a fixed order (the same every run): eight threads each add WG / 8 of the
-// values in turn, then every thread adds the eight (two barriers, not a tree's log2(WG) + 1)
-fn row_sum(v: f32, li: u32) -> f32 {
-  rsum[li] = v;
-  workgroupBarrier();
-  if (li < 8u) {
-    var s = 0.0;
-    for (var j = 0u; j < WG / 8u; j++) { s += rsum[li * (WG / 8u) + j]; }
-    rsum8[li] = s;
-  }
-  workgroupBarrier();
-  return ((rsum8[0] + rsum8[1]) + (rsum8[2] + rsum8[3])) + ((rsum8[4] + rsum8[5]) + (rsum8[6] + rsum8[7]));
-}
-"""
+ROW_SUM = source("row_sum")
 
 # a group of 32 x values (eight vec4) from the workgroup's copy of x, xs
-X_GROUP = """fn xsg(g: u32) -> array<vec4<f32>, 8> {
-  let b = g * 8u;
-  return array<vec4<f32>, 8>(xs[b], xs[b + 1u], xs[b + 2u], xs[b + 3u], xs[b + 4u], xs[b + 5u], xs[b + 6u], xs[b + 7u]);
-}"""
+X_GROUP = source("x_group")
 
 
 def prologue_source(p: Prologue, roles: list[str]) -> str:

@@ -119,6 +119,7 @@ class XdnaDevice(Device):
         if max_chain is not None and not 1 <= max_chain <= self.profile.max_chain:
             raise ValueError(f"max_chain {max_chain} must be between 1 and profile {self.profile.name}'s "
                              f"{self.profile.max_chain}")
+        self.chain_setting = max_chain      # what FRAMEWORK_XDNA_MAX_CHAIN or the option asked: kept under any profile
         self.max_chain = max_chain or self.profile.max_chain
         # the host arm computes in host memory, and a Ryzen AI NPU's buffers are host memory too
         self.limits = Limits(max_chain=self.max_chain, memory_bytes=host_memory_limit())
@@ -149,14 +150,16 @@ class XdnaDevice(Device):
         hardware's own), another chain limit, requantization or cache folder. Without a usable NPU, a
         profile brings up the host arm in its place (``--device-profile xdna2``), an emulation."""
         prof = get_profile(profile) if isinstance(profile, str) else (profile or self.profile)
+        max_chain = self.chain_setting if max_chain is None else max_chain
+        if max_chain is not None and max_chain > prof.max_chain:
+            raise ValueError(f"{MAX_CHAIN_ENV} (or max_chain) {max_chain} exceeds profile {prof.name}'s limit of "
+                             f"{prof.max_chain} runs per chain: it can only lower it")
         if (profile is not None and self.arm == "npu" and not self.available
                 and not self.bad_settings):
             root = self.cache_root if cache_root == "keep" else cache_root
             return host_arm_device(self.index, prof.name, why=f"NPU arm unavailable: {self.unavailable_reason}",
                                    max_chain=max_chain, cache_root=root,
                                    requantize=self.requantize if requantize is None else requantize)
-        if max_chain is None and prof is self.profile:
-            max_chain = self.max_chain if self.max_chain != self.profile.max_chain else None
         return XdnaDevice(self.index, profile=prof, arm=self.arm, available=self.available,
                           unavailable_reason=self.unavailable_reason, physical_id=self.physical_id,
                           session=self.session, kernel_set=self.kernel_set, max_chain=max_chain,

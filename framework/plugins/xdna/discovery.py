@@ -101,7 +101,8 @@ def discover(env: dict | None = None, sysfs: Path = SYS_ACCEL, devroot: Path = D
             continue
         if reason:
             devices.append(XdnaDevice(i, profile=prof, arm="npu", available=False, unavailable_reason=reason,
-                                      physical_id=a.bdf, note=note))
+                                      physical_id=a.bdf, note=note, max_chain=config.max_chain,
+                                      requantize=config.requantize))
             continue
         session = XrtSession(pyxrt, xdev, kernel_set, prof, f"xdna:{i}",
                              timeout_ms=config.timeout_ms or DEFAULT_TIMEOUT_MS)
@@ -114,5 +115,6 @@ def discover(env: dict | None = None, sysfs: Path = SYS_ACCEL, devroot: Path = D
 def _absent(index: int, reason: str, config: Config) -> XdnaDevice:
     if config.host_arm:
         return host_arm_device(index, config.host_arm, why=f"no NPU: {reason}", config=config)
+    # the settings travel with it: --device-profile brings up the host arm from this device (with_options)
     return XdnaDevice(index, profile=config.profile or "xdna2", arm="npu", available=False,
-                      unavailable_reason=reason)
+                      unavailable_reason=reason, max_chain=config.max_chain, requantize=config.requantize)

@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 from ...contract import NPU_REFUSED_OPS, lookup_profile
 
 XRT_RUNLIST_CHAIN = 24
+# the ops every NPU profile refuses (the contract's list), with this NPU's own reason: the contract's speaks of
+# what Intel's NPU 37xx did with them, which an AMD NPU was never seen doing
+_LINEAR_ATTENTION = ("linear attention (Qwen3.5's GatedDeltaNet layers) has no kernel on the AIE array: its kernels "
+                     "are the matrix products; it runs on the next device in --backends")
+XDNA_REFUSED_OPS = {op: _LINEAR_ATTENTION for op in NPU_REFUSED_OPS}
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Profile:
     columns: int                             # AIE columns of the array
     aie: str                                 # AIE generation (mlir-aie device target)
     pci_ids: tuple[tuple[int, int | None], ...]   # (PCI device id, revision or None for any)
-    refused_ops: dict[str, str] = field(default_factory=lambda: dict(NPU_REFUSED_OPS))   # op -> reason
+    refused_ops: dict[str, str] = field(default_factory=lambda: dict(XDNA_REFUSED_OPS))   # op -> reason
 
 
 PROFILES: dict[str, Profile] = {

@@ -61,3 +61,13 @@ def print_table(console: Console, headers: list[str], rows: list[Row], right: tu
             console.print(f"[{r.style}]{escape(text)}[/{r.style}]" if r.style else escape(text), soft_wrap=True,
                           highlight=False)
         i += n
+
+
+def print_wrapped(console: Console, text: str) -> None:
+    """A line of prose after a table: wrapped to a terminal's width, its continuation lines indented as a
+    row's note is; one line when piped."""
+    width = shutil.get_terminal_size().columns if console.is_terminal else None
+    lines = [text] if width is None else textwrap.wrap(text, width=max(40, width), subsequent_indent=NOTE_INDENT,
+                                                       break_on_hyphens=False, break_long_words=False)
+    for line in lines:
+        console.print(escape(line), soft_wrap=True, highlight=False)

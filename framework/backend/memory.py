@@ -18,43 +18,53 @@ class Memory:
     slot_bytes: list[int]   # per scratch slot: the bytes it needs
 
 
-def assign(steps: list[Step], val_sizes: list[int], outputs: list[Ref]) -> Memory:
-    """Outputs first, then scratch slots in step order: a value takes the smallest free slot that holds
-    it, else the largest free one (grown), else a new one; its slot is free again after its last reader."""
-    nv = len(val_sizes)
-    val_out = [-1] * nv
+def _outputs(val_out: list[int], outputs: list[Ref]) -> int:
     n_out = 0
     for r in outputs:
         if r.kind == "val" and val_out[r.idx] < 0:
             val_out[r.idx] = n_out
             n_out += 1
+    return n_out
+
+
+def _deaths(steps: list[Step], nv: int) -> dict[int, list[int]]:
+    """Per step: the values whose last reader (or writer) it is."""
     last = [-1] * nv
     for si, st in enumerate(steps):
-        for b in st.binds:
-            if b[0] == "ref" and b[1].kind == "val":
-                last[b[1].idx] = max(last[b[1].idx], si)
+        for v in (*st.reads, *st.writes):
+            last[v] = max(last[v], si)
     dies: dict[int, list[int]] = {}
     for u in range(nv):
         dies.setdefault(last[u], []).append(u)
+    return dies
+
+
+def assign(steps: list[Step], val_sizes: list[int], outputs: list[Ref]) -> Memory:
+    """Outputs first, then scratch slots in step order: a value takes the smallest free slot that holds
+    it, else the largest free one (grown), else a new one; its slot is free again after its last reader."""
+    nv = len(val_sizes)
+    val_out = [-1] * nv
+    n_out = _outputs(val_out, outputs)
+    dies = _deaths(steps, nv)
     val_slot = [-1] * nv
-    slot_sizes: list[int] = []
+    sizes: list[int] = []
     free: list[int] = []
     for si, st in enumerate(steps):
         for v in st.writes:
             if val_out[v] >= 0 or val_slot[v] >= 0:
                 continue
             need = val_sizes[v]
-            best = min((s for s in free if slot_sizes[s] >= need), key=lambda s: slot_sizes[s], default=None)
+            best = min((s for s in free if sizes[s] >= need), key=lambda s: sizes[s], default=None)
             if best is None and free:
-                best = max(free, key=lambda s: slot_sizes[s])
+                best = max(free, key=lambda s: sizes[s])
             if best is None:
-                slot_sizes.append(need)
-                best = len(slot_sizes) - 1
+                sizes.append(need)
+                best = len(sizes) - 1
             else:
                 free.remove(best)
-                slot_sizes[best] = max(slot_sizes[best], need)
+                sizes[best] = max(sizes[best], need)
             val_slot[v] = best
         for u in dies.get(si, ()):
             if val_slot[u] >= 0 and val_out[u] < 0:
                 free.append(val_slot[u])
-    return Memory(val_out, n_out, val_slot, [4 * s for s in slot_sizes])
+    return Memory(val_out, n_out, val_slot, [4 * s for s in sizes])

@@ -1,0 +1,175 @@
+"""The OpenCL plugin's kernels for each op (its kernel table's functions, which the skeleton's lowering
+calls node by node: framework/backend/lowering.py). Each appends its launches (launches.py) and returns
+the readers it took into its own kernel, which make none:
+
+* RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch;
+* a quantized product or such a norm whose only reader is an ADD of a residual of the same shape (the
+  layers' x + f(x)) writes the sum itself, so the ADD costs no launch;
+* a ROPE whose only reader is a SCALE (Gemma's query scaling) is one launch with it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...backend import ChunkArg, Ref, contiguous_strides, is_weight, pad4
+from ...contract import Tensor, reference
+from . import kernels, layout
+from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
+from .launches import each, ewg, float_options, launch
+
+
+def _ceil(n: int, m: int) -> int:
+    return -(-int(n) // m)
+
+
+def residual_add(lw, n: Tensor) -> Tensor | None:
+    """The ADD that is n's only reader and adds to n a residual of its own shape, if there is one."""
+    add = lw.sole_reader(n, "ADD")
+    if add is None or id(add) in lw.fusion.absorbed:      # a fused kernel's prologue takes it
+        return None
+    res = add.src[1]
+    ref = lw.refs.get(id(res))
+    if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
+        return None
+    return add
+
+
+# -- element-wise and rows --------------------------------------------------------------------------
+def _rms_norm(lw, n: Tensor, norm: Tensor, gain: Tensor | None, add: Tensor | None = None):
+    a = lw.ref(norm.src[0])
+    o = lw.new_val(add if add is not None else n)
+    ncols = norm.shape[-1]
+    nrows = norm.nelements // ncols
+    label = "RMS_NORM" + ("+MUL" if gain is not None else "") + ("+ADD" if add is not None else "")
+    launch(lw, f"{label} {n.name}", "rms_norm", kernels.base_options(lw.dev), nrows * kernels.RWG, kernels.RWG,
+           a=a, gain=lw.ref(gain) if gain is not None else None,
+           r=lw.ref(add.src[1]) if add is not None else None, o=o, ncols=ncols,
+           eps=float(norm.params["eps"]), has_gain=int(gain is not None), glen=ncols,
+           has_r=int(add is not None))
+
+
+def op_rms_norm(lw, n):
+    mul = lw.sole_reader(n, "MUL") if "rms_mul" not in lw.fusions_off else None
+    if mul is not None and lw.gain_ok(n, mul.src[1]):
+        add = residual_add(lw, mul)
+        _rms_norm(lw, mul, n, mul.src[1], add)
+        return [t for t in (mul, add) if t is not None]
+    _rms_norm(lw, n, n, None)
+    return None
+
+
+def op_binary(lw, n):
+    each(lw, n, "binary", n.nelements, a=lw.ref(n.src[0]), b=lw.ref(n.src[1]), o=lw.new_val(n),
+         n=n.nelements, ashape=pad4(n.src[0].shape), bshape=pad4(n.src[1].shape), op=BINARY_CODE[n.op])
+
+
+def op_scale(lw, n):
+    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
+         op=UNARY_CODE["scale"], s=float(n.params["scale"]))
+
+
+def op_unary(lw, n):
+    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
+         op=UNARY_CODE[n.params["op"]], s=1.0)
+
+
+def op_glu(lw, n):
+    each(lw, n, "glu", n.nelements, g=lw.ref(n.src[0]), v=lw.ref(n.src[1]), o=lw.new_val(n),
+         n=n.nelements, op=UNARY_CODE[GLU_ACTIVATION[n.params["op"]]])
+
+
+def op_soft_max(lw, n):
+    s = n.shape[-1]
+    rows = n.nelements // s
+    masked = len(n.src) > 1
+    launch(lw, f"SOFT_MAX {n.name}", "soft_max", kernels.base_options(lw.dev), rows * kernels.RWG, kernels.RWG,
+           a=lw.ref(n.src[0]), mk=lw.ref(n.src[1]) if masked else None, o=lw.new_val(n), ncols=s,
+           t=n.shape[-2] if len(n.shape) > 1 else 1, has_mask=int(masked), scale=float(n.params["scale"]))
+
+
+# -- attention and rope --------------------------------------------------------------------------------
+def op_flash_attn_ext(lw, n):
+    q, k, v = (lw.ref(s) for s in n.src[:3])
+    masked = len(n.src) > 3
+    mk = lw.ref(n.src[3]) if masked else None
+    o = lw.new_val(n)
+    t, h, d = n.src[0].shape
+    s, hkv, _ = n.src[1].shape
+    common = dict(q=q, k=k, v=v, mk=mk, T=t, H=h, Hkv=hkv, D=d, S=s, has_mask=int(masked),
+                  scale=float(n.params["scale"]))
+    opts, awg = kernels.base_options(lw.dev), kernels.AWG
+    if lw.dev.is_cpu and d % 4 == 0:
+        launch(lw, f"FLASH_ATTN_EXT[seq] {n.name}", "flash_attn_seq", opts, t * h, min(8, ewg(lw.dev)), o=o, **common)
+        return
+    if not lw.dev.is_cpu and t * h < kernels.SPLIT_ATTN_BELOW and s > awg:
+        # flash decoding: the keys in parts, one work-group per (row, head, part), then a combine
+        nc = min(_ceil(s, awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
+        per = _ceil(_ceil(s, nc), awg) * awg          # keys a part, in whole blocks
+        nc = _ceil(s, per)
+        part = lw.scratch((t * h * nc * (d + 2),))
+        launch(lw, f"FLASH_ATTN_EXT[split] {n.name}", "flash_attn_part", opts, t * h * nc * awg, awg,
+               p=part, nc=nc, per=per, **common)
+        launch(lw, f"FLASH_ATTN_EXT[combine] {n.name}", "flash_combine", opts, t * h * awg, awg,
+               p=part, o=o, TH=t * h, D=d, nc=nc)
+        return
+    launch(lw, f"FLASH_ATTN_EXT {n.name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)
+
+
+def op_rope(lw, n):
+    """ROPE, times the SCALE that is its only reader where there is one (one launch for both)."""
+    scale = lw.sole_reader(n, "SCALE")
+    t, h, d = n.shape
+    p = n.params
+    n_dims = int(p["n_dims"])
+    # the reference's frequencies (float64), in the kernel's angle type
+    inv = reference.rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"]))
+    factors = lw.ref(n.src[2]) if len(n.src) > 2 else None
+    launch(lw, f"ROPE{'+SCALE' if scale is not None else ''} {n.name}", "rope", kernels.base_options(lw.dev),
+           t * h * (d // 2), ewg(lw.dev), a=lw.ref(n.src[0]), pos=lw.ref(n.src[1]),
+           inv=inv if lw.dev.fp64 else inv.astype(np.float32), ff=factors,
+           o=lw.new_val(scale if scale is not None else n), T=t, H=h, D=d, n_dims=n_dims,
+           neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
+           s=float(scale.params["scale"]) if scale is not None else 1.0)
+    return [scale] if scale is not None else None
+
+
+# -- memory ----------------------------------------------------------------------------------------------
+def op_set_rows(lw, n):
+    src, rows = lw.ref(n.src[1]), lw.ref(n.src[2])
+    dst = lw.in_place(n)
+    w, t = n.shape[1], n.src[2].shape[0]
+    each(lw, n, "set_rows", w * t, s=src, rows=rows, dst=dst, W=w, T=t, nrows=n.shape[0])
+
+
+def op_cont(lw, n):
+    a = lw.ref(n.src[0])
+    st = a.strides or contiguous_strides(a.shape)
+    each(lw, n, "cont", n.nelements, a=a, o=lw.new_val(n), n=n.nelements, shape=pad4(n.shape),
+         strides=(0,) * (4 - len(st)) + tuple(st))
+
+
+def op_get_rows(lw, n):
+    a, rows = n.src
+    o = lw.new_val(n)
+    w, t = a.shape[1], rows.shape[0]
+    rr = lw.ref(rows)
+    if not is_weight(a):
+        launch(lw, f"GET_ROWS {n.name}", "get_rows_f", kernels.base_options(lw.dev), w * t, ewg(lw.dev),
+               a=lw.ref(a), rows=rr, o=o, W=w, T=t, row0=0, nrows=a.shape[0])
+        return
+    qt, arg = a.dtype.name, lw.arg_of(a)
+    for ci, (row0, nrows) in enumerate(lw.chunks(a)):
+        if qt in layout.FLOAT_TYPES:
+            launch(lw, f"GET_ROWS {n.name}", "get_rows_f", float_options(lw.dev, qt), w * t, ewg(lw.dev),
+                   a=ChunkArg(arg, ci), rows=rr, o=o, W=w, T=t, row0=row0, nrows=nrows)
+        else:
+            launch(lw, f"GET_ROWS {n.name}", "get_rows_q", kernels.quant_options(lw.dev, qt), w // 8 * t,
+                   ewg(lw.dev), a=ChunkArg(arg, ci), rows=rr, o=o, W=w, T=t, row0=row0, nrows=nrows,
+                   gpr=w // layout.GROUP)
+
+
+LOWER = {"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_scale, "UNARY": op_unary,
+         "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope,
+         "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows}
+__all__ = ["LOWER", "Ref"]

@@ -1,0 +1,159 @@
+"""Prompt lookup (``--draft ngram[:N]``, framework/runtime/lookup.py) and adaptive drafting
+(framework/runtime/speculative.py's Adaptive and p_min).
+
+- the proposer: the continuation of the latest earlier occurrence of the last N tokens, none without one;
+- correct by construction: greedy text with an ngram draft is the target's own greedy text on SmolLM2's real
+  weights, with drafts accepted on a prompt the answer copies from; rejection sampling with deterministic
+  proposals (all the mass on one token) keeps the target's distribution;
+- drafting pauses when acceptance falls and comes back when it recovers; a model draft stops at a token it
+  is unsure of;
+- the command line: refusals by name, and a run that reports its drafts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import load_model
+
+from framework.cli import main as cli_main
+from framework.runtime.generate import generate
+from framework.runtime.lookup import lookup, one_hot, parse_match
+from framework.runtime.sampling import Sampler, SamplingParams
+from framework.runtime.session import Session
+from framework.runtime.speculative import (Adaptive, SpecStats, SpeculationError, SpeculativeDecoder,
+                                           accept_sampled, confident, make_draft, picker)
+
+EDIT = ("Original code:\ndef area(width, height):\n    return width * height\n\n\n"
+        "def total_area(shapes):\n    total = 0\n    for width, height in shapes:\n"
+        "        total += area(width, height)\n    return total\n\n"
+        "The same code with the function `area` renamed to `rectangle_area`:\n"
+        "def rectangle_area(width, height):\n")
+
+
+# -- the proposer ------------------------------------------------------------------------------------------
+
+def test_lookup_takes_the_latest_earlier_occurrence():
+    h = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert lookup(h, 3, 2) == [7, 8]             # the occurrence at 5, not the one at 0
+    assert lookup(h, 3, 10) == [7, 8, 5, 1, 2, 3]   # up to the end of the history
+    assert lookup(h, 2, 1) == [7]
+    assert lookup(h + [4], 3, 4) == []           # (2, 3, 4) never occurred before
+    assert lookup([5, 5, 5, 5], 2, 3) == [5]     # an overlapping occurrence: only what followed it
+    assert lookup([1, 2], 3, 4) == [] and lookup(h, 3, 0) == []
+
+
+def test_parse_match():
+    assert parse_match("ngram") == 3 and parse_match("ngram:5") == 5
+    for bad in ("ngram:0", "ngram:x", "ngram:-1"):
+        with pytest.raises(ValueError, match="N must be a whole number"):
+            parse_match(bad)
+
+
+# -- correct by construction ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_edit(registry):
+    model = load_model("smollm2")
+    cpu = registry.select("cpu")
+    ids = model.tokenizer.encode(EDIT)
+    target = Session(model, cpu, n_ctx=256)
+    want = [p.token for p in generate(target, ids, 40, Sampler(SamplingParams()))]
+    target.reset()
+    return model, cpu, ids, want
+
+
+def test_greedy_with_an_ngram_draft_is_the_targets_greedy_text(smollm2_edit):
+    model, cpu, ids, want = smollm2_edit
+    target = Session(model, cpu, n_ctx=256)
+    decoder = SpeculativeDecoder(target, make_draft("ngram:3", target, cpu), 4, baseline=0)
+    decoder.reserve(len(ids), 40)
+    got = [p.token for p in decoder.generate(ids, 40, Sampler(SamplingParams()))]
+    assert got == want, (model.tokenizer.decode(got), model.tokenizer.decode(want))
+    st = decoder.stats
+    assert st.accepted > 0 and st.tokens_per_step > 1.0, st.line()
+    assert st.rounds < 39          # fewer target steps than tokens decoded
+
+
+def test_deterministic_proposals_keep_the_target_distribution():
+    """The proposer always drafts token 2, then 1 after 2 (else 0): q is one-hot. The pairs produced must follow
+    p(x1) p(x2 | x1): chi-square over 16 pairs below chi2(15)'s 0.999 quantile (37.70), with 20000 rounds; the
+    first draft is accepted with probability p(2)."""
+    rng = np.random.default_rng(99)
+    p1 = np.array([0.5, 0.25, 0.15, 0.10])
+    p2 = np.array([[0.1, 0.6, 0.2, 0.1], [0.4, 0.1, 0.1, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
+    p3 = np.full(4, 0.25)
+    counts, accepted, n = np.zeros((4, 4)), 0, 20000
+    for _ in range(n):
+        d1 = 2
+        d2 = 1 if d1 == 2 else 0
+        n_ok, new = accept_sampled([p1, p2[d1], p3], [one_hot(d1, 4), one_hot(d2, 4)], [d1, d2], rng)
+        out = [d1, d2][:n_ok] + [new]
+        if len(out) == 1:
+            out.append(int(rng.choice(4, p=p2[out[0]])))
+        counts[out[0], out[1]] += 1
+        accepted += n_ok > 0
+    expected = n * p1[:, None] * p2
+    assert float(((counts - expected) ** 2 / expected).sum()) < 37.70, counts
+    assert accepted / n == pytest.approx(p1[2], abs=0.015)
+
+
+# -- adapting ----------------------------------------------------------------------------------------------
+
+def test_drafting_pauses_when_acceptance_falls_and_resumes_when_it_recovers():
+    a = Adaptive(floor=0.3, window=4)
+    for _ in range(4):
+        assert a.allows()
+        a.update(4, 0)                       # nothing accepted in 4 rounds: a pause of 2
+    assert [a.allows() for _ in range(3)] == [False, False, True]
+    a.update(4, 0)                           # the probe fails: twice as long
+    assert [a.allows() for _ in range(5)] == [False] * 4 + [True]
+    a.update(4, 3)                           # the probe succeeds: drafting goes on, the pause back to 2
+    assert a.allows() and a.next_pause == 2
+    a.update(0, 0)                           # a round without a draft (no match) changes nothing
+    assert a.allows()
+
+
+def test_a_model_draft_stops_at_a_token_it_is_unsure_of():
+    sure, unsure = np.array([10.0, 0.0, 0.0]), np.array([1.0, 0.9, 0.8])
+    assert confident(sure, None, 0.75) and not confident(unsure, None, 0.75) and confident(unsure, None, 0.0)
+    pick = picker(Sampler(SamplingParams()), p_min=0.75)
+    assert pick(sure) == (0, None) and pick(unsure) is None
+
+
+def test_the_report_says_when_nothing_was_decoded():
+    assert SpecStats().line() == "speculative: nothing was decoded (the first token came from the prompt's step)"
+    assert "x0.00" not in SpecStats().line()
+
+
+# -- the command line --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--draft", "ngram:0"], "--draft ngram:0: N must be a whole number"),
+    (["--draft", "ngram", "--draft-backends", "cpu"], "--draft ngram runs no model and uses no device"),
+    (["--draft-p-min", "0.5"], "need --draft SPEC"),
+])
+def test_the_command_line_refuses_by_name(capsys, argv, says):
+    code = cli_main(["run", "-m", "smollm2", "Hi", "-n", "4", "--backends", "cpu", *argv])
+    assert code == 2, capsys.readouterr()
+    assert says in capsys.readouterr().err
+
+
+def test_p_min_out_of_range_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["run", "-m", "smollm2", "Hi", "--draft", "ngram", "--draft-p-min", "1.5"])
+    assert e.value.code == 2 and "a probability at least 0 and below 1" in capsys.readouterr().err
+
+
+def test_run_with_an_ngram_draft_reports_it(capsys):
+    code = cli_main(["run", "-m", "smollm2", EDIT, "-n", "24", "--backends", "cpu", "--draft", "ngram"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "draft ngram:3 (prompt lookup" in err and "(no model, no device)" in err, err
+    assert "speculative: drafted" in err and "reads only the text" in err, err
+
+
+def test_make_draft_refuses_a_bad_ngram_spec(smollm2_edit):
+    model, cpu, _, _ = smollm2_edit
+    with pytest.raises(SpeculationError, match="ngram:N"):
+        make_draft("ngram:zero", Session(model, cpu, n_ctx=64), cpu)
