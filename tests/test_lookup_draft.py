@@ -3,8 +3,8 @@
 
 - the proposer: the continuation of the latest earlier occurrence of the last N tokens, none without one;
 - correct by construction: greedy text with an ngram draft is the target's own greedy text on SmolLM2's real
-  weights, with drafts accepted on a prompt the answer copies from; rejection sampling with deterministic
-  proposals (all the mass on one token) keeps the target's distribution;
+  weights, with drafts accepted on a prompt the answer copies from (that rejection sampling keeps the target's
+  distribution with deterministic proposals is tests/test_speculative.py's chi-square test);
 - drafting pauses when acceptance falls and comes back when it recovers; a model draft stops at a token it
   is unsure of;
 - the command line: refusals by name, and a run that reports its drafts.
@@ -18,11 +18,11 @@ from conftest import load_model
 
 from framework.cli import main as cli_main
 from framework.runtime.generate import generate
-from framework.runtime.lookup import lookup, one_hot, parse_match
+from framework.runtime.lookup import lookup, parse_match
 from framework.runtime.sampling import Sampler, SamplingParams
 from framework.runtime.session import Session
 from framework.runtime.speculative import (Adaptive, SpecStats, SpeculationError, SpeculativeDecoder,
-                                           accept_sampled, confident, make_draft, picker)
+                                           confident, make_draft, picker)
 
 EDIT = ("Original code:\ndef area(width, height):\n    return width * height\n\n\n"
         "def total_area(shapes):\n    total = 0\n    for width, height in shapes:\n"
@@ -73,29 +73,6 @@ def test_greedy_with_an_ngram_draft_is_the_targets_greedy_text(smollm2_edit):
     st = decoder.stats
     assert st.accepted > 0 and st.tokens_per_step > 1.0, st.line()
     assert st.rounds < 39          # fewer target steps than tokens decoded
-
-
-def test_deterministic_proposals_keep_the_target_distribution():
-    """The proposer always drafts token 2, then 1 after 2 (else 0): q is one-hot. The pairs produced must follow
-    p(x1) p(x2 | x1): chi-square over 16 pairs below chi2(15)'s 0.999 quantile (37.70), with 20000 rounds; the
-    first draft is accepted with probability p(2)."""
-    rng = np.random.default_rng(99)
-    p1 = np.array([0.5, 0.25, 0.15, 0.10])
-    p2 = np.array([[0.1, 0.6, 0.2, 0.1], [0.4, 0.1, 0.1, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
-    p3 = np.full(4, 0.25)
-    counts, accepted, n = np.zeros((4, 4)), 0, 20000
-    for _ in range(n):
-        d1 = 2
-        d2 = 1 if d1 == 2 else 0
-        n_ok, new = accept_sampled([p1, p2[d1], p3], [one_hot(d1, 4), one_hot(d2, 4)], [d1, d2], rng)
-        out = [d1, d2][:n_ok] + [new]
-        if len(out) == 1:
-            out.append(int(rng.choice(4, p=p2[out[0]])))
-        counts[out[0], out[1]] += 1
-        accepted += n_ok > 0
-    expected = n * p1[:, None] * p2
-    assert float(((counts - expected) ** 2 / expected).sum()) < 37.70, counts
-    assert accepted / n == pytest.approx(p1[2], abs=0.015)
 
 
 # -- adapting ----------------------------------------------------------------------------------------------

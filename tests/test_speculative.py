@@ -160,16 +160,23 @@ def test_self_speculative_real_models(name, k, cpu):
 
 # -- correct by construction: sampling --------------------------------------------------------------------
 
-def test_rejection_sampling_keeps_the_target_distribution():
-    """Two positions over four tokens: the target's p(x1), p(x2 | x1) and a draft's q that differ. A round
-    drafts two tokens from q and accepts them with accept_sampled; when it emits only x1, x2 is drawn from
-    p(. | x1) directly. The pairs must follow p(x1) p(x2 | x1): chi-square over the 16 pairs below chi2(15)'s
-    0.999 quantile (37.70), and a total variation under 0.02, with 20000 rounds."""
+SAMPLED_Q = (np.array([0.2, 0.2, 0.5, 0.1]),
+             np.array([[0.3, 0.3, 0.2, 0.2], [0.1, 0.1, 0.7, 0.1], [0.6, 0.2, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]]))
+# an ngram draft's proposals are deterministic: token 2, then 1 after 2 (else 0), all the mass on each
+LOOKUP_Q = (np.eye(4)[2], np.eye(4)[[0, 0, 1, 0]])
+
+
+@pytest.mark.parametrize("q", [SAMPLED_Q, LOOKUP_Q], ids=["sampled", "deterministic"])
+def test_rejection_sampling_keeps_the_target_distribution(q):
+    """Two positions over four tokens: the target's p(x1), p(x2 | x1) and a draft's q that differ (a draft
+    model's distributions, or the one-hot proposals of prompt lookup). A round drafts two tokens from q and
+    accepts them with accept_sampled; when it emits only x1, x2 is drawn from p(. | x1) directly. The pairs
+    must follow p(x1) p(x2 | x1): chi-square over the 16 pairs below chi2(15)'s 0.999 quantile (37.70), and a
+    total variation under 0.02, with 20000 rounds."""
     rng = np.random.default_rng(1234)
     p1 = np.array([0.5, 0.25, 0.15, 0.10])
     p2 = np.array([[0.1, 0.6, 0.2, 0.1], [0.4, 0.1, 0.1, 0.4], [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]])
-    q1 = np.array([0.2, 0.2, 0.5, 0.1])
-    q2 = np.array([[0.3, 0.3, 0.2, 0.2], [0.1, 0.1, 0.7, 0.1], [0.6, 0.2, 0.1, 0.1], [0.25, 0.25, 0.25, 0.25]])
+    q1, q2 = q
     p3 = np.full(4, 0.25)
     counts = np.zeros((4, 4))
     accepted = 0
