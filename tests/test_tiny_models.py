@@ -196,8 +196,10 @@ def test_strict_names_the_refused_op_its_shapes_and_the_reason(qwen35, registry)
         session.reserve(8, 4)
     text = str(err.value)
     assert err.value.code == "strict_fallback"
-    assert "gated_delta_net-0 (GATED_DELTA_NET [48, 128] F32 of [16, 2, 32] F32" in text
-    assert "SSM_CONV [1, 16, 256] F32 of [1, 256, 19] F32, [256, 4] F32" in text
+    # grouped by op and reason, each group naming its first node with its shapes and dtypes
+    assert "3 GATED_DELTA_NET nodes -> cpu (first: gated_delta_net-0, [48, 128] F32 of [16, 2, 32] F32" in text
+    assert "3 SSM_CONV nodes -> cpu (first: conv_output_raw-0, [1, 16, 256] F32 of [1, 256, 19] F32, [256, 4] F32" \
+        in text
     assert "hangs the NPU at the first inference on NPU 37xx" in text
 
 
