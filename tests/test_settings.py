@@ -173,7 +173,6 @@ ENVIRONMENT_OUTSIDE_SETTINGS = {
     "framework/plugins/ray/cluster.py",          # RAY_ADDRESS: Ray's own (the cluster to join)
     "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_*
     "framework/plugins/opencl/discovery.py",     # PoCL's POCL_* and the OpenCL loader's OCL_ICD_VENDORS
-    "framework/plugins/opencl/kernels.py",       # FRAMEWORK_OPENCL_MATVEC quoted raw (settings.raw would do)
     "framework/cli/main.py",                     # sets RAY_ADDRESS from --ray-address
     "framework/terminal/devices.py",             # sets FRAMEWORK_OPENVINO_THREADS while devices are made
 }

@@ -10,7 +10,6 @@ is generated from signatures.py (the kernels' parameters) and coverage.py (the o
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -135,7 +134,7 @@ def _check_matvec(dev, shape: dict, fits: bool, xg: int, red: int) -> None:
                         f"fit the {MATVEC_XL_BYTES}-byte budget and {dev.name}'s {_local_bytes(dev)} bytes of local "
                         f"memory (less the reduction's, without shfl)")
     if problems:
-        raise ValueError(f"{MATVEC_ENV}={os.environ.get(MATVEC_ENV, '')!r} ({dev.name}): {'; '.join(problems)}; "
+        raise ValueError(f"{MATVEC_ENV}={settings.raw(MATVEC_ENV) or ''!r} ({dev.name}): {'; '.join(problems)}; "
                          f"change or unset the variable")
 
 
