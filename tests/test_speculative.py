@@ -184,7 +184,8 @@ def test_rejection_sampling_keeps_the_target_distribution(q):
     for _ in range(n):
         d1 = int(rng.choice(4, p=q1))
         d2 = int(rng.choice(4, p=q2[d1]))
-        n_ok, new = accept_sampled([p1, p2[d1], p3], [q1, q2[d1]], [d1, d2], rng)
+        q_rows = [None, None] if q is LOOKUP_Q else [q1, q2[d1]]    # prompt lookup passes no distribution
+        n_ok, new = accept_sampled([p1, p2[d1], p3], q_rows, [d1, d2], rng)
         out = [d1, d2][:n_ok] + [new]
         if len(out) == 1:
             out.append(int(rng.choice(4, p=p2[out[0]])))

@@ -41,8 +41,3 @@ def parse_match(spec: str) -> int:
         raise ValueError(f"--draft {spec}: N must be a whole number of tokens, at least 1 (ngram:N)")
     return int(n)
 
-
-def one_hot(token: int, n_vocab: int) -> np.ndarray:
-    q = np.zeros(n_vocab, dtype=np.float64)
-    q[token] = 1.0
-    return q

@@ -54,7 +54,7 @@ from ..core.scheduler import Reservation, Residence
 from ..model.arch.base import SpeculationError
 from ..model.model import Model
 from .generate import Piece
-from .lookup import lookup, one_hot, parse_match
+from .lookup import lookup, parse_match
 from .sampling import Sampler
 from .context import KV_PAD
 from .session import Session
@@ -78,13 +78,18 @@ def accept_greedy(rows: np.ndarray, drafts: list[int]) -> tuple[int, int]:
 def accept_sampled(p_rows: list[np.ndarray], q_rows: list[np.ndarray], drafts: list[int],
                    rng: np.random.Generator) -> tuple[int, int]:
     """Speculative rejection sampling: p_rows the target's distributions after each of [last, *drafts]
-    (one more than drafts), q_rows the draft's distributions each draft was drawn from. Returns (drafts
-    accepted, the next token), the tokens so produced being distributed as draws from p."""
+    (one more than drafts), q_rows the draft's distributions each draft was drawn from (None: a deterministic
+    proposal, all the mass on the draft). Returns (drafts accepted, the next token), the tokens so produced
+    being distributed as draws from p."""
     for i, d in enumerate(drafts):
         p, q = p_rows[i], q_rows[i]
-        if rng.random() * q[d] < p[d]:          # with probability min(1, p(d) / q(d))
+        if rng.random() * (1.0 if q is None else q[d]) < p[d]:      # with probability min(1, p(d) / q(d))
             continue
-        residual = np.maximum(p - q, 0.0)
+        if q is None:                           # max(0, p - q) for a one-hot q: p without the draft
+            residual = p.copy()
+            residual[d] = 0.0
+        else:
+            residual = np.maximum(p - q, 0.0)
         total = residual.sum()
         return i, int(rng.choice(len(p), p=residual / total if total > 0 else p))
     p = p_rows[len(drafts)]
@@ -245,7 +250,7 @@ class NgramDraft(Draft):
     session = None
 
     def __init__(self, target: Session, n_match: int):
-        self.n_match, self.n_vocab = n_match, target.model.hp.n_vocab
+        self.n_match = n_match
 
     def describe(self) -> str:
         return (f"ngram:{self.n_match} (prompt lookup: what followed the latest earlier occurrence of the last "
@@ -256,7 +261,7 @@ class NgramDraft(Draft):
 
     def propose(self, history, token, n, pick):
         drafts = lookup(history + [token], self.n_match, n)
-        return drafts, [one_hot(d, self.n_vocab) for d in drafts]
+        return drafts, [None] * len(drafts)        # deterministic: accept_sampled takes None as one-hot
 
     def shared(self):
         return {}
