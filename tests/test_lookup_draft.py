@@ -109,6 +109,7 @@ def test_the_report_says_when_nothing_was_decoded():
     (["--draft", "ngram:0"], "--draft ngram:0: N must be a whole number"),
     (["--draft", "ngram", "--draft-backends", "cpu"], "--draft ngram runs no model and uses no device"),
     (["--draft-p-min", "0.5"], "need --draft SPEC"),
+    (["--draft", "ngram", "--draft-p-min", "0.5"], "--draft ngram proposes without probabilities"),
 ])
 def test_the_command_line_refuses_by_name(capsys, argv, says):
     code = cli_main(["run", "-m", "smollm2", "Hi", "-n", "4", "--backends", "cpu", *argv])

@@ -50,10 +50,14 @@ def speculative_decoder(args, session, devices):
                              "or a draft GGUF file)")
         return None
     spec = args.draft
-    lookup = spec == "ngram" or spec.startswith("ngram:")
+    from ..runtime.lookup import is_lookup
+    lookup = is_lookup(spec)
     if lookup and args.draft_backends:
         raise ValueError(f"--draft-backends {args.draft_backends}: --draft {spec} runs no model and uses no device; "
                          f"drop --draft-backends")
+    if lookup and args.draft_p_min != DEFAULT_P_MIN:
+        raise ValueError(f"--draft-p-min {args.draft_p_min}: --draft {spec} proposes without probabilities, so no "
+                         f"threshold applies; drop --draft-p-min (acceptance still pauses drafting that fails)")
     draft_devices = select_devices(args.draft_backends) if args.draft_backends else devices
     if not lookup and not spec.startswith("layers:"):
         from ..model.default import resolve_model

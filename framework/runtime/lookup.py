@@ -32,6 +32,11 @@ def lookup(history: list[int], n_match: int, n_draft: int) -> list[int]:
     return h[start:start + n_draft].tolist()
 
 
+def is_lookup(spec: str) -> bool:
+    """Whether a --draft SPEC names prompt lookup (ngram or ngram:N)."""
+    return spec == "ngram" or spec.startswith("ngram:")
+
+
 def parse_match(spec: str) -> int:
     """N of ``ngram[:N]`` (DEFAULT_MATCH without one); ValueError naming the spec otherwise."""
     _, _, n = spec.partition(":")

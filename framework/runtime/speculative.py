@@ -54,7 +54,7 @@ from ..core.scheduler import Reservation, Residence
 from ..model.arch.base import SpeculationError
 from ..model.model import Model
 from .generate import Piece
-from .lookup import lookup, parse_match
+from .lookup import is_lookup, lookup, parse_match
 from .sampling import Sampler
 from .context import KV_PAD
 from .session import Session
@@ -380,7 +380,7 @@ def make_draft(spec: str, target: Session, devices: list[Device], load=Model) ->
         raise SpeculationError(f"{target.model.name} ({target.model.arch.name}) keeps recurrent state that rejected "
                                f"draft tokens would already have changed, and it cannot be rolled back: speculative "
                                f"decoding needs a target whose state is its KV cache; run it without --draft")
-    if spec == "ngram" or spec.startswith("ngram:"):
+    if is_lookup(spec):
         try:
             return NgramDraft(target, parse_match(spec))
         except ValueError as e:
