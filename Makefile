@@ -54,7 +54,7 @@ $(OPENCL_STAMP): $(STAMP)
 # ruff first (the config in pyproject.toml): a lint error stops the run before the suite starts
 test: $(STAMP) $(BROWSER_STAMP) $(VULKAN_STAMP) $(OPENCL_STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 # llama.cpp alongside, built for this CPU (benchmarks/install_llama_cpp.sh says how)
 bench: $(STAMP)
