@@ -95,11 +95,16 @@ class Context:
     def shape_key(self, n_tokens: int, n_past: int, n_out: int | None) -> tuple:
         """(tokens, KV rows attended over, logits rows or None for all): the shape a step of n_tokens after
         n_past runs as, one graph and one plan per key."""
+        return self.rows_key(n_tokens, n_past + n_tokens, n_out)
+
+    def rows_key(self, n_tokens: int, n_rows: int, n_out: int | None) -> tuple:
+        """The shape of a step of n_tokens whose queries see cache rows below n_rows (a batch of several
+        sequences: one past the highest cell any of them uses)."""
         if n_tokens == 1:
             n_out = 1               # the logits of every token of a one-token step are its last token's
         if self.static:
             return (1 if n_tokens == 1 else self.n_batch), self.n_ctx, (None if n_out is None else 1)
-        return n_tokens, min(self.n_ctx, -(-(n_past + n_tokens) // KV_PAD) * KV_PAD), n_out
+        return n_tokens, min(self.n_ctx, -(-n_rows // KV_PAD) * KV_PAD), n_out
 
     def graph(self, key: tuple) -> tuple[Graph, object]:
         """The graph of a step shape and its input leaves (StepInputs), built once."""
@@ -167,8 +172,11 @@ class Context:
 
 
 def phase_name(key: tuple) -> str:
-    """A step shape's name in plans and reports: decode[tokens=1,kv=256], prefill[tokens=7,kv=256]."""
+    """A step shape's name in plans and reports: decode[tokens=1,kv=256], prefill[tokens=7,kv=256], and a
+    step of several sequences batch[tokens=5,kv=256,out=3] (logits of 3 rows)."""
     n_tokens, n_kv, n_out = key
+    if n_tokens > 1 and n_out is not None and n_out > 1:
+        return f"batch[tokens={n_tokens},kv={n_kv},out={n_out}]"
     kind = "decode" if n_tokens == 1 else "prefill"
     return f"{kind}[tokens={n_tokens},kv={n_kv}" + (",all-logits]" if n_out is None and n_tokens > 1 else "]")
 

@@ -134,7 +134,11 @@ class Session:
     def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
         if n_tokens < 1:
             raise ValueError(f"a step needs at least one token, got {n_tokens}")
-        key = self.context.shape_key(n_tokens, n_past, n_out)
+        return self.plan_key(self.context.shape_key(n_tokens, n_past, n_out))
+
+    def plan_key(self, key: tuple) -> tuple[Plan, object]:
+        """The plan of a step shape (planned and checked on first use) and its input leaves, its programs
+        loaded and compiled."""
         if key not in self.plans and self.partners:
             self.reserve_keys([key])
         elif key not in self.plans:

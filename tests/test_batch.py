@@ -1,0 +1,189 @@
+"""Steps of several sequences over one cache (runtime/cells.py, runtime/batch.py): the cells' bookkeeping,
+and batched rows giving each sequence the logits it gets alone, bit for bit on the cpu plugin (whose
+products and attention sums do not depend on the other rows of a step), within bounds on openvino:CPU."""
+
+import numpy as np
+import pytest
+import tiny_models
+from conftest import load_model
+
+from framework.model.model import Model
+from framework.plugins.cpu.device import CpuDevice
+from framework.runtime.batch import Batch, BatchError, Part
+from framework.runtime.cells import Cells
+from framework.runtime.context import ContextFullError
+from framework.runtime.session import Session
+
+PROMPTS = {1: [20, 31, 42, 53, 64, 75, 86], 2: [90, 91, 92, 93, 94], 3: [300, 17, 250, 9, 120, 33, 71, 45, 12, 8, 199]}
+DECODE = 4
+
+
+# -- the cells --------------------------------------------------------------------------------------
+def test_shared_cells_survive_until_their_last_sequence_is_freed():
+    c = Cells(16)
+    a = c.allocate(1, 5)
+    assert a.tolist() == [0, 1, 2, 3, 4] and c.n_past(1) == 5
+    c.share(1, 2, 3)                          # sequence 2: the first 3 tokens of 1, on the same cells
+    assert c.cells_of(2).tolist() == [0, 1, 2] and c.n_past(2) == 3
+    b = c.allocate(2, 2)                      # its own next tokens go above its last cell, in free ones
+    assert b.tolist() == [5, 6] and c.pos[b].tolist() == [3, 4]
+    c.free(1)
+    assert c.cells_of(2).tolist() == [0, 1, 2, 5, 6]
+    assert c.pos[[3, 4]].tolist() == [-1, -1] and c.n_free == 11       # 1's own cells freed at once
+    c.free(2)
+    assert c.n_free == 16 and c.high() == 0 and c.sequences() == []
+
+
+def test_new_cells_go_above_the_sequences_last_one_and_a_full_cache_names_the_fix():
+    c = Cells(8)
+    c.allocate(1, 2)
+    c.allocate(2, 3)                          # cells 2..4
+    c.free(1)                                 # 0 and 1 free, below sequence 2's cells
+    assert c.allocate(2, 2).tolist() == [5, 6]
+    assert c.allocate(2, 2).tolist() == [0, 1]      # nothing left above: the lowest free cells
+    c.keep(2, 4)                              # a rewind drops positions 4 and up
+    assert c.n_past(2) == 4 and sorted(c.pos[c.cells_of(2)].tolist()) == [0, 1, 2, 3]
+    c.allocate(3, 4)
+    with pytest.raises(ContextFullError) as info:
+        c.allocate(3, 1)
+    assert "0 free cells of 8" in str(info.value) and "raise --ctx, lower --parallel" in str(info.value)
+
+
+def test_the_mask_shows_a_row_its_own_sequences_cells_up_to_its_position_within_the_window():
+    c = Cells(8)
+    c.allocate(1, 3)                          # cells 0..2, positions 0..2
+    c.share(1, 2, 2)                          # 2 uses cells 0, 1
+    c.allocate(2, 2)                          # cells 3, 4 at positions 2, 3
+    m = c.mask(np.array([1, 2, 2]), np.array([2, 2, 3]), 8)
+    seen = np.isfinite(m)
+    assert seen[0].tolist() == [True, True, True, False, False, False, False, False]
+    assert seen[1].tolist() == [True, True, False, True, False, False, False, False]
+    assert seen[2].tolist() == [True, True, False, True, True, False, False, False]
+    swa = np.isfinite(c.mask(np.array([2]), np.array([3]), 8, window=2))
+    assert np.flatnonzero(swa[0]).tolist() == [3, 4]       # positions 2 and 3 only
+    assert (m[seen] == 0).all()
+
+
+# -- batched steps against each sequence alone ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Model:
+    return Model(tiny_models.write("llama", tmp_path_factory.mktemp("batch") / "tiny-llama.gguf"))
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma4(tmp_path_factory) -> Model:
+    return Model(tiny_models.write("gemma4", tmp_path_factory.mktemp("batch") / "tiny-gemma4.gguf"))
+
+
+def alone(model: Model, devices, prompt: list[int], n: int = DECODE) -> tuple[list[np.ndarray], list[int]]:
+    """The logits of the prompt's last token and of n greedy decode steps, in a session of its own."""
+    s = Session(model, devices if isinstance(devices, list) else [devices], n_ctx=128)
+    out = [s.eval(prompt)]
+    tokens = []
+    for _ in range(n):
+        tokens.append(int(np.argmax(out[-1])))
+        out.append(s.eval([tokens[-1]]))
+    return out, tokens
+
+
+def batched(model: Model, devices) -> dict[int, list[np.ndarray]]:
+    """Sequences 1 and 2 prefill together and decode together; 3 joins mid-generation with its prompt
+    beside their decode rows; one leaves early (its cells freed) while the others go on."""
+    b = Batch(Session(model, devices if isinstance(devices, list) else [devices], n_ctx=128))
+    got = {1: [], 2: [], 3: []}
+
+    def run(parts):
+        for part, logits in zip(parts, b.step(parts)):
+            got[part.seq].append(logits)
+
+    def next_token(seq):
+        return [int(np.argmax(got[seq][-1]))]
+
+    run([Part(1, PROMPTS[1]), Part(2, PROMPTS[2])])
+    run([Part(1, next_token(1)), Part(2, next_token(2))])
+    run([Part(2, next_token(2)), Part(3, PROMPTS[3]), Part(1, next_token(1))])
+    for _ in range(DECODE - 2):
+        run([Part(s, next_token(s)) for s in (1, 2, 3)])
+    b.free(2)
+    run([Part(1, next_token(1)), Part(3, next_token(3))])
+    run([Part(3, next_token(3))])
+    assert b.cells.sequences() == [1, 3]
+    return got
+
+
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean((a - b) ** 2) / np.mean(a ** 2))
+
+
+def test_batched_rows_give_each_sequence_its_logits_alone_bit_for_bit_on_cpu_q8(tiny_llama):
+    device = CpuDevice("q8")
+    if not device.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
+    got = batched(tiny_llama, device)
+    for seq, logits in got.items():
+        ref, _ = alone(tiny_llama, device, PROMPTS[seq], len(logits) - 1)
+        assert len(ref) == len(logits)
+        for i, (a, b) in enumerate(zip(ref, logits)):
+            assert np.array_equal(a, b), f"sequence {seq}, step {i}: {np.abs(a - b).max()}"
+
+
+def test_batched_rows_on_cpu_f32_match_alone_to_blas_rounding(tiny_llama):
+    """numpy's BLAS rounds a row of a product differently with other rows beside it (a matrix-vector
+    product for one row, blocked matrix products for several): bounds, not bits, and the same greedy tokens."""
+    device = CpuDevice("f32")
+    got = batched(tiny_llama, device)
+    for seq, logits in got.items():
+        ref, _ = alone(tiny_llama, device, PROMPTS[seq], len(logits) - 1)
+        assert len(ref) == len(logits)
+        for i, (a, b) in enumerate(zip(ref, logits)):
+            assert nmse(a, b) < 1e-10, (seq, i, nmse(a, b))
+            assert np.argmax(a) == np.argmax(b), (seq, i)
+
+
+def test_a_sliding_window_model_batched_matches_alone(tiny_gemma4):
+    """Gemma 4's sliding layers (a window of 8, shorter than the prompts) see only their window of their own
+    sequence's cells. Its per-layer embeddings are float32 products through numpy's BLAS: bounds, not bits."""
+    device = CpuDevice("f32")
+    got = batched(tiny_gemma4, device)
+    for seq, logits in got.items():
+        ref, _ = alone(tiny_gemma4, device, PROMPTS[seq], len(logits) - 1)
+        for i, (a, b) in enumerate(zip(ref, logits)):
+            assert nmse(a, b) < 1e-10, (seq, i, nmse(a, b))
+            assert np.argmax(a) == np.argmax(b), (seq, i)
+
+
+def test_smollm2_joining_sequence_changes_no_other_sequences_greedy_tokens():
+    model, device = load_model("smollm2"), CpuDevice("f32")
+    _, want = alone(model, device, PROMPTS[1], 6)
+    b = Batch(Session(model, [device], n_ctx=128))
+    tokens = [int(np.argmax(b.step([Part(1, PROMPTS[1])])[0]))]
+    for i in range(5):
+        parts = [Part(1, tokens[-1:])] + ([Part(2, PROMPTS[2])] if i == 1 else [])
+        tokens.append(int(np.argmax(b.step(parts)[0])))
+    assert tokens == want
+
+
+def test_batched_rows_on_openvino_cpu_are_within_bounds_of_alone(registry, tiny_llama):
+    """openvino:CPU first, the cpu plugin for what it does not translate (rope with frequency factors).
+    openvino:CPU's own result for a row moves with the rows beside it (5e-5 NMSE between a 7-token and a
+    12-token prompt here): the bound is ggml's for matrix products, 5e-4."""
+    devices = [*registry.select("openvino:CPU"), CpuDevice("f32")]
+    got = batched(tiny_llama, devices)
+    for seq, logits in got.items():
+        ref, _ = alone(tiny_llama, devices, PROMPTS[seq], len(logits) - 1)
+        for a, b in zip(ref, logits):
+            assert nmse(a, b) < 5e-4, (seq, nmse(a, b))
+
+
+def test_refusals_name_the_reason(tmp_path, tiny_llama):
+    recurrent = Model(tiny_models.write("qwen35", tmp_path / "tiny-qwen35.gguf"))
+    with pytest.raises(BatchError, match=r"keeps recurrent state per sequence.*--parallel 1"):
+        Batch(Session(recurrent, [CpuDevice("f32")], n_ctx=64))
+    b = Batch(Session(tiny_llama, [CpuDevice("f32")], n_ctx=64, n_batch=8))
+    with pytest.raises(BatchError, match=r"sequences \[1\] appear twice"):
+        b.step([Part(1, [5]), Part(1, [6])])
+    with pytest.raises(BatchError, match="exceeds the batch size 8"):
+        b.step([Part(1, list(range(5))), Part(2, list(range(5)))])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        b.step([Part(1, [1, 2]), Part(2, [10 ** 7])])
+    assert b.cells.n_free == 64           # a refused step leaves no cell taken
