@@ -33,18 +33,15 @@ class Part:
     logits: bool = True          # return the logits of the part's last token
 
 
-def batching_refusal(session: Session) -> str | None:
-    """Why this session's model and devices cannot run steps of several sequences, or None."""
-    model = session.model
+def batching_refusal(model, devices: list) -> str | None:
+    """Why this model on these devices cannot run steps of several sequences, or None."""
     if model.arch.recurrent:
         return (f"{model.name} ({model.arch.name}) keeps recurrent state per sequence, which steps of several "
-                f"sequences over one cache cannot hold apart; serve it with --parallel 1")
-    static = [d.name for d in session.devices if d.limits.static_shapes]
+                f"sequences over one cache cannot hold apart")
+    static = [d.name for d in devices if d.limits.static_shapes]
     if static:
         return (f"{', '.join(static)} demands static shapes (limits.static_shapes), and a step of several "
-                f"sequences has as many rows as they bring; serve with --parallel 1 or on other devices")
-    if session.context.hidden or session.context.role:
-        return "a draft's steps (hidden state, shared cache) run one sequence at a time"
+                f"sequences has as many rows as they bring")
     return None
 
 
@@ -52,9 +49,12 @@ class Batch:
     """The sequences stepped together over one session's cache: their cells, and one step at a time."""
 
     def __init__(self, session: Session):
-        why = batching_refusal(session)
+        why = batching_refusal(session.model, session.devices)
         if why:
-            raise BatchError(why)
+            raise BatchError(f"{why}; run one sequence per session (serve: --parallel 1, or each request a "
+                             f"session of its own)")
+        if session.context.hidden or session.context.role:
+            raise BatchError("a draft's steps (hidden state, a shared cache) run one sequence at a time")
         self.session = session
         self.cells = Cells(session.n_ctx)
         self.stats = StepStats()            # every batched step: tokens of all rows, seconds

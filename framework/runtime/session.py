@@ -89,7 +89,10 @@ class Session:
     # -- plans ----------------------------------------------------------------------------
     def reserve(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> Reservation:
         """Plan and check every shape the run will use; nothing is loaded or compiled."""
-        keys = self.context.shapes_for(n_prompt, n_predict, all_logits)
+        return self.reserve_shapes(self.context.shapes_for(n_prompt, n_predict, all_logits))
+
+    def reserve_shapes(self, keys: list[tuple]) -> Reservation:
+        """Plan and check these step shapes (shape keys) with those already kept; nothing is loaded."""
         if self.partners:
             return self.reserve_keys(keys)
         phases = {phase_name(k): self.plans[k][0] if k in self.plans else self.context.graph(k)[0] for k in keys}

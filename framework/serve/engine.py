@@ -1,24 +1,46 @@
-"""Running requests: one compute thread that every step goes through, and one request's generation.
+"""Running requests: one compute thread that every step goes through, the scheduler that joins the
+requests of a model into batched steps, and one request's generation.
 
 Why one thread: a plugin does not declare that its programs or its device may be driven from two
-threads at once, and the sessions of one model share their compiled programs. So steps (a prefill
-chunk, a decode token) of concurrent requests interleave on one thread in arrival order; each
-request's next step is queued when its previous one returns, which makes the interleaving fair.
+threads at once, and a model's sequences share its compiled programs and its cache. A request's next
+piece is asked for on that thread; the scheduler then runs one step holding the decode row of every
+active request of the model and chunks of the prompts of those that joined (at most --batch tokens a
+step), and keeps each request's piece until that request asks for it (continuous batching, as
+llama-server's slots). Requests join and leave between steps; the cells of one that leaves (finished,
+or its client gone) are freed before the next step.
+
+A model that cannot run batched steps (runtime/batch.py's refusals: recurrent state, static shapes) is
+served by one session per request instead, whose steps take turns on the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.generate import FINISH_STOP, generate
+from ..contract import Device
+from ..core.scheduler import Plan
+from ..runtime.batch import Batch, Part
+from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
 from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.session import Session
-from .models import devices_of
+from .pool import Slot
 from .stops import StopFilter
+
+
+def device_label(d: Device) -> str:
+    return d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "")
+
+
+def devices_of(plans: list[Plan], devices: list[Device]) -> list[str]:
+    """The devices that compute some node of these plans, in the --backends order."""
+    used = {name for plan in plans for name, use in plan.per_device().items() if use["nodes"]}
+    return [device_label(d) for d in devices if d.name in used]
 
 
 class Compute:
@@ -51,37 +73,143 @@ class Job:
     stops: list[str]
 
 
-class Run:
-    """One request's generation on a session it holds. ``start`` and ``step`` run on the compute thread."""
+AHEAD = 4        # pieces a request may have waiting, computed before it asked (its client reads slower)
 
-    def __init__(self, session: Session, job: Job):
-        self.session, self.job = session, job
+
+class Scheduler:
+    """A model's active requests, each a sequence of one Batch, stepped together on the compute thread."""
+
+    def __init__(self, session: Session, devices: list[str]):
+        self.batch, self.session, self.devices = Batch(session), session, devices
+        self.active: list[Run] = []
+        self.leaving: list[Run] = []          # told from any thread; their cells are freed on the compute thread
+        self._seq = 0
+
+    def join(self, run: "Run") -> int:
+        self.tidy()
+        self._seq += 1
+        self.active.append(run)
+        return self._seq
+
+    def leave(self, run: "Run") -> None:
+        self.leaving.append(run)
+
+    def tidy(self) -> None:
+        """Drop the requests that left: their cells are free for the next step."""
+        while self.leaving:
+            run = self.leaving.pop()
+            if run in self.active:
+                self.active.remove(run)
+                self.batch.free(run.seq)
+
+    def advance(self, run: "Run") -> None:
+        """Step every active request together until this one has a piece."""
+        self.tidy()
+        while not run.pieces:
+            self._step()
+
+    def _step(self) -> None:
+        ready = [r for r in self.active if r.generating and len(r.pieces) < AHEAD]
+        decoding = [r for r in ready if not r.pending]
+        budget = self.session.n_batch - len(decoding)
+        parts, who = [], []
+        for r in ready:                       # decode rows first, then prompt chunks while the batch has room
+            if r.pending and budget > 0:
+                take = r.pending[:budget]
+                budget -= len(take)
+                parts.append(Part(r.seq, take, logits=len(take) == len(r.pending)))
+            elif not r.pending:
+                parts.append(Part(r.seq, [r.last]))
+            else:
+                continue
+            who.append(r)
+        for r, part, logits in zip(who, parts, self.batch.step(parts)):
+            r.took(part, logits)
+
+
+class Run:
+    """One request's generation. ``start`` and ``step`` run on the compute thread. ``slot`` is what the pool
+    lends: a Slot of a model's Scheduler, or a Session of its own (a model that cannot batch)."""
+
+    def __init__(self, slot, job: Job):
+        self.slot, self.job = slot, job
+        if isinstance(slot, Slot):
+            slot.run = self
         self.filter = StopFilter(job.stops)
         self.n_out = 0
         self.finish: str | None = None     # "stop" or "length" once generation has ended
+        self.cached_tokens = 0             # prompt tokens whose cells were reused, not computed
+        self.pieces: deque = deque()       # Piece, then the finish reason once generation ends
         self._gen = None
 
     def start(self) -> list[str]:
-        """Plan the shapes this request uses (checking any new one) and say which devices compute them."""
-        s, job = self.session, self.job
+        """Join the model's scheduler (or plan a session of its own); say which devices compute it."""
+        if isinstance(self.slot, Session):
+            return self._start_alone(self.slot)
+        sched, job = self.slot.scheduler, self.job
+        self.seq = sched.join(self)
+        self.pending, self.last, self.produced = list(job.ids), 0, 0
+        self.generating = True
+        self.sampler = Sampler(job.sampling)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return sched.devices
+
+    def _start_alone(self, s: Session) -> list[str]:
+        job = self.job
         s.reset()
         keys = s.context.shapes_for(len(job.ids), job.max_tokens)
         if any(k not in s.plans for k in keys):
             s.reserve(len(job.ids), job.max_tokens)
-        tok = s.model.tokenizer
-        self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling), tok.eog_ids)
+        self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling), s.model.tokenizer.eog_ids)
         return devices_of([s.plans[k][0] for k in keys], s.devices)
+
+    def took(self, part: Part, logits) -> None:
+        """A step ran this request's part: the prompt tokens it fed, and a new piece where it had logits."""
+        if self.pending:
+            self.pending = self.pending[len(part.tokens):]
+        if logits is None:
+            return
+        tok = self.slot.scheduler.session.model.tokenizer
+        if self.job.max_tokens == 0:
+            return self._end(FINISH_LENGTH)
+        token = self.sampler(logits)
+        if token in tok.eog_ids:
+            return self._end(FINISH_STOP)
+        self.produced += 1
+        self.pieces.append(Piece(token, self.decoder.decode(tok.token_bytes(token))))
+        if self.produced == self.job.max_tokens or len(self.job.ids) + self.produced - 1 >= self.slot.n_ctx:
+            return self._end(FINISH_LENGTH)       # the last token's logits are not needed
+        self.last = token
+
+    def _end(self, why: str) -> None:
+        self.generating = False
+        self.pieces.append(why)
+
+    def _next(self) -> Piece | str:
+        if self._gen is not None:
+            try:
+                return next(self._gen)
+            except StopIteration as end:
+                return end.value
+        if not self.pieces:
+            self.slot.scheduler.advance(self)
+        return self.pieces.popleft()
 
     def step(self) -> str:
         """One token (the first call also prefills): the text now safe to send, maybe ""."""
-        try:
-            piece = next(self._gen)
-        except StopIteration as end:
-            self.finish = end.value
+        item = self._next()
+        if isinstance(item, str):
+            self._stop(item)
             return self.filter.flush()
         self.n_out += 1
-        text = self.filter.feed(piece.text)
+        text = self.filter.feed(item.text)
         if self.filter.stopped:
-            self._gen.close()
-            self.finish = FINISH_STOP
+            self._stop(FINISH_STOP)
         return text
+
+    def _stop(self, why: str) -> None:
+        self.finish = why
+        if self._gen is not None:
+            self._gen.close()
+        else:
+            self.slot.scheduler.leave(self)

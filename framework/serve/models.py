@@ -9,13 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..contract import Device
-from ..core.scheduler import Plan, check_together
+from ..core.scheduler import check_together
 from ..core.scheduler.verify import Verifier
 from ..model.chat import ChatTemplateError, chat_template_for
 from ..model.default import MODELS
 from ..model.model import Model
+from ..runtime.batch import batching_refusal
+from ..runtime.context import KV_PAD
 from ..runtime.session import Session
-from .pool import SessionPool
+from .engine import Scheduler, devices_of
+from .pool import SessionPool, Slot
 
 
 @dataclass
@@ -49,16 +52,6 @@ def resolve(arg: str) -> tuple[str, Path]:
                             f"({', '.join(MODELS)})")
 
 
-def device_label(d: Device) -> str:
-    return d.name + (f" (EMULATION of {d.emulation})" if d.emulation else "")
-
-
-def devices_of(plans: list[Plan], devices: list[Device]) -> list[str]:
-    """The devices that compute some node of these plans, in the --backends order."""
-    used = {name for plan in plans for name, use in plan.per_device().items() if use["nodes"]}
-    return [device_label(d) for d in devices if d.name in used]
-
-
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -76,6 +69,28 @@ def reserve_session(session: Session):
     """Every shape a request can use: a full prefill chunk, and decode at every KV length of the context."""
     session.reserve(min(session.n_batch, session.n_ctx - 1), 1)
     return session.reserve(1, session.n_ctx - 1)
+
+
+def batched_shapes(session: Session, parallel: int) -> list[tuple]:
+    """Every shape a batched step can take: decode rows of 1 to `parallel` requests at every KV length, and
+    the largest step (a full --batch of rows: decode rows and a prompt chunk) over the whole cache."""
+    ctx = session.context
+    keys = [ctx.rows_key(min(session.n_batch, session.n_ctx), session.n_ctx, min(parallel, session.n_batch))]
+    keys += [ctx.rows_key(k, kv, k) for k in range(1, parallel + 1) for kv in range(KV_PAD, session.n_ctx + KV_PAD,
+                                                                                    KV_PAD)]
+    return list(dict.fromkeys(keys))
+
+
+def batched_pool(model: Model, devices: list[Device], parallel: int, max_queue: int, model_id: str, keep: dict):
+    """One session whose cache holds --ctx tokens for each of the --parallel requests, stepped together:
+    (pool, reservation)."""
+    n_ctx = keep["n_ctx"]
+    session = Session(model, devices, **{**keep, "n_ctx": n_ctx * parallel, "max_plans": None})
+    keys = batched_shapes(session, parallel)
+    result = session.reserve_shapes(keys)
+    session.max_plans = len(keys) + 48          # the reserved shapes, and the prompt lengths met last
+    scheduler = Scheduler(session, devices_of(list(result.plans.values()), devices))
+    return SessionPool(model_id, [Slot(scheduler, n_ctx) for _ in range(parallel)], max_queue), result
 
 
 def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch: int, parallel: int,
@@ -102,18 +117,23 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
         keep = dict(n_ctx=n_ctx, n_batch=n_batch, strict=strict, kv_device=kv_device, memory_caps=memory_caps,
                     max_plans=max_plans(n_ctx), verifier=Verifier(verify[0], model.weight_bytes, verify[1])
                     if verify else None)
-        first = Session(model, devices, **keep)
-        sessions = [first] + [Session(model, devices, share_model_with=first, **keep) for _ in range(parallel - 1)]
-        results = [reserve_session(s) for s in sessions]
-        reservations[model_id] = (results[0], parallel)
+        if batching_refusal(model, devices) is None:
+            pool, result = batched_pool(model, devices, parallel, max_queue, model_id, keep)
+            reservations[model_id] = (result, 1)           # one cache, one set of plans, for every request
+        else:                                              # a session, and a cache, per request
+            first = Session(model, devices, **keep)
+            sessions = [first] + [Session(model, devices, share_model_with=first, **keep)
+                                  for _ in range(parallel - 1)]
+            result = [reserve_session(s) for s in sessions][0]
+            pool = SessionPool(model_id, sessions, max_queue)
+            reservations[model_id] = (result, parallel)
         try:
             template, note = chat_template_for(model.file.metadata, model.arch.name)
         except ChatTemplateError as e:
             template, note = None, str(e)
         served.append(ServedModel(
             id=model_id, path=path, sha256=sha256_of(path), model=model,
-            pool=SessionPool(model_id, sessions, max_queue),
-            devices=devices_of(list(results[0].plans.values()), devices), template=template,
+            pool=pool, devices=devices_of(list(result.plans.values()), devices), template=template,
             template_note=note, created=int(path.stat().st_mtime)))
     check_together(reservations, {d.name: d for d in devices})
     return served
@@ -123,6 +143,7 @@ def warm(served: list[ServedModel]) -> None:
     """Load every weight, compile every reserved program, allocate every session's KV cache (on the
     compute thread: devices are driven from there only)."""
     for m in served:
-        for session in m.pool.sessions:
+        sessions = {id(s): s for s in (x.scheduler.session if isinstance(x, Slot) else x for x in m.pool.sessions)}
+        for session in sessions.values():
             for plan, _ in session.plans.values():
                 session.executor.prepare(plan)

@@ -1,4 +1,5 @@
-"""A model's parallel sessions, and the bounded queue of requests waiting for one."""
+"""A model's parallel slots (places in its batched steps, or sessions of their own where the model cannot
+batch), and the bounded queue of requests waiting for one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,14 @@ import math
 from dataclasses import dataclass, field
 
 from ..runtime.session import Session
+
+
+class Slot:
+    """A place for one request among a model's --parallel: the scheduler its sequence joins, the most tokens
+    a request may hold (--ctx), and the run it holds now."""
+
+    def __init__(self, scheduler, n_ctx: int):
+        self.scheduler, self.n_ctx, self.run = scheduler, n_ctx, None
 
 
 class QueueFull(Exception):
@@ -30,7 +39,7 @@ class SessionPool:
     """Sessions are lent one per request. When all are busy a request waits in a queue of at most
     ``max_queue``; beyond that it is refused with the seconds after which a slot is likely free."""
 
-    def __init__(self, model_id: str, sessions: list[Session], max_queue: int):
+    def __init__(self, model_id: str, sessions: list[Session | Slot], max_queue: int):
         self.model_id, self.sessions, self.max_queue = model_id, sessions, max_queue
         self._free: asyncio.Queue[Session] = asyncio.Queue()
         for s in sessions:
@@ -52,7 +61,11 @@ class SessionPool:
         finally:
             self.waiting -= 1
 
-    def release(self, session: Session, seconds: float | None = None) -> None:
+    def release(self, session: Session | Slot, seconds: float | None = None) -> None:
+        """Take a slot back (its run leaves the scheduler: its cells are freed before the next step)."""
+        if isinstance(session, Slot) and session.run is not None:
+            session.scheduler.leave(session.run)
+            session.run = None
         if seconds is not None:
             self._seconds = 0.8 * self._seconds + 0.2 * seconds
         self._free.put_nowait(session)
