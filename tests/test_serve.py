@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -341,6 +342,29 @@ def test_concurrent_clients_each_get_their_own_answer(server):
     for t in threads:
         t.join(timeout=120)
     assert [together[i] for i in range(3)] == alone
+
+
+def test_concurrent_requests_join_one_batched_step_and_answer_as_they_do_alone(server):
+    """Continuous batching: two requests at once share steps (fewer steps than the two alone took), and
+    each greedy answer is the one it gets alone."""
+    prompts = ["Write a short poem about rain.", "What is the capital of France? Explain briefly."]
+
+    def ask(prompt):
+        reply = server.client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": prompt}], max_tokens=16, temperature=0)
+        return reply.choices[0].message.content
+
+    def steps():
+        return server.health()["models"]["smollm2"]["batched"]["steps"]
+
+    start = steps()
+    alone = [ask(p) for p in prompts]
+    middle = steps()
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(ask, prompts))
+    state = server.health()["models"]["smollm2"]["batched"]
+    assert together == alone
+    assert state["widest"] >= 2 and state["steps"] - middle < middle - start, (start, middle, state)
 
 
 def test_a_seed_makes_sampling_repeatable(server):

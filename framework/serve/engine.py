@@ -84,6 +84,10 @@ class Scheduler:
         self.active: list[Run] = []
         self.leaving: list[Run] = []          # told from any thread; their cells are freed on the compute thread
         self._seq = 0
+        self.steps, self.widest = 0, 0        # batched steps run, and the most requests one step held
+
+    def state(self) -> dict:
+        return {"steps": self.steps, "widest": self.widest, "active": len(self.active)}
 
     def join(self, run: "Run") -> int:
         self.tidy()
@@ -123,7 +127,9 @@ class Scheduler:
             else:
                 continue
             who.append(r)
-        for r, part, logits in zip(who, parts, self.batch.step(parts)):
+        results = self.batch.step(parts)
+        self.steps, self.widest = self.steps + 1, max(self.widest, len(parts))
+        for r, part, logits in zip(who, parts, results):
             r.took(part, logits)
 
 

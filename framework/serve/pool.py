@@ -76,4 +76,9 @@ class SessionPool:
     def state(self) -> dict:
         return {"sessions": len(self.sessions), "busy": self.busy, "queued": self.waiting,
                 "max_queue": self.max_queue, "answered": self.counts.answered, "cancelled": self.counts.cancelled,
-                "refused": {str(k): v for k, v in sorted(self.counts.refused.items())}}
+                "refused": {str(k): v for k, v in sorted(self.counts.refused.items())}, **self._batching()}
+
+    def _batching(self) -> dict:
+        """A batched model's steps: how many ran, and the most requests one of them held."""
+        first = self.sessions[0]
+        return {"batched": first.scheduler.state()} if isinstance(first, Slot) else {}
