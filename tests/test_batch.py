@@ -12,6 +12,7 @@ from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.batch import Batch, BatchError, Part
 from framework.runtime.cells import Cells
 from framework.runtime.context import ContextFullError
+from framework.runtime.prefix import PrefixCache, block_hashes
 from framework.runtime.session import Session
 
 PROMPTS = {1: [20, 31, 42, 53, 64, 75, 86], 2: [90, 91, 92, 93, 94], 3: [300, 17, 250, 9, 120, 33, 71, 45, 12, 8, 199]}
@@ -187,3 +188,34 @@ def test_refusals_name_the_reason(tmp_path, tiny_llama):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         b.step([Part(1, [1, 2]), Part(2, [10 ** 7])])
     assert b.cells.n_free == 64           # a refused step leaves no cell taken
+
+
+# -- prefix caching --------------------------------------------------------------------------------------
+LONG = [(7 * i + 3) % 900 + 20 for i in range(40)]     # 40 tokens: two whole blocks of 16, and 8 more
+
+
+def test_block_hashes_name_whole_prefixes():
+    a, b = block_hashes(LONG), block_hashes(LONG[:16] + [5] + LONG[17:])
+    assert len(a) == 2 and a[0] == b[0] and a[1] != b[1]       # a change in block 2 changes its hash only
+
+
+def test_a_reused_prefix_gives_the_logits_of_a_cold_prompt_and_lru_eviction_frees_it(tiny_llama):
+    device = CpuDevice("q8")
+    if not device.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
+    b = Batch(Session(tiny_llama, [device], n_ctx=128))
+    cache = PrefixCache(b.cells, budget=40)
+    b.step([Part(1, LONG)])
+    cache.retire(1, LONG)
+    assert cache.held() == 32 and b.cells.n_free == 128 - 32          # the two whole blocks are kept
+    other = LONG[:35] + [44, 45]                                   # shares 35 tokens: 2 blocks of them
+    assert cache.reuse(2, other) == 32 and cache.hits == 1
+    warm = b.step([Part(2, other[32:])])[0]
+    cold, _ = alone(tiny_llama, device, other, 0)
+    assert np.array_equal(warm, cold[0])
+    assert cache.reuse(3, LONG[:16]) == 0          # a prompt of one block keeps its last token to compute
+    cache.retire(2, other)                         # its blocks are the same prefix: the older keeper goes
+    assert len(cache.keepers) == 1 and cache.held() == 32
+    b.step([Part(4, list(range(100, 140)))])
+    cache.retire(4, list(range(100, 140)))         # 64 kept cells pass the budget of 40: the older one goes
+    assert cache.held() == 32 and cache.reuse(5, other) == 0 and cache.reuse(6, list(range(100, 150))) == 32

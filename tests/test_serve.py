@@ -367,6 +367,26 @@ def test_concurrent_requests_join_one_batched_step_and_answer_as_they_do_alone(s
     assert state["widest"] >= 2 and state["steps"] - middle < middle - start, (start, middle, state)
 
 
+def test_a_cached_prefix_is_reused_reported_and_answers_as_a_cold_prompt(server):
+    """The second request's whole blocks of 16 prompt tokens come from the prefix cache; cache_prompt false
+    (llama-server's field) computes them all again; the greedy text is the same all three times."""
+    prompt = ("The lighthouse keeper counted the ships that passed each night, writing their names in a "
+              "blue notebook that his grandmother had given him, and on the last page he wrote")
+
+    def ask(**extra):
+        reply = server.client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0,
+                                                 extra_body=extra)
+        return reply.choices[0].text, reply.usage.prompt_tokens, reply.usage.prompt_tokens_details.cached_tokens
+
+    text, n_prompt, cached = ask()
+    assert cached == 0 and n_prompt >= 32
+    again, _, reused = ask()
+    cold, _, none = ask(cache_prompt=False)
+    assert again == cold == text
+    assert reused == (n_prompt - 1) // 16 * 16 and none == 0
+    assert server.health()["models"]["smollm2"]["batched"]["prefix_cache"]["hits"] >= 1
+
+
 def test_a_seed_makes_sampling_repeatable(server):
     ask = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=5,
                temperature=1.0, top_p=0.9, seed=7)

@@ -137,7 +137,7 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
         raise invalid_body(e) from None
     served = state.lookup(req.model)
     ids = await asyncio.to_thread(_prompt_ids, served, req, chat)
-    job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops())
+    job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops(), req.cache_prompt)
     pool = served.pool
     try:
         session = await _acquire(pool, request)
@@ -321,7 +321,8 @@ class Reply:
 
     def usage(self, run: Run) -> dict:
         return {"prompt_tokens": self.n_prompt, "completion_tokens": run.n_out,
-                "total_tokens": self.n_prompt + run.n_out}
+                "total_tokens": self.n_prompt + run.n_out,
+                "prompt_tokens_details": {"cached_tokens": run.cached_tokens}}
 
     def whole(self, text: str, run: Run) -> dict:
         if self.chat:

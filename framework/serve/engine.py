@@ -26,6 +26,7 @@ from typing import Any
 from ..contract import Device
 from ..core.scheduler import Plan
 from ..runtime.batch import Batch, Part
+from ..runtime.prefix import PrefixCache
 from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
 from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.session import Session
@@ -71,6 +72,7 @@ class Job:
     max_tokens: int
     sampling: SamplingParams
     stops: list[str]
+    cache_prompt: bool = True        # llama-server's field: reuse the cells of a cached prefix, and keep this one
 
 
 AHEAD = 4        # pieces a request may have waiting, computed before it asked (its client reads slower)
@@ -79,21 +81,26 @@ AHEAD = 4        # pieces a request may have waiting, computed before it asked (
 class Scheduler:
     """A model's active requests, each a sequence of one Batch, stepped together on the compute thread."""
 
-    def __init__(self, session: Session, devices: list[str]):
+    def __init__(self, session: Session, devices: list[str], cache_cells: int | None = None):
         self.batch, self.session, self.devices = Batch(session), session, devices
+        self.prefix = PrefixCache(self.batch.cells, cache_cells)
         self.active: list[Run] = []
         self.leaving: list[Run] = []          # told from any thread; their cells are freed on the compute thread
         self._seq = 0
         self.steps, self.widest = 0, 0        # batched steps run, and the most requests one step held
 
     def state(self) -> dict:
-        return {"steps": self.steps, "widest": self.widest, "active": len(self.active)}
+        return {"steps": self.steps, "widest": self.widest, "active": len(self.active),
+                "prefix_cache": {"hits": self.prefix.hits, "tokens": self.prefix.reused,
+                                 "cells": self.prefix.held(), "budget": self.prefix.budget}}
 
-    def join(self, run: "Run") -> int:
+    def join(self, run: "Run") -> tuple[int, int]:
+        """A new request's sequence id, and how many of its prompt tokens a cached prefix already holds."""
         self.tidy()
         self._seq += 1
         self.active.append(run)
-        return self._seq
+        reused = self.prefix.reuse(self._seq, run.job.ids) if run.job.cache_prompt else 0
+        return self._seq, reused
 
     def leave(self, run: "Run") -> None:
         self.leaving.append(run)
@@ -104,7 +111,10 @@ class Scheduler:
             run = self.leaving.pop()
             if run in self.active:
                 self.active.remove(run)
-                self.batch.free(run.seq)
+                if run.job.cache_prompt:
+                    self.prefix.retire(run.seq, run.tokens)
+                else:
+                    self.batch.free(run.seq)
 
     def advance(self, run: "Run") -> None:
         """Step every active request together until this one has a piece."""
@@ -127,6 +137,7 @@ class Scheduler:
             else:
                 continue
             who.append(r)
+        self.prefix.evict(sum(len(p.tokens) for p in parts))      # cells for the step, from kept prefixes
         results = self.batch.step(parts)
         self.steps, self.widest = self.steps + 1, max(self.widest, len(parts))
         for r, part, logits in zip(who, parts, results):
@@ -153,8 +164,9 @@ class Run:
         if isinstance(self.slot, Session):
             return self._start_alone(self.slot)
         sched, job = self.slot.scheduler, self.job
-        self.seq = sched.join(self)
-        self.pending, self.last, self.produced = list(job.ids), 0, 0
+        self.seq, self.cached_tokens = sched.join(self)
+        self.tokens = list(job.ids)              # the prompt and every token sampled: what its cells hold
+        self.pending, self.last, self.produced = self.tokens[self.cached_tokens:], 0, 0
         self.generating = True
         self.sampler = Sampler(job.sampling)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -182,6 +194,7 @@ class Run:
         if token in tok.eog_ids:
             return self._end(FINISH_STOP)
         self.produced += 1
+        self.tokens.append(token)
         self.pieces.append(Piece(token, self.decoder.decode(tok.token_bytes(token))))
         if self.produced == self.job.max_tokens or len(self.job.ids) + self.produced - 1 >= self.slot.n_ctx:
             return self._end(FINISH_LENGTH)       # the last token's logits are not needed

@@ -57,6 +57,7 @@ class Generation(Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)          # not OpenAI's; llama.cpp's server takes it too
     seed: int | None = None
+    cache_prompt: bool = True        # llama-server's: reuse a cached prefix's cells (false: compute it all)
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
