@@ -149,6 +149,29 @@ class FrameworkEngine:
         return {"prefill": prefill, "decode": self.n_decode / t.seconds}
 
 
+class ParallelEngine:
+    """n sequences of the same prompt stepped together (runtime/batch.py): run() times n_decode batched
+    decode steps of n rows each, after the prompts' prefill; the figure is the tokens of all n a second."""
+
+    def __init__(self, fw: FrameworkEngine, n: int):
+        from .runtime.batch import Batch
+        from .runtime.session import Session
+        s = fw.session
+        self.session = Session(fw.model, s.devices, n_ctx=n * s.n_ctx, share_model_with=s)
+        self.batch, self.ids, self.n, self.n_decode = Batch(self.session), fw.ids, n, fw.n_decode
+
+    def run(self) -> dict[str, float]:
+        from .runtime.batch import Part
+        b = self.batch
+        for seq in range(self.n):
+            b.free(seq)
+        last = [b.step([Part(seq, self.ids)])[0] for seq in range(self.n)]
+        t = caches.Stopwatch()
+        for _ in range(self.n_decode):
+            last = b.step([Part(seq, [int(np.argmax(x))]) for seq, x in enumerate(last)])
+        return {"decode": self.n * self.n_decode / t.seconds}
+
+
 class LlamaCppEngine:
     """llama.cpp (llama-cpp-python) on the same file, prompt tokens and threads."""
 
@@ -259,6 +282,8 @@ def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], wi
         if line:
             out(line + "\n")
     engines: dict[str, Callable[[], dict[str, float]]] = {"framework": fw.run}
+    if args.parallel > 1:
+        engines["parallel"] = ParallelEngine(fw, args.parallel).run
     ref = LlamaCppEngine(path, fw.ids, args.decode_tokens, args.threads) if with_llama else None
     if ref is not None:
         engines["llama.cpp"] = ref.run
@@ -272,6 +297,12 @@ def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], wi
     rows = [Row(["prefill tok/s", *ours["prefill"].cells()]), Row(["decode tok/s", *ours["decode"].cells()]),
             Row(["effective GB/s", *eff.cells()], f"{fw.bytes_per_token / 1e6:.0f} MB of weights per decoded token; "
                 f"{eff.median / bw['gemv_GBps'].median:.0%} of the median gemv bandwidth")]
+    if args.parallel > 1:
+        many = got["parallel"]["decode"]
+        cells, verdict = ratio_cells(many, ours["decode"])
+        rows += [Row([f"decode tok/s, {args.parallel} sequences", *many.cells()],
+                     f"all {args.parallel} together, each step batching their decode rows"),
+                 Row(["parallel / one", *cells], verdict, "" if verdict == "significant" else "yellow")]
     if ref is not None:
         theirs = got["llama.cpp"]
         for phase in ("prefill", "decode"):

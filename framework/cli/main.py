@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "warm-up run (default 3)")
     bench.add_argument("-t", "--threads", type=positive_int, default=2, help=f"threads of {THREADS_REACH} and of "
                        f"llama.cpp (default 2)")
+    bench.add_argument("--parallel", type=positive_int, default=1, help="also time N sequences decoding together "
+                       "in batched steps (aggregate decode tok/s; default 1: not timed)")
     bench.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     bench.add_argument("--reservation-only", action="store_true", help="only time graph building and reservation")
     _check_values_arg(bench)
