@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                        "machine only)")
     serve.add_argument("--port", type=port_number, default=8080, help="TCP port, 0 for any free one (default 8080)")
-    serve.add_argument("--parallel", type=positive_int, default=1, help="sessions per model, each with its own KV "
-                       "cache (default 1)")
+    serve.add_argument("--parallel", type=positive_int, default=1, help="requests per model generating at once, "
+                       "their decode rows batched in one step over one KV cache of --ctx tokens each (default 1)")
     serve.add_argument("--queue", type=whole_number, default=16, help="requests per model that may wait for a session; "
                        "more are refused with 429 (default 16)")
     serve.add_argument("--api-key", default=settings.read(settings.API_KEY.name), help="require 'Authorization: "
