@@ -12,6 +12,7 @@ from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.batch import Batch, BatchError, Part
 from framework.runtime.cells import Cells
 from framework.runtime.context import ContextFullError
+from framework.runtime.perplexity import perplexity, windows_per_step
 from framework.runtime.prefix import PrefixCache, block_hashes
 from framework.runtime.session import Session
 
@@ -219,3 +220,18 @@ def test_a_reused_prefix_gives_the_logits_of_a_cold_prompt_and_lru_eviction_free
     b.step([Part(4, list(range(100, 140)))])
     cache.retire(4, list(range(100, 140)))         # 64 kept cells pass the budget of 40: the older one goes
     assert cache.held() == 32 and cache.reuse(5, other) == 0 and cache.reuse(6, list(range(100, 150))) == 32
+
+
+# -- perplexity: several windows a step ----------------------------------------------------------------
+def test_perplexity_scores_several_windows_a_step_as_it_does_one_by_one(tiny_llama):
+    device = CpuDevice("q8")
+    if not device.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
+    ids = [(13 * i + 5) % 1000 + 10 for i in range(70)]          # 4 windows of 16, then one of 6
+    assert windows_per_step(tiny_llama, [device], 16, 64) == 4
+    one = perplexity(Session(tiny_llama, [device], n_ctx=16, n_batch=64), ids, 16)
+    many_session = Session(tiny_llama, [device], n_ctx=64, n_batch=64)
+    many = perplexity(many_session, ids, 16)
+    assert np.array_equal(one.nll, many.nll) and np.array_equal(one.top1, many.top1)
+    assert one.n_tokens == many.n_tokens == 70 and len(many.nll) == 4 * 15 + 5
+    assert any(k[0] == 64 and k[2] == 64 for k in many_session.plans)      # the four windows ran as one step

@@ -603,7 +603,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_perplexity(args) -> int:
-    from ..runtime.perplexity import perplexity_of_file
+    from ..runtime.perplexity import perplexity_of_file, windows_per_step
     from ..runtime.session import Session
     path = Path(args.file)
     if not path.is_file():
@@ -611,7 +611,9 @@ def cmd_perplexity(args) -> int:
     devices = _devices(args)
     model = load_model(args.model)
     with weight_progress() as progress:
-        session = Session(model, devices, n_ctx=args.ctx, n_batch=args.batch, progress=progress,
+        # a cache for as many windows as one batched step scores
+        n_ctx = args.ctx * windows_per_step(model, devices, args.ctx, args.batch)
+        session = Session(model, devices, n_ctx=n_ctx, n_batch=args.batch, progress=progress,
                           memory_caps=memory_caps(args.device_memory), check_values=args.check_values)
     result = perplexity_of_file(session, path, args.ctx, progress=_perplexity_progress())
     out(f"perplexity {result.perplexity:.4f} over {result.n_tokens} tokens "

@@ -31,6 +31,7 @@ class Part:
     seq: int
     tokens: list[int]
     logits: bool = True          # return the logits of the part's last token
+    all_logits: bool = False     # return the logits of every token of the part (perplexity's windows)
 
 
 def batching_refusal(model, devices: list) -> str | None:
@@ -67,7 +68,8 @@ class Batch:
         self.cells.free(seq)
 
     def step(self, parts: list[Part]) -> list[np.ndarray | None]:
-        """Run the parts as one step; return each part's last-token logits (None where not asked)."""
+        """Run the parts as one step; return each part's last-token logits (None where not asked; all its
+        tokens' rows, for a part with all_logits)."""
         self._check(parts)
         clock = caches.Stopwatch()
         taken: list[tuple[int, np.ndarray]] = []
@@ -98,7 +100,7 @@ class Batch:
             raise BatchError(f"a step of {total} tokens exceeds the batch size {self.session.n_batch} (--batch); "
                              f"chunk the prompts")
 
-    def _rows(self, parts: list[Part], taken: list) -> tuple[dict, tuple, dict[int, int]]:
+    def _rows(self, parts: list[Part], taken: list) -> tuple[dict, tuple, dict]:
         """Allocate each part's cells; return the rows' values, the step's shape key and, for each part
         whose logits are wanted, its row among the logits."""
         ctx = self.session.context
@@ -112,7 +114,10 @@ class Batch:
             seqs += [part.seq] * len(ids)
             pos += range(start, start + len(ids))
             rows += cells.tolist()
-            if part.logits:
+            if part.all_logits:
+                wanted[i] = slice(len(out_ids), len(out_ids) + len(ids))
+                out_ids += range(len(tokens) - len(ids), len(tokens))
+            elif part.logits:
                 wanted[i] = len(out_ids)
                 out_ids.append(len(tokens) - 1)
         key = ctx.rows_key(len(tokens), self.cells.high(), max(1, len(out_ids)))

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import caches
+from .batch import Batch, Part, batching_refusal
 from .session import Session
 
 READ_BLOCK = 1 << 20        # bytes read from the file at a time
@@ -95,30 +96,67 @@ def _windows(batches: Iterator[list[int]], window: int, reader: _TextReader) -> 
         yield chunk, 1.0
 
 
+def windows_per_step(model, devices: list, window: int, n_batch: int) -> int:
+    """Windows scored together in one batched step (runtime/batch.py): as many as --batch holds; one where
+    the model or a device cannot batch. The session's cache must hold that many windows."""
+    if batching_refusal(model, devices) is not None:
+        return 1
+    return max(1, n_batch // window)
+
+
 def _score(session: Session, batches: Iterable[tuple[list[int], float]], window: int,
            progress: Callable[[Progress], None] | None) -> PerplexityResult:
     if window < 2:
         raise ValueError(f"the window (--ctx) must be at least 2 tokens, got {window}")
+    per_step = min(windows_per_step(session.model, session.devices, window, session.n_batch),
+                   session.n_ctx // window)
+    batch = Batch(session) if per_step > 1 else None
     nll, top1, n_tokens, windows = [], [], 0, 0
     clock = caches.Stopwatch()                 # a first run's kernel compiles are not scoring time
-    for chunk, fraction in batches:
-        n_tokens += len(chunk)
-        if len(chunk) < 2:
+    for group in _groups(batches, per_step):
+        n_tokens += sum(len(chunk) for chunk, _ in group)
+        chunks = [chunk for chunk, _ in group if len(chunk) >= 2]
+        for chunk, logits in zip(chunks, _evaluate(session, batch, chunks)):
+            a, b = _window_scores(logits, chunk)
+            nll.append(a)
+            top1.append(b)
+            windows += 1
+        if progress and chunks:
+            progress(Progress(windows, n_tokens, group[-1][1], clock.seconds))
+        if len(chunks) < len(group):         # a last window of one token: nothing to score
             break
-        session.reset()
-        logits = session.eval(chunk, all_logits=True)
-        a, b = _window_scores(logits, chunk)
-        nll.append(a)
-        top1.append(b)
-        windows += 1
-        if progress:
-            progress(Progress(windows, n_tokens, fraction, clock.seconds))
     if not nll:
         return PerplexityResult(float("nan"), np.zeros(0), np.zeros(0, dtype=np.int64), n_tokens,
                                 clock.seconds)
     nll_all = np.concatenate(nll)
     return PerplexityResult(float(np.exp(nll_all.mean())), nll_all, np.concatenate(top1), n_tokens,
                             clock.seconds)
+
+
+def _groups(batches: Iterable[tuple[list[int], float]], n: int) -> Iterator[list[tuple[list[int], float]]]:
+    group = []
+    for item in batches:
+        group.append(item)
+        if len(group) == n:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _evaluate(session: Session, batch: Batch | None, chunks: list[list[int]]) -> list[np.ndarray]:
+    """Every token's logits of each window: the windows as sequences of one batched step, or one by one."""
+    if batch is None:
+        out = []
+        for chunk in chunks:
+            session.reset()
+            out.append(session.eval(chunk, all_logits=True))
+        return out
+    try:
+        return batch.step([Part(i, chunk, all_logits=True) for i, chunk in enumerate(chunks)])
+    finally:
+        for i in range(len(chunks)):
+            batch.free(i)
 
 
 def _window_scores(logits: np.ndarray, chunk: list[int]) -> tuple[np.ndarray, np.ndarray]:
