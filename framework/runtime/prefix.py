@@ -27,6 +27,8 @@ def block_hashes(tokens: list[int], block: int = BLOCK) -> list[int]:
 
 
 class PrefixCache:
+    """The kept prefixes of one cache's cells: their block hashes, their keepers in order of last use."""
+
     def __init__(self, cells: Cells, budget: int | None = None, block: int = BLOCK):
         self.cells, self.block = cells, block
         self.budget = cells.n_cells if budget is None else budget     # cells keepers may hold

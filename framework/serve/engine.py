@@ -26,8 +26,8 @@ from typing import Any
 from ..contract import Device
 from ..core.scheduler import Plan
 from ..runtime.batch import Batch, Part
-from ..runtime.prefix import PrefixCache
 from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
+from ..runtime.prefix import PrefixCache
 from ..runtime.sampling import Sampler, SamplingParams
 from ..runtime.session import Session
 from .pool import Slot
