@@ -304,6 +304,7 @@ def test_a_client_that_disconnects_frees_its_session(server):
         _drop(conn)
         after = server.wait_for(lambda s: s["busy"] == 0, "the session given back")
         assert after["cancelled"] == before["cancelled"] + 1 and after["answered"] == before["answered"], stream
+        assert after["batched"]["active"] == 0, stream          # its cells freed at once, no step needed
     assert _chat(server, max_tokens=2).choices[0].finish_reason == "length"      # and it serves again
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -85,7 +86,8 @@ class Scheduler:
         self.batch, self.session, self.devices = Batch(session), session, devices
         self.prefix = PrefixCache(self.batch.cells, cache_cells)
         self.active: list[Run] = []
-        self.leaving: list[Run] = []          # told from any thread; their cells are freed on the compute thread
+        self.leaving: list[Run] = []          # told from any thread, freed under the lock
+        self._lock = threading.Lock()         # held while the cells change: a step, a join, a tidy
         self._seq = 0
         self.steps, self.widest = 0, 0        # batched steps run, and the most requests one step held
 
@@ -96,17 +98,24 @@ class Scheduler:
 
     def join(self, run: "Run") -> tuple[int, int]:
         """A new request's sequence id, and how many of its prompt tokens a cached prefix already holds."""
-        self.tidy()
-        self._seq += 1
-        self.active.append(run)
-        reused = self.prefix.reuse(self._seq, run.job.ids) if run.job.cache_prompt else 0
+        with self._lock:
+            self._tidy()
+            self._seq += 1
+            self.active.append(run)
+            reused = self.prefix.reuse(self._seq, run.job.ids) if run.job.cache_prompt else 0
         return self._seq, reused
 
     def leave(self, run: "Run") -> None:
+        """A request ends (finished, or its client gone): its cells are freed now, or, while a step runs,
+        as soon as it returns."""
         self.leaving.append(run)
+        if self._lock.acquire(blocking=False):
+            try:
+                self._tidy()
+            finally:
+                self._lock.release()
 
-    def tidy(self) -> None:
-        """Drop the requests that left: their cells are free for the next step."""
+    def _tidy(self) -> None:
         while self.leaving:
             run = self.leaving.pop()
             if run in self.active:
@@ -118,9 +127,11 @@ class Scheduler:
 
     def advance(self, run: "Run") -> None:
         """Step every active request together until this one has a piece."""
-        self.tidy()
-        while not run.pieces:
-            self._step()
+        with self._lock:
+            self._tidy()
+            while not run.pieces:
+                self._step()
+            self._tidy()                      # those that left while the steps ran
 
     def _step(self) -> None:
         ready = [r for r in self.active if r.generating and len(r.pieces) < AHEAD]
