@@ -193,6 +193,7 @@ def main() -> None:
     ap.add_argument("--only-cuda", default="qwen25-coder-1.5b", help="models measured on cuda:0 only")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-conformance", action="store_true")
+    ap.add_argument("--conformance-s", type=float, default=150, help="seconds after which cases left are counted")
     ap.add_argument("--stand-in", help="a dry run: this device (opencl:0 or vulkan:0) in cuda:0's place")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -210,9 +211,12 @@ def main() -> None:
     save()
     if not args.skip_conformance:
         t0 = time.perf_counter()
-        result["conformance"] = c = guarded("conformance", vb.conformance, devs["cuda"])
+        result["conformance"] = c = guarded("conformance", vb.conformance, devs["cuda"],
+                                            deadline=time.monotonic() + args.conformance_s)
         log(f"conformance on {devs['cuda'].name}: {c} ({time.perf_counter() - t0:.0f} s)")
         save()
+        if not c or not c["passed"]:
+            raise SystemExit(f"no conformance case passed on {devs['cuda'].name}: the rest would measure nothing")
     if "vulkan" in devs:
         result["one_chip"] = oc = guarded("one chip", one_chip, devs, rng, work)
         log(f"one chip (target's cache on vulkan:0, draft on {devs['cuda'].name}): {oc}")
