@@ -71,6 +71,10 @@ def find_devices(stand_in: str | None) -> dict:
         log(f"DRY RUN: {stand_in} stands in for cuda:0; no figure below is a CUDA figure")
     if "cuda" not in found:
         raise SystemExit("cuda:0 is unavailable (its reason is above)")
+    if not stand_in:       # cuda:0 again, its programs launched kernel by kernel (the setting is read at creation)
+        from framework.plugins.cuda.device import CudaDevice
+        from framework.plugins.cuda.options import GRAPHS_ENV
+        found["cuda_no_graphs"] = with_env(GRAPHS_ENV, "0", CudaDevice, 0, found["cuda"].data)
     return found
 
 
@@ -114,7 +118,6 @@ def with_env(name: str, value: str, fn, *a):
 
 def models_section(args, result, devs, rng, work: Path, save) -> None:
     from framework.model.model import Model
-    from framework.plugins.cuda.options import GRAPHS_ENV
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     result["models"] = {}
     cuda = devs["cuda"]
@@ -130,11 +133,10 @@ def models_section(args, result, devs, rng, work: Path, save) -> None:
             save()
         for key, label in (("cuda", "cuda:0"), ("cuda_no_graphs", "cuda:0 without graphs"), ("vulkan", "vulkan:0"),
                            ("opencl", "opencl:0")):
-            dev = devs.get(key.split("_")[0])
+            dev = devs.get(key)
             if dev is None or (key != "cuda" and name in args.only_cuda.split(",")):
                 continue
-            r = entry[key] = guarded(f"{name} on {label}", with_env, GRAPHS_ENV, "0" if key == "cuda_no_graphs" else "",
-                                     speed, dev, model, args.prompt, args.decode, rng, args.runs)
+            r = entry[key] = guarded(f"{name} on {label}", speed, dev, model, args.prompt, args.decode, rng, args.runs)
             if r:
                 log(f"{name}: {label} prefill {r['prefill_tok_s']:.0f} tok/s, decode {r['decode_tok_s']:.1f} tok/s "
                     f"({r['kernels_per_decode_step']} kernels a decode step) {r['report']}")

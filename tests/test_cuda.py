@@ -7,6 +7,7 @@ where there is none (CI's machines; benchmarks/cuda_h100.sh runs the GPU side on
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 
 import numpy as np
@@ -61,6 +62,20 @@ def test_settings_parse(monkeypatch):
     assert settings.read(options.DISABLE_OPS_ENV) == {"GLU", "ROPE"}
     assert settings.read(options.GRAPHS_ENV) is False
     assert options.problem() is None
+
+
+def test_cupy_compiles_into_the_projects_cache(monkeypatch, tmp_path):
+    from framework import caches
+    from framework.plugins.cuda import discovery
+    monkeypatch.setenv("FRAMEWORK_CACHE", str(tmp_path))
+    monkeypatch.delenv("CUPY_CACHE_DIR", raising=False)
+    discovery._cupy_cache()
+    assert discovery.cache_dir() == tmp_path / "cuda" and "cuda" in caches.CACHES
+    assert os.environ["CUPY_CACHE_DIR"] == str(tmp_path / "cuda")
+    monkeypatch.setenv("FRAMEWORK_CACHE", "off")
+    monkeypatch.delenv("CUPY_CACHE_IN_MEMORY", raising=False)
+    discovery._cupy_cache()
+    assert discovery.cache_dir() is None and os.environ["CUPY_CACHE_IN_MEMORY"] == "1"
 
 
 # -- the kernel table, through the skeleton ---------------------------------------------------------------

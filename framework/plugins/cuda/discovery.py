@@ -8,9 +8,10 @@ The physical id is the GPU's PCI address, the form the Vulkan and OpenCL plugins
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
-from ...contract import pci_address, pci_physical_id
+from ...contract import caches, pci_address, pci_physical_id, settings
 
 INSTALL_HINT = "pip install cupy-cuda12x or cupy-cuda13x (the CuPy wheel of the driver's CUDA major version)"
 DRIVER_HINT = "install NVIDIA's driver (libcuda.so.1), at least the version CuPy's CUDA runtime needs"
@@ -26,6 +27,27 @@ class Discovery:
 _cached: Discovery | None = None
 
 
+def cache_dir():
+    """Where CuPy keeps the modules NVRTC compiled: cuda/ under the cache root; None when FRAMEWORK_CACHE=off."""
+    return settings.cache_dir("cuda")
+
+
+caches.register("cuda", "CUDA kernel modules (CuPy's NVRTC cache)", cache_dir)
+
+
+def _cupy_cache() -> None:
+    """CuPy reads CUPY_CACHE_DIR (and CUPY_CACHE_IN_MEMORY, 1: no files) when it first compiles: its
+    modules go under the project's cache root, or nowhere on disk with FRAMEWORK_CACHE=off."""
+    try:
+        root = cache_dir()
+    except settings.SettingError:
+        return                      # the devices say why (options.problem)
+    if root is None:
+        os.environ.setdefault("CUPY_CACHE_IN_MEMORY", "1")
+    else:
+        os.environ.setdefault("CUPY_CACHE_DIR", str(root))
+
+
 def discover() -> Discovery:
     global _cached
     if _cached is None:
@@ -34,6 +56,7 @@ def discover() -> Discovery:
 
 
 def _discover() -> Discovery:
+    _cupy_cache()
     try:
         import cupy
     except ImportError as e:

@@ -5,7 +5,7 @@ A module is the whole kernels.cu built with ``-D`` options: the weight type (``Q
 layout's numbers), the matrix-vector or tile shape, the element type of float kernels. Options are the
 only way code is specialised: no source text is edited. The header prepended to the source is generated
 from signatures.py (the kernels' parameters) and coverage.py (the op codes). CuPy keeps compiled
-modules in its own cache (CUPY_CACHE_DIR, by default ~/.cupy/kernel_cache)."""
+modules in its cache, which discovery.py points under the project's (the "cuda" cache)."""
 
 from __future__ import annotations
 
