@@ -9,6 +9,10 @@
 # dispatch libraries) as benchmarks/opencl_h200.sh's header makes.
 # Then, through the device tool: run(command="bash benchmarks/cuda_h100.sh", carry=[".gl", ".whl"]). It
 # prints the figures and leaves $OUT/cuda_bench.json (written after each part) and $OUT/cuda_bench.log.
+# The tool sends the checkout its session started in: from another worktree, put `git archive HEAD` of it
+# in an ignored folder of that checkout (build/x/tree.tar), carry that folder too, and start the command
+# with `mkdir -p /tmp/wt && tar -xf build/x/tree.tar -C /tmp/wt && cp -r .whl .gl /tmp/wt && cd /tmp/wt &&`.
+# docs/cuda.md's figures: `bash benchmarks/cuda_h100.sh --runs 3 --conformance-s 120` (about 50 s on an H100).
 # Arguments go to cuda_bench.py (--models smollm2, --skip-conformance, --decode 32 shorten the run).
 #
 # `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
