@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import opencl_bench as ob
 import vulkan_bench as vb
 
 T0 = time.perf_counter()
@@ -79,32 +80,16 @@ def find_devices(stand_in: str | None) -> dict:
 
 
 def speed(dev, model, n_prompt: int, n_decode: int, rng, runs: int) -> dict:
-    """Prefill of n_prompt tokens and decode of n_decode tokens after it, tok/s: medians of timed runs
-    after a warm-up that loads the weights and compiles (captures) the programs."""
+    """opencl_bench's prefill and decode tok/s (medians of timed runs after a warm-up that loads the
+    weights and compiles, and captures, the programs), with the kernels a decode step makes."""
     from framework.runtime.session import Session
-    prompt = [int(t) for t in rng.integers(0, model.hp.n_vocab, size=n_prompt)]
+    out = ob.model_speed(dev, None, model, n_prompt, n_decode, rng, runs, bounds=False)
     s = Session(model, [dev], n_ctx=1024, n_batch=n_prompt)
-    t0 = time.perf_counter()
-    s.eval(prompt)
-    first = time.perf_counter() - t0
-    prefill = vb.vulkan_prefill(s, prompt, runs)
-    tok = int(np.argmax(s.eval([1])))
-    for _ in range(8):
-        tok = int(np.argmax(s.eval([tok])))
-
-    def decode_run():
-        s.reset()
-        s.eval(prompt)
-        t0 = time.perf_counter()
-        t = tok
-        for _ in range(n_decode):
-            t = int(np.argmax(s.eval([t])))
-        return time.perf_counter() - t0
-    decode = vb.spread([decode_run() for _ in range(max(1, runs // 2 + 1))], n_decode)
-    return {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
-            "decode_runs": decode, "first_prefill_s": first,
-            "kernels_per_decode_step": sum(len(p.steps) for p in vb._programs(s, 1)),
-            "report": dev.report_line() if hasattr(dev, "report_line") else ""}
+    s.eval([1, 2])
+    s.eval([3])
+    out["kernels_per_decode_step"] = sum(len(p.steps) for p in vb._programs(s, 1))
+    out["report"] = dev.report_line() if hasattr(dev, "report_line") else ""
+    return out
 
 
 def with_env(name: str, value: str, fn, *a):

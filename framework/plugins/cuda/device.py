@@ -4,6 +4,8 @@ that a decode step can be captured as a CUDA graph (program.py)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from ...backend import BackendDevice
@@ -59,9 +61,11 @@ class CudaDevice(BackendDevice):
                 self._stream = cupy.cuda.Stream(non_blocking=True)
         return self._stream
 
+    @contextmanager
     def on_device(self):
         """A context in which CuPy works on this GPU and stream (its operations are ordered on it)."""
-        return _Both(self.cupy_device, self.stream)
+        with self.cupy_device, self.stream:
+            yield
 
     # -- buffers: CuPy arrays of bytes -------------------------------------------------------------
     def new_buffer(self, nbytes: int):
@@ -102,23 +106,6 @@ class CudaDevice(BackendDevice):
         how = "decode steps captured as CUDA graphs" if self.graphs else f"no CUDA graphs ({options.GRAPHS_ENV}=0)"
         return (f"{self.name}: {how}; {self.runs} runs, {self.captures} captured, {self.replays} replayed; "
                 f"{len(self.modules)} modules compiled")
-
-
-class _Both:
-    """Two context managers entered together (the GPU, then its stream)."""
-
-    def __init__(self, first, second):
-        self.pair = (first, second)
-
-    def __enter__(self):
-        for c in self.pair:
-            c.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        for c in reversed(self.pair):
-            c.__exit__(*exc)
-        return False
 
 
 def devices() -> list[CudaDevice]:

@@ -31,8 +31,8 @@ class CudaProgram(Program):
         self.last_sig, self.graph, self.graph_sig, self.graph_outs, self.graph_held = None, None, None, {}, None
 
     def _launch(self, step) -> tuple:
-        """(function, grid, block, arguments with a None where each tensor's pointer and offset go, the
-        tensors' operands in order)."""
+        """(function, (grid, block), the tensor operands in order, the arguments with a None where each
+        tensor's pointer and offset go: filled by _launch_all each run)."""
         fn = build(self.dev, step.kernel.options).get_function(step.kernel.kernel)
         fixed, operands = [], iter(step.binds)
         ops_in_order = []
