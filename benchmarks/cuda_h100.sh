@@ -15,6 +15,9 @@
 # docs/cuda.md's figures: `bash benchmarks/cuda_h100.sh --runs 3 --conformance-s 120` (about 50 s on an H100).
 # Arguments go to cuda_bench.py (--models smollm2, --skip-conformance, --decode 32 shorten the run).
 #
+# `bash benchmarks/cuda_h100.sh profile` runs benchmarks/cuda_profile.sh instead (Nsight Systems over a
+# short decode on cuda:0, graphs on and off): $OUT/cuda_profile.log.
+#
 # `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
 # opencl:0 (PoCL) stands in for cuda:0, with a short prompt and decode, on SmolLM2's shape only.
 set -euo pipefail
@@ -39,5 +42,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import cupy; print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())' || true
 out="${OUT:-/tmp}"
 mkdir -p "$out"
+if [ "${1:-}" = profile ]; then
+  shift
+  exec timeout -k 10 "${RUN_LIMIT:-560}" bash benchmarks/cuda_profile.sh "$out" "$@"
+fi
 timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_bench.py --out "$out" "$@" 2>&1 | tee "$out/cuda_bench.log"
 exit "${PIPESTATUS[0]}"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Nsight Systems over a short decode on cuda:0 (benchmarks/cuda_profile.py's docstring says what it records),
+# per model and with CUDA graphs on and off: nsys's kernel and API summaries of the decode steps, then
+# cuda_profile.py's summary (GPU time a step, GPU-busy fraction, time per kernel, the matrix-vector
+# products' weight rate against a device copy). Run through `bash benchmarks/cuda_h100.sh profile` (which
+# sets up the Python path); the log is $1/cuda_profile.log. Further arguments: the models (default
+# smollm2 gemma3).
+set -uo pipefail
+out="$1"
+shift
+models="${*:-smollm2 gemma3}"
+NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys 2>/dev/null | head -1)"
+if [ -z "$NSYS" ]; then echo "nsys not found (PATH, /opt/nvidia/nsight-systems, /usr/local/cuda*)"; exit 1; fi
+work=/tmp/cuda_profile
+mkdir -p "$work"
+log="$out/cuda_profile.log"
+{
+  "$NSYS" --version
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  copy=""
+  for model in $models; do
+    for graphs in 1 0; do
+      tag="$model-graphs$graphs"
+      extra=()
+      if [ -z "$copy" ]; then extra=(--copy); copy="$work/$tag.json"; fi
+      echo "=== $tag"
+      FRAMEWORK_CUDA_GRAPHS=$graphs "$NSYS" profile -q --force-overwrite true --trace cuda \
+        --cuda-graph-trace node --capture-range cudaProfilerApi --capture-range-end stop -o "$work/$tag" \
+        python3 benchmarks/cuda_profile.py run "$model" --meta "$work/$tag.json" --work "$work" "${extra[@]}"
+      "$NSYS" stats -q --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
+        "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
+      "$NSYS" stats -q --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
+      python3 benchmarks/cuda_profile.py summarize --meta "$work/$tag.json" --copy-meta "$copy" \
+        --trace "$work/${tag}_cuda_gpu_trace.csv"
+    done
+  done
+} 2>&1 | tee "$log"
