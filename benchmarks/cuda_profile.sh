@@ -9,8 +9,8 @@ set -uo pipefail
 out="$1"
 shift
 models="${*:-smollm2 gemma3}"
-NSYS="$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/bin/nsys 2>/dev/null | head -1)"
-if [ -z "$NSYS" ]; then echo "nsys not found (PATH, /opt/nvidia/nsight-systems, /usr/local/cuda*)"; exit 1; fi
+NSYS="$(command -v nsys || find /opt /usr/local /usr/lib /usr/bin /root -maxdepth 7 -name nsys -type f -perm -u+x 2>/dev/null | head -1)"
+if [ -z "$NSYS" ]; then echo "nsys not found (PATH, /opt, /usr/local, /usr/lib, /usr/bin, /root)"; exit 1; fi
 work=/tmp/cuda_profile
 mkdir -p "$work"
 log="$out/cuda_profile.log"
