@@ -24,12 +24,12 @@ log="$out/cuda_profile.log"
       extra=()
       if [ -z "$copy" ]; then extra=(--copy); copy="$work/$tag.json"; fi
       echo "=== $tag"
-      FRAMEWORK_CUDA_GRAPHS=$graphs "$NSYS" profile -q --force-overwrite true --trace cuda \
+      FRAMEWORK_CUDA_GRAPHS=$graphs "$NSYS" profile --force-overwrite true --trace cuda \
         --cuda-graph-trace node --capture-range cudaProfilerApi --capture-range-end stop -o "$work/$tag" \
         python3 benchmarks/cuda_profile.py run "$model" --meta "$work/$tag.json" --work "$work" "${extra[@]}"
-      "$NSYS" stats -q --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
+      "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
         "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
-      "$NSYS" stats -q --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
+      "$NSYS" stats --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
       python3 benchmarks/cuda_profile.py summarize --meta "$work/$tag.json" --copy-meta "$copy" \
         --trace "$work/${tag}_cuda_gpu_trace.csv"
     done
