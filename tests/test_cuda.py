@@ -138,6 +138,26 @@ def test_every_conformance_case_lowers_to_defined_kernels():
         assert any(n.startswith(kernel) for n in names), (kernel, sorted(names))
 
 
+def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
+    """The DECODE cases lowered with the core's product groups (fused.py): the norm in the prologue of the
+    product that reads it alone, gate and up with the GLU in one launch, the residual add in the epilogue;
+    with FRAMEWORK_CUDA_UNFUSE=all, node by node. (The attention blocks are never taken: no kernel here.)"""
+    dev = CudaDevice(0, reason="lowering only")
+    cases = {c.id: c for c in all_cases() if c.id.startswith("DECODE-")}
+
+    def names(case_id):
+        (frag,) = make_plan(cases[case_id].build().graph, [CpuDevice()]).fragments
+        return [st.name.split(" ")[0] for st in Lowering(dev, frag, TABLE).steps]
+    one = next(i for i in cases if "-1-layer-" in i)
+    fused = names(one)
+    assert fused.count("NORM+MUL_MATx2+GLU") == 1 and fused.count("MUL_MAT+ADD") == 2, fused
+    assert "GLU" not in fused and fused[-1] == "NORM+MUL_MAT" and "FLASH_ATTN_EXT" in fused, fused
+    monkeypatch.setenv(options.UNFUSE_ENV, "all")
+    plain = names(one)
+    assert not any(n.startswith(("NORM+", "MUL_MAT+")) for n in plain) and "GLU" in plain, plain
+    assert len(plain) >= len(fused) + 3, (plain, fused)
+
+
 def test_matvec_and_tile_shapes():
     sh = kernels.matvec_shape(gpr=18, m=1, rows=576)       # a small decode product: narrow blocks
     assert sh["MV_TPR"] == 16 and sh["MV_WG"] == 64 and sh["MV_R"] == 1 and sh["MV_XL"] == 1

@@ -609,6 +609,7 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
 #define MV_RED red
 #endif
 
+#ifndef F_K   // (a fused product's build holds rowvec alone)
 extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
   MV_RED_DECL
 #if MV_XL
@@ -653,6 +654,107 @@ extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
   }
   mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
 }
+#endif  // !F_K
+
+// Fused decode products (fused.py lowers the core's product groups: framework/core/graph/fusion.py).
+// A prologue makes the row of x in shared memory (F_K values, each 32-element group padded to 36 floats,
+// as matvec_q's staging): F_PRO 0, x = a; 1, x = rms_norm(y) * gn, where y = a (F_PRE 0), a + b (1),
+// rms_norm(a) * gp + b (2: a post-norm and the residual add after it) or a * ys (3); y also written to
+// y where write_y (by block 0). Then x times one weight, or gate and up (F_NW 2, both of the build's
+// type), teams of MV_TPR threads sharing MV_R rows as in matvec_q; the epilogue adds the residual r
+// (F_EPI 1) or takes act(op, gate) * up (2).
+#ifdef F_K
+#define XI(c) ((((c) >> 5) * 36u) + ((c) & 31u))
+
+// the sum of v over the block, in a fixed order (every thread gets it)
+__device__ inline float block_sum(float v, float* red, uint li) {
+  red[li] = v;
+  __syncthreads();
+  for (uint s = MV_WG / 2; s > 0; s >>= 1) {
+    if (li < s) red[li] += red[li + s];
+    __syncthreads();
+  }
+  float r = red[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ inline void prologue(float* xsf, float* red, uint li, uint wid, const float* __restrict__ a, uint a_off,
+                                const float* __restrict__ b, uint b_off, const float* __restrict__ gp, uint gp_off,
+                                const float* __restrict__ gn, uint gn_off, float* __restrict__ y, uint y_off,
+                                uint write_y, float eps, float eps1, float ys) {
+#if F_PRE == 2
+  float s1 = 0.0f;
+  for (uint c = li; c < F_K; c += MV_WG) { float v = a[a_off + c]; s1 += v * v; }
+  float r1 = 1.0f / sqrtf(block_sum(s1, red, li) * (1.0f / (float)F_K) + eps1);
+#endif
+  float ss = 0.0f;
+  for (uint c = li; c < F_K; c += MV_WG) {
+#if F_PRE == 1
+    float v = a[a_off + c] + b[b_off + c];
+#elif F_PRE == 2
+    float v = a[a_off + c] * r1 * gp[gp_off + c] + b[b_off + c];
+#elif F_PRE == 3
+    float v = a[a_off + c] * ys;
+#else
+    float v = a[a_off + c];
+#endif
+    xsf[XI(c)] = v;
+    ss += v * v;
+    if (write_y && wid == 0) y[y_off + c] = v;
+  }
+#if F_PRO == 1
+  float rn = 1.0f / sqrtf(block_sum(ss, red, li) * (1.0f / (float)F_K) + eps);
+  for (uint c = li; c < F_K; c += MV_WG) xsf[XI(c)] *= rn * gn[gn_off + c];
+#endif
+  __syncthreads();
+}
+
+#define F_ACC (F_NW * MV_R)
+extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
+  __shared__ float4 xs[F_K / 32 * 9];
+  __shared__ float red[MV_WG];
+  const uint gpr = F_K / 32u;
+  uint li = get_local_id(0), wid = get_group_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (wid * MV_TEAMS + team) * MV_R;
+  prologue((float*)xs, red, li, wid, a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, write_y, eps, eps1, ys);
+  float acc[F_ACC];
+#pragma unroll
+  for (uint i = 0; i < F_ACC; i++) acc[i] = 0.0f;
+  for (uint g = lane; g < gpr; g += MV_TPR) {
+    const float4* xg = xs + g * 9u;
+    float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) {
+      uint row = min(r0 + k, N - 1u);      // past N: the last row (never stored)
+      acc[k] += hsum(dot32r(grp(w0, w0_moff, gpr, row, g), x0, x1, x2, x3, x4, x5, x6, x7));
+#if F_NW == 2
+      acc[MV_R + k] += hsum(dot32r(grp(w1, w1_moff, gpr, row, g), x0, x1, x2, x3, x4, x5, x6, x7));
+#endif
+    }
+  }
+#pragma unroll
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (uint i = 0; i < F_ACC; i++) acc[i] += shfl_xor(acc[i], s);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) {
+      if (r0 + k < N) {
+#if F_EPI == 1
+        float v = acc[k] + r[r_off + col0 + r0 + k];
+#elif F_EPI == 2
+        float v = act(op, acc[k]) * acc[MV_R + k];
+#else
+        float v = acc[k];
+#endif
+        o[o_off + col0 + r0 + k] = v;
+      }
+    }
+  }
+}
+#endif  // F_K
 #endif  // MV_WG
 
 // Tiled matrix product (prefill): a work-group computes an MM_BM x MM_BN tile of outputs (rows of x by

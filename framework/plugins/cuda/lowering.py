@@ -7,8 +7,8 @@ signatures.py lists them) and returns the readers it took into its own kernel, w
   layers' x + f(x)) writes the sum itself, so the ADD costs no launch;
 * a ROPE whose only reader is a SCALE (Gemma's query scaling) is one launch with it.
 
-The core's fusion groups (framework/core/graph/fusion.py) are not taken yet: the plan is the default,
-none."""
+The core's fusion groups (framework/core/graph/fusion.py) for decode's products are fused.py's: a
+group's nodes make none here."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ...backend import ChunkArg, KernelTable, Step, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import Tensor, reference
-from . import kernels
+from . import fused, kernels
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
 from .signatures import TENSOR_KINDS, params
 
@@ -233,4 +233,4 @@ def _quant_mul_mat(lw, n, add):
 TABLE = KernelTable({"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_scale,
                      "UNARY": op_unary, "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext,
                      "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows,
-                     "MUL_MAT": op_mul_mat})
+                     "MUL_MAT": op_mul_mat}, fused.lower_group, fused.plan)

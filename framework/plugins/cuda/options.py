@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from ...backend import fusion
 from ...contract import settings
 
 DISABLE_OPS_ENV = "FRAMEWORK_CUDA_DISABLE_OPS"   # comma-separated ops to refuse (tests of mixed plans)
 MAX_ALLOC_ENV = "FRAMEWORK_CUDA_MAX_ALLOC"       # bytes: a smaller largest buffer (tests of split weights)
 GRAPHS_ENV = "FRAMEWORK_CUDA_GRAPHS"             # off: every run launches its kernels one by one
-NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, GRAPHS_ENV)
+UNFUSE_ENV = "FRAMEWORK_CUDA_UNFUSE"             # decode fusions to turn off (framework/core/graph/fusion.py), or all
+NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, GRAPHS_ENV, UNFUSE_ENV)
 MAX_BUFFER = 2 << 30     # the largest buffer by default: weights past it are split in chunks of whole rows
 
 
@@ -20,6 +22,9 @@ def declare(ops: frozenset[str]) -> None:
     settings.declare(GRAPHS_ENV, "cuda", settings.FLAG_ACCEPTS, True,
                      "a program run again with the same buffers (a decode step) is captured once as a CUDA graph "
                      "and replayed; off: its kernels are launched one by one every run", settings.flag)
+    settings.declare(UNFUSE_ENV, "cuda", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
+                     frozenset(), "fusions of the decode products to turn off (to compare them; attn and combine "
+                     "are never taken)", lambda text: fusion.parse_off(text, UNFUSE_ENV))
 
 
 def problem() -> str | None:
