@@ -33,7 +33,7 @@ log="$out/cuda_profile.log"
       "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
         "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
       "$NSYS" stats --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
-      trace="$(ls "$work/$tag"*cuda_gpu_trace*.csv 2>/dev/null | head -1)"
+      trace="$(ls "$work/${tag}"_*cuda_gpu_trace*.csv 2>/dev/null | head -1)"
       python3 benchmarks/cuda_profile.py summarize --meta "$work/$tag.json" --copy-meta "$copy" --trace "$trace"
     done
   done
