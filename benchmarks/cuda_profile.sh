@@ -30,6 +30,14 @@ log="$out/cuda_profile.log"
       FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse "$NSYS" profile --force-overwrite true --trace cuda \
         --cuda-graph-trace node --capture-range cudaProfilerApi --capture-range-end stop -o "$work/$tag" \
         python3 benchmarks/cuda_profile.py run "$model" --meta "$work/$tag.json" --work "$work" "${extra[@]}"
+      if [ ! -f "$work/$tag.nsys-rep" ] && [ -f "$work/$tag.qdstrm" ]; then
+        # nsys could not import its own capture (on the lent H100 of 2026-12-06: "Importer error status: An
+        # unknown error occurred"): the importer's own words, its missing libraries, and the raw capture kept
+        imp="$(find "$(dirname "$(readlink -f "$NSYS")")/.." -maxdepth 3 -name QdstrmImporter -type f | head -1)"
+        echo "importing $tag.qdstrm by hand: $imp"
+        if [ -n "$imp" ]; then ldd "$imp" | grep "not found"; "$imp" -i "$work/$tag.qdstrm" 2>&1 | tail -5; fi
+        cp "$work/$tag.qdstrm" "$out/" 2>/dev/null
+      fi
       "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
         "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
       "$NSYS" stats --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
