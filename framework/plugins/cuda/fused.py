@@ -35,7 +35,7 @@ class Target:
         """One weight type (the build's) and x's staging within a block's shared memory."""
         types = {m.src[0].dtype.name for m in g.muls}
         k = g.muls[0].src[0].shape[1]
-        return len(types) == 1 and k // weight_words.GROUP * 144 + 4 * 256 <= SHARED_BYTES
+        return len(types) == 1 and k // weight_words.GROUP * 144 + 4 * 256 <= SHARED_BYTES   # x, sums of <= 256
 
     def attn_fits(self, g) -> bool:
         return False
@@ -70,6 +70,6 @@ def lower_group(lw, g: fusion.ProductGroup) -> None:
                  "F_PRE": PRE[p.pre], "F_EPI": {"": 0, "add": 1, "glu": 2}[g.epilogue]}
         blocks = -(-rows // (sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"]))
         lowering.launch(lw, f"{label} {g.out.name}", "rowvec", build, blocks * sh["MV_WG"], sh["MV_WG"],
-               w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
-               r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
-               **dict(args, write_y=args["write_y"] * int(ci == 0)))
+                        w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
+                        r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0,
+                        op=op, **dict(args, write_y=args["write_y"] * int(ci == 0)))
