@@ -67,7 +67,7 @@ def cluster():
         os.environ["RAY_ADDRESS"] = c.address
         os.environ["FRAMEWORK_RAY_PLUGINS"] = "cpu"          # what the nodes' agents load
         # here: the cpu and ray plugins only (the others are not what this file tests, and cost memory)
-        os.environ[BLOCK_ENV] = "opencl,openvino,vulkan,xdna,example"
+        os.environ[BLOCK_ENV] = "cuda,opencl,openvino,vulkan,xdna,example"
         yield c
     finally:
         ray.shutdown()
@@ -129,7 +129,7 @@ def _follow(session: Session, p: dict) -> list[np.ndarray]:
 def test_without_a_cluster_the_ray_device_says_why(monkeypatch):
     """No address, or one where nothing answers: one unavailable device 'ray' with the reason, at once (Ray's
     own connection would wait without end). Runs before the module's cluster is connected."""
-    monkeypatch.setenv(BLOCK_ENV, "cpu,opencl,openvino,vulkan,xdna,example")
+    monkeypatch.setenv(BLOCK_ENV, "cpu,cuda,opencl,openvino,vulkan,xdna,example")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     (dev,) = default_registry().devices()
     assert dev.name == "ray" and not dev.available and "--ray-address" in dev.unavailable_reason
@@ -365,7 +365,7 @@ def test_the_docs_one_machine_recipe_works_as_written(tmp_path):
     temp = tempfile.mkdtemp(prefix="ray-docs-", dir="/tmp")      # short: Ray's socket paths have a length limit
     model = str(tiny_models.write("llama", tmp_path / "tiny-llama.gguf"))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS")}
-    env.update({"FRAMEWORK_RAY_PLUGINS": "cpu", BLOCK_ENV: "opencl,openvino,vulkan,xdna,example"})
+    env.update({"FRAMEWORK_RAY_PLUGINS": "cpu", BLOCK_ENV: "cuda,opencl,openvino,vulkan,xdna,example"})
     ray_bin = str(Path(sys.executable).with_name("ray"))
     small = ["--num-cpus", "1", "--object-store-memory", str(80 << 20)]
 

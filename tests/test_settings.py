@@ -173,6 +173,7 @@ ENVIRONMENT_OUTSIDE_SETTINGS = {
     "framework/plugins/ray/cluster.py",          # RAY_ADDRESS: Ray's own (the cluster to join)
     "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_*
     "framework/plugins/opencl/discovery.py",     # PoCL's POCL_* and the OpenCL loader's OCL_ICD_VENDORS
+    "framework/plugins/cuda/discovery.py",       # CuPy's CUPY_CACHE_DIR and CUPY_CACHE_IN_MEMORY
     "framework/cli/main.py",                     # sets RAY_ADDRESS from --ray-address
     "framework/terminal/devices.py",             # sets FRAMEWORK_OPENVINO_THREADS while devices are made
 }

@@ -20,11 +20,12 @@ PACKAGE = ROOT / "framework"
 PLUGINS = PACKAGE / "plugins"
 
 # 24,500 when the skeleton landed; 24,800 for this round's serving and CUDA work; 25,300 for batched steps
-# (cells, batch, prefix cache, the serve scheduler: about 500 lines); each raise a commit of its own
-FRAMEWORK_LINES = 25_300
+# (cells, batch, prefix cache, the serve scheduler: about 500 lines); 26,300 with the CUDA plugin
+# (framework/plugins/cuda: 960 lines with fused.py); each raise a commit of its own
+FRAMEWORK_LINES = 26_300
 BACKEND_LINES = 1_500
 # the goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
-PLUGIN_LINES = {"vulkan": 1_650, "opencl": 2_250}
+PLUGIN_LINES = {"vulkan": 1_650, "opencl": 2_250, "cuda": 960}
 # Python files that are kernel sources, counted apart until they are .wgsl files of their own
 KERNEL_SOURCES = {"framework/plugins/vulkan/wgsl.py", "framework/plugins/vulkan/wgsl_fused.py"}
 MAX_CLASS_LINES = 200

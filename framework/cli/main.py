@@ -42,8 +42,8 @@ from .verify import add_verify_args, verified_line, verifier_for
 SAMPLE_PROMPT = "The capital of France is"
 # the caches `framework cache` lists, for its help without loading every plugin (a test keeps it whole)
 CACHES = (("gguf-index", "parsed GGUF headers"), ("numba", "the cpu plugin's compiled kernels"),
-          ("opencl", "OpenCL kernel binaries"), ("openvino", "OpenVINO compiled models"),
-          ("xdna", "XDNA packed weight tiles"))
+          ("opencl", "OpenCL kernel binaries"), ("cuda", "CUDA kernel modules (CuPy's)"),
+          ("openvino", "OpenVINO compiled models"), ("xdna", "XDNA packed weight tiles"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The CUDA plugin on the lent GPU machine (nvidia-h100-x1 or nvidia-h200: CuPy is on its image), next to
+# the Vulkan and OpenCL plugins on the same GPU: benchmarks/cuda_bench.py, whose docstring lists the figures
+# (conformance on cuda:0, the three model shapes against the CPU plugin, prefill and decode tok/s, the
+# brief's one-chip case).
+#
+# Here, once, in the repo's root (both folders are git-ignored; the device tool carries them): the same
+# .whl (gguf, wgpu, pyopencl and their dependencies, for Python 3.12) and .gl (libvulkan1 and GL's
+# dispatch libraries) as benchmarks/opencl_h200.sh's header makes.
+# Then, through the device tool: run(command="bash benchmarks/cuda_h100.sh", carry=[".gl", ".whl"]). It
+# prints the figures and leaves $OUT/cuda_bench.json (written after each part) and $OUT/cuda_bench.log.
+# The tool sends the checkout its session started in: from another worktree, put `git archive HEAD` of it
+# in an ignored folder of that checkout (build/x/tree.tar), carry that folder too, and start the command
+# with `mkdir -p /tmp/wt && tar -xf build/x/tree.tar -C /tmp/wt && cp -r .whl .gl /tmp/wt && cd /tmp/wt &&`.
+# docs/cuda.md's figures: `bash benchmarks/cuda_h100.sh --runs 3 --conformance-s 120` (about 50 s on an H100).
+# Arguments go to cuda_bench.py (--models smollm2, --skip-conformance, --decode 32 shorten the run).
+#
+# `bash benchmarks/cuda_h100.sh profile` runs benchmarks/cuda_profile.sh instead (Nsight Systems over a
+# short decode on cuda:0, graphs on and off): $OUT/cuda_profile.log.
+#
+# `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
+# opencl:0 (PoCL) stands in for cuda:0, with a short prompt and decode, on SmolLM2's shape only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = local ]; then
+  shift
+  exec python3 benchmarks/cuda_bench.py --stand-in opencl:0 --models smollm2 --prompt 16 --decode 4 --runs 1 \
+    --skip-conformance "$@"
+fi
+for f in .gl/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" /; fi; done
+ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -f "$ICD" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then export VK_DRIVER_FILES="$ICD"; fi
+has_nvidia='import sys, pyopencl as cl; sys.exit(0 if any("NVIDIA" in p.name for p in cl.get_platforms()) else 1)'
+if ! python3 -c "$has_nvidia" 2>/dev/null; then
+  mkdir -p /etc/OpenCL/vendors && echo libnvidia-opencl.so.1 >/etc/OpenCL/vendors/nvidia.icd
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+python3 -c 'import cupy; print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())' || true
+out="${OUT:-/tmp}"
+mkdir -p "$out"
+if [ "${1:-}" = profile ]; then
+  shift
+  exec timeout -k 10 "${RUN_LIMIT:-560}" bash benchmarks/cuda_profile.sh "$out" "$@"
+fi
+timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_bench.py --out "$out" "$@" 2>&1 | tee "$out/cuda_bench.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Nsight Systems over a short decode on cuda:0 (benchmarks/cuda_profile.py's docstring says what it records),
+# per model, with CUDA graphs on and off, and with graphs on and the fusions off (FRAMEWORK_CUDA_UNFUSE=all):
+# nsys's kernel and API summaries of the decode steps, then cuda_profile.py's summary (GPU time a step, GPU-busy fraction, time per kernel, the matrix-vector
+# products' weight rate against a device copy). Run through `bash benchmarks/cuda_h100.sh profile` (which
+# sets up the Python path); the log is $1/cuda_profile.log. Further arguments: the models (default
+# smollm2 gemma3).
+set -uo pipefail
+out="$1"
+shift
+models="${*:-smollm2 gemma3}"
+NSYS="$(command -v nsys || find /opt /usr/local /usr/lib /usr/bin /root -maxdepth 7 -name nsys -type f -perm -u+x 2>/dev/null | head -1)"
+if [ -z "$NSYS" ]; then echo "nsys not found (PATH, /opt, /usr/local, /usr/lib, /usr/bin, /root)"; exit 1; fi
+work=/tmp/cuda_profile
+mkdir -p "$work"
+log="$out/cuda_profile.log"
+{
+  "$NSYS" --version
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  copy=""
+  for model in $models; do
+    for run in graphs1 graphs0 graphs1-unfused; do
+      tag="$model-$run"
+      graphs=0; unfuse=""
+      case "$run" in graphs1*) graphs=1;; esac
+      case "$run" in *unfused) unfuse=all;; esac
+      extra=()
+      if [ -z "$copy" ]; then extra=(--copy); copy="$work/$tag.json"; fi
+      echo "=== $tag (FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse)"
+      FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse "$NSYS" profile --force-overwrite true --trace cuda \
+        --cuda-graph-trace node --capture-range cudaProfilerApi --capture-range-end stop -o "$work/$tag" \
+        python3 benchmarks/cuda_profile.py run "$model" --meta "$work/$tag.json" --work "$work" "${extra[@]}"
+      if [ ! -f "$work/$tag.nsys-rep" ] && [ -f "$work/$tag.qdstrm" ]; then
+        # nsys could not import its own capture (on the lent H100 of 2026-12-06: "Importer error status: An
+        # unknown error occurred"): the importer's own words, its missing libraries, and the raw capture kept
+        imp="$(find "$(dirname "$(readlink -f "$NSYS")")/.." -maxdepth 3 -name QdstrmImporter -type f | head -1)"
+        echo "importing $tag.qdstrm by hand: $imp"
+        if [ -n "$imp" ]; then ldd "$imp" | grep "not found"; "$imp" -i "$work/$tag.qdstrm" 2>&1 | tail -5; fi
+        cp "$work/$tag.qdstrm" "$out/" 2>/dev/null
+      fi
+      "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
+        "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
+      "$NSYS" stats --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
+      trace="$(ls "$work/${tag}"_*cuda_gpu_trace*.csv 2>/dev/null | head -1)"
+      python3 benchmarks/cuda_profile.py summarize --meta "$work/$tag.json" --copy-meta "$copy" --trace "$trace"
+    done
+  done
+} 2>&1 | tee "$log"

@@ -1,0 +1,810 @@
+// CUDA C kernels of the CUDA plugin, compiled by NVRTC (cupy.RawModule). kernels.py prepends a generated
+// header: the ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, coverage.py) and the
+// build's settings (block sizes, the weight type QT_* and its layout). A build holds only the kernels its
+// settings select (the base build: those that read no quantized weight; a weight type's build: its
+// GET_ROWS, or one shape of one product). Tensors are a pointer plus an element offset (NAME_off), so
+// views need no pointers of their own. Every reduction runs in a fixed order: a program run twice gives
+// bit-identical results. The kernels keep OpenCL's vocabulary where it reads plainly (work-items of a
+// work-group: a block's threads; get_global_id and friends below), with the vector helpers OpenCL C has
+// built in written out here.
+
+typedef unsigned int uint;
+typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp16.h, which NVRTC may lack)
+
+#define get_global_id(d) (blockIdx.x * blockDim.x + threadIdx.x)
+#define get_local_id(d) (threadIdx.x)
+#define get_group_id(d) (blockIdx.x)
+
+#ifndef ELEM
+#define ELEM float
+#endif
+#ifdef HAS_FP64
+#define TABLE_T double
+#else
+#define TABLE_T float
+#endif
+
+// a uint4 parameter arrives as four (NAME_x .. NAME_w: CuPy passes scalars, not vector structs)
+#define U4(n) const uint4 n = make_uint4(n##_x, n##_y, n##_z, n##_w)
+
+#define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
+
+// -- OpenCL C's vector arithmetic, for the types the kernels use ------------------------------------
+__device__ inline float4 make_float4(float a) { return make_float4(a, a, a, a); }
+__device__ inline uint4 make_uint4(uint a) { return make_uint4(a, a, a, a); }
+#define V4_OP(T, OP)                                                                                       \
+  __device__ inline T operator OP(T a, T b) { T r = {a.x OP b.x, a.y OP b.y, a.z OP b.z, a.w OP b.w}; return r; } \
+  __device__ inline T& operator OP##=(T& a, T b) { a = a OP b; return a; }
+#define V4_SCALAR(T, S, OP)                                                                                \
+  __device__ inline T operator OP(T a, S b) { return a OP make_##T(b); }                                \
+  __device__ inline T operator OP(S a, T b) { return make_##T(a) OP b; }
+V4_OP(float4, +) V4_OP(float4, -) V4_OP(float4, *) V4_OP(float4, /)
+V4_SCALAR(float4, float, +) V4_SCALAR(float4, float, -) V4_SCALAR(float4, float, *) V4_SCALAR(float4, float, /)
+V4_OP(uint4, &) V4_OP(uint4, |) V4_OP(uint4, ^) V4_OP(uint4, >>) V4_OP(uint4, <<) V4_OP(uint4, *)
+V4_SCALAR(uint4, uint, &) V4_SCALAR(uint4, uint, >>) V4_SCALAR(uint4, uint, <<) V4_SCALAR(uint4, uint, *)
+
+__device__ inline float as_float(uint u) { return __uint_as_float(u); }
+__device__ inline uint as_uint(float f) { return __float_as_uint(f); }
+__device__ inline float4 as_float4(uint4 u) {
+  return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
+__device__ inline float4 vload4(uint i, const float* p) { p += 4 * i; return make_float4(p[0], p[1], p[2], p[3]); }
+__device__ inline uint4 vload4(uint i, const uint* p) { p += 4 * i; return make_uint4(p[0], p[1], p[2], p[3]); }
+__device__ inline void vstore4(float4 v, uint i, float* p) { p += 4 * i; p[0] = v.x; p[1] = v.y; p[2] = v.z; p[3] = v.w; }
+__device__ inline float half_to_float(half h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ inline float vload_half(uint i, const half* p) { return half_to_float(p[i]); }
+__device__ inline float2 vload_half2(uint i, const half* p) {
+  return make_float2(half_to_float(p[2 * i]), half_to_float(p[2 * i + 1]));
+}
+#ifdef ELEM_HALF
+#define LOADE(p, i) vload_half((i), (p))
+#else
+#define LOADE(p, i) ((p)[i])
+#endif
+#if PTX_SHFL   // a butterfly exchange between the lanes of a warp (every lane takes part)
+__device__ inline float shfl_xor(float v, uint m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+#endif
+
+
+__device__ inline float gelu_tanh(float x) {   // ggml_gelu: the tanh approximation
+  return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+__device__ inline float act(uint op, float x) {
+  if (op == OP_GELU) return gelu_tanh(x);
+  if (op == OP_SILU) return x / (1.0f + exp(-x));
+  if (op == OP_SIGMOID) return 1.0f / (1.0f + exp(-x));
+  if (op == OP_SOFTPLUS) return x > 20.0f ? x : log1p(exp(x));   // ggml_vec_softplus_f32
+  return tanh(x);
+}
+
+#ifndef QT_WPB   // the base build: every kernel that reads no quantized weight
+
+// ------------------------------------------------------------------------------------------------
+// element-wise
+// ------------------------------------------------------------------------------------------------
+
+// a (4-D shape ashape) op b repeated to it (ggml_repeat: b's shape divides a's along every axis)
+extern "C" __global__ void binary(ARGS_binary) {
+  U4(ashape); U4(bshape);
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  uint i3 = i % ashape.w, r = i / ashape.w;
+  uint i2 = r % ashape.z; r /= ashape.z;
+  uint i1 = r % ashape.y, i0 = r / ashape.y;
+  uint bi = (((i0 % bshape.x) * bshape.y + i1 % bshape.y) * bshape.z + i2 % bshape.z) * bshape.w + i3 % bshape.w;
+  float x = a[a_off + i], y = b[b_off + bi];
+  o[o_off + i] = op == OP_ADD ? x + y : x * y;
+}
+
+extern "C" __global__ void unary(ARGS_unary) {
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  float x = a[a_off + i];
+  o[o_off + i] = op == OP_SCALE ? x * s : act(op, x);
+}
+
+extern "C" __global__ void glu(ARGS_glu) {
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  o[o_off + i] = act(op, g[g_off + i]) * v[v_off + i];
+}
+
+// ------------------------------------------------------------------------------------------------
+// rows: RMS norm (optionally times a gain, the models' norm), softmax. One work-group of RWG a row.
+// ------------------------------------------------------------------------------------------------
+
+// the sum (or max) of red[0..RWG) into red[0], in a fixed order
+#define TREE(red, li, OPR)                                            \
+  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {                         \
+    if ((li) < s_) red[li] = OPR(red[li], red[(li) + s_]);            \
+    __syncthreads();                                     \
+  }
+#define PLUS(x, y) ((x) + (y))
+
+extern "C" __global__ void __launch_bounds__(RWG) rms_norm(ARGS_rms_norm) {
+  __shared__ float red[RWG];
+  uint row = get_group_id(0), li = get_local_id(0);
+  uint base = a_off + row * ncols;
+  float s = 0.0f;
+  for (uint c = li; c < ncols; c += RWG) { float x = a[base + c]; s += x * x; }
+  red[li] = s;
+  __syncthreads();
+  TREE(red, li, PLUS)
+  float sc = 1.0f / sqrt(red[0] * (1.0f / (float)ncols) + eps);
+  uint ob = o_off + row * ncols;
+  for (uint c = li; c < ncols; c += RWG) {
+    float y = a[base + c] * sc;
+    if (has_gain) y *= gain[gain_off + c % glen];
+    if (has_r) y += r[r_off + row * ncols + c];
+    o[ob + c] = y;
+  }
+}
+
+__device__ inline float sm_val(const float* __restrict__ a, uint base, const float* __restrict__ mk, uint mb,
+                    uint c, uint has_mask, float scale) {
+  float x = a[base + c] * scale;
+  if (has_mask) x += max(mk[mb + c], NEG_BIG);
+  return x;
+}
+
+// softmax(a * scale + mask) over rows of ncols; the mask (t rows) repeats over the leading axes
+extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
+  __shared__ float red[RWG];
+  uint row = get_group_id(0), li = get_local_id(0);
+  uint base = a_off + row * ncols, mb = mk_off + (row % t) * ncols;
+  float m = NEG_BIG;
+  for (uint c = li; c < ncols; c += RWG) m = max(m, sm_val(a, base, mk, mb, c, has_mask, scale));
+  red[li] = m;
+  __syncthreads();
+  TREE(red, li, max)
+  float mx = red[0];
+  __syncthreads();
+  float s = 0.0f;
+  for (uint c = li; c < ncols; c += RWG) s += exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx);
+  red[li] = s;
+  __syncthreads();
+  TREE(red, li, PLUS)
+  float inv = 1.0f / red[0];
+  uint ob = o_off + row * ncols;
+  for (uint c = li; c < ncols; c += RWG) o[ob + c] = exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx) * inv;
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). One work-group of AWG threads per query
+// row and head; keys in blocks of AWG, online softmax; thread li holds output dims li + AWG * j.
+// ------------------------------------------------------------------------------------------------
+
+#define ATREE(red, li, OPR)                                           \
+  for (uint s_ = AWG / 2; s_ > 0; s_ >>= 1) {                         \
+    if ((li) < s_) red[li] = OPR(red[li], red[(li) + s_]);            \
+    __syncthreads();                                     \
+  }
+#define ADIMS (MAX_HEAD / AWG)
+
+// keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised)
+__device__ inline void attend(const float* __restrict__ q, uint qb, const float* __restrict__ k, uint kb,
+                   const float* __restrict__ v, uint vb, const float* __restrict__ mk, uint mb,
+                   uint kstride, uint D, uint s_begin, uint s_end, uint has_mask, float scale,
+                   float* qs, float* ps, float* red,
+                   float* m_out, float* l_out, float acc[ADIMS]) {
+  uint li = get_local_id(0);
+  for (uint d = li; d < D; d += AWG) qs[d] = q[qb + d];
+  __syncthreads();
+  float m = NEG_BIG, l = 0.0f;
+  for (uint s0 = s_begin; s0 < s_end; s0 += AWG) {
+    uint s = s0 + li;
+    float sc = NEG_BIG;
+    if (s < s_end) {
+      float dot = 0.0f;
+      uint kr = kb + s * kstride;
+      for (uint d = 0; d < D; d++) dot += qs[d] * k[kr + d];
+      sc = dot * scale;
+      if (has_mask) sc += max(mk[mb + s], NEG_BIG);
+    }
+    red[li] = sc;
+    __syncthreads();
+    ATREE(red, li, max)
+    float mn = max(m, red[0]);
+    __syncthreads();
+    float p = s < s_end ? exp(sc - mn) : 0.0f;
+    ps[li] = p;
+    red[li] = p;
+    __syncthreads();
+    ATREE(red, li, PLUS)
+    float alpha = exp(m - mn);
+    l = l * alpha + red[0];
+    uint nv = min((uint)AWG, s_end - s0);
+    for (uint j = 0; j < ADIMS; j++) acc[j] *= alpha;
+    for (uint i = 0; i < nv; i++) {
+      float pi = ps[i];
+      uint vr = vb + (s0 + i) * kstride;
+      for (uint j = 0; j < ADIMS; j++) {
+        uint d = li + AWG * j;
+        if (d < D) acc[j] += pi * v[vr + d];
+      }
+    }
+    m = mn;
+    __syncthreads();
+  }
+  *m_out = m;
+  *l_out = l;
+}
+
+extern "C" __global__ void __launch_bounds__(AWG) flash_attn(ARGS_flash_attn) {
+  __shared__ float qs[MAX_HEAD], ps[AWG], red[AWG];
+  uint id = get_group_id(0), li = get_local_id(0);
+  uint t = id / H, h = id % H, hk = h / (H / Hkv);
+  float acc[ADIMS];
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  float m, l;
+  attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, 0, S,
+         has_mask, scale, qs, ps, red, &m, &l, acc);
+  uint ob = o_off + (t * H + h) * D;
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) o[ob + d] = acc[j] / l;
+  }
+}
+
+// Few query rows (decode) would leave most of a GPU idle: the keys are cut into nc parts of `per`,
+// one work-group per (row, head, part) writes its (acc[D], m, l) to p; flash_combine merges them.
+extern "C" __global__ void __launch_bounds__(AWG) flash_attn_part(ARGS_flash_attn_part) {
+  __shared__ float qs[MAX_HEAD], ps[AWG], red[AWG];
+  uint idc = get_group_id(0), li = get_local_id(0);
+  uint id = idc / nc, c = idc % nc;
+  uint t = id / H, h = id % H, hk = h / (H / Hkv);
+  uint s0 = c * per, s1 = min(S, s0 + per);
+  float acc[ADIMS];
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  float m, l;
+  attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, s0, s1,
+         has_mask, scale, qs, ps, red, &m, &l, acc);
+  uint pb = p_off + idc * (D + 2);
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) p[pb + d] = acc[j];
+  }
+  if (li == 0) { p[pb + D] = m; p[pb + D + 1] = l; }
+}
+
+extern "C" __global__ void __launch_bounds__(AWG) flash_combine(ARGS_flash_combine) {
+  uint id = get_group_id(0), li = get_local_id(0);
+  uint base = p_off + id * nc * (D + 2);
+  float m = NEG_BIG;
+  for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
+  float l = 0.0f, acc[ADIMS];
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  for (uint c = 0; c < nc; c++) {
+    uint pc = base + c * (D + 2);
+    float f = exp(p[pc + D] - m);
+    l += p[pc + D + 1] * f;
+    for (uint j = 0; j < ADIMS; j++) {
+      uint d = li + AWG * j;
+      if (d < D) acc[j] += p[pc + d] * f;
+    }
+  }
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) o[o_off + id * D + d] = acc[j] / l;
+  }
+}
+
+// (Gemma's query scaling). One thread a pair.
+// ------------------------------------------------------------------------------------------------
+
+extern "C" __global__ void rope(ARGS_rope) {
+  uint half_d = D / 2;
+  uint i = get_global_id(0);
+  if (i >= T * H * half_d) return;
+  uint j = i % half_d, th = i / half_d, t = th / H;
+  uint ia = a_off + th * D, io = o_off + th * D;
+  uint nh = n_dims / 2;
+  if (j < nh) {
+    TABLE_T freq = has_ff ? inv[j] / (TABLE_T)ff[ff_off + j] : inv[j];
+    TABLE_T theta = (TABLE_T)pos[pos_off + t] * freq;
+    float c = (float)cos(theta), sn = (float)sin(theta);
+    uint i0 = neox ? j : 2 * j, i1 = neox ? j + nh : 2 * j + 1;
+    float x0 = a[ia + i0], x1 = a[ia + i1];
+    o[io + i0] = (x0 * c - x1 * sn) * s;
+    o[io + i1] = (x0 * sn + x1 * c) * s;
+  } else {
+    uint e = n_dims + 2 * (j - nh);
+    o[io + e] = a[ia + e] * s;
+    o[io + e + 1] = a[ia + e + 1] * s;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// memory: SET_ROWS into a cache, CONT of a strided view, GET_ROWS of float rows, float products
+// ------------------------------------------------------------------------------------------------
+
+extern "C" __global__ void set_rows(ARGS_set_rows) {
+  uint i = get_global_id(0);
+  if (i >= W * T) return;
+  uint t = i / W, c = i % W;
+  int r = rows[rows_off + t];
+  if (r < 0 || (uint)r >= nrows) return;
+  dst[dst_off + (uint)r * W + c] = s[s_off + i];
+}
+
+extern "C" __global__ void cont(ARGS_cont) {
+  U4(shape); U4(strides);
+  uint i = get_global_id(0);
+  if (i >= n) return;
+  uint i3 = i % shape.w, r = i / shape.w;
+  uint i2 = r % shape.z; r /= shape.z;
+  uint i1 = r % shape.y, i0 = r / shape.y;
+  o[o_off + i] = a[a_off + i0 * strides.x + i1 * strides.y + i2 * strides.z + i3 * strides.w];
+}
+
+// rows of a float weight chunk (rows row0 .. row0 + nrows) or of an activation tensor
+extern "C" __global__ void get_rows_f(ARGS_get_rows_f) {
+  uint i = get_global_id(0);
+  if (i >= W * T) return;
+  uint t = i / W, c = i % W;
+  uint r = (uint)rows[rows_off + t] - row0;
+  if (r >= nrows) return;
+  o[o_off + i] = LOADE(a, a_off + r * W + c);
+}
+
+// b (B0, B1, M, K) times a^T, a (A0, A1, N, K) repeated to b's batch axes; one chunk's rows of a
+extern "C" __global__ void mul_mat_f(ARGS_mul_mat_f) {
+  uint i = get_global_id(0);
+  if (i >= B0 * B1 * M * rows) return;
+  uint nl = i % rows, r = i / rows;
+  uint m = r % M, bb = r / M, i1 = bb % B1, i0 = bb / B1;
+  uint j0 = i0 / (B0 / A0), j1 = i1 / (B1 / A1);
+  uint ab = a_off + ((j0 * A1 + j1) * rows + nl) * K;
+  uint bbase = b_off + ((i0 * B1 + i1) * M + m) * K;
+  float s = 0.0f;
+  for (uint kk = 0; kk < K; kk++) s += LOADE(a, ab + kk) * b[bbase + kk];
+  o[o_off + ((i0 * B1 + i1) * M + m) * ld + row0 + nl] = s;
+}
+
+// ------------------------------------------------------------------------------------------------
+#endif  // the base build
+
+#ifdef QT_WPB
+// quantized weights (framework/core/weight_words.py): every kernel reads a weight through grp(a, moff, gpr, row, g), a
+// 32-element group as 8 words of unsigned byte codes (lo: elements 0..15, hi: 16..31, four a word)
+// and its scales: element e is (code_e - QZ) * (lo ? q.a : q.b) + q.m. Codes become floats without
+// int-to-float conversions (a byte OR-ed into the mantissa of 2^23 is exactly 2^23 + byte; QZF is
+// 2^23 + the zero point): conversions run at a quarter of the FMA rate on NVIDIA GPUs.
+// ------------------------------------------------------------------------------------------------
+
+
+typedef struct { uint4 lo, hi; float a, b, m; } grp_t;
+#define M4 (make_uint4(0x0F0F0F0Fu))
+#define W4(p) ((const uint4*)(p))
+
+__device__ inline uint pick(uint4 v, uint j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// block b's f16 scale from the scale plane (after the chunk's blocks, at word moff)
+__device__ inline float dplane(const uint* __restrict__ w, uint moff, uint b) {
+  return vload_half(b, (const half*)(w + moff));
+}
+
+// Q4_0
+#define QZ_Q4_0 8
+__device__ inline grp_t grp_Q4_0(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
+  uint b = r * gpr + g;
+  uint4 q = W4(w)[b];
+  float d = dplane(w, moff, b);
+  grp_t o = {q & M4, (q >> 4u) & M4, d, d, 0.0f};
+  return o;
+}
+// Q4_1
+#define QZ_Q4_1 0
+__device__ inline grp_t grp_Q4_1(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
+  uint b = (r * gpr + g) * 5u;
+  float2 dm = vload_half2(0, (const half*)(w + b));
+  uint4 q = vload4(0, w + b + 1u);
+  grp_t o = {q & M4, (q >> 4u) & M4, dm.x, dm.x, dm.y};
+  return o;
+}
+// Q5_0
+#define QZ_Q5_0 16
+// 4 bits -> bit 4 of each of 4 bytes (the multiply puts copies of bit k at bit 8k, with no carries)
+__device__ inline uint4 spread4(uint4 h) { return ((h * 0x00204081u) & make_uint4(0x01010101u)) << 4u; }
+__device__ inline grp_t grp_Q5_0(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
+  uint b = r * gpr + g;
+  uint qh = w[b * 5u];
+  uint4 q = vload4(0, w + b * 5u + 1u);
+  uint4 hl = spread4((make_uint4(qh) >> make_uint4(0u, 4u, 8u, 12u)) & make_uint4(0xFu));
+  uint4 hh = spread4((make_uint4(qh) >> make_uint4(16u, 20u, 24u, 28u)) & make_uint4(0xFu));
+  float d = dplane(w, moff, b);
+  grp_t o = {(q & M4) | hl, ((q >> 4u) & M4) | hh, d, d, 0.0f};
+  return o;
+}
+// Q8_0
+#define QZ_Q8_0 128
+// signed bytes; XOR 0x80 makes a signed byte s the unsigned s + 128
+__device__ inline grp_t grp_Q8_0(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
+  uint b = r * gpr + g;
+  float d = dplane(w, moff, b);
+  grp_t o = {W4(w)[2u * b] ^ make_uint4(0x80808080u), W4(w)[2u * b + 1u] ^ make_uint4(0x80808080u), d, d, 0.0f};
+  return o;
+}
+// Q4_K
+#define QZ_Q4_K 0
+// the super-block as it is (9 uint4): (d, dmin), 12 bytes of 6-bit scales and mins, then 128 bytes of
+// nibbles: groups 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31
+__device__ inline grp_t grp_Q4_K(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
+  uint sb = r * (gpr >> 3u) + (g >> 3u), s = g & 7u;
+  uint4 h = W4(w)[sb * 9u];
+  float2 dm = vload_half2(0, (const half*)(w + sb * 36u));
+  uint sh8 = 8u * (s & 3u);
+  bool lo4 = s < 4u;
+  uint b0 = ((lo4 ? h.y : h.z) >> sh8) & 0xFFu;   // scale byte s
+  uint b1 = ((lo4 ? h.z : h.w) >> sh8) & 0xFFu;   // scale byte s + 4
+  uint bm = (h.y >> sh8) & 0xFFu;                 // scale byte s - 4 (s >= 4)
+  uint sc = lo4 ? (b0 & 63u) : ((b1 & 0xFu) | ((bm >> 6) << 4));
+  uint mn = lo4 ? (b1 & 63u) : ((b1 >> 4) | ((b0 >> 6) << 4));
+  uint qi = sb * 9u + 1u + 2u * (s >> 1u);
+  uint sh = (s & 1u) * 4u;
+  float d = dm.x * (float)sc;
+  grp_t o = {(W4(w)[qi] >> sh) & M4, (W4(w)[qi + 1u] >> sh) & M4, d, d, -dm.y * (float)mn};
+  return o;
+}
+// Q6_K
+#define QZ_Q6_K 32
+// ql (8 uint4), qh (4 uint4), 16 signed scales (1 uint4) a super-block; d in the scale plane. Group
+// gg: half n = gg / 4, quarter qd = gg % 4: low bits from ql's nibble qd / 2, high bits from qh's
+// bit pair qd; its halves have scales 8n + 2qd and 8n + 2qd + 1
+__device__ inline grp_t grp_Q6_K(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
+  uint sb = r * (gpr >> 3u) + (g >> 3u), gg = g & 7u;
+  uint n = gg >> 2u, qd = gg & 3u;
+  uint base = sb * 13u;
+  uint li = base + 4u * n + 2u * (qd & 1u);
+  uint lsh = (qd >> 1u) * 4u, hsh = 2u * qd;
+  uint4 h2 = make_uint4(0x03030303u);
+  uint4 lo = ((W4(w)[li] >> lsh) & M4) | (((W4(w)[base + 8u + 2u * n] >> hsh) & h2) << 4u);
+  uint4 hi = ((W4(w)[li + 1u] >> lsh) & M4) | (((W4(w)[base + 9u + 2u * n] >> hsh) & h2) << 4u);
+  uint si = 8u * n + 2u * qd;
+  uint scw = w[(base + 12u) * 4u + (si >> 2u)];
+  float d = dplane(w, moff, sb);
+  char s0 = (signed char)((scw >> (8u * (si & 3u))) & 0xFFu), s1 = (signed char)((scw >> (8u * ((si + 1u) & 3u))) & 0xFFu);
+  grp_t o = {lo, hi, d * (float)s0, d * (float)s1, 0.0f};
+  return o;
+}
+#define HAS_MIN_Q4_0 0
+#define HAS_MIN_Q4_1 1
+#define HAS_MIN_Q5_0 0
+#define HAS_MIN_Q8_0 0
+#define HAS_MIN_Q4_K 1
+#define HAS_MIN_Q6_K 0
+#define XCAT_(a, b) a##b
+#define XCAT(a, b) XCAT_(a, b)
+#define QZF_OF(t) (8388608.0f + (float)XCAT(QZ_, t))   // 2^23 + a type's zero point
+__device__ inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+// one weight type's build: QT_<type> names it
+#if defined(QT_Q4_0)
+#define QTN Q4_0
+#elif defined(QT_Q4_1)
+#define QTN Q4_1
+#elif defined(QT_Q5_0)
+#define QTN Q5_0
+#elif defined(QT_Q8_0)
+#define QTN Q8_0
+#elif defined(QT_Q4_K)
+#define QTN Q4_K
+#elif defined(QT_Q6_K)
+#define QTN Q6_K
+#endif
+#define grp XCAT(grp_, QTN)
+#define QZ XCAT(QZ_, QTN)
+#define HAS_MIN XCAT(HAS_MIN_, QTN)
+#define QZF QZF_OF(QTN)
+
+__device__ inline float4 f4(uint w) {
+  uint4 bytes = (make_uint4(w) >> make_uint4(0u, 8u, 16u, 24u)) & make_uint4(0xFFu);
+  return as_float4(bytes | make_uint4(0x4B000000u)) - make_float4(QZF);
+}
+
+// values 4j .. 4j + 3 (lo) and 16 + 4j .. 16 + 4j + 3 (hi) of a group
+__device__ inline float4 deq_lo(grp_t q, uint j) { return f4(pick(q.lo, j)) * q.a + q.m; }
+__device__ inline float4 deq_hi(grp_t q, uint j) { return f4(pick(q.hi, j)) * q.b + q.m; }
+
+// a group's dot product with 32 values of x (8 float4), the scales factored out of the sums, as four
+// partial sums (lanes of a float4: no horizontal sums until the caller's last)
+__device__ inline float4 dot32r(grp_t q, float4 x0, float4 x1, float4 x2, float4 x3, float4 x4, float4 x5, float4 x6,
+                     float4 x7) {
+  float4 lo = f4(q.lo.x) * x0 + f4(q.lo.y) * x1 + f4(q.lo.z) * x2 + f4(q.lo.w) * x3;
+  float4 hi = f4(q.hi.x) * x4 + f4(q.hi.y) * x5 + f4(q.hi.z) * x6 + f4(q.hi.w) * x7;
+  float4 r = q.a * lo + q.b * hi;
+#if HAS_MIN
+  r += q.m * (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7);
+#endif
+  return r;
+}
+
+__device__ inline float4 dot32v(grp_t q, const float* __restrict__ x) {
+  return dot32r(q, vload4(0, x), vload4(1, x), vload4(2, x), vload4(3, x), vload4(4, x), vload4(5, x),
+                vload4(6, x), vload4(7, x));
+}
+
+__device__ inline float dot32(grp_t q, const float* __restrict__ x) { return hsum(dot32v(q, x)); }
+
+#if !defined(MV_WG) && !defined(MM_BM)   // the build of one weight type's GET_ROWS
+// rows of a quantized weight chunk (the token embedding): one thread per 8 values
+extern "C" __global__ void get_rows_q(ARGS_get_rows_q) {
+  uint pieces = W / 8u;
+  uint i = get_global_id(0);
+  if (i >= pieces * T) return;
+  uint t = i / pieces, pc = i % pieces;
+  uint r = (uint)rows[rows_off + t] - row0;
+  if (r >= nrows) return;
+  uint j = pc % 4u;
+  grp_t q = grp(a, a_moff, gpr, r, pc / 4u);
+  uint ob = o_off + t * W + (pc / 4u) * 32u + 4u * j;
+  vstore4(deq_lo(q, j), 0, o + ob);
+  vstore4(deq_hi(q, j), 0, o + ob + 16u);
+}
+#endif
+
+// Matrix-vector products (decode; M <= MV_MM rows of x). The output is (M, ld); this chunk's rows are
+// columns col0 .. col0 + N. Teams of MV_TPR threads (a power of two, at most a warp: a team never
+// straddles two warps) share the groups of MV_R weight rows, each thread taking every MV_TPR-th group.
+#ifdef MV_WG
+#define MV_TEAMS (MV_WG / MV_TPR)
+#define MV_ACC (MV_R * MV_MM)
+
+// Each thread loads a group of x once for its MV_R rows and keeps its sums in registers until the end,
+// where the team's sums meet once: by warp shuffles (PTX_SHFL), else in local memory by a fixed tree.
+// f32 x: staged once per work-group in local memory (MV_XL: MV_XG groups a row, each padded to 36
+// floats, so the lanes of a team, reading consecutive groups as float4s 144 bytes apart, hit distinct
+// banks; from global memory, a warp's float4 load of x touches 32 cache lines); the first groups'
+// weights are requested before the staging, so their latency overlaps it. x in 8 bits (MV_X8): its
+// groups of 12 words, 48 bytes apart, read from global memory as uint4s (the few lines they span are
+// shared by the warp).
+
+// the team's sums (acc[k * MV_MM + m]: row r0 + k, row m of x) to lane 0, which stores them, plus the
+// residual where the product is fused with the ADD that reads it (rb: the residual's element at the
+// output's first, the same layout)
+__device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lane, uint r0, uint N, uint M,
+                     float* __restrict__ o, uint ob, uint ld, const float* __restrict__ r, uint rb,
+                     uint has_r) {
+#if PTX_SHFL
+#pragma unroll
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (uint a = 0; a < MV_ACC; a++) acc[a] += shfl_xor(acc[a], s);
+  }
+#else
+#pragma unroll
+  for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] = acc[a];
+  __syncthreads();
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+    if (lane < s) {
+#pragma unroll
+      for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] += red[a * MV_WG + li + s];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (uint a = 0; a < MV_ACC; a++) acc[a] = red[a * MV_WG + li];
+#endif
+  if (lane == 0) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) {
+#pragma unroll
+      for (uint m = 0; m < MV_MM; m++)
+        if (m < M && r0 + k < N)
+          o[ob + m * ld + r0 + k] = acc[k * MV_MM + m] + (has_r ? r[rb + m * ld + r0 + k] : 0.0f);
+    }
+  }
+}
+
+#if PTX_SHFL
+#define MV_RED_DECL
+#define MV_RED ((float*)0)
+#else
+#define MV_RED_DECL __shared__ float red[MV_ACC * MV_WG];
+#define MV_RED red
+#endif
+
+#ifndef F_K   // (a fused product's build holds rowvec alone)
+extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
+  MV_RED_DECL
+#if MV_XL
+  __shared__ float4 xs[MV_MM * MV_XG * 9];
+#endif
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  float acc[MV_ACC];
+#pragma unroll
+  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
+  uint g = lane;
+  grp_t q[MV_R];
+#pragma unroll
+  for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), min(g, gpr - 1u));
+#if MV_XL
+  float* xsf = (float*)xs;
+  for (uint m = 0; m < M; m++)
+    for (uint c = li; c < K; c += MV_WG) xsf[(m * MV_XG + (c >> 5)) * 36u + (c & 31u)] = x[x_off + m * K + c];
+  __syncthreads();
+#endif
+  while (g < gpr) {
+#pragma unroll
+    for (uint m = 0; m < MV_MM; m++) {
+      if (m < M) {
+#if MV_XL
+        const float4* xg = xs + (m * MV_XG + g) * 9u;
+        float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
+#else
+        const float* xg = x + x_off + m * K + g * 32u;
+        float4 x0 = vload4(0, xg), x1 = vload4(1, xg), x2 = vload4(2, xg), x3 = vload4(3, xg);
+        float4 x4 = vload4(4, xg), x5 = vload4(5, xg), x6 = vload4(6, xg), x7 = vload4(7, xg);
+#endif
+#pragma unroll
+        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += hsum(dot32r(q[k], x0, x1, x2, x3, x4, x5, x6, x7));
+      }
+    }
+    g += MV_TPR;
+    if (g < gpr) {
+#pragma unroll
+      for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
+    }
+  }
+  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
+}
+#endif  // !F_K
+
+// Fused decode products (fused.py lowers the core's product groups: framework/core/graph/fusion.py).
+// A prologue makes the row of x in shared memory (F_K values, each 32-element group padded to 36 floats,
+// as matvec_q's staging): F_PRO 0, x = a; 1, x = rms_norm(y) * gn, where y = a (F_PRE 0), a + b (1),
+// rms_norm(a) * gp + b (2: a post-norm and the residual add after it) or a * ys (3); y also written to
+// y where write_y (by block 0). Then x times one weight, or gate and up (F_NW 2, both of the build's
+// type), teams of MV_TPR threads sharing MV_R rows as in matvec_q; the epilogue adds the residual r
+// (F_EPI 1) or takes act(op, gate) * up (2).
+#ifdef F_K
+#define XI(c) ((((c) >> 5) * 36u) + ((c) & 31u))
+
+// the sum of v over the block, in a fixed order (every thread gets it)
+__device__ inline float block_sum(float v, float* red, uint li) {
+  red[li] = v;
+  __syncthreads();
+  for (uint s = MV_WG / 2; s > 0; s >>= 1) {
+    if (li < s) red[li] += red[li + s];
+    __syncthreads();
+  }
+  float r = red[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ inline void prologue(float* xsf, float* red, uint li, uint wid, const float* __restrict__ a, uint a_off,
+                                const float* __restrict__ b, uint b_off, const float* __restrict__ gp, uint gp_off,
+                                const float* __restrict__ gn, uint gn_off, float* __restrict__ y, uint y_off,
+                                uint write_y, float eps, float eps1, float ys) {
+#if F_PRE == 2
+  float s1 = 0.0f;
+  for (uint c = li; c < F_K; c += MV_WG) { float v = a[a_off + c]; s1 += v * v; }
+  float r1 = 1.0f / sqrtf(block_sum(s1, red, li) * (1.0f / (float)F_K) + eps1);
+#endif
+  float ss = 0.0f;
+  for (uint c = li; c < F_K; c += MV_WG) {
+#if F_PRE == 1
+    float v = a[a_off + c] + b[b_off + c];
+#elif F_PRE == 2
+    float v = a[a_off + c] * r1 * gp[gp_off + c] + b[b_off + c];
+#elif F_PRE == 3
+    float v = a[a_off + c] * ys;
+#else
+    float v = a[a_off + c];
+#endif
+    xsf[XI(c)] = v;
+    ss += v * v;
+    if (write_y && wid == 0) y[y_off + c] = v;
+  }
+#if F_PRO == 1
+  float rn = 1.0f / sqrtf(block_sum(ss, red, li) * (1.0f / (float)F_K) + eps);
+  for (uint c = li; c < F_K; c += MV_WG) xsf[XI(c)] *= rn * gn[gn_off + c];
+#endif
+  __syncthreads();
+}
+
+#define F_ACC (F_NW * MV_R)
+extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
+  __shared__ float4 xs[F_K / 32 * 9];
+  __shared__ float red[MV_WG];
+  const uint gpr = F_K / 32u;
+  uint li = get_local_id(0), wid = get_group_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (wid * MV_TEAMS + team) * MV_R;
+  prologue((float*)xs, red, li, wid, a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, write_y, eps, eps1, ys);
+  float acc[F_ACC];
+#pragma unroll
+  for (uint i = 0; i < F_ACC; i++) acc[i] = 0.0f;
+  for (uint g = lane; g < gpr; g += MV_TPR) {
+    const float4* xg = xs + g * 9u;
+    float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) {
+      uint row = min(r0 + k, N - 1u);      // past N: the last row (never stored)
+      acc[k] += hsum(dot32r(grp(w0, w0_moff, gpr, row, g), x0, x1, x2, x3, x4, x5, x6, x7));
+#if F_NW == 2
+      acc[MV_R + k] += hsum(dot32r(grp(w1, w1_moff, gpr, row, g), x0, x1, x2, x3, x4, x5, x6, x7));
+#endif
+    }
+  }
+#pragma unroll
+  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+#pragma unroll
+    for (uint i = 0; i < F_ACC; i++) acc[i] += shfl_xor(acc[i], s);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) {
+      if (r0 + k < N) {
+#if F_EPI == 1
+        float v = acc[k] + r[r_off + col0 + r0 + k];
+#elif F_EPI == 2
+        float v = act(op, acc[k]) * acc[MV_R + k];
+#else
+        float v = acc[k];
+#endif
+        o[o_off + col0 + r0 + k] = v;
+      }
+    }
+  }
+}
+#endif  // F_K
+#endif  // MV_WG
+
+// Tiled matrix product (prefill): a work-group computes an MM_BM x MM_BN tile of outputs (rows of x by
+// weight rows), each of its threads MM_TM x MM_TN of them (rows tm + i MM_BM / MM_TM, columns
+// tn + j MM_BN / MM_TN). Per 32-element group of K, the work-group copies x's tile and the weight's,
+// dequantized once, into local memory (rows padded by one value against bank conflicts).
+#ifdef MM_BM
+#define MM_NT ((MM_BM / MM_TM) * (MM_BN / MM_TN))
+#define MM_RS 33
+
+extern "C" __global__ void __launch_bounds__(MM_NT) matmul_q(ARGS_matmul_q) {
+  __shared__ float xs[MM_BM * MM_RS], ws[MM_BN * MM_RS];
+  uint li = get_local_id(0);
+  uint nbn = (N + MM_BN - 1u) / MM_BN;
+  uint tile = get_group_id(0);
+  uint n0 = (tile % nbn) * MM_BN, m0 = (tile / nbn) * MM_BM;
+  uint tn = li % (MM_BN / MM_TN), tm = li / (MM_BN / MM_TN);
+  float acc[MM_TM * MM_TN];
+  for (uint e = 0; e < MM_TM * MM_TN; e++) acc[e] = 0.0f;
+  for (uint g = 0; g < gpr; g++) {
+    for (uint e = li; e < MM_BM * 8u; e += MM_NT) {          // x: 8 float4 a row
+      uint row = e / 8u, qq = e % 8u;
+      float4 v = vload4(0, x + x_off + min(m0 + row, M - 1u) * K + g * 32u + 4u * qq);
+      uint xo = row * MM_RS + 4u * qq;
+      xs[xo] = v.x; xs[xo + 1] = v.y; xs[xo + 2] = v.z; xs[xo + 3] = v.w;
+    }
+    for (uint e = li; e < MM_BN * 4u; e += MM_NT) {          // the weight: 4 x (4 lo + 4 hi) values a row
+      uint row = e / 4u, j = e % 4u;
+      grp_t q = grp(a, a_moff, gpr, min(n0 + row, N - 1u), g);
+      float4 l = deq_lo(q, j), h = deq_hi(q, j);
+      uint wo = row * MM_RS + 4u * j;
+      ws[wo] = l.x; ws[wo + 1] = l.y; ws[wo + 2] = l.z; ws[wo + 3] = l.w;
+      ws[wo + 16] = h.x; ws[wo + 17] = h.y; ws[wo + 18] = h.z; ws[wo + 19] = h.w;
+    }
+    __syncthreads();
+    for (uint kk = 0; kk < 32u; kk++) {
+      float xv[MM_TM], wv[MM_TN];
+      for (uint i = 0; i < MM_TM; i++) xv[i] = xs[(tm + i * (MM_BM / MM_TM)) * MM_RS + kk];
+      for (uint j = 0; j < MM_TN; j++) wv[j] = ws[(tn + j * (MM_BN / MM_TN)) * MM_RS + kk];
+      for (uint i = 0; i < MM_TM; i++)
+        for (uint j = 0; j < MM_TN; j++) acc[i * MM_TN + j] += xv[i] * wv[j];
+    }
+    __syncthreads();
+  }
+  for (uint i = 0; i < MM_TM; i++)
+    for (uint j = 0; j < MM_TN; j++) {
+      uint m = m0 + tm + i * (MM_BM / MM_TM), n = n0 + tn + j * (MM_BN / MM_TN);
+      if (m < M && n < N)
+        o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j] + (has_r ? r[r_off + m * ld + col0 + n] : 0.0f);
+    }
+}
+#endif
+#endif  // QT_WPB

@@ -1,0 +1,96 @@
+"""Compiling kernels.cu into modules (NVRTC through cupy.RawModule), once per device and set of build
+options, and the shapes of the kernels chosen per device and matrix.
+
+A module is the whole kernels.cu built with ``-D`` options: the weight type (``QT_Q4_K`` with its
+layout's numbers), the matrix-vector or tile shape, the element type of float kernels. Options are the
+only way code is specialised: no source text is edited. The header prepended to the source is generated
+from signatures.py (the kernels' parameters) and coverage.py (the op codes). CuPy keeps compiled
+modules in its cache, which discovery.py points under the project's (the "cuda" cache)."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from ...backend import weight_words
+from .coverage import MAX_HEAD, OP_CODES
+from .signatures import c_header
+
+SOURCE = Path(__file__).with_name("kernels.cu")
+RWG = 128                # block of the row kernels (RMS norm, softmax)
+AWG = 64                 # block of attention
+EWG = 256                # block of the one-thread-an-element kernels
+MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix-vector one
+MATVEC_MIN_BLOCKS = 264  # blocks a matrix-vector product should make at least (2 an SM on an H100 or H200)
+MATVEC_XL_BYTES = 36 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
+SPLIT_ATTN_BELOW = 64    # query rows x heads under which attention splits its keys over blocks
+DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(ARGS_(\w+)\)')
+
+
+@lru_cache(maxsize=1)
+def source() -> str:
+    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in OP_CODES.items())
+    return c_header() + codes + SOURCE.read_text()
+
+
+def defined_kernels(text: str | None = None) -> dict[str, str]:
+    """The kernels kernels.cu defines: name -> the ARGS_ macro its parameter list is."""
+    return dict(DEFINED.findall(text if text is not None else SOURCE.read_text()))
+
+
+def base_options() -> dict[str, int]:
+    return {"RWG": RWG, "AWG": AWG, "MAX_HEAD": MAX_HEAD, "HAS_FP64": 1}
+
+
+def quant_options(dtype: str) -> dict[str, int]:
+    lay = weight_words.layout(dtype)
+    return {**base_options(), "QT_" + dtype: 1, "QT_WPB": lay.words_per_block,
+            "QT_GPB": lay.block_elems // weight_words.GROUP}
+
+
+def float_options(dtype: str) -> dict[str, int]:
+    """The build of a float kernel reading elements of dtype (F32, or F16's bits)."""
+    return {**base_options(), **({"ELEM": "half", "ELEM_HALF": 1} if dtype == "F16" else {})}
+
+
+def matvec_shape(gpr: int, m: int, rows: int) -> dict[str, int]:
+    """The matrix-vector kernel's shape: teams of tpr threads (a power of two up to a warp and the row's
+    32-element groups) share r weight rows, their sums meeting by warp shuffles; wg threads a block,
+    halved (and r with it) while the matrix would make fewer than MATVEC_MIN_BLOCKS blocks; x staged in
+    shared memory where it fits (xl, xg groups a row)."""
+    mm = next(x for x in (1, 2, 4, 8) if x >= m)
+    tpr, wg, r = min(32, 1 << max(0, gpr.bit_length() - 1)), 256, max(1, 4 // mm)
+    while r > 1 and rows < r * (wg // tpr) * MATVEC_MIN_BLOCKS:
+        r //= 2
+    while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_BLOCKS:
+        wg //= 2
+    xg = max(32, 1 << (gpr - 1).bit_length())
+    xl = int(mm * xg * 144 <= MATVEC_XL_BYTES)
+    return {"MV_V": 1, "MV_WG": wg, "MV_TPR": tpr, "MV_R": r, "MV_MM": mm, "MV_X8": 0, "MV_XL": xl,
+            "MV_XG": xg if xl else 0, "PTX_SHFL": 1}
+
+
+def matmul_shape(m: int, n: int) -> dict[str, int]:
+    """The tiled product's tile: 64 x 64 outputs a block, 4 x 4 a thread; 32 x 32 where 64 x 64 tiles
+    would leave the GPU with fewer than MATVEC_MIN_BLOCKS blocks."""
+    big = -(-m // 64) * -(-n // 64) >= MATVEC_MIN_BLOCKS
+    return {"MM_BM": 64, "MM_BN": 64, "MM_TM": 4, "MM_TN": 4} if big else \
+        {"MM_BM": 32, "MM_BN": 32, "MM_TM": 4, "MM_TN": 4}
+
+
+def build(dev, options: dict):
+    """The module of kernels.cu for these build options, compiled once per device (on its own context)."""
+    key = tuple(sorted(options.items()))
+    module = dev.modules.get(key)
+    if module is None:
+        import cupy
+        flags = tuple(f"-D{k}={v}" for k, v in key) + ("--std=c++14",)
+        try:
+            with dev.cupy_device:
+                module = cupy.RawModule(code=source(), options=flags)
+                module.compile()
+        except cupy.cuda.compiler.CompileException as e:
+            raise RuntimeError(f"{dev.name}: compiling kernels.cu with {' '.join(flags)} failed: {e}") from None
+        dev.modules[key] = module
+    return module

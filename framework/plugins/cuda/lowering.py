@@ -1,0 +1,236 @@
+"""The CUDA plugin's kernel table, which the skeleton's lowering (framework/backend/lowering.py) asks
+for every node: each op's function appends its launches (``launch``: arguments by name, as
+signatures.py lists them) and returns the readers it took into its own kernel, which make none:
+
+* RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch;
+* a quantized product or such a norm whose only reader is an ADD of a residual of the same shape (the
+  layers' x + f(x)) writes the sum itself, so the ADD costs no launch;
+* a ROPE whose only reader is a SCALE (Gemma's query scaling) is one launch with it.
+
+The core's fusion groups (framework/core/graph/fusion.py) for decode's products are fused.py's: a
+group's nodes make none here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...backend import ChunkArg, KernelTable, Step, contiguous_strides, is_weight, pad4, weight_words
+from ...contract import Tensor, reference
+from . import fused, kernels
+from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
+from .signatures import TENSOR_KINDS, params
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A Step's kernel: which kernel of which build."""
+    kernel: str
+    options: dict
+
+
+def launch(lw, name: str, kernel: str, options: dict, n_items: int, block: int, /, **args) -> None:
+    """One launch of `kernel` over n_items threads (whole blocks of `block`); every parameter of its
+    signature given by name, and no other."""
+    binds, rw, values = [], [], {}
+    for kind, pname in params(kernel):
+        if pname not in args:
+            raise ValueError(f"{name}: kernel {kernel} needs parameter '{pname}', not given")
+        value = args.pop(pname)
+        if kind in TENSOR_KINDS:
+            binds.append(value)
+            rw.append(kind == "out")
+        else:
+            values[pname] = value
+    if args:
+        raise ValueError(f"{name}: kernel {kernel} has no parameter {', '.join(args)}")
+    lw.emit(Step(name, Launch(kernel, options), binds, tuple(rw), values, (max(1, -(-int(n_items) // block)), block)))
+
+
+def each(lw, node, kernel: str, n_items: int, /, **args) -> None:
+    """A one-thread-an-element kernel of the base build."""
+    launch(lw, f"{node.op} {node.name}", kernel, kernels.base_options(), n_items, kernels.EWG, **args)
+
+
+def _ceil(n: int, m: int) -> int:
+    return -(-int(n) // m)
+
+
+def residual_add(lw, n: Tensor) -> Tensor | None:
+    """The ADD that is n's only reader and adds to n a residual of its own shape, if there is one."""
+    add = lw.sole_reader(n, "ADD")
+    if add is None:
+        return None
+    res = add.src[1]
+    ref = lw.refs.get(id(res))
+    if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
+        return None
+    return add
+
+
+# -- element-wise and rows --------------------------------------------------------------------------
+def op_rms_norm(lw, n):
+    mul = lw.sole_reader(n, "MUL")
+    gain = mul.src[1] if mul is not None and lw.gain_ok(n, mul.src[1]) else None
+    out = mul if gain is not None else n
+    add = residual_add(lw, out) if gain is not None else None
+    ncols = n.shape[-1]
+    label = "RMS_NORM" + ("+MUL" if gain is not None else "") + ("+ADD" if add is not None else "")
+    launch(lw, f"{label} {n.name}", "rms_norm", kernels.base_options(), n.nelements // ncols * kernels.RWG,
+           kernels.RWG, a=lw.ref(n.src[0]), gain=lw.ref(gain) if gain is not None else None,
+           r=lw.ref(add.src[1]) if add is not None else None, o=lw.new_val(add if add is not None else out),
+           ncols=ncols, eps=float(n.params["eps"]), has_gain=int(gain is not None), glen=ncols,
+           has_r=int(add is not None))
+    return [t for t in (mul if gain is not None else None, add) if t is not None]
+
+
+def op_binary(lw, n):
+    each(lw, n, "binary", n.nelements, a=lw.ref(n.src[0]), b=lw.ref(n.src[1]), o=lw.new_val(n),
+         n=n.nelements, ashape=pad4(n.src[0].shape), bshape=pad4(n.src[1].shape), op=BINARY_CODE[n.op])
+
+
+def op_scale(lw, n):
+    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
+         op=UNARY_CODE["scale"], s=float(n.params["scale"]))
+
+
+def op_unary(lw, n):
+    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
+         op=UNARY_CODE[n.params["op"]], s=1.0)
+
+
+def op_glu(lw, n):
+    each(lw, n, "glu", n.nelements, g=lw.ref(n.src[0]), v=lw.ref(n.src[1]), o=lw.new_val(n),
+         n=n.nelements, op=UNARY_CODE[GLU_ACTIVATION[n.params["op"]]])
+
+
+def op_soft_max(lw, n):
+    s = n.shape[-1]
+    masked = len(n.src) > 1
+    launch(lw, f"SOFT_MAX {n.name}", "soft_max", kernels.base_options(), n.nelements // s * kernels.RWG, kernels.RWG,
+           a=lw.ref(n.src[0]), mk=lw.ref(n.src[1]) if masked else None, o=lw.new_val(n), ncols=s,
+           t=n.shape[-2] if len(n.shape) > 1 else 1, has_mask=int(masked), scale=float(n.params["scale"]))
+
+
+# -- attention and rope --------------------------------------------------------------------------------
+def op_flash_attn_ext(lw, n):
+    q, k, v = (lw.ref(s) for s in n.src[:3])
+    masked = len(n.src) > 3
+    o = lw.new_val(n)
+    t, h, d = n.src[0].shape
+    s, hkv, _ = n.src[1].shape
+    common = dict(q=q, k=k, v=v, mk=lw.ref(n.src[3]) if masked else None, T=t, H=h, Hkv=hkv, D=d, S=s,
+                  has_mask=int(masked), scale=float(n.params["scale"]))
+    opts, awg = kernels.base_options(), kernels.AWG
+    if t * h < kernels.SPLIT_ATTN_BELOW and s > awg:
+        # flash decoding: the keys in parts, one block per (row, head, part), then a combine
+        nc = min(_ceil(s, awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
+        per = _ceil(_ceil(s, nc), awg) * awg          # keys a part, in whole blocks
+        nc = _ceil(s, per)
+        part = lw.scratch((t * h * nc * (d + 2),))
+        launch(lw, f"FLASH_ATTN_EXT[split] {n.name}", "flash_attn_part", opts, t * h * nc * awg, awg,
+               p=part, nc=nc, per=per, **common)
+        launch(lw, f"FLASH_ATTN_EXT[combine] {n.name}", "flash_combine", opts, t * h * awg, awg,
+               p=part, o=o, TH=t * h, D=d, nc=nc)
+        return
+    launch(lw, f"FLASH_ATTN_EXT {n.name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)
+
+
+def op_rope(lw, n):
+    """ROPE, times the SCALE that is its only reader where there is one (one launch for both)."""
+    scale = lw.sole_reader(n, "SCALE")
+    t, h, d = n.shape
+    p = n.params
+    n_dims = int(p["n_dims"])
+    factors = lw.ref(n.src[2]) if len(n.src) > 2 else None
+    launch(lw, f"ROPE{'+SCALE' if scale is not None else ''} {n.name}", "rope", kernels.base_options(),
+           t * h * (d // 2), kernels.EWG, a=lw.ref(n.src[0]), pos=lw.ref(n.src[1]),
+           inv=reference.rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"])), ff=factors,
+           o=lw.new_val(scale if scale is not None else n), T=t, H=h, D=d, n_dims=n_dims,
+           neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
+           s=float(scale.params["scale"]) if scale is not None else 1.0)
+    return [scale] if scale is not None else None
+
+
+# -- memory ----------------------------------------------------------------------------------------------
+def op_set_rows(lw, n):
+    w, t = n.shape[1], n.src[2].shape[0]
+    each(lw, n, "set_rows", w * t, s=lw.ref(n.src[1]), rows=lw.ref(n.src[2]), dst=lw.in_place(n), W=w, T=t,
+         nrows=n.shape[0])
+
+
+def op_cont(lw, n):
+    a = lw.ref(n.src[0])
+    st = a.strides or contiguous_strides(a.shape)
+    each(lw, n, "cont", n.nelements, a=a, o=lw.new_val(n), n=n.nelements, shape=pad4(n.shape),
+         strides=(0,) * (4 - len(st)) + tuple(st))
+
+
+def op_get_rows(lw, n):
+    a, rows = n.src
+    o, rr = lw.new_val(n), lw.ref(rows)
+    w, t = a.shape[1], rows.shape[0]
+    if not is_weight(a):
+        launch(lw, f"GET_ROWS {n.name}", "get_rows_f", kernels.base_options(), w * t, kernels.EWG,
+               a=lw.ref(a), rows=rr, o=o, W=w, T=t, row0=0, nrows=a.shape[0])
+        return
+    qt, arg = a.dtype.name, lw.arg_of(a)
+    for ci, (row0, nrows) in enumerate(lw.chunks(a)):
+        common = dict(a=ChunkArg(arg, ci), rows=rr, o=o, W=w, T=t, row0=row0, nrows=nrows)
+        if qt in weight_words.FLOAT_TYPES:
+            launch(lw, f"GET_ROWS {n.name}", "get_rows_f", kernels.float_options(qt), w * t, kernels.EWG, **common)
+        else:
+            launch(lw, f"GET_ROWS {n.name}", "get_rows_q", kernels.quant_options(qt), w // 8 * t, kernels.EWG,
+                   gpr=w // weight_words.GROUP, **common)
+
+
+# -- products --------------------------------------------------------------------------------------------
+def op_mul_mat(lw, n):
+    a, b = n.src
+    if is_weight(a) and a.dtype.name in weight_words.QUANT_TYPES:
+        return _quant_mul_mat(lw, n, residual_add(lw, n))
+    o = lw.new_val(n)
+    sa, sb = pad4(a.shape), pad4(b.shape)
+    nrows, k, m = a.shape[-2], a.shape[-1], b.shape[-2]
+    if is_weight(a):
+        arg = lw.arg_of(a)
+        parts = [(ChunkArg(arg, ci), row0, rows) for ci, (row0, rows) in enumerate(lw.chunks(a))]
+        opts = kernels.float_options(a.dtype.name)
+    else:
+        parts, opts = [(lw.ref(a), 0, nrows)], kernels.base_options()
+    for bind, row0, rows in parts:
+        launch(lw, f"MUL_MAT {n.name}", "mul_mat_f", opts, sb[0] * sb[1] * m * rows, kernels.EWG,
+               a=bind, b=lw.ref(b), o=o, N=nrows, M=m, K=k, A0=sa[0], A1=sa[1], B0=sb[0], B1=sb[1],
+               row0=row0, rows=rows, ld=nrows)
+    return None
+
+
+def _quant_mul_mat(lw, n, add):
+    """A product by a quantized weight, chunk by chunk: the matrix-vector kernel for a few rows of x, the
+    tiled one otherwise; with `add`, the residual added as it is stored."""
+    a, x = n.src[0], lw.ref(n.src[1])
+    o = lw.new_val(add if add is not None else n)
+    plus = "+ADD" if add is not None else ""
+    qt = a.dtype.name
+    nrows, k = a.shape
+    m, gpr, arg = n.nelements // nrows, k // weight_words.GROUP, lw.arg_of(a)
+    for ci, (row0, rows) in enumerate(lw.chunks(a)):
+        common = {"a": ChunkArg(arg, ci), "x": x, "o": o, "N": rows, "K": k, "M": m, "gpr": gpr, "ld": nrows,
+                  "col0": row0, "r": lw.ref(add.src[1]) if add is not None else None, "has_r": int(add is not None)}
+        if m <= kernels.MATVEC_MAX_ROWS:
+            sh = kernels.matvec_shape(gpr, m, rows)
+            blocks = _ceil(rows, sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"])
+            launch(lw, f"MUL_MAT[matvec]{plus} {n.name}", "matvec_q", {**kernels.quant_options(qt), **sh},
+                   blocks * sh["MV_WG"], sh["MV_WG"], **common)
+        else:
+            sh = kernels.matmul_shape(m, rows)
+            nt = (sh["MM_BM"] // sh["MM_TM"]) * (sh["MM_BN"] // sh["MM_TN"])
+            tiles = _ceil(m, sh["MM_BM"]) * _ceil(rows, sh["MM_BN"])
+            launch(lw, f"MUL_MAT[tile-{sh['MM_BM']}x{sh['MM_BN']}]{plus} {n.name}", "matmul_q",
+                   {**kernels.quant_options(qt), **sh}, tiles * nt, nt, **common)
+    return [add] if add is not None else None
+
+
+TABLE = KernelTable({"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_scale,
+                     "UNARY": op_unary, "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext,
+                     "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows,
+                     "MUL_MAT": op_mul_mat}, fused.lower_group, fused.plan)

@@ -1,0 +1,143 @@
+"""A compiled fragment: its steps (the skeleton's Program, framework/backend/program.py, lowered through
+lowering.py's kernel table) as CuPy kernel functions, launched in order on the device's stream with no
+host synchronisation between them (nor after: only reading a result back waits).
+
+The host values of a run (tokens, positions, masks) are packed into one pinned host array and copied
+in one transfer into one small device buffer the program keeps (their arguments point into it), so that
+their addresses are the same run after run. A program run a second time in a row with the same buffers
+(a decode step) is captured as a CUDA graph, which every later run with those buffers replays after the
+one copy of its values: one launch instead of a hundred. The graph writes the outputs into buffers of
+the program's own; each run copies them into output buffers of the pool, which the handles hold.
+FRAMEWORK_CUDA_GRAPHS=0 launches kernel by kernel every run."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ...backend import ChunkArg, Program, Ref, RopeArg
+from .kernels import build
+from .lowering import TABLE
+from .signatures import TENSOR_KINDS, params
+
+
+class CudaProgram(Program):
+    def __init__(self, dev, fragment):
+        super().__init__(dev, fragment, TABLE)
+        self.tables: list = []            # device copies of the tables (kept alive with the launches)
+        self.launches = [self._launch(st) for st in self.steps]
+        self.values, self.pinned, self.flip = None, [None, None], 0
+        self.last_sig, self.graph, self.graph_sig, self.graph_outs, self.graph_held = None, None, None, {}, None
+
+    def _launch(self, step) -> tuple:
+        """(function, (grid, block), the tensor operands in order, the arguments with a None where each
+        tensor's pointer and offset go: filled by _launch_all each run)."""
+        fn = build(self.dev, step.kernel.options).get_function(step.kernel.kernel)
+        fixed, operands = [], iter(step.binds)
+        ops_in_order = []
+        for kind, name in params(step.kernel.kernel):
+            if kind in TENSOR_KINDS:
+                ops_in_order.append(next(operands))
+                fixed += [None, None]
+                continue
+            value = step.params[name]
+            if kind == "tab":
+                buf = self.dev.buffer_with(np.ascontiguousarray(value, np.float64))
+                self.tables.append(buf)
+                fixed.append(buf)
+            elif kind == "u4":
+                fixed += [np.uint32(v) for v in value]
+            else:
+                fixed.append(np.uint32(value) if kind == "u" else np.float32(value))
+        return fn, step.grid, ops_in_order, fixed
+
+    # -- running ------------------------------------------------------------------------------------
+    def run(self, args):
+        dev = self.dev
+        a = self.arguments(args)
+        with dev.on_device():
+            self._stage_values(a)
+            slots = self.scratch_buffers()
+            chunks = [c.buffer for w in a.weights.values() for c in w.chunks]
+            sig = (tuple(map(id, a.bufs)), tuple(a.offs), tuple(map(id, slots)), tuple(map(id, chunks)))
+            dev.runs += 1
+            if not dev.graphs or self.ropes:
+                outs = self.output_buffers()
+                self._launch_all(a, outs, slots)
+            else:
+                outs = self._graph_run(sig, a, slots, chunks)
+            self.last_sig = sig
+        return self.results(args, a.bufs, outs)
+
+    def _launch_all(self, a, outs: dict, slots: list) -> None:
+        for fn, (grid, block), operands, fixed in self.launches:
+            values = list(fixed)
+            j = 0
+            for b in operands:
+                while values[j] is not None:
+                    j += 1
+                values[j], values[j + 1] = self._where(b, a, outs, slots)
+                j += 2
+            fn((grid,), (block,), tuple(values))
+
+    def _where(self, b, a, outs, slots):
+        if isinstance(b, RopeArg):
+            raise ValueError(f"{self.dev.name}: rope tables by position are not read by the CUDA kernels ({self.name})")
+        buf, off = self.place(b, a, outs, slots)
+        return buf, np.uint32(off)
+
+    def _graph_run(self, sig, a, slots, chunks) -> dict:
+        """Replay the graph of these buffers, capture it (a second run with the same buffers), or launch."""
+        dev = self.dev
+        if sig != self.graph_sig and sig == self.last_sig:
+            self.graph_outs = {v: (dev.new_buffer(4 * self.val_sizes[v]), None) for v in range(len(self.val_sizes))
+                               if self.memory.val_out[v] >= 0}
+            dev.stream.begin_capture()
+            try:
+                self._launch_all(a, self.graph_outs, slots)
+            finally:
+                self.graph = dev.stream.end_capture()
+            self.graph_sig, self.graph_held = sig, (a.bufs, slots, chunks)    # held: their ids stay theirs
+            dev.captures += 1
+        if sig != self.graph_sig:
+            outs = self.output_buffers()
+            self._launch_all(a, outs, slots)
+            return outs
+        self.graph.launch(stream=dev.stream)
+        dev.replays += 1
+        outs = self.output_buffers()
+        for v, (buf, _) in outs.items():
+            n = 4 * self.val_sizes[v]
+            buf[:n] = self.graph_outs[v][0][:n]
+        return outs
+
+    def _stage_values(self, a) -> None:
+        """This run's host values in one pinned array, copied in one transfer into the program's values
+        buffer; their arguments point into it (element offsets, each a multiple of 4)."""
+        if not a.staged:
+            return
+        import cupy
+        offs, total = [], 0
+        for _, data in a.staged:
+            offs.append(total)
+            total += -(-data.nbytes // 16) * 16
+        if self.values is None or self.values.size < total:
+            self.values = self.dev.new_buffer(total)
+            self.pinned = [None, None]
+        self.flip ^= 1
+        slot = self.pinned[self.flip]
+        if slot is None:
+            mem = cupy.cuda.alloc_pinned_memory(self.values.size)
+            slot = self.pinned[self.flip] = [np.frombuffer(mem, np.uint8, self.values.size), None]
+        if slot[1] is not None:
+            slot[1].synchronize()            # the copy from this half, two runs ago, is done
+        host = slot[0]
+        for (i, data), off in zip(a.staged, offs):
+            host[off:off + data.nbytes] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            a.bufs[i], a.offs[i] = self.values, off // 4
+        self.values.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), total, self.dev.stream)
+        slot[1] = self.dev.stream.record()
+
+
+__all__ = ["ChunkArg", "CudaProgram", "Ref"]

@@ -1,0 +1,64 @@
+"""Every kernel's parameters, named once: the C prototypes are generated from this table (as macros
+``ARGS_<kernel>`` that kernels.cu's definitions use) and the Python side passes arguments by these
+names, so the two cannot drift apart.
+
+| kind | C | passed from Python as |
+| --- | --- | --- |
+| ``in``, ``ini``, ``el`` | ``const float*`` (``int``, ``ELEM``) ``__restrict__ NAME, const uint NAME_off`` | a tensor |
+| ``out`` | ``float* __restrict__ NAME, const uint NAME_off`` | a tensor written |
+| ``w``   | ``const uint* __restrict__ NAME, const uint NAME_moff`` | a weight chunk (words, scale plane offset) |
+| ``tab`` | ``const TABLE_T* __restrict__ NAME`` | a table made at compile time |
+| ``u``, ``f`` | ``const uint``, ``const float`` | a number |
+| ``u4``  | ``const uint NAME_x, NAME_y, NAME_z, NAME_w`` (kernels.cu's U4 joins them) | four numbers |
+"""
+
+from __future__ import annotations
+
+SIGNATURES = {
+    "binary": "in a, in b, out o, u n, u4 ashape, u4 bshape, u op",
+    "unary": "in a, out o, u n, u op, f s",
+    "glu": "in g, in v, out o, u n, u op",
+    "rms_norm": "in a, in gain, in r, out o, u ncols, f eps, u has_gain, u glen, u has_r",
+    "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
+    "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
+    "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, "
+                       "u per",
+    "flash_combine": "in p, out o, u TH, u D, u nc",
+    "rope": "in a, ini pos, tab inv, in ff, out o, u T, u H, u D, u n_dims, u neox, u has_ff, f s",
+    "set_rows": "in s, ini rows, out dst, u W, u T, u nrows",
+    "cont": "in a, out o, u n, u4 shape, u4 strides",
+    "get_rows_f": "el a, ini rows, out o, u W, u T, u row0, u nrows",
+    "get_rows_q": "w a, ini rows, out o, u W, u T, u row0, u nrows, u gpr",
+    "mul_mat_f": "el a, in b, out o, u N, u M, u K, u A0, u A1, u B0, u B1, u row0, u rows, u ld",
+    "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in r, out o, u N, u col0, u write_y, u op, "
+              "f eps, f eps1, f ys",
+}
+
+TENSOR_KINDS = ("in", "ini", "el", "out", "w")
+_C = {"in": "const float* __restrict__ {n}, const uint {n}_off",
+      "ini": "const int* __restrict__ {n}, const uint {n}_off",
+      "el": "const ELEM* __restrict__ {n}, const uint {n}_off",
+      "out": "float* __restrict__ {n}, const uint {n}_off",
+      "w": "const uint* __restrict__ {n}, const uint {n}_moff",
+      "tab": "const TABLE_T* __restrict__ {n}",
+      "u": "const uint {n}", "f": "const float {n}",
+      "u4": "const uint {n}_x, const uint {n}_y, const uint {n}_z, const uint {n}_w"}
+
+
+def params(kernel: str) -> list[tuple[str, str]]:
+    """(kind, name) of each parameter of a kernel, in order."""
+    out = []
+    for item in SIGNATURES[kernel].split(","):
+        kind, name = item.split()
+        if kind not in _C:
+            raise ValueError(f"cuda signatures: unknown kind {kind!r} in {kernel}")
+        out.append((kind, name))
+    return out
+
+
+def c_header() -> str:
+    """The ARGS_<kernel> macros, prepended to kernels.cu."""
+    return "".join(f"#define ARGS_{k} {', '.join(_C[kind].format(n=n) for kind, n in params(k))}\n"
+                   for k in SIGNATURES)

@@ -1,0 +1,207 @@
+"""The CUDA plugin. Everything that runs without a GPU runs here: discovery where CuPy is missing (the
+reason it gives), its settings, its kernel table through the skeleton's lowering (every conformance
+case lowered, every launch a kernel that kernels.cu defines, with every parameter its signature
+names) and the kernel source's shape. The tests that need a CUDA GPU skip, with cuda:0's reason,
+where there is none (CI's machines; benchmarks/cuda_h100.sh runs the GPU side on one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import numpy as np
+import pytest
+
+from framework.backend import Lowering
+from framework.conformance.cases import all_cases, nmse
+from framework.contract import ops
+from framework.core.scheduler import Executor, make_plan
+from framework.plugins.cpu.device import CpuDevice
+from framework.plugins.cuda import coverage, kernels, options, signatures
+from framework.plugins.cuda.device import CudaDevice, devices
+from framework.plugins.cuda.lowering import TABLE
+
+HAS_CUPY = importlib.util.find_spec("cupy") is not None
+
+
+@pytest.fixture(scope="module")
+def cuda0():
+    dev = devices()[0]
+    if not dev.available:
+        pytest.skip(f"needs a CUDA GPU: {dev.unavailable_reason}")
+    return dev
+
+
+# -- discovery and settings ----------------------------------------------------------------------------
+@pytest.mark.skipif(HAS_CUPY, reason="CuPy is installed here: its absence cannot be seen")
+def test_without_cupy_cuda0_is_unavailable_naming_cupy_and_the_install():
+    (dev,) = devices()
+    assert dev.name == "cuda:0" and not dev.available
+    assert dev.unavailable_reason.startswith("CuPy is not installed or cannot be imported (No module named 'cupy')")
+    assert "pip install cupy-cuda12x" in dev.unavailable_reason
+    assert "unavailable: CuPy is not installed" in dev.describe()
+
+
+@pytest.mark.parametrize("var, value, words", [
+    (options.DISABLE_OPS_ENV, "GLU,FROB", "FROB is not an op the CUDA plugin has a kernel for"),
+    (options.MAX_ALLOC_ENV, "0", f"{options.MAX_ALLOC_ENV}='0' is not a whole number of bytes, at least 1"),
+    (options.GRAPHS_ENV, "maybe", f"{options.GRAPHS_ENV}='maybe' is not 1, true, yes or on"),
+])
+def test_bad_settings_are_the_reason_named(monkeypatch, var, value, words):
+    monkeypatch.setenv(var, value)
+    (dev,) = devices()
+    assert not dev.available
+    assert dev.unavailable_reason.startswith("bad cuda settings: ") and words in dev.unavailable_reason
+
+
+def test_settings_parse(monkeypatch):
+    from framework.contract import settings
+    monkeypatch.setenv(options.DISABLE_OPS_ENV, "glu, rope")
+    monkeypatch.setenv(options.GRAPHS_ENV, "off")
+    assert settings.read(options.DISABLE_OPS_ENV) == {"GLU", "ROPE"}
+    assert settings.read(options.GRAPHS_ENV) is False
+    assert options.problem() is None
+
+
+def test_cupy_compiles_into_the_projects_cache(monkeypatch, tmp_path):
+    from framework import caches
+    from framework.plugins.cuda import discovery
+    monkeypatch.setenv("FRAMEWORK_CACHE", str(tmp_path))
+    monkeypatch.delenv("CUPY_CACHE_DIR", raising=False)
+    discovery._cupy_cache()
+    assert discovery.cache_dir() == tmp_path / "cuda" and "cuda" in caches.CACHES
+    assert os.environ["CUPY_CACHE_DIR"] == str(tmp_path / "cuda")
+    monkeypatch.setenv("FRAMEWORK_CACHE", "off")
+    monkeypatch.delenv("CUPY_CACHE_IN_MEMORY", raising=False)
+    discovery._cupy_cache()
+    assert discovery.cache_dir() is None and os.environ["CUPY_CACHE_IN_MEMORY"] == "1"
+
+
+# -- the kernel table, through the skeleton ---------------------------------------------------------------
+def test_the_table_covers_the_claimed_ops_and_they_are_the_op_tables():
+    assert coverage.COVERED <= set(ops.OPS)
+    assert set(TABLE.ops) == coverage.COVERED - set(ops.VIEW_OPS)
+    for (op, param), codes in coverage.CHOICES.items():      # every value given a code is one the op table has
+        choices = next(p for p in ops.spec(op).params if p.name == param).choices
+        assert set(codes) <= {c[0] if isinstance(c, tuple) else c for c in choices}, (op, param)
+    assert coverage.WEIGHT_TYPES >= {"F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"}
+
+
+def test_every_kernel_of_the_table_is_defined_in_the_source_with_its_own_parameters():
+    defined = kernels.defined_kernels()
+    assert set(defined) == set(signatures.SIGNATURES)
+    assert all(args == name for name, args in defined.items())
+    header = signatures.c_header()
+    for name in signatures.SIGNATURES:
+        assert f"#define ARGS_{name} " in header
+    assert "const uint ashape_x, const uint ashape_y, const uint ashape_z, const uint ashape_w" in header
+
+
+def test_the_source_is_cuda_c_with_no_opencl_left():
+    text = kernels.SOURCE.read_text()
+    for opencl in ("__kernel", "__global ", "__local ", "barrier(", "reqd_work_group_size", "(float4)(", ".s0"):
+        assert opencl not in text, opencl
+    src = kernels.source()
+    assert src.startswith(signatures.c_header()) and "#define OP_SILU 2\n" in src
+
+
+def _lower_all(dev):
+    """Every conformance case's graph lowered for dev (placed on the CPU device for its fragment)."""
+    lowered = []
+    for case in all_cases():
+        b = case.build()
+        if not all(dev.supports_op(n).ok for n in b.graph.nodes if n.op in dev.supported_ops):
+            continue
+        if any(n.op not in dev.supported_ops for n in b.graph.nodes):
+            continue
+        for frag in make_plan(b.graph, [CpuDevice()]).fragments:
+            lowered.append((case.id, Lowering(dev, frag, TABLE)))
+    return lowered
+
+
+def test_every_conformance_case_lowers_to_defined_kernels():
+    dev = CudaDevice(0, reason="lowering only")
+    defined = kernels.defined_kernels()
+    lowered = _lower_all(dev)
+    assert len(lowered) > 20
+    names = set()
+    for case_id, lw in lowered:
+        assert lw.steps, case_id
+        for st in lw.steps:
+            assert st.kernel.kernel in defined, (case_id, st.name)
+            assert len(st.binds) == sum(k in signatures.TENSOR_KINDS for k, _ in signatures.params(st.kernel.kernel))
+            grid, block = st.grid
+            assert grid >= 1 and block in (kernels.EWG, kernels.RWG, kernels.AWG) or block % 32 == 0, st.name
+            names.add(st.name.split(" ")[0])
+    for kernel in ("MUL_MAT[matvec]", "FLASH_ATTN_EXT[split]", "FLASH_ATTN_EXT", "RMS_NORM+MUL", "ROPE", "SET_ROWS"):
+        assert any(n.startswith(kernel) for n in names), (kernel, sorted(names))
+
+
+def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
+    """The DECODE cases lowered with the core's product groups (fused.py): the norm in the prologue of the
+    product that reads it alone, gate and up with the GLU in one launch, the residual add in the epilogue;
+    with FRAMEWORK_CUDA_UNFUSE=all, node by node. (The attention blocks are never taken: no kernel here.)"""
+    dev = CudaDevice(0, reason="lowering only")
+    cases = {c.id: c for c in all_cases() if c.id.startswith("DECODE-")}
+
+    def names(case_id):
+        (frag,) = make_plan(cases[case_id].build().graph, [CpuDevice()]).fragments
+        return [st.name.split(" ")[0] for st in Lowering(dev, frag, TABLE).steps]
+    one = next(i for i in cases if "-1-layer-" in i)
+    fused = names(one)
+    assert fused.count("NORM+MUL_MATx2+GLU") == 1 and fused.count("MUL_MAT+ADD") == 2, fused
+    assert "GLU" not in fused and fused[-1] == "NORM+MUL_MAT" and "FLASH_ATTN_EXT" in fused, fused
+    monkeypatch.setenv(options.UNFUSE_ENV, "all")
+    plain = names(one)
+    assert not any(n.startswith(("NORM+", "MUL_MAT+")) for n in plain) and "GLU" in plain, plain
+    assert len(plain) >= len(fused) + 3, (plain, fused)
+
+
+def test_matvec_and_tile_shapes():
+    sh = kernels.matvec_shape(gpr=18, m=1, rows=576)       # a small decode product: narrow blocks
+    assert sh["MV_TPR"] == 16 and sh["MV_WG"] == 64 and sh["MV_R"] == 1 and sh["MV_XL"] == 1
+    big = kernels.matvec_shape(gpr=128, m=1, rows=151936)
+    assert big["MV_TPR"] == 32 and big["MV_WG"] == 256 and big["MV_R"] == 4
+    assert kernels.matmul_shape(512, 4096)["MM_BM"] == 64 and kernels.matmul_shape(8, 64)["MM_BM"] == 32
+
+
+def test_unavailable_device_keeps_limits_as_data():
+    dev = CudaDevice(3, reason="no GPU here")
+    assert dev.name == "cuda:3" and not dev.available and dev.max_chunk_bytes == options.MAX_BUFFER
+    assert dev.buffer_type.name == "cuda:3" and "Q4_K" in dev.limits.dtypes
+
+
+# -- on a CUDA GPU ---------------------------------------------------------------------------------------------
+def test_cuda0_properties(cuda0):
+    d = cuda0.data
+    assert re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.0", d["pci_address"])
+    assert cuda0.physical_id == d["pci_address"] and re.fullmatch(r"\d+\.\d+", d["compute_capability"])
+    assert d["global_mem_bytes"] > 1 << 30
+
+
+@pytest.mark.parametrize("case", [c for c in all_cases() if c.id.startswith(("MUL_MAT", "DECODE-", "FLASH"))][:40],
+                         ids=lambda c: c.id)
+def test_cases_on_cuda0(cuda0, case):
+    b = case.build()
+    ref = Executor([CpuDevice()], b.weight_bytes).run(make_plan(b.graph, [CpuDevice()]), b.fresh_inputs())
+    outs = Executor([cuda0], b.weight_bytes).run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
+    for o, r in zip(outs, ref):
+        assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
+
+
+def test_decode_steps_replayed_as_graphs_equal_launched_ones(cuda0, monkeypatch):
+    from conftest import load_model
+
+    from framework.runtime.session import Session
+    model = load_model("smollm2")
+    ids = [1, 2, 3, 4, 5, 6]
+    graphs = Session(model, [cuda0], n_ctx=64)
+    graphs.eval(ids[:2])
+    replayed = np.stack([graphs.eval([t]) for t in ids[2:]])
+    assert cuda0.captures >= 1 and cuda0.replays >= 1
+    monkeypatch.setenv(options.GRAPHS_ENV, "0")
+    plain = CudaDevice(cuda0.index, cuda0.data)
+    s = Session(model, [plain], n_ctx=64)
+    s.eval(ids[:2])
+    np.testing.assert_allclose(replayed, np.stack([s.eval([t]) for t in ids[2:]]), rtol=1e-5, atol=1e-5)
