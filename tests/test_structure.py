@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "framework"
 PLUGINS = PACKAGE / "plugins"
 
-# 24,500 when the skeleton landed; raised to 24,800 for this round's serving and CUDA work, each raise a commit of its own
-FRAMEWORK_LINES = 24_800
+# 24,500 when the skeleton landed; 24,800 for this round's serving and CUDA work; 25,800 for the server's
+# request surface (guard, shutdown, structured output, metrics); each raise a commit of its own
+FRAMEWORK_LINES = 25_800
 BACKEND_LINES = 1_500
 # the goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
 PLUGIN_LINES = {"vulkan": 1_650, "opencl": 2_250}
