@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..core.scheduler.errors import CapabilityError, DeviceRunError
 from ..model.chat import ChatTemplateError, chat_prompt_ids
@@ -30,9 +31,11 @@ from ..runtime.sampling import SamplingParams
 from ..runtime.context import ContextFullError
 from .engine import Compute, Job, Run
 from .errors import ApiError, invalid_body
+from .guard import add_guards
 from .models import ServedModel, warm
 from .pool import QueueFull, SessionPool
 from .schemas import ChatRequest, CompletionRequest, Generation
+from .shutdown import Drain, InFlight
 
 log = logging.getLogger("framework.serve")
 
@@ -45,6 +48,8 @@ class Settings:
     api_key: str | None = None
     max_body: int = 1 << 20
     shutdown_grace: float = 10.0     # seconds a running stream may go on after SIGINT/SIGTERM
+    host: str = "127.0.0.1"          # the bound address: a Host the server answers without a key (guard.py)
+    cors: list[str] = field(default_factory=list)     # origins a browser page may call from (--cors)
 
 
 @dataclass
@@ -52,6 +57,7 @@ class ServerState:
     models: dict[str, ServedModel]
     settings: Settings
     compute: Compute = field(default_factory=Compute)
+    drain: Drain = field(default_factory=lambda: Drain(0.0))
     ready: bool = False
     load_error: str | None = None
 
@@ -63,6 +69,7 @@ class ServerState:
         return self.models[model_id]
 
     def check_ready(self) -> None:
+        self.drain.refuse_new()
         if self.load_error:
             raise ApiError(503, f"the server could not load its models: {self.load_error}", code="load_failed")
         if not self.ready:
@@ -73,7 +80,7 @@ class ServerState:
 def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_failure=None) -> FastAPI:
     """The application; its start-up warms every model on the compute thread (/health is 503 until then).
     on_ready() is called once all are warm; on_failure(message) if one cannot be loaded."""
-    state = ServerState({m.id: m for m in models}, settings)
+    state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace))
 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(_warm(state, on_ready, on_failure))
@@ -85,10 +92,14 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     app.state.server = state
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body)
+    app.add_middleware(InFlight, drain=state.drain)
+    add_guards(app, settings.host, settings.api_key, settings.cors)
     key = Depends(_key_check(settings.api_key))
 
     @app.get("/health")
     async def health():
+        if state.drain.stopping:
+            return JSONResponse({"status": "stopping", "signal": state.drain.signal}, status_code=503)
         if state.load_error or not state.ready:
             status = "failed" if state.load_error else "loading"
             return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
@@ -132,7 +143,12 @@ async def _warm(state: ServerState, on_ready, on_failure) -> None:
 async def _complete(state: ServerState, request: Request, schema: type[Generation], chat: bool):
     state.check_ready()
     try:
-        req = schema.model_validate_json(await request.body())
+        body = await request.body()
+    except ClientDisconnect:       # it hung up before its body was whole
+        log.warning("client went away while sending its request body to %s", request.url.path)
+        return JSONResponse({}, status_code=499)
+    try:
+        req = schema.model_validate_json(body)
     except ValidationError as e:
         raise invalid_body(e) from None
     served = state.lookup(req.model)
@@ -140,7 +156,7 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
     job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops())
     pool = served.pool
     try:
-        session = await _acquire(pool, request)
+        session = await _acquire(pool, request, state.drain)
     except QueueFull as e:
         pool.counts.refuse(429)
         raise ApiError(429, str(e), code="queue_full", type="rate_limit_error",
@@ -162,11 +178,15 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
     reply = Reply(served.id, chat, len(ids), devices)
     steps = _steps(state.compute, run, lease)
     if req.stream:
-        return _Stream(_events(reply, run, steps, req.include_usage()), lease=lease, headers=headers, sep="\n",
+        events = _events(reply, run, steps, req.include_usage(), state.drain)
+        return _Stream(events, lease=lease, headers=headers, sep="\n",
                        shutdown_grace_period=state.settings.shutdown_grace)
     text = []
     async for piece in steps:
         text.append(piece)
+        if state.drain.cut:
+            await steps.aclose()
+            raise state.drain.cut_error(run.n_out)
         if await request.is_disconnected():
             await steps.aclose()
             return JSONResponse({}, status_code=499)
@@ -220,11 +240,13 @@ def _max_tokens(served: ServedModel, n_prompt: int, asked: int | None) -> int:
 def _sampling(req: Generation) -> SamplingParams:
     """OpenAI's defaults: temperature 1, no nucleus cut; no top-k cut unless asked (llama.cpp's extension)."""
     return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
-                          top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
+                          top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, min_p=req.min_p or 0.0,
+                          seed=None if req.seed == -1 else req.seed)     # -1: llama-server's "random"
 
 
-async def _acquire(pool: SessionPool, request: Request):
-    """A session, or None when the client disconnects while it waits in the queue."""
+async def _acquire(pool: SessionPool, request: Request, drain: Drain):
+    """A session, or None when the client disconnects while it waits in the queue (a 503 when the server
+    stops meanwhile)."""
     task = asyncio.ensure_future(pool.acquire())
     handed = False
     try:
@@ -235,6 +257,7 @@ async def _acquire(pool: SessionPool, request: Request):
                 return task.result()
             if await request.is_disconnected():
                 return None
+            drain.refuse_new()
     finally:
         if not handed:
             task.cancel()
@@ -281,11 +304,11 @@ async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]
             lease.stepping = False
             yield text
     except asyncio.CancelledError:
-        lease.pool.counts.cancelled += 1
+        _gone(lease, run)
         raise
     except GeneratorExit:       # closed between steps: the client went away, or (finished) the stream ended
         if run.finish is None:
-            lease.pool.counts.cancelled += 1
+            _gone(lease, run)
         lease.release()
         raise
     except BaseException as e:
@@ -293,6 +316,12 @@ async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]
         raise _run_error(e) from e
     lease.release()
     lease.pool.counts.answered += 1
+
+
+def _gone(lease: Lease, run: Run) -> None:
+    lease.pool.counts.cancelled += 1
+    log.warning("client went away after %d generated tokens; its generation stops and its session is given back",
+                run.n_out)
 
 
 def _run_error(e: BaseException) -> BaseException:
@@ -341,8 +370,9 @@ class Reply:
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
 
-async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usage: bool):
-    """OpenAI's stream: a chunk per piece of text, one with the finish reason, the usage when asked, [DONE]."""
+async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usage: bool, drain: Drain):
+    """OpenAI's stream: a chunk per piece of text, one with the finish reason, the usage when asked, [DONE];
+    cut by a shutdown, an error event then [DONE]."""
     usage = {"usage": None} if include_usage else {}
 
     def event(body: dict) -> dict:
@@ -354,6 +384,8 @@ async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usa
         async for text in steps:
             if text:
                 yield event({**reply.chunk(text, None), **usage})
+            if drain.cut:
+                raise drain.cut_error(run.n_out)
         yield event({**reply.chunk(None, run.finish), **usage})
         if include_usage:
             yield event({**reply._head(reply.chunk(None, None)["object"]), "choices": [],

@@ -38,6 +38,9 @@ def invalid_body(e: ValidationError) -> ApiError:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             parts.append(f"'{field}' is required")
+        elif err["type"] == "extra_forbidden":
+            parts.append(f"'{field}' is not a field this server knows (docs/serve.md lists those it takes); "
+                         f"leave it out")
         elif field:
             parts.append(f"'{field}': {msg} (got {_short(err.get('input'))})")
         else:
