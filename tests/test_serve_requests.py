@@ -10,12 +10,13 @@ import http.client
 import json
 import os
 import signal
-import subprocess
 import time
 
+import jsonschema
 import openai
 import pytest
-from test_serve import FRAMEWORK, Server, _drop, _free_port
+from conftest import load_model
+from test_serve import _drop, start_server, stop_server
 
 GOOD_ORIGIN = "http://good.example"
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 3}
@@ -23,30 +24,11 @@ CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Name a col
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
-    log = (tmp_path_factory.mktemp("serve") / "stderr.txt").open("w+")
-    cmd = FRAMEWORK + ["serve", "-m", "smollm2", "--ctx", "512", "--parallel", "2", "--queue", "1",
-                       "--port", str(port), "--cors", GOOD_ORIGIN, "--shutdown-timeout", "5"]
     env = {k: v for k, v in os.environ.items() if k != "FRAMEWORK_API_KEY"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
-    srv = Server(port, proc, log)
-    end = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"framework serve exited with {proc.returncode} before it was ready: {srv.stderr()}")
-        try:
-            if srv.raw("GET", "/health")[0] == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > end:
-            proc.kill()
-            pytest.fail("framework serve was not ready within 180 s")
-        time.sleep(0.2)
+    srv = start_server(tmp_path_factory, ["--parallel", "2", "--queue", "1", "--cors", GOOD_ORIGIN,
+                                          "--shutdown-timeout", "5"], env)
     yield srv
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+    stop_server(srv)
 
 
 def _post(server, path: str, body: dict, headers: dict | None = None) -> tuple[int, dict, dict]:
@@ -56,7 +38,7 @@ def _post(server, path: str, body: dict, headers: dict | None = None) -> tuple[i
 
 
 # -- item 7: safe by default ---------------------------------------------------------------------------
-@pytest.mark.parametrize("host", ["evil.example", f"evil.example:{8080}", "127.0.0.1.nip.io"])
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "127.0.0.1.nip.io"])
 def test_a_foreign_host_is_403_naming_it_without_a_key(server, host):
     status, _, reply = _post(server, "/v1/chat/completions", CHAT, {"Host": host})
     assert status == 403 and reply["error"]["code"] == "host_not_allowed"
@@ -89,10 +71,10 @@ def test_cross_origin_requests_are_refused_unless_allowed_and_get_no_cors_header
 
 
 def test_seed_minus_one_is_a_random_seed_and_other_negatives_are_refused(server):
-    ask = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=6,
+    ask = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=4,
                temperature=2.0, seed=-1)
     texts = {server.client.chat.completions.create(**ask).choices[0].message.content for _ in range(3)}
-    assert len(texts) > 1, texts          # three equal 6-token draws at temperature 2 would mean a fixed seed
+    assert len(texts) > 1, texts          # three equal 4-token draws at temperature 2 would mean a fixed seed
     status, _, reply = _post(server, "/v1/chat/completions", {**CHAT, "seed": -2})
     assert status == 400 and "'seed'" in reply["error"]["message"]
 
@@ -157,6 +139,136 @@ def test_min_p_top_k_and_n_predict_are_honoured(server):
     assert status == 200 and reply["usage"]["completion_tokens"] == 3 and greedy.startswith(reply["choices"][0]["text"])
 
 
+# -- item 4: structured output -----------------------------------------------------------------------------
+PERSON = {"type": "object", "additionalProperties": False, "required": ["colour", "count", "ok", "name"],
+          "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                         "count": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"},
+                         "name": {"type": "string", "maxLength": 12}}}
+ASK_JSON = [{"role": "user", "content": "Describe a ball as JSON."}]
+
+
+def _valid(text: str, schema: dict) -> dict:
+    value = json.loads(text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+def test_response_format_json_schema_answers_validate_greedy_sampled_and_streamed(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "ball", "schema": PERSON, "strict": True}}
+    answers = []
+    for seed in (None, 1):
+        kw = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+        reply = server.client.chat.completions.create(model="smollm2", messages=ASK_JSON, max_tokens=60,
+                                                      response_format=fmt, **kw)
+        assert reply.choices[0].finish_reason == "stop", reply
+        answers.append(_valid(reply.choices[0].message.content, PERSON))
+    streamed = server.client.chat.completions.create(model="smollm2", messages=ASK_JSON, max_tokens=60,
+                                                     response_format=fmt, temperature=0, stream=True)
+    assert _valid("".join(c.choices[0].delta.content or "" for c in streamed), PERSON) == answers[0]
+
+
+def test_json_object_and_llama_servers_json_schema_and_gbnf_grammar(server):
+    ask = [{"role": "user", "content": "Reply with a JSON object whose key 'a' is 1."}]
+    reply = server.client.chat.completions.create(model="smollm2", messages=ask, max_tokens=40, temperature=0,
+                                                  response_format={"type": "json_object"})
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    status, _, reply = _post(server, "/v1/completions", {"model": "smollm2", "prompt": "A ball:", "max_tokens": 60,
+                                                         "temperature": 0, "json_schema": PERSON})
+    assert status == 200 and reply["choices"][0]["finish_reason"] == "stop"
+    _valid(reply["choices"][0]["text"], PERSON)
+    for seed in (1, 2, 3):
+        status, _, reply = _post(server, "/v1/chat/completions", {
+            **CHAT, "max_tokens": 10, "temperature": 1.0, "seed": seed, "grammar": 'root ::= ("yes" | "no") "."'})
+        assert status == 200 and reply["choices"][0]["message"]["content"] in ("yes.", "no."), reply
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ({"json_schema": {"type": "objekt"}}, "json_schema", "objekt"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+     "response_format", "cannot be compiled"),
+    ({"grammar": 'root ::= "unclosed'}, "grammar", "GBNF"),
+    ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "grammar", "give one"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "'json_schema' is required"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", "'response_format.type'"),
+])
+def test_a_bad_schema_or_grammar_is_400_naming_it(server, extra, field, words):
+    status, _, reply = _post(server, "/v1/chat/completions", {**CHAT, **extra})
+    assert status == 400 and words in reply["error"]["message"], reply
+    assert reply["error"]["param"] == field, reply
+
+
+# -- item 5: logprobs, tokenize, metrics, the access log ------------------------------------------------------
+def test_chat_logprobs_are_openais_shape_and_the_greedy_token_is_the_likeliest(server):
+    ask = dict(model="smollm2", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=5, temperature=0,
+               logprobs=True, top_logprobs=3)
+    reply = server.client.chat.completions.create(**ask)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 5
+    assert "".join(e.token for e in content) == reply.choices[0].message.content
+    for e in content:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob) and e.logprob <= 0.0
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+        assert bytes(e.bytes).decode() == e.token
+    streamed = [c.choices[0].logprobs for c in server.client.chat.completions.create(**ask, stream=True)
+                if c.choices and c.choices[0].logprobs]
+    assert [e.token for lp in streamed for e in lp.content] == [e.token for e in content]
+    status, _, reply = _post(server, "/v1/chat/completions", {**CHAT, "top_logprobs": 2})
+    assert status == 400 and "'top_logprobs' needs 'logprobs'" in reply["error"]["message"]
+
+
+def test_completion_logprobs_are_openais_shape(server):
+    reply = server.client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4,
+                                             temperature=0, logprobs=2)
+    lp = reply.choices[0].logprobs
+    assert "".join(lp.tokens) == reply.choices[0].text and len(lp.token_logprobs) == 4
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    assert all(len(top) == 2 and max(top.values()) == pytest.approx(p) for top, p in zip(lp.top_logprobs,
+                                                                                          lp.token_logprobs))
+
+
+def test_tokenize_and_detokenize_are_llama_servers(server):
+    ids = load_model("smollm2").tokenizer.encode("Hello world")
+    status, _, reply = _post(server, "/tokenize", {"content": "Hello world"})
+    assert status == 200 and reply == {"tokens": ids}
+    status, _, reply = _post(server, "/tokenize", {"content": "Hello world", "with_pieces": True})
+    assert [p["id"] for p in reply["tokens"]] == ids and "".join(p["piece"] for p in reply["tokens"]) == "Hello world"
+    status, _, reply = _post(server, "/detokenize", {"tokens": ids, "model": "smollm2"})
+    assert status == 200 and reply == {"content": "Hello world"}
+    status, _, reply = _post(server, "/detokenize", {"tokens": [10 ** 6]})
+    assert status == 400 and "outside the vocabulary" in reply["error"]["message"]
+    status, _, reply = _post(server, "/tokenize", {"content": "x", "model": "gpt-4o"})
+    assert status == 404 and reply["error"]["code"] == "model_not_found"
+
+
+def test_metrics_count_requests_and_tokens_and_each_request_is_one_access_log_line(server):
+    def scrape() -> dict[str, float]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("content-type").startswith("text/plain")
+        text = r.read().decode()
+        conn.close()
+        return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    before, log_before = scrape(), server.stderr()
+    reply = server.client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                                  max_tokens=3, temperature=0)
+    after = scrape()
+    ok = 'framework_requests_total{route="/v1/chat/completions",status="200"}'
+    assert after[ok] == before.get(ok, 0) + 1
+    gen = 'framework_generated_tokens_total{model="smollm2"}'
+    assert after[gen] == before[gen] + reply.usage.completion_tokens
+    assert after['framework_time_to_first_token_seconds_count{model="smollm2"}'] == \
+        before['framework_time_to_first_token_seconds_count{model="smollm2"}'] + 1
+    assert after['framework_queue_depth{model="smollm2"}'] == 0
+    assert 'framework_prefix_cache_hit_tokens_total{model="smollm2"}' in after
+    lines = [ln for ln in server.stderr()[len(log_before):].splitlines() if "POST /v1/chat/completions" in ln]
+    assert len(lines) == 1 and f"200 {reply.usage.prompt_tokens}+3 tokens on cpu" in lines[0], lines
+    assert lines[0].endswith(" ms")
+
+
 # -- last: stopping ----------------------------------------------------------------------------------------
 def test_sigterm_cuts_streams_with_an_error_event_and_done_refuses_new_requests_then_exits(server):
     conn, response = server.open_stream(max_tokens=400)
@@ -173,6 +285,7 @@ def test_sigterm_cuts_streams_with_an_error_event_and_done_refuses_new_requests_
     error = json.loads(events[-2])["error"]
     assert error["code"] == "shutting_down" and "SIGTERM" in error["message"]
     assert server.proc.wait(timeout=60) == 0
-    assert "stopped by SIGTERM" in server.stderr() and "Traceback" not in server.stderr()
+    log = server.stderr()
+    assert "stopped by SIGTERM" in log and "cut by the shutdown (SIGTERM)" in log and "Traceback" not in log
     with pytest.raises(openai.APIConnectionError):
         openai.OpenAI(base_url=server.client.base_url, api_key="x", max_retries=0, timeout=5).models.list()

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -32,10 +33,13 @@ from ..runtime.context import ContextFullError
 from .engine import Compute, Job, Run
 from .errors import ApiError, invalid_body
 from .guard import add_guards
+from .logprobs import Logprobs
+from .metrics import AccessLog, Clock, Metrics
 from .models import ServedModel, warm
 from .pool import QueueFull, SessionPool
-from .schemas import ChatRequest, CompletionRequest, Generation
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
 from .shutdown import Drain, InFlight
+from .structured import GrammarMask, grammar_of
 
 log = logging.getLogger("framework.serve")
 
@@ -58,6 +62,7 @@ class ServerState:
     settings: Settings
     compute: Compute = field(default_factory=Compute)
     drain: Drain = field(default_factory=lambda: Drain(0.0))
+    metrics: Metrics | None = None
     ready: bool = False
     load_error: str | None = None
 
@@ -67,6 +72,14 @@ class ServerState:
                            f"{', '.join(self.models)}", code="model_not_found", param="model",
                            available=list(self.models))
         return self.models[model_id]
+
+    def pick(self, model_id: str | None) -> ServedModel:
+        """The model a request names; one that names none gets the only model served."""
+        self.check_ready()
+        if model_id is None and len(self.models) > 1:
+            raise ApiError(400, f"'model' is required: this server serves {', '.join(self.models)}",
+                           code="invalid_value", param="model")
+        return self.lookup(model_id if model_id is not None else next(iter(self.models)))
 
     def check_ready(self) -> None:
         self.drain.refuse_new()
@@ -80,7 +93,8 @@ class ServerState:
 def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_failure=None) -> FastAPI:
     """The application; its start-up warms every model on the compute thread (/health is 503 until then).
     on_ready() is called once all are warm; on_failure(message) if one cannot be loaded."""
-    state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace))
+    state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace),
+                        metrics=Metrics({m.id: m.pool.state for m in models}))
 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(_warm(state, on_ready, on_failure))
@@ -94,6 +108,7 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     app.add_middleware(BodyLimit, max_bytes=settings.max_body)
     app.add_middleware(InFlight, drain=state.drain)
     add_guards(app, settings.host, settings.api_key, settings.cors)
+    app.add_middleware(AccessLog, metrics=state.metrics)
     key = Depends(_key_check(settings.api_key))
 
     @app.get("/health")
@@ -104,6 +119,10 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
             status = "failed" if state.load_error else "loading"
             return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
         return {"status": "ok", "models": {m.id: m.pool.state() for m in state.models.values()}}
+
+    @app.get("/metrics", dependencies=[key])
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=[key])
     async def list_models():
@@ -122,6 +141,27 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     @app.post("/v1/completions", dependencies=[key])
     async def completions(request: Request):
         return await _complete(state, request, CompletionRequest, chat=False)
+
+    @app.post("/tokenize", dependencies=[key])
+    async def tokenize(request: Request):
+        req = await _body(request, TokenizeRequest)
+        tok = state.pick(req.model).model.tokenizer
+        ids = await asyncio.to_thread(tok.encode, req.content, add_bos=None if req.add_special else False)
+        if not req.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": i, "piece": tok.token_bytes(i, special=True).decode("utf-8", errors="replace")}
+                           for i in ids]}
+
+    @app.post("/detokenize", dependencies=[key])
+    async def detokenize(request: Request):
+        req = await _body(request, DetokenizeRequest)
+        served = state.pick(req.model)
+        tok = served.model.tokenizer
+        bad = [t for t in req.tokens if t >= tok.n_vocab]
+        if bad:
+            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary of '{served.id}' "
+                           f"(0..{tok.n_vocab - 1})", code="invalid_value", param="tokens")
+        return {"content": tok.decode(req.tokens)}
 
     return app
 
@@ -142,18 +182,14 @@ async def _warm(state: ServerState, on_ready, on_failure) -> None:
 # -- one request -------------------------------------------------------------------------------------
 async def _complete(state: ServerState, request: Request, schema: type[Generation], chat: bool):
     state.check_ready()
-    try:
-        body = await request.body()
-    except ClientDisconnect:       # it hung up before its body was whole
-        log.warning("client went away while sending its request body to %s", request.url.path)
-        return JSONResponse({}, status_code=499)
-    try:
-        req = schema.model_validate_json(body)
-    except ValidationError as e:
-        raise invalid_body(e) from None
+    req = await _body(request, schema)
     served = state.lookup(req.model)
+    clock = state.metrics.clock(served.id)
     ids = await asyncio.to_thread(_prompt_ids, served, req, chat)
-    job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops())
+    n_top = req.n_logprobs()
+    trace = None if n_top is None else Logprobs(served.model.tokenizer, n_top)
+    job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops(),
+              mask=await asyncio.to_thread(_mask, served, req), observe=trace)
     pool = served.pool
     try:
         session = await _acquire(pool, request, state.drain)
@@ -175,8 +211,9 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
         lease.release()
         raise _run_error(e) from e
     headers = {DEVICES_HEADER: ", ".join(devices), MODEL_HEADER: f"{served.id} sha256:{served.sha256}"}
-    reply = Reply(served.id, chat, len(ids), devices)
-    steps = _steps(state.compute, run, lease)
+    reply = Reply(served.id, chat, len(ids), devices, trace)
+    request.state.access = (len(ids), lambda: run.n_out, devices)
+    steps = _steps(state.compute, run, lease, clock, state.drain)
     if req.stream:
         events = _events(reply, run, steps, req.include_usage(), state.drain)
         return _Stream(events, lease=lease, headers=headers, sep="\n",
@@ -191,6 +228,18 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
             await steps.aclose()
             return JSONResponse({}, status_code=499)
     return JSONResponse(reply.whole("".join(text), run), headers=headers)
+
+
+async def _body(request: Request, schema):
+    """The request's body, checked (a client that hangs up while sending it: see _add_error_handlers)."""
+    return _parse(schema, await request.body())
+
+
+def _parse(schema, body: bytes):
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as e:
+        raise invalid_body(e) from None
 
 
 def _prompt_ids(served: ServedModel, req: Generation, chat: bool) -> list[int]:
@@ -223,6 +272,11 @@ def _tokens(served: ServedModel, req: Generation, chat: bool) -> list[int]:
         return chat_prompt_ids(tok, served.template, req.conversation())
     except ChatTemplateError as e:
         raise ApiError(400, str(e), code="invalid_messages", param="messages") from None
+
+
+def _mask(served: ServedModel, req: Generation) -> GrammarMask | None:
+    grammar = grammar_of(req)
+    return None if grammar is None else GrammarMask(served.model.tokenizer, grammar)
 
 
 def _max_tokens(served: ServedModel, n_prompt: int, asked: int | None) -> int:
@@ -294,7 +348,7 @@ class _Stream(EventSourceResponse):
                 self._lease.release()
 
 
-async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]:
+async def _steps(compute: Compute, run: Run, lease: Lease, clock: Clock, drain: Drain) -> AsyncIterator[str]:
     """The request's text, a piece per step ("" while a stop string may be starting). Cancelled mid-step
     (the client went away), the session is given back once that step returns; closed between steps, at once."""
     try:
@@ -302,13 +356,14 @@ async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]
             lease.stepping = True
             text = await compute.call(run.step, when_abandoned=lease.release)
             lease.stepping = False
+            clock.step()
             yield text
     except asyncio.CancelledError:
-        _gone(lease, run)
+        _gone(lease, run, drain)
         raise
     except GeneratorExit:       # closed between steps: the client went away, or (finished) the stream ended
         if run.finish is None:
-            _gone(lease, run)
+            _gone(lease, run, drain)
         lease.release()
         raise
     except BaseException as e:
@@ -316,12 +371,13 @@ async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]
         raise _run_error(e) from e
     lease.release()
     lease.pool.counts.answered += 1
+    clock.done(len(run.job.ids), run.n_out)
 
 
-def _gone(lease: Lease, run: Run) -> None:
+def _gone(lease: Lease, run: Run, drain: Drain) -> None:
     lease.pool.counts.cancelled += 1
-    log.warning("client went away after %d generated tokens; its generation stops and its session is given back",
-                run.n_out)
+    why = f"cut by the shutdown ({drain.signal})" if drain.cut else "client went away"
+    log.warning("%s after %d generated tokens; its generation stops and its session is given back", why, run.n_out)
 
 
 def _run_error(e: BaseException) -> BaseException:
@@ -341,8 +397,10 @@ class Reply:
     chat: bool
     n_prompt: int
     devices: list[str]
+    trace: Logprobs | None = None      # when the request asked for log-probabilities
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    sent: int = 0                      # characters of text sent so far (completions' text_offset)
 
     def _head(self, object_: str) -> dict:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
@@ -352,21 +410,31 @@ class Reply:
         return {"prompt_tokens": self.n_prompt, "completion_tokens": run.n_out,
                 "total_tokens": self.n_prompt + run.n_out}
 
+    def logprobs(self) -> dict | None:
+        """The log-probabilities of the tokens since the last call, in the route's shape."""
+        if self.trace is None:
+            return None
+        entries = self.trace.take()
+        return self.trace.chat(entries) if self.chat else self.trace.completion(entries, self.sent)
+
     def whole(self, text: str, run: Run) -> dict:
+        lp = self.logprobs()
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                       "finish_reason": run.finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": run.finish}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": run.finish}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": self.usage(run), "devices": self.devices}
 
     def chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+        lp = None if first else self.logprobs()
+        self.sent += len(text or "")
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
 
@@ -388,7 +456,7 @@ async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usa
                 raise drain.cut_error(run.n_out)
         yield event({**reply.chunk(None, run.finish), **usage})
         if include_usage:
-            yield event({**reply._head(reply.chunk(None, None)["object"]), "choices": [],
+            yield event({**reply._head("chat.completion.chunk" if reply.chat else "text_completion"), "choices": [],
                          "usage": reply.usage(run)})
     except ApiError as e:        # headers are sent: the error goes in the stream, where OpenAI's clients look
         yield event(e.body())
@@ -460,11 +528,17 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        words = {404: f"no route {request.method} {request.url.path}; the routes are GET /health, GET /v1/models, "
-                      f"POST /v1/chat/completions and POST /v1/completions",
+        words = {404: f"no route {request.method} {request.url.path}; the routes are GET /health, GET /metrics, "
+                      f"GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /tokenize and "
+                      f"POST /detokenize",
                  405: f"{request.method} is not allowed on {request.url.path}"}
         return ApiError(e.status_code, words.get(e.status_code, str(e.detail)), code=f"http_{e.status_code}",
                         headers=dict(e.headers or {})).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, e: ClientDisconnect):
+        log.warning("client went away while sending its request body to %s", request.url.path)
+        return JSONResponse({}, status_code=499)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, e: Exception):

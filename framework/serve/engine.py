@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.generate import FINISH_STOP, generate
-from ..runtime.sampling import Sampler, SamplingParams
+from ..runtime.sampling import Observer, Sampler, SamplingParams, TokenMask
 from ..runtime.session import Session
 from .models import devices_of
 from .stops import StopFilter
@@ -49,6 +49,8 @@ class Job:
     max_tokens: int
     sampling: SamplingParams
     stops: list[str]
+    mask: TokenMask | None = None          # structured output: the grammar's tokens only (serve/structured.py)
+    observe: Observer | None = None        # told of every step's logits and token (logprobs)
 
 
 class Run:
@@ -69,7 +71,7 @@ class Run:
         if any(k not in s.plans for k in keys):
             s.reserve(len(job.ids), job.max_tokens)
         tok = s.model.tokenizer
-        self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling), tok.eog_ids)
+        self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling, job.mask, job.observe), tok.eog_ids)
         return devices_of([s.plans[k][0] for k in keys], s.devices)
 
     def step(self) -> str:

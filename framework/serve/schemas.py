@@ -54,12 +54,34 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    """OpenAI's response_format.json_schema: a named schema (strict or not, the output follows it)."""
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> "ResponseFormat":
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is required with type 'json_schema', and only with it")
+        return self
+
+    def schema_dict(self) -> dict[str, Any]:
+        return self.json_schema.schema_ if self.json_schema else {"type": "object"}
+
+
 # OpenAI's fields this server does not implement, with the values that mean "not used"
 UNSUPPORTED: dict[str, tuple] = {
-    "n": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "n": (None, 1), "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "tools": (None, []),
     "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "parallel_tool_calls": (None,), "response_format": (None, {"type": "text"}), "best_of": (None, 1),
+    "parallel_tool_calls": (None,), "best_of": (None, 1),
     "echo": (None, False), "suffix": (None, ""), "audio": (None,), "modalities": (None, ["text"]),
     "prediction": (None,), "reasoning_effort": (None,), "store": (None, False), "metadata": (None, {}),
     "service_tier": (None, "auto", "default"), "web_search_options": (None,),
@@ -77,8 +99,7 @@ UNSUPPORTED_LLAMA: dict[str, tuple] = {
     "samplers": (None,), "id_slot": (None, -1), "t_max_predict_ms": (None, 0), "image_data": (None, []),
     "lora": (None, []), "post_sampling_probs": (None, False), "return_tokens": (None, False),
     "timings_per_token": (None, False), "response_fields": (None, []), "return_progress": (None, False),
-    "chat_template_kwargs": (None, {}), "reasoning_format": (None, "none"), "grammar": (None, ""),
-    "json_schema": (None, {}),
+    "chat_template_kwargs": (None, {}), "reasoning_format": (None, "none"),
 }
 
 
@@ -94,6 +115,9 @@ class Generation(Strict):
     n_predict: int | None = Field(None, ge=-1)    # llama-server's max_tokens; -1: as long as the context allows
     cache_prompt: bool = True                      # llama-server's: reuse a cached prefix of the prompt
     user: str | None = None                        # OpenAI's end-user id: nothing to do with it here
+    response_format: ResponseFormat | None = None  # structured output (structured.py)
+    json_schema: dict[str, Any] | None = None      # llama-server's: output following this JSON schema
+    grammar: str | None = None                     # llama-server's: output following this GBNF grammar
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -145,6 +169,18 @@ class Generation(Strict):
 class ChatRequest(Generation):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> "ChatRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return self
+
+    def n_logprobs(self) -> int | None:
+        """None: no log-probabilities; else how many of the likeliest tokens to give beside each."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.asked_length()
@@ -157,6 +193,10 @@ class ChatRequest(Generation):
 class CompletionRequest(Generation):
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] \
         | Annotated[list[str], Field(min_length=1, max_length=1)]
+    logprobs: int | None = Field(None, ge=0, le=5)
+
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -176,3 +216,16 @@ class CompletionRequest(Generation):
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class TokenizeRequest(Strict):
+    """llama-server's /tokenize; `model` may be left out when one model is served."""
+    content: str
+    add_special: bool = False          # the model's beginning-of-sequence token, if it adds one
+    with_pieces: bool = False          # each id with its text
+    model: str | None = None
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[Annotated[int, Field(ge=0)]]
+    model: str | None = None

@@ -51,6 +51,7 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         say(f"listening on {args.host}, not only this machine" + ("" if args.api_key else "; no --api-key is set"))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("framework.serve.access").setLevel(logging.INFO)     # a line per request (metrics.py)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
     server = _Server(config, app.state.server.drain)
