@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from .errors import short
+
 MAX_STOPS = 4
 
 StopText = Annotated[str, StringConstraints(min_length=1)]
@@ -130,7 +132,7 @@ class Generation(Strict):
                 for name, neutral in table.items():
                     if name in data and not any(data[name] == v and type(data[name]) is type(v) for v in neutral):
                         raise ValueError(f"'{name}' is not supported by this server (it was "
-                                         f"{_short(data[name])}); leave it out")
+                                         f"{short(data[name])}); leave it out")
             data = {k: v for k, v in data.items() if k not in UNSUPPORTED and k not in UNSUPPORTED_LLAMA}
         return data
 
@@ -211,11 +213,6 @@ class CompletionRequest(Generation):
 
     def limit(self) -> int | None:
         return self.asked_length()
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class TokenizeRequest(Strict):
