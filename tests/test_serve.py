@@ -93,13 +93,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def start_server(tmp_path_factory, args: list[str], env: dict[str, str]) -> Server:
+    """`framework serve -m smollm2 --ctx 512 ARGS` on a free loopback port, once /health says it is ready."""
     port = _free_port()
     log = (tmp_path_factory.mktemp("serve") / "stderr.txt").open("w+")
-    cmd = FRAMEWORK + ["serve", "-m", "smollm2", "--ctx", "512", "--parallel", "2",
-           "--queue", "1", "--port", str(port), "--api-key", KEY]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=os.environ.copy())
+    cmd = FRAMEWORK + ["serve", "-m", "smollm2", "--ctx", "512", "--port", str(port)] + args
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     srv = Server(port, proc, log)
     end = time.monotonic() + 180
     while True:
@@ -116,10 +115,20 @@ def server(tmp_path_factory):
             proc.kill()
             pytest.fail("framework serve was not ready within 180 s")
         time.sleep(0.2)
+    return srv
+
+
+def stop_server(srv: Server) -> None:
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_server(tmp_path_factory, ["--parallel", "2", "--queue", "1", "--api-key", KEY], os.environ.copy())
     yield srv
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+    stop_server(srv)
 
 
 N_GREEDY = 12

@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "1048576: 1 MiB)")
     serve.add_argument("--shutdown-timeout", type=seconds, default=10.0, help="seconds running requests get to "
                        "finish after SIGINT/SIGTERM before they are cancelled (default 10)")
+    serve.add_argument("--cors", action="append", metavar="ORIGIN", help="let web pages of ORIGIN (e.g. "
+                       "http://localhost:3000) call the server: repeat it or give a comma list, '*' for any (default: "
+                       "none; other cross-origin requests are refused with 403)")
     add_verify_args(serve, every=16)
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")

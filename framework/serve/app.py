@@ -18,10 +18,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..core.scheduler.errors import CapabilityError, DeviceRunError
 from ..model.chat import ChatTemplateError, chat_prompt_ids
@@ -30,9 +32,14 @@ from ..runtime.sampling import SamplingParams
 from ..runtime.context import ContextFullError
 from .engine import Compute, Job, Run
 from .errors import ApiError, invalid_body
+from .guard import add_guards
+from .logprobs import Logprobs
+from .metrics import AccessLog, Clock, Metrics
 from .models import ServedModel, warm
 from .pool import QueueFull, SessionPool
-from .schemas import ChatRequest, CompletionRequest, Generation
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
+from .shutdown import Drain, InFlight
+from .structured import GrammarMask, grammar_of
 
 log = logging.getLogger("framework.serve")
 
@@ -45,6 +52,8 @@ class Settings:
     api_key: str | None = None
     max_body: int = 1 << 20
     shutdown_grace: float = 10.0     # seconds a running stream may go on after SIGINT/SIGTERM
+    host: str = "127.0.0.1"          # the bound address: a Host the server answers without a key (guard.py)
+    cors: list[str] = field(default_factory=list)     # origins a browser page may call from (--cors)
 
 
 @dataclass
@@ -52,6 +61,8 @@ class ServerState:
     models: dict[str, ServedModel]
     settings: Settings
     compute: Compute = field(default_factory=Compute)
+    drain: Drain = field(default_factory=lambda: Drain(0.0))
+    metrics: Metrics | None = None
     ready: bool = False
     load_error: str | None = None
 
@@ -62,7 +73,16 @@ class ServerState:
                            available=list(self.models))
         return self.models[model_id]
 
+    def pick(self, model_id: str | None) -> ServedModel:
+        """The model a request names; one that names none gets the only model served."""
+        self.check_ready()
+        if model_id is None and len(self.models) > 1:
+            raise ApiError(400, f"'model' is required: this server serves {', '.join(self.models)}",
+                           code="invalid_value", param="model")
+        return self.lookup(model_id if model_id is not None else next(iter(self.models)))
+
     def check_ready(self) -> None:
+        self.drain.refuse_new()
         if self.load_error:
             raise ApiError(503, f"the server could not load its models: {self.load_error}", code="load_failed")
         if not self.ready:
@@ -73,7 +93,8 @@ class ServerState:
 def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_failure=None) -> FastAPI:
     """The application; its start-up warms every model on the compute thread (/health is 503 until then).
     on_ready() is called once all are warm; on_failure(message) if one cannot be loaded."""
-    state = ServerState({m.id: m for m in models}, settings)
+    state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace),
+                        metrics=Metrics({m.id: m.pool.state for m in models}))
 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(_warm(state, on_ready, on_failure))
@@ -85,14 +106,23 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     app.state.server = state
     _add_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body)
+    app.add_middleware(InFlight, drain=state.drain)
+    add_guards(app, settings.host, settings.api_key, settings.cors)
+    app.add_middleware(AccessLog, metrics=state.metrics)
     key = Depends(_key_check(settings.api_key))
 
     @app.get("/health")
     async def health():
+        if state.drain.stopping:
+            return JSONResponse({"status": "stopping", "signal": state.drain.signal}, status_code=503)
         if state.load_error or not state.ready:
             status = "failed" if state.load_error else "loading"
             return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
         return {"status": "ok", "models": {m.id: m.pool.state() for m in state.models.values()}}
+
+    @app.get("/metrics", dependencies=[key])
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=[key])
     async def list_models():
@@ -111,6 +141,27 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     @app.post("/v1/completions", dependencies=[key])
     async def completions(request: Request):
         return await _complete(state, request, CompletionRequest, chat=False)
+
+    @app.post("/tokenize", dependencies=[key])
+    async def tokenize(request: Request):
+        req = await _body(request, TokenizeRequest)
+        tok = state.pick(req.model).model.tokenizer
+        ids = await asyncio.to_thread(tok.encode, req.content, add_bos=None if req.add_special else False)
+        if not req.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": i, "piece": tok.token_bytes(i, special=True).decode("utf-8", errors="replace")}
+                           for i in ids]}
+
+    @app.post("/detokenize", dependencies=[key])
+    async def detokenize(request: Request):
+        req = await _body(request, DetokenizeRequest)
+        served = state.pick(req.model)
+        tok = served.model.tokenizer
+        bad = [t for t in req.tokens if t >= tok.n_vocab]
+        if bad:
+            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary of '{served.id}' "
+                           f"(0..{tok.n_vocab - 1})", code="invalid_value", param="tokens")
+        return {"content": tok.decode(req.tokens)}
 
     return app
 
@@ -131,16 +182,17 @@ async def _warm(state: ServerState, on_ready, on_failure) -> None:
 # -- one request -------------------------------------------------------------------------------------
 async def _complete(state: ServerState, request: Request, schema: type[Generation], chat: bool):
     state.check_ready()
-    try:
-        req = schema.model_validate_json(await request.body())
-    except ValidationError as e:
-        raise invalid_body(e) from None
+    req = await _body(request, schema)
     served = state.lookup(req.model)
+    clock = state.metrics.clock(served.id)
     ids = await asyncio.to_thread(_prompt_ids, served, req, chat)
-    job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops(), req.cache_prompt)
+    n_top = req.n_logprobs()
+    trace = None if n_top is None else Logprobs(served.model.tokenizer, n_top)
+    job = Job(ids, _max_tokens(served, len(ids), req.limit()), _sampling(req), req.stops(), req.cache_prompt,
+              mask=await asyncio.to_thread(_mask, served, req), observe=trace)
     pool = served.pool
     try:
-        session = await _acquire(pool, request)
+        session = await _acquire(pool, request, state.drain)
     except QueueFull as e:
         pool.counts.refuse(429)
         raise ApiError(429, str(e), code="queue_full", type="rate_limit_error",
@@ -159,18 +211,35 @@ async def _complete(state: ServerState, request: Request, schema: type[Generatio
         lease.release()
         raise _run_error(e) from e
     headers = {DEVICES_HEADER: ", ".join(devices), MODEL_HEADER: f"{served.id} sha256:{served.sha256}"}
-    reply = Reply(served.id, chat, len(ids), devices)
-    steps = _steps(state.compute, run, lease)
+    reply = Reply(served.id, chat, len(ids), devices, trace)
+    request.state.access = (len(ids), lambda: run.n_out, devices)
+    steps = _steps(state.compute, run, lease, clock, state.drain)
     if req.stream:
-        return _Stream(_events(reply, run, steps, req.include_usage()), lease=lease, headers=headers, sep="\n",
+        events = _events(reply, run, steps, req.include_usage(), state.drain)
+        return _Stream(events, lease=lease, headers=headers, sep="\n",
                        shutdown_grace_period=state.settings.shutdown_grace)
     text = []
     async for piece in steps:
         text.append(piece)
+        if state.drain.cut:
+            await steps.aclose()
+            raise state.drain.cut_error(run.n_out)
         if await request.is_disconnected():
             await steps.aclose()
             return JSONResponse({}, status_code=499)
     return JSONResponse(reply.whole("".join(text), run), headers=headers)
+
+
+async def _body(request: Request, schema):
+    """The request's body, checked (a client that hangs up while sending it: see _add_error_handlers)."""
+    return _parse(schema, await request.body())
+
+
+def _parse(schema, body: bytes):
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as e:
+        raise invalid_body(e) from None
 
 
 def _prompt_ids(served: ServedModel, req: Generation, chat: bool) -> list[int]:
@@ -205,6 +274,11 @@ def _tokens(served: ServedModel, req: Generation, chat: bool) -> list[int]:
         raise ApiError(400, str(e), code="invalid_messages", param="messages") from None
 
 
+def _mask(served: ServedModel, req: Generation) -> GrammarMask | None:
+    grammar = grammar_of(req)
+    return None if grammar is None else GrammarMask(served.model.tokenizer, grammar)
+
+
 def _max_tokens(served: ServedModel, n_prompt: int, asked: int | None) -> int:
     n_ctx = served.pool.sessions[0].n_ctx
     room = n_ctx - n_prompt
@@ -220,11 +294,13 @@ def _max_tokens(served: ServedModel, n_prompt: int, asked: int | None) -> int:
 def _sampling(req: Generation) -> SamplingParams:
     """OpenAI's defaults: temperature 1, no nucleus cut; no top-k cut unless asked (llama.cpp's extension)."""
     return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature,
-                          top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, seed=req.seed)
+                          top_k=req.top_k or 0, top_p=1.0 if req.top_p is None else req.top_p, min_p=req.min_p or 0.0,
+                          seed=None if req.seed == -1 else req.seed)     # -1: llama-server's "random"
 
 
-async def _acquire(pool: SessionPool, request: Request):
-    """A session, or None when the client disconnects while it waits in the queue."""
+async def _acquire(pool: SessionPool, request: Request, drain: Drain):
+    """A session, or None when the client disconnects while it waits in the queue (a 503 when the server
+    stops meanwhile)."""
     task = asyncio.ensure_future(pool.acquire())
     handed = False
     try:
@@ -235,6 +311,7 @@ async def _acquire(pool: SessionPool, request: Request):
                 return task.result()
             if await request.is_disconnected():
                 return None
+            drain.refuse_new()
     finally:
         if not handed:
             task.cancel()
@@ -271,7 +348,7 @@ class _Stream(EventSourceResponse):
                 self._lease.release()
 
 
-async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]:
+async def _steps(compute: Compute, run: Run, lease: Lease, clock: Clock, drain: Drain) -> AsyncIterator[str]:
     """The request's text, a piece per step ("" while a stop string may be starting). Cancelled mid-step
     (the client went away), the session is given back once that step returns; closed between steps, at once."""
     try:
@@ -279,13 +356,14 @@ async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]
             lease.stepping = True
             text = await compute.call(run.step, when_abandoned=lease.release)
             lease.stepping = False
+            clock.step()
             yield text
     except asyncio.CancelledError:
-        lease.pool.counts.cancelled += 1
+        _gone(lease, run, drain)
         raise
     except GeneratorExit:       # closed between steps: the client went away, or (finished) the stream ended
         if run.finish is None:
-            lease.pool.counts.cancelled += 1
+            _gone(lease, run, drain)
         lease.release()
         raise
     except BaseException as e:
@@ -293,6 +371,13 @@ async def _steps(compute: Compute, run: Run, lease: Lease) -> AsyncIterator[str]
         raise _run_error(e) from e
     lease.release()
     lease.pool.counts.answered += 1
+    clock.done(len(run.job.ids), run.n_out, run.cached_tokens)
+
+
+def _gone(lease: Lease, run: Run, drain: Drain) -> None:
+    lease.pool.counts.cancelled += 1
+    why = f"cut by the shutdown ({drain.signal})" if drain.cut else "client went away"
+    log.warning("%s after %d generated tokens; its generation stops and its session is given back", why, run.n_out)
 
 
 def _run_error(e: BaseException) -> BaseException:
@@ -312,8 +397,10 @@ class Reply:
     chat: bool
     n_prompt: int
     devices: list[str]
+    trace: Logprobs | None = None      # when the request asked for log-probabilities
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    sent: int = 0                      # characters of text sent so far (completions' text_offset)
 
     def _head(self, object_: str) -> dict:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
@@ -324,26 +411,37 @@ class Reply:
                 "total_tokens": self.n_prompt + run.n_out,
                 "prompt_tokens_details": {"cached_tokens": run.cached_tokens}}
 
+    def logprobs(self) -> dict | None:
+        """The log-probabilities of the tokens since the last call, in the route's shape."""
+        if self.trace is None:
+            return None
+        entries = self.trace.take()
+        return self.trace.chat(entries) if self.chat else self.trace.completion(entries, self.sent)
+
     def whole(self, text: str, run: Run) -> dict:
+        lp = self.logprobs()
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                       "finish_reason": run.finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": run.finish}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": run.finish}
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
                 "usage": self.usage(run), "devices": self.devices}
 
     def chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+        lp = None if first else self.logprobs()
+        self.sent += len(text or "")
         if self.chat:
             delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
 
-async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usage: bool):
-    """OpenAI's stream: a chunk per piece of text, one with the finish reason, the usage when asked, [DONE]."""
+async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usage: bool, drain: Drain):
+    """OpenAI's stream: a chunk per piece of text, one with the finish reason, the usage when asked, [DONE];
+    cut by a shutdown, an error event then [DONE]."""
     usage = {"usage": None} if include_usage else {}
 
     def event(body: dict) -> dict:
@@ -355,9 +453,11 @@ async def _events(reply: Reply, run: Run, steps: AsyncIterator[str], include_usa
         async for text in steps:
             if text:
                 yield event({**reply.chunk(text, None), **usage})
+            if drain.cut:
+                raise drain.cut_error(run.n_out)
         yield event({**reply.chunk(None, run.finish), **usage})
         if include_usage:
-            yield event({**reply._head(reply.chunk(None, None)["object"]), "choices": [],
+            yield event({**reply._head("chat.completion.chunk" if reply.chat else "text_completion"), "choices": [],
                          "usage": reply.usage(run)})
     except ApiError as e:        # headers are sent: the error goes in the stream, where OpenAI's clients look
         yield event(e.body())
@@ -429,11 +529,17 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        words = {404: f"no route {request.method} {request.url.path}; the routes are GET /health, GET /v1/models, "
-                      f"POST /v1/chat/completions and POST /v1/completions",
+        words = {404: f"no route {request.method} {request.url.path}; the routes are GET /health, GET /metrics, "
+                      f"GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /tokenize and "
+                      f"POST /detokenize",
                  405: f"{request.method} is not allowed on {request.url.path}"}
         return ApiError(e.status_code, words.get(e.status_code, str(e.detail)), code=f"http_{e.status_code}",
                         headers=dict(e.headers or {})).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, e: ClientDisconnect):
+        log.warning("client went away while sending its request body to %s", request.url.path)
+        return JSONResponse({}, status_code=499)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, e: Exception):

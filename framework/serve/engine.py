@@ -29,7 +29,7 @@ from ..core.scheduler import Plan
 from ..runtime.batch import Batch, Part
 from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
 from ..runtime.prefix import PrefixCache
-from ..runtime.sampling import Sampler, SamplingParams
+from ..runtime.sampling import Observer, Sampler, SamplingParams, TokenMask
 from ..runtime.session import Session
 from .pool import Slot
 from .stops import StopFilter
@@ -74,6 +74,8 @@ class Job:
     sampling: SamplingParams
     stops: list[str]
     cache_prompt: bool = True        # llama-server's field: reuse the cells of a cached prefix, and keep this one
+    mask: TokenMask | None = None          # structured output: the grammar's tokens only (serve/structured.py)
+    observe: Observer | None = None        # told of every step's logits and token (logprobs)
 
 
 AHEAD = 4        # pieces a request may have waiting, computed before it asked (its client reads slower)
@@ -179,7 +181,7 @@ class Run:
         self.tokens = list(job.ids)              # the prompt and every token sampled: what its cells hold
         self.pending, self.last, self.produced = self.tokens[self.cached_tokens:], 0, 0
         self.generating = True
-        self.sampler = Sampler(job.sampling)
+        self.sampler = Sampler(job.sampling, job.mask, job.observe)
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         return sched.devices
 
@@ -189,7 +191,8 @@ class Run:
         keys = s.context.shapes_for(len(job.ids), job.max_tokens)
         if any(k not in s.plans for k in keys):
             s.reserve(len(job.ids), job.max_tokens)
-        self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling), s.model.tokenizer.eog_ids)
+        tok = s.model.tokenizer
+        self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling, job.mask, job.observe), tok.eog_ids)
         return devices_of([s.plans[k][0] for k in keys], s.devices)
 
     def took(self, part: Part, logits) -> None:

@@ -38,8 +38,11 @@ def invalid_body(e: ValidationError) -> ApiError:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             parts.append(f"'{field}' is required")
+        elif err["type"] == "extra_forbidden":
+            parts.append(f"'{field}' is not a field this server knows (docs/serve.md lists those it takes); "
+                         f"leave it out")
         elif field:
-            parts.append(f"'{field}': {msg} (got {_short(err.get('input'))})")
+            parts.append(f"'{field}': {msg} (got {short(err.get('input'))})")
         else:
             parts.append(msg)
     return ApiError(400, "; ".join(parts[:6]), code="invalid_value", param=seen[0] or None)
@@ -50,6 +53,7 @@ def _is_union_branch(part) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part or "-" in part)
 
 
-def _short(value) -> str:
+def short(value) -> str:
+    """A value as it is quoted in an error message: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -17,6 +17,8 @@ import uvicorn
 
 from ..exit_codes import EXIT_DEVICE, EXIT_INPUT, EXIT_OK
 from .app import Settings, create_app
+from .guard import parse_origins
+from .shutdown import Drain
 from .models import load_models
 
 
@@ -35,7 +37,8 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
             f"{args.ctx} tokens, reserved")
     url = f"http://{_host_in_url(args.host)}:{args.port}/v1"
     settings = Settings(api_key=args.api_key, max_body=args.max_body,
-                        shutdown_grace=max(0.0, args.shutdown_timeout - 1.0))
+                        shutdown_grace=max(0.0, args.shutdown_timeout - 1.0), host=args.host,
+                        cors=parse_origins(args.cors))
     failed: list[str] = []
 
     def on_failure(message: str) -> None:
@@ -48,9 +51,10 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         say(f"listening on {args.host}, not only this machine" + ("" if args.api_key else "; no --api-key is set"))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("framework.serve.access").setLevel(logging.INFO)     # a line per request (metrics.py)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
-    server = uvicorn.Server(config)
+    server = _Server(config, app.state.server.drain)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the handler it found:
     # this one notes it, so the process ends by returning 0 rather than by the signal or a KeyboardInterrupt
     stops: list[int] = []
@@ -65,6 +69,21 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
         say(f"stopped by {signal.Signals(stops[0]).name}")
     # uvicorn also returns when it could not bind the port (it has logged why)
     return EXIT_DEVICE if failed else EXIT_OK if server.started else EXIT_INPUT
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose first SIGINT/SIGTERM drains (shutdown.py) before it stops accepting; a second
+    stops at once."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain):
+        super().__init__(config)
+        self.drain = drain
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.drain.stopping or self.should_exit or not self.started:
+            return super().handle_exit(sig, frame)
+        self._captured_signals.append(sig)      # raised again once uvicorn returns, as its own handler does
+        self.drain.begin(signal.Signals(sig).name, then=lambda: setattr(self, "should_exit", True))
 
 
 def _host_in_url(host: str) -> str:
