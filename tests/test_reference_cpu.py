@@ -40,9 +40,14 @@ def test_teacher_forced_greedy(case):
 
 
 def test_teacher_forced_greedy_through_decode_steps(case):
-    """The same bounds with llama.cpp's tokens fed one decode step at a time."""
+    """The same bounds with llama.cpp's tokens fed one decode step at a time: every prompt on the default q8
+    path; the first on the float32 path, whose decode step reads the head in float32 (Gemma 3's 671 MB a
+    step) and whose rows are the reference kernels' that the prefill tests above already hold."""
     name, _, session = case
-    assert_teacher_forced(session, reference(name)[0], by_decode=True)
+    ref = reference(name)[0]
+    if session.devices[0].fast is False:
+        ref = dict(ref, prompts=ref["prompts"][:1])
+    assert_teacher_forced(session, ref, by_decode=True)
 
 
 def test_text_perplexity_and_top1(case):
