@@ -480,18 +480,21 @@ def _heads(b, row0, row_bytes, offset, head):
     return d, (b.fmul(d, _const_vec(F32, [-k] * TILE_R)) if k is not None else None)
 
 
-def _pairs_by_row(es, pair, offset, x):
-    """<8 x i32>: lane j the integer dot product of a group of weight row j (emitter es[j]) and x, for a
-    layout with ``pair``: rows p and p + 4 share a vector (values 0-15 of p, then of p + 4, times x's values
-    0-15 in both halves; then values 16-31 times x's 16-31), and three pairwise adds gather the lanes of
-    each row. Integer additions: exact, the same sums as _halves_by_row's."""
+def _pairs_unpacked(es, pair, offset):
+    """The paired values of a block of eight rows, for a layout with ``pair``: rows p and p + 4 share a vector
+    (values 0-15 of p, then of p + 4; then values 16-31), four (lo, hi) pairs, unpacked once for every
+    activation row (_pairs_by_row)."""
+    return [pair(es[p], es[p + TILE_R // 2], offset) for p in range(TILE_R // 2)]
+
+
+def _pairs_by_row(es, pairs, x):
+    """<8 x i32>: lane j the integer dot product of a group of weight row j and x, from _pairs_unpacked's
+    pairs: each pair times x's values 0-15 in both halves, then its values 16-31 times x's 16-31, and three
+    pairwise adds gather the lanes of each row. Integer additions: exact, the same sums as _halves_by_row's."""
     b = es[0].b
     x_lo = b.shuffle_vector(x, x, _const_vec(I32, [*range(16), *range(16)]))
     x_hi = b.shuffle_vector(x, x, _const_vec(I32, [*range(16, 32), *range(16, 32)]))
-    vs = []
-    for p in range(TILE_R // 2):
-        u_lo, u_hi = pair(es[p], es[p + TILE_R // 2], offset)
-        vs.append(_dot_acc(es[p], es[p].dot(u_lo, x_lo), u_hi, x_hi))
+    vs = [_dot_acc(es[p], es[p].dot(u_lo, x_lo), u_hi, x_hi) for p, (u_lo, u_hi) in enumerate(pairs)]
     return _hadd(b, _hadd(b, vs[0], vs[1]), _hadd(b, vs[2], vs[3]))
 
 
@@ -553,63 +556,95 @@ def row_dot(layout: Layout):
     return dot
 
 
-def rows_dot(layout: Layout):
-    """An intrinsic ``(w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N, bytes
-    per row)) times activation row m (as row_dot's) into out[m, r .. r + 7] (float32 (M, N)), each block
-    unpacked in registers: for a decode step, where each weight row is read once. The eight rows' group
-    sums are gathered into one vector (_halves_by_row), so the float chain runs on eight rows at once."""
+def rows_dot(layouts: list[Layout], n_x: int):
+    """An intrinsic ``(fmt, w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N,
+    bytes per row), blocks of layouts[fmt]) times activation rows m .. m + n_x - 1 (as row_dot's) into
+    out[m .. m + n_x - 1, r .. r + 7] (float32 (M, N)). One intrinsic for every layout (a switch on fmt in
+    the IR), so that a kernel dispatches on the weight type without a function per type."""
 
     @intrinsic
-    def dot(typingctx, w, r, xq, xd, xsum, m, out):
-        sig = types.int64(w, r, xq, xd, xsum, m, out)
+    def dot(typingctx, fmt, w, r, xq, xd, xsum, m, out):
+        sig = types.int64(fmt, w, r, xq, xd, xsum, m, out)
+        bodies = [_rows_codegen(layout, n_x) for layout in layouts]
 
         def codegen(context, b, signature, args):
-            s = signature.args
-            aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
-                                              (args[0], args[2], args[3], args[4], args[6]))
-            r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
-            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
-            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-            n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
-            isa = product_isa(context)
-            es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
-            x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
-            acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
-            with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
-                blk = loop.index
-                offset = b.mul(blk, _i64(layout.block_bytes))
-                per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
-                if layout.groups == 1:
-                    _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
-                for gi in range(layout.groups):
-                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
-                    x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
-                    gs = [per_row[j][gi] for j in range(TILE_R)]
-                    if layout.pair is not None:
-                        lo, hi = _pairs_by_row(es, layout.pair, offset, x), ir.Constant(V8I32, None)
-                    else:
-                        lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
-                    at = b.add(s_base, group)
-                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
-                    two = gs[0].scale_hi is not None
-                    with_sum = gs[0].sum_factor is not None
-                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
-                    if layout.head is not None:
-                        scale, sum_factor = _heads(b, es[0].row, row_bytes, offset, layout.head)
-                    else:
-                        scale = _vector_of(b, [g.scale for g in gs])
-                        sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
-                    b.store(_add_group(b, b.load(acc), lo, hi, scale,
-                                       _vector_of(b, [g.scale_hi for g in gs]) if two else None, dx,
-                                       sum_factor, xsum_at), acc)
-            dst = b.gep(aout.data, [b.add(b.mul(m0, n_out), r0)])
-            b.store(b.load(acc), b.bitcast(dst, V8F32.as_pointer()), align=4)
+            which = _int(context, b, signature.args[0], args[0])
+            inner = types.int64(*signature.args[1:])
+            done = b.append_basic_block("rows_dot_done")
+            switch = b.switch(which, done)
+            for i, body in enumerate(bodies):
+                case = b.append_basic_block(f"rows_dot_{layouts[i].name}")
+                switch.add_case(_i64(i), case)
+                b.position_at_end(case)
+                body(context, b, inner, args[1:])
+                b.branch(done)
+            b.position_at_end(done)
             return ir.Constant(I64, 0)
 
         return sig, codegen
 
     return dot
+
+
+def _rows_codegen(layout: Layout, n_x: int):
+    """The codegen of rows_dot for one layout: weight rows r .. r + 7 times activation rows m .. m + n_x - 1,
+    each block unpacked in registers once and multiplied by every activation row: for a decode step or a
+    few rows (speculative verification, several sequences' decode), where each weight row is read from
+    memory once. The eight rows' group sums are gathered into one vector (_halves_by_row), so the float
+    chain runs on eight rows at once; each activation row has its own chain, in the one-row order, so a
+    row's outputs are its bits alone, whatever n_x."""
+
+    def codegen(context, b, signature, args):
+        s = signature.args
+        aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
+                                          (args[0], args[2], args[3], args[4], args[6]))
+        r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
+        row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+        k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+        n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+        n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
+        isa = product_isa(context)
+        es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
+        ms = [b.add(m0, _i64(i)) for i in range(n_x)]
+        x_base, s_base = [b.mul(mi, k) for mi in ms], [b.mul(mi, n_groups) for mi in ms]
+        acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)]
+        with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+            blk = loop.index
+            offset = b.mul(blk, _i64(layout.block_bytes))
+            per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
+            if layout.groups == 1:
+                _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
+            pairs = _pairs_unpacked(es, layout.pair, offset) if layout.pair is not None else None
+            if layout.head is not None:
+                head_scale, head_sum = _heads(b, es[0].row, row_bytes, offset, layout.head)
+            for gi in range(layout.groups):
+                group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                gs = [per_row[j][gi] for j in range(TILE_R)]
+                two = gs[0].scale_hi is not None
+                with_sum = gs[0].sum_factor is not None
+                if layout.head is not None:
+                    scale, sum_factor = head_scale, head_sum
+                else:
+                    scale = _vector_of(b, [g.scale for g in gs])
+                    sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
+                scale_hi = _vector_of(b, [g.scale_hi for g in gs]) if two else None
+                for i in range(n_x):
+                    x = es[0].load(axq.data, b.add(x_base[i], b.mul(group, _i64(QK))), V32I8)
+                    if pairs is not None:
+                        lo, hi = _pairs_by_row(es, pairs, x), ir.Constant(V8I32, None)
+                    else:
+                        lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
+                    at = b.add(s_base[i], group)
+                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
+                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
+                    b.store(_add_group(b, b.load(acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at),
+                            acc[i])
+        for i in range(n_x):
+            dst = b.gep(aout.data, [b.add(b.mul(ms[i], n_out), r0)])
+            b.store(b.load(acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+        return ir.Constant(I64, 0)
+
+    return codegen
 
 
 # -- many activation rows: a tile of weight rows unpacked once, their rows in a vector's lanes -----------
