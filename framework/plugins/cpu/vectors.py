@@ -172,6 +172,11 @@ class Layout:
     # the scale, ('dm', None) a scale and a float16 sum factor (the minimum): what ``emit`` reads there, read
     # for eight rows at once (rows_dot)
     head: tuple | None = None
+    # the K-quants' scales of a block for eight rows at once, a row a lane: (row 0's pointer, bytes a row, the
+    # block's byte offset) -> for each group (scale, second scale or None, sum factor or None) as <8 x float>,
+    # the values ``emit`` computes for each row, by the same operations (rows_dot; unpacking the 6-bit
+    # scales row by row in scalar code took more of a Q4_K product's time than its integer products)
+    scales8: Callable | None = None
 
 
 def _neg(e, x, k: float):
@@ -259,6 +264,62 @@ def _q4_k_like(e, o, nibbles_at: int):
             groups.append(Group(values, False, b.fmul(d, b.uitofp(sc, F32)),
                                 sum_factor=b.fmul(b.fneg(dmin), b.uitofp(mn, F32))))
     return groups
+
+
+def _words8(b, row0, row_bytes, offset, at: int, n: int):
+    """The n 32-bit words from byte offset + at of eight rows, rows row_bytes apart: n <8 x i32>, a row a lane."""
+    base = b.gep(row0, [b.add(offset, _i64(at))])
+    return [_vector_of(b, [b.load(b.bitcast(b.gep(base, [b.add(b.mul(row_bytes, _i64(j)), _i64(4 * w))]),
+                                            I32.as_pointer()), align=1) for j in range(8)]) for w in range(n)]
+
+
+def _f16_lanes(b, words, high: bool):
+    """The float16 in the low (or high) half of each lane of <8 x i32>, widened to <8 x float>."""
+    v = b.lshr(words, _const_vec(I32, [16] * 8)) if high else words
+    return b.fpext(b.bitcast(b.trunc(v, ir.VectorType(I16, 8)), ir.VectorType(F16, 8)), V8F32)
+
+
+def _byte_lanes(b, words, i: int, signed: bool = False):
+    """Byte i of the words (words[i // 4], byte i % 4 of each lane) as <8 x i32>, zero- or sign-extended."""
+    w = words[i // 4]
+    if signed:
+        return b.ashr(b.shl(w, _const_vec(I32, [24 - 8 * (i % 4)] * 8)), _const_vec(I32, [24] * 8))
+    return b.and_(b.lshr(w, _const_vec(I32, [8 * (i % 4)] * 8)), _const_vec(I32, [255] * 8))
+
+
+def _q4_k_scales8(b, row0, row_bytes, offset):
+    """scales8 of Q4_K and Q5_K: _q4_k_like's scales and minimums, a row a lane."""
+    head, *words = _words8(b, row0, row_bytes, offset, 0, 4)
+    d, dmin = _f16_lanes(b, head, False), _f16_lanes(b, head, True)
+    q = [_byte_lanes(b, words, i) for i in range(12)]
+
+    def c(v):
+        return _const_vec(I32, [v] * 8)
+
+    out = []
+    for j in range(8):
+        if j < 4:
+            sc, mn = b.and_(q[j], c(63)), b.and_(q[j + 4], c(63))
+        else:
+            sc = b.or_(b.and_(q[j + 4], c(15)), b.shl(b.lshr(q[j - 4], c(6)), c(4)))
+            mn = b.or_(b.lshr(q[j + 4], c(4)), b.shl(b.lshr(q[j], c(6)), c(4)))
+        out.append((b.fmul(d, b.uitofp(sc, V8F32)), None, b.fmul(b.fneg(dmin), b.uitofp(mn, V8F32))))
+    return out
+
+
+def _q6_k_scales8(b, row0, row_bytes, offset):
+    """scales8 of Q6_K: d x (int8 scale) for values 0-15 and 16-31 of each group, a row a lane."""
+    words = _words8(b, row0, row_bytes, offset, 192, 4)
+    at = b.add(offset, _i64(208))
+    d = _vector_of(b, [b.fpext(b.load(b.bitcast(b.gep(row0, [b.add(b.mul(row_bytes, _i64(j)), at)]),
+                                                F16.as_pointer()), align=1), F32) for j in range(8)])
+    out = []
+    for h in range(2):
+        for k in range(4):
+            sc = 8 * h + 2 * k
+            lo, hi = (b.fmul(d, b.sitofp(_byte_lanes(b, words, i, signed=True), V8F32)) for i in (sc, sc + 1))
+            out.append((lo, hi, None))
+    return out
 
 
 def _q6_k(e, o):
@@ -365,9 +426,9 @@ LAYOUTS = {
     "Q5_0": Layout("Q5_0", 22, 1, lambda e, o: _q5(e, o, False), _q5_pair(2, 6), ("d", 16.0)),
     "Q5_1": Layout("Q5_1", 24, 1, lambda e, o: _q5(e, o, True), _q5_pair(4, 8), ("dm", None)),
     "Q8_0": Layout("Q8_0", 34, 1, _q8_0, head=("d", None)),
-    "Q4_K": Layout("Q4_K", 144, 8, _q4_k),
-    "Q6_K": Layout("Q6_K", 210, 8, _q6_k),
-    "Q5_K": Layout("Q5_K", 176, 8, _q5_k),
+    "Q4_K": Layout("Q4_K", 144, 8, _q4_k, scales8=_q4_k_scales8),
+    "Q6_K": Layout("Q6_K", 210, 8, _q6_k, scales8=_q6_k_scales8),
+    "Q5_K": Layout("Q5_K", 176, 8, _q5_k, scales8=_q4_k_scales8),
     "Q3_K": Layout("Q3_K", 110, 8, _q3_k),
     "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl, head=("d", None)),
     "IQ4_XS": Layout("IQ4_XS", 136, 8, _iq4_xs),
@@ -617,17 +678,21 @@ def _rows_codegen(layout: Layout, n_x: int):
             pairs = _pairs_unpacked(es, layout.pair, offset) if layout.pair is not None else None
             if layout.head is not None:
                 head_scale, head_sum = _heads(b, es[0].row, row_bytes, offset, layout.head)
+            if layout.scales8 is not None:
+                scales8 = layout.scales8(b, es[0].row, row_bytes, offset)
             for gi in range(layout.groups):
                 group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                 gs = [per_row[j][gi] for j in range(TILE_R)]
                 two = gs[0].scale_hi is not None
                 with_sum = gs[0].sum_factor is not None
                 if layout.head is not None:
-                    scale, sum_factor = head_scale, head_sum
+                    scale, sum_factor, scale_hi = head_scale, head_sum, None
+                elif layout.scales8 is not None:
+                    scale, scale_hi, sum_factor = scales8[gi]
                 else:
                     scale = _vector_of(b, [g.scale for g in gs])
                     sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
-                scale_hi = _vector_of(b, [g.scale_hi for g in gs]) if two else None
+                    scale_hi = _vector_of(b, [g.scale_hi for g in gs]) if two else None
                 for i in range(n_x):
                     x = es[0].load(axq.data, b.add(x_base[i], b.mul(group, _i64(QK))), V32I8)
                     if pairs is not None:
