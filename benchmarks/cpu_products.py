@@ -21,15 +21,21 @@ the window transposed first (the prefill path), medians of 7 timings of 200 call
 from __future__ import annotations
 
 import argparse
+import collections
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gguf
 import numba
 import numpy as np
 
 from framework.contract import DType
-from framework.model.default import model_path
+from framework.model.default import model_path, resolve_model
 from framework.plugins.cpu.quantized import QuantizedWeight, target
 
 # (model, tensor): each type and shape of the two models' layers, and Gemma 3's tied output matrix
@@ -46,8 +52,16 @@ def main() -> None:
     ap.add_argument("--only", default="", help="tensor names to keep (substrings, comma-separated)")
     ap.add_argument("--cold", default="", metavar="MODEL", help="time a decode step's layer products cold")
     ap.add_argument("--attention", action="store_true", help="time a decode step's attention, both paths")
+    ap.add_argument("--few", default="", metavar="MODELS", help="time products of 1, 2, 4, 8 activation rows")
+    ap.add_argument("--base", default="", help="with --few: a checkout whose plugin takes turns with this one")
+    ap.add_argument("--turns", type=int, default=5, help="with --few: turns of each engine")
+    ap.add_argument("--one-turn", default="", help=argparse.SUPPRESS)      # one engine's turn (a child)
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
+    if args.one_turn:
+        return print(json.dumps(one_turn(args.one_turn)))
+    if args.few:
+        return few(args.few.split(","), args.base, args.turns, args.threads)
     print(f"numba compiles for {list(target())}, {args.threads} thread(s)")
     if args.cold:
         return cold(args.cold)
@@ -92,6 +106,97 @@ def cold(name: str) -> None:
         best = min(best, time.perf_counter() - t0)
     print(f"{name}: {len(weights)} layer products, {nbytes / 2**20:.1f} MiB, cold pass {best * 1e3:.2f} ms "
           f"({nbytes / best / 1e9:.1f} GB/s), best of 5")
+
+
+FEW_ROWS = (1, 2, 4, 8)
+
+
+def _groups(path: str) -> dict[str, list]:
+    """Each quantized (type, shape) of the model's layers -> its tensors (one a layer), and the output matrix."""
+    reader = gguf.GGUFReader(resolve_model(os.path.expanduser(path)))
+    groups: dict[str, list] = collections.defaultdict(list)
+    names = {t.name for t in reader.tensors}
+    head = "output.weight" if "output.weight" in names else "token_embd.weight"
+    for t in reader.tensors:
+        if len(t.shape) != 2 or t.tensor_type.name in ("F32", "F16", "BF16"):
+            continue
+        if not (t.name.startswith("blk.") or t.name == head):
+            continue
+        n, k = int(t.shape[1]), int(t.shape[0])
+        label = "head" if t.name == head else t.name.split(".", 2)[2].removesuffix(".weight")
+        w = QuantizedWeight(np.array(t.data), DType[t.tensor_type.name], (n, k))
+        groups[f"{t.tensor_type.name} {n}x{k}"].append((label, w))
+    return groups
+
+
+def one_turn(path: str) -> dict:
+    """{"type NxK": {"times": {M: wall seconds a product}, "cpu": {M: CPU seconds}, ...}} for one engine, the
+    medians of 3 passes over the group's tensors."""
+    out = {}
+    for key, ws in _groups(path).items():
+        k = ws[0][1].shape[1]
+        out[key] = {"tensors": sorted({label for label, _ in ws}), "bytes": ws[0][1].nbytes, "count": len(ws),
+                    "times": {}, "cpu": {}}
+        for m in FEW_ROWS:
+            x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+            for _, w in ws:
+                w.matmul(x)                          # compiles, and pages the weights in
+            walls, cpus = [], []
+            for _ in range(3):
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _, w in ws:
+                    w.matmul(x)
+                walls.append((time.perf_counter() - t0) / len(ws))
+                cpus.append((time.process_time() - c0) / len(ws))
+            out[key]["times"][m] = statistics.median(walls)
+            out[key]["cpu"][m] = statistics.median(cpus)
+    return out
+
+
+def few(models: list[str], base: str, turns: int, threads: int) -> None:
+    here = Path(__file__).resolve().parent.parent
+    engines = {"base": Path(base).resolve(), "this": here} if base else {"this": here}
+    for engine, root in engines.items():
+        print(f"{engine}: {root} at {_commit(root)}")
+    print(f"load average before: {os.getloadavg()}")
+    for model in models:
+        runs: dict[str, list[dict]] = {e: [] for e in engines}
+        for _ in range(turns):
+            for engine, root in engines.items():
+                env = {**os.environ, "PYTHONPATH": str(root), "NUMBA_NUM_THREADS": str(threads)}
+                done = subprocess.run([sys.executable, __file__, "--threads", str(threads), "--one-turn", model],
+                                      env=env, capture_output=True, text=True, check=True)
+                runs[engine].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        for clock, what in (("times", "wall"), ("cpu", "CPU (all threads)")):
+            _table(runs, engines, model, threads, turns, clock, what)
+    print(f"load average after: {os.getloadavg()}")
+
+
+def _table(runs: dict, engines: dict, model: str, threads: int, turns: int, clock: str, what: str) -> None:
+    print(f"\n{model}, {threads} thread(s), {what} time, medians of {turns} turns, ms a product (GB/s read):")
+    cols = "".join(f" | M={m} {e}" for m in FEW_ROWS for e in engines)
+    print(f"| type and shape | tensors | MiB{cols} | M=2/4/8 over M=1 ({', '.join(engines)}) |")
+    print("| --- " * (3 + len(FEW_ROWS) * len(engines) + 1) + "|")
+    for key, info in runs["this"][0].items():
+        t = {e: {m: statistics.median(r[key][clock][str(m)] for r in runs[e]) for m in FEW_ROWS} for e in engines}
+        cells = [f"{t[e][m] * 1e3:.3f} ({info['bytes'] / t[e][m] / 1e9:.1f})" for m in FEW_ROWS for e in engines]
+        ratios = "; ".join("/".join(f"{t[e][m] / t[e][1]:.2f}" for m in FEW_ROWS[1:]) for e in engines)
+        print(f"| {key} | {','.join(info['tensors'])} | {info['bytes'] / 2**20:.2f} | " + " | ".join(cells)
+              + f" | {ratios} |", flush=True)
+    # a whole step's products (every tensor once): what a decode step, or a verification of M rows, costs
+    for e in engines:
+        step = {m: sum(info["count"] * statistics.median(r[key][clock][str(m)] for r in runs[e])
+                       for key, info in runs["this"][0].items()) for m in FEW_ROWS}
+        nbytes = sum(info["count"] * info["bytes"] for info in runs["this"][0].values())
+        print(f"{e}: a step's products, M = {', '.join(map(str, FEW_ROWS))}: "
+              + ", ".join(f"{step[m] * 1e3:.1f} ms" for m in FEW_ROWS)
+              + f" ({nbytes / step[1] / 1e9:.1f} GB/s at M=1); over M=1: "
+              + "/".join(f"{step[m] / step[1]:.2f}" for m in FEW_ROWS[1:]))
+
+
+def _commit(root: Path) -> str:
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "(not a git checkout)"
 
 
 def attention() -> None:

@@ -1,15 +1,21 @@
-"""Where the cpu plugin's time goes: CPU seconds per op (products by weight type and shape) over a prefill
-and over decode steps, on its default path (the GGUF blocks times 8-bit activations).
+"""Where the cpu plugin's time goes: time per op (products by weight type and shape) over a prefill and over
+decode steps, on its default path (the GGUF blocks times 8-bit activations).
 
     python benchmarks/cpu_profile.py -m gemma3 --threads 1
+    python benchmarks/cpu_profile.py -m ~/.cache/framework/models/qwen25-coder-1.5b.gguf --threads 2 \
+        --prompt-tokens 16 --decode-tokens 16 --repeats 3
 
-CPU time (time.process_time) rather than wall time, so that other work on a shared host shows less; the
-sum over ops against the step's total is what the interpreter's own loop (numpy glue) costs."""
+Each op's wall time (time.perf_counter) and CPU time (time.process_time: all the process's threads, so CPU
+over wall is how many threads were busy, an OpenMP thread's spin while it waits for the others included),
+and for a product the weight's bytes, which a decode step reads once each: bytes over wall time is the
+product's effective read. On a shared host the CPU time shows less of the other work than the wall time;
+the sum over ops against the step's total is what the interpreter's own loop (numpy glue) costs."""
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import time
 
 import numba
@@ -17,13 +23,14 @@ import numpy as np
 
 from framework.bench import prompt_ids
 from framework.terminal import select_devices
-from framework.model.default import model_path
+from framework.model.default import resolve_model
 from framework.model.model import Model
 from framework.plugins.cpu import device as cpu_device
 from framework.plugins.cpu.quantized import QuantizedWeight
 from framework.runtime.session import Session
 
-STATS: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0])
+# (phase, op label) -> [CPU seconds, wall seconds, calls, weight bytes]
+STATS: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0, 0])
 PHASE = ["warm-up"]
 
 
@@ -38,11 +45,14 @@ def _label(node, args) -> str:
 
 def _timed(node, fn):
     def run(*args):
-        t = time.process_time()
+        t, w = time.process_time(), time.perf_counter()
         out = fn(*args)
+        wall, cpu = time.perf_counter() - w, time.process_time() - t
         st = STATS[(PHASE[0], _label(node, args))]
-        st[0] += time.process_time() - t
-        st[1] += 1
+        st[0] += cpu
+        st[1] += wall
+        st[2] += 1
+        st[3] += args[0].nbytes if node.op == "MUL_MAT" and isinstance(args[0], QuantizedWeight) else 0
         return out
     return run
 
@@ -65,33 +75,45 @@ def main() -> None:
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     cpu_device.CpuProgram.__init__ = _init_timed
-    model = Model(model_path(args.model))
+    model = Model(resolve_model(os.path.expanduser(args.model)))
     session = Session(model, select_devices("cpu"), n_ctx=max(512, args.prompt_tokens + args.decode_tokens + 8))
     ids = prompt_ids(model.tokenizer, args.prompt_tokens)
     session.eval(ids)                                     # warm-up: compiles, page faults
-    totals = {"prefill": 0.0, "decode": 0.0}
+    totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}      # CPU, wall seconds
     for _ in range(args.repeats):
         session.reset()
         PHASE[0] = "prefill"
-        t = time.process_time()
+        t, w = time.process_time(), time.perf_counter()
         logits = session.eval(ids)
-        totals["prefill"] += time.process_time() - t
+        totals["prefill"][0] += time.process_time() - t
+        totals["prefill"][1] += time.perf_counter() - w
         PHASE[0] = "decode"
-        t = time.process_time()
+        t, w = time.process_time(), time.perf_counter()
         for _ in range(args.decode_tokens):
             logits = session.eval([int(np.argmax(logits))])
-        totals["decode"] += time.process_time() - t
-    print(f"{args.model}, {args.threads} thread(s), CPU time: {session.devices[0].description}")
+        totals["decode"][0] += time.process_time() - t
+        totals["decode"][1] += time.perf_counter() - w
+    print(f"{args.model}, {args.threads} thread(s): {session.devices[0].description}")
+    print(f"load average {os.getloadavg()}")
     for phase, per in (("prefill", args.repeats), ("decode", args.repeats * args.decode_tokens)):
-        rows = sorted(((v[0] / per, v[1] / per, k) for (p, k), v in STATS.items() if p == phase), reverse=True)
-        in_ops, total = sum(r[0] for r in rows), totals[phase] / per
-        what = f"a prefill of {len(ids)} tokens" if phase == "prefill" else "a decode step"
-        print(f"-- {what}: {total * 1e3:.2f} ms ({len(ids) / total if phase == 'prefill' else 1 / total:.1f} tok/s "
-              f"of CPU time), {in_ops * 1e3:.2f} ms in ops, {(total - in_ops) * 1e3:.2f} ms between them")
-        for t, n, k in rows:
-            if t >= 0.01 * total:
-                print(f"{t * 1e3:10.3f} ms {100 * t / total:5.1f}% {n:6.0f} calls  {k}")
+        _report(phase, per, [v / per for v in totals[phase]], len(ids))
 
+
+def _report(phase: str, per: int, total: list[float], n_ids: int) -> None:
+    rows = sorted(((v[1] / per, v[0] / per, v[2] / per, v[3] / per, k) for (p, k), v in STATS.items() if p == phase),
+                  reverse=True)
+    cpu, wall = total
+    in_ops, nbytes = sum(r[0] for r in rows), sum(r[3] for r in rows)
+    what = f"a prefill of {n_ids} tokens" if phase == "prefill" else "a decode step"
+    rate = n_ids / wall if phase == "prefill" else 1 / wall
+    print(f"-- {what}: {wall * 1e3:.2f} ms wall ({rate:.1f} tok/s), {cpu * 1e3:.2f} ms CPU "
+          f"({cpu / wall:.2f} threads busy); {in_ops * 1e3:.2f} ms in ops, {(wall - in_ops) * 1e3:.2f} ms between "
+          f"them; products' weights {nbytes / 2**20:.1f} MiB ({nbytes / wall / 1e9:.2f} GB/s over the whole step)")
+    print(f"{'wall ms':>10s} {'%':>5s} {'busy':>5s} {'calls':>6s} {'MiB':>8s} {'GB/s':>6s}  op")
+    for t, c, n, b, k in rows:
+        if t >= 0.005 * wall:
+            rate = f"{b / t / 1e9:6.2f}" if b else f"{'':6s}"
+            print(f"{t * 1e3:10.3f} {100 * t / wall:5.1f} {c / t:5.2f} {n:6.0f} {b / 2**20:8.2f} {rate}  {k}")
 
 if __name__ == "__main__":
     main()

@@ -100,12 +100,12 @@ def q8_1_sums(x: np.ndarray, raw: np.ndarray, fmt: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("fmt", quantized.FORMATS)
-@pytest.mark.parametrize("m", [1, 4, 7])
+@pytest.mark.parametrize("m", [1, 7, quantized.TILED_FROM + 3])
 def test_fast_product_equals_reference(fmt, m):
     """Against the reference (the weight decoded by gguf, times the activations as rounded to 8 bits, in
     float64) the fast path may differ only by float32 sums; against the unrounded activations, by what
-    8-bit activations cost (llama.cpp's CPU products round the same way). m = 4 and 7 run both the 4-row
-    and the 1-row kernels."""
+    8-bit activations cost (llama.cpp's CPU products round the same way). m = 7 runs the few-row kernel's
+    4-, 2- and 1-row passes, TILED_FROM + 3 the tiled kernel's tiles and its one-row tail."""
     raw, shape = weight(fmt)
     w = dequantize(raw.reshape(-1), DType[fmt], shape).astype(np.float64)
     x = activations(m, shape[1])
@@ -149,16 +149,18 @@ def test_types_without_a_kernel_round_as_llama_cpp(dtype):
 
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"])
-def test_rows_of_a_batch_equal_rows_alone(fmt):
-    """Row i of a 7-row product (the tiled kernel: a 4-row tile, then 3 rows) is bit for bit the 1-row
-    product of row i (the decode kernel), as in chunked prefill and decode; 63 weight rows, so the last
-    rows take the kernels' one-row tails too."""
+@pytest.mark.parametrize("m", [7, 8, quantized.TILED_FROM + 5])
+def test_rows_of_a_batch_equal_rows_alone(fmt, m):
+    """Row i of an m-row product is bit for bit the 1-row product of row i (a decode step), as in chunked
+    prefill, speculative verification and several sequences' decode: 7 and 8 rows take the few-row kernel
+    (4, then 2, then 1 activation rows a pass over eight weight rows; 4 and 4), TILED_FROM + 5 the tiled
+    one (4-row tiles, then single rows); 63 weight rows, so the last rows take the one-row tails too."""
     raw, shape = weight(fmt)
     w = quantized.QuantizedWeight(raw[:63], DType[fmt], (63, shape[1]))
-    x = activations(7, shape[1])
+    x = activations(m, shape[1])
     whole = w.matmul(x)
-    for i in range(7):
-        np.testing.assert_array_equal(w.matmul(x[i:i + 1])[0], whole[i])
+    for i in range(m):
+        np.testing.assert_array_equal(w.matmul(x[i:i + 1])[0], whole[i], err_msg=f"row {i} of {m}")
 
 
 _PRODUCTS = """
@@ -171,7 +173,9 @@ out = {}
 for fmt, path in spec["weights"].items():
     raw = np.load(path)
     x = np.load(spec["x"][str(raw.shape[1])])
-    out[fmt] = quantized.QuantizedWeight(raw, DType[fmt], tuple(spec["shapes"][fmt])).matmul(x)
+    w = quantized.QuantizedWeight(raw, DType[fmt], tuple(spec["shapes"][fmt]))
+    out[fmt] = w.matmul(x)                      # the tiled kernel
+    out[fmt + " few"] = w.matmul(x[:7])         # the few-row kernel (4, 2 and 1 rows a pass)
 from framework.plugins.cpu.attention import flash_attn_ext
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((33, 4, 256), (96, 1, 256), (96, 1, 256)))
@@ -196,7 +200,7 @@ def _run_products(tmp_path, env_extra: dict, tag: str) -> tuple[list, dict]:
         raw, shape = weight(fmt)
         np.save(tmp_path / f"{fmt}.npy", raw)
         spec["weights"][fmt], spec["shapes"][fmt] = str(tmp_path / f"{fmt}.npy"), shape
-        np.save(tmp_path / f"x{shape[1]}.npy", activations(5, shape[1]))
+        np.save(tmp_path / f"x{shape[1]}.npy", activations(quantized.TILED_FROM + 1, shape[1]))
         spec["x"][str(raw.shape[1])] = str(tmp_path / f"x{shape[1]}.npy")
     env = {**os.environ, **env_extra}
     done = subprocess.run([sys.executable, "-c", _PRODUCTS, json.dumps(spec)], env=env, capture_output=True,
@@ -218,7 +222,7 @@ def test_results_do_not_depend_on_the_instruction_set(tmp_path):
     assert generic == ["haswell", "avx2"]
     host, b = _run_products(tmp_path, {}, "host")
     assert host == list(quantized.target())
-    for what in (*quantized.FORMATS, "attention", "rms_norm"):
+    for what in (*quantized.FORMATS, *(f + " few" for f in quantized.FORMATS), "attention", "rms_norm"):
         np.testing.assert_array_equal(a[what], b[what], err_msg=f"{what}: {generic} and {host} differ")
 
 

@@ -122,13 +122,14 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 
 
 # -- the products: out[m, r] = sum over k of weight[r, k] * x[m, k] --------------------------------------
-# One intrinsic per weight type (vectors.rows_dot, row_dot) for a few activation rows (a decode step):
-# each weight row read once, unpacked in registers, eight rows at a time.
+# For a decode step and a few activation rows (speculative verification, several sequences' decode): eight
+# weight rows at a time, each block read once and unpacked in registers, times ROWS_AT_ONCE activation rows
+# (vectors.rows_dot, one intrinsic for every type and count); row_dot for the weight's last N mod 8 rows.
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
-(_q4_0_8, _q4_1_8, _q5_0_8, _q5_1_8, _q8_0_8, _q4_k_8, _q6_k_8, _q5_k_8, _iq4nl_8, _iq4xs_8,
- _q3_k_8) = (rows_dot(LAYOUTS[f]) for f in FORMATS)
+ROWS_AT_ONCE = (4, 2, 1)     # activation rows a pass over eight weight rows multiplies, largest first
+_rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n) for n in ROWS_AT_ONCE)
 
 
 @kernel()
@@ -156,39 +157,24 @@ def _dot1(fmt, row, xq, xd, xsum, m):
     return _q3_k_1(row, xq, xd, xsum, m)
 
 
-@kernel()
-def _dot_rows8(fmt, w, r, xq, xd, xsum, m, out):
-    if fmt == 0:
-        return _q4_0_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 1:
-        return _q4_1_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 2:
-        return _q5_0_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 3:
-        return _q5_1_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 4:
-        return _q8_0_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 5:
-        return _q4_k_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 6:
-        return _q6_k_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 7:
-        return _q5_k_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 8:
-        return _iq4nl_8(w, r, xq, xd, xsum, m, out)
-    if fmt == 9:
-        return _iq4xs_8(w, r, xq, xd, xsum, m, out)
-    return _q3_k_8(w, r, xq, xd, xsum, m, out)
-
-
 def _matmul(fmt, w, xq, xd, xsum, out):
-    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], eight rows
-    at a time over the threads (for few activation rows: _matmul_tiled takes many)."""
+    """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], for a few
+    activation rows (_matmul_tiled takes many): the weight's rows in blocks of eight over the threads (numba
+    splits the blocks into one contiguous run a thread, so the head's 151,936 rows go half to each of two),
+    each block read once and multiplied by every activation row, four (then two, then one) at a time."""
     m_rows, n_rows = xq.shape[0], w.shape[0]
     n8 = n_rows // TILE_R
+    m4 = m_rows // 4 * 4
     for q in prange(n8):
-        for m in range(m_rows):
-            _dot_rows8(fmt, w, q * TILE_R, xq, xd, xsum, m, out)
+        r = q * TILE_R
+        for m in range(0, m4, 4):
+            _rows4(fmt, w, r, xq, xd, xsum, m, out)
+        m = m4
+        if m_rows - m >= 2:
+            _rows2(fmt, w, r, xq, xd, xsum, m, out)
+            m += 2
+        if m < m_rows:
+            _rows1(fmt, w, r, xq, xd, xsum, m, out)
     for r in range(n8 * TILE_R, n_rows):
         for m in range(m_rows):
             out[m, r] = _dot1(fmt, w[r], xq, xd, xsum, m)
@@ -279,7 +265,7 @@ def _matmul_tiled(fmt, kind, w, xq, xd, xsum, out, chunk):
 
 _tiled_threads = kernel(parallel=True)(_matmul_tiled)
 _tiled_one = kernel()(_matmul_tiled)
-TILED_FROM = 4               # activation rows from which the weight rows are unpacked once per tile
+TILED_FROM = 9               # activation rows from which the weight rows are unpacked once per tile (fewer: _matmul)
 CHUNK_ROWS = 64              # weight rows a thread takes at a time (one scratch per chunk), a multiple of TILE_R
 
 

@@ -172,6 +172,11 @@ class Layout:
     # the scale, ('dm', None) a scale and a float16 sum factor (the minimum): what ``emit`` reads there, read
     # for eight rows at once (rows_dot)
     head: tuple | None = None
+    # the K-quants' scales of a block for eight rows at once, a row a lane: (row 0's pointer, bytes a row, the
+    # block's byte offset) -> for each group (scale, second scale or None, sum factor or None) as <8 x float>,
+    # the values ``emit`` computes for each row, by the same operations (rows_dot; unpacking the 6-bit
+    # scales row by row in scalar code took more of a Q4_K product's time than its integer products)
+    scales8: Callable | None = None
 
 
 def _neg(e, x, k: float):
@@ -259,6 +264,62 @@ def _q4_k_like(e, o, nibbles_at: int):
             groups.append(Group(values, False, b.fmul(d, b.uitofp(sc, F32)),
                                 sum_factor=b.fmul(b.fneg(dmin), b.uitofp(mn, F32))))
     return groups
+
+
+def _words8(b, row0, row_bytes, offset, at: int, n: int):
+    """The n 32-bit words from byte offset + at of eight rows, rows row_bytes apart: n <8 x i32>, a row a lane."""
+    base = b.gep(row0, [b.add(offset, _i64(at))])
+    return [_vector_of(b, [b.load(b.bitcast(b.gep(base, [b.add(b.mul(row_bytes, _i64(j)), _i64(4 * w))]),
+                                            I32.as_pointer()), align=1) for j in range(8)]) for w in range(n)]
+
+
+def _f16_lanes(b, words, high: bool):
+    """The float16 in the low (or high) half of each lane of <8 x i32>, widened to <8 x float>."""
+    v = b.lshr(words, _const_vec(I32, [16] * 8)) if high else words
+    return b.fpext(b.bitcast(b.trunc(v, ir.VectorType(I16, 8)), ir.VectorType(F16, 8)), V8F32)
+
+
+def _byte_lanes(b, words, i: int, signed: bool = False):
+    """Byte i of the words (words[i // 4], byte i % 4 of each lane) as <8 x i32>, zero- or sign-extended."""
+    w = words[i // 4]
+    if signed:
+        return b.ashr(b.shl(w, _const_vec(I32, [24 - 8 * (i % 4)] * 8)), _const_vec(I32, [24] * 8))
+    return b.and_(b.lshr(w, _const_vec(I32, [8 * (i % 4)] * 8)), _const_vec(I32, [255] * 8))
+
+
+def _q4_k_scales8(b, row0, row_bytes, offset):
+    """scales8 of Q4_K and Q5_K: _q4_k_like's scales and minimums, a row a lane."""
+    head, *words = _words8(b, row0, row_bytes, offset, 0, 4)
+    d, dmin = _f16_lanes(b, head, False), _f16_lanes(b, head, True)
+    q = [_byte_lanes(b, words, i) for i in range(12)]
+
+    def c(v):
+        return _const_vec(I32, [v] * 8)
+
+    out = []
+    for j in range(8):
+        if j < 4:
+            sc, mn = b.and_(q[j], c(63)), b.and_(q[j + 4], c(63))
+        else:
+            sc = b.or_(b.and_(q[j + 4], c(15)), b.shl(b.lshr(q[j - 4], c(6)), c(4)))
+            mn = b.or_(b.lshr(q[j + 4], c(4)), b.shl(b.lshr(q[j], c(6)), c(4)))
+        out.append((b.fmul(d, b.uitofp(sc, V8F32)), None, b.fmul(b.fneg(dmin), b.uitofp(mn, V8F32))))
+    return out
+
+
+def _q6_k_scales8(b, row0, row_bytes, offset):
+    """scales8 of Q6_K: d x (int8 scale) for values 0-15 and 16-31 of each group, a row a lane."""
+    words = _words8(b, row0, row_bytes, offset, 192, 4)
+    at = b.add(offset, _i64(208))
+    d = _vector_of(b, [b.fpext(b.load(b.bitcast(b.gep(row0, [b.add(b.mul(row_bytes, _i64(j)), at)]),
+                                                F16.as_pointer()), align=1), F32) for j in range(8)])
+    out = []
+    for h in range(2):
+        for k in range(4):
+            sc = 8 * h + 2 * k
+            lo, hi = (b.fmul(d, b.sitofp(_byte_lanes(b, words, i, signed=True), V8F32)) for i in (sc, sc + 1))
+            out.append((lo, hi, None))
+    return out
 
 
 def _q6_k(e, o):
@@ -365,9 +426,9 @@ LAYOUTS = {
     "Q5_0": Layout("Q5_0", 22, 1, lambda e, o: _q5(e, o, False), _q5_pair(2, 6), ("d", 16.0)),
     "Q5_1": Layout("Q5_1", 24, 1, lambda e, o: _q5(e, o, True), _q5_pair(4, 8), ("dm", None)),
     "Q8_0": Layout("Q8_0", 34, 1, _q8_0, head=("d", None)),
-    "Q4_K": Layout("Q4_K", 144, 8, _q4_k),
-    "Q6_K": Layout("Q6_K", 210, 8, _q6_k),
-    "Q5_K": Layout("Q5_K", 176, 8, _q5_k),
+    "Q4_K": Layout("Q4_K", 144, 8, _q4_k, scales8=_q4_k_scales8),
+    "Q6_K": Layout("Q6_K", 210, 8, _q6_k, scales8=_q6_k_scales8),
+    "Q5_K": Layout("Q5_K", 176, 8, _q5_k, scales8=_q4_k_scales8),
     "Q3_K": Layout("Q3_K", 110, 8, _q3_k),
     "IQ4_NL": Layout("IQ4_NL", 18, 1, _iq4_nl, head=("d", None)),
     "IQ4_XS": Layout("IQ4_XS", 136, 8, _iq4_xs),
@@ -480,18 +541,21 @@ def _heads(b, row0, row_bytes, offset, head):
     return d, (b.fmul(d, _const_vec(F32, [-k] * TILE_R)) if k is not None else None)
 
 
-def _pairs_by_row(es, pair, offset, x):
-    """<8 x i32>: lane j the integer dot product of a group of weight row j (emitter es[j]) and x, for a
-    layout with ``pair``: rows p and p + 4 share a vector (values 0-15 of p, then of p + 4, times x's values
-    0-15 in both halves; then values 16-31 times x's 16-31), and three pairwise adds gather the lanes of
-    each row. Integer additions: exact, the same sums as _halves_by_row's."""
+def _pairs_unpacked(es, pair, offset):
+    """The paired values of a block of eight rows, for a layout with ``pair``: rows p and p + 4 share a vector
+    (values 0-15 of p, then of p + 4; then values 16-31), four (lo, hi) pairs, unpacked once for every
+    activation row (_pairs_by_row)."""
+    return [pair(es[p], es[p + TILE_R // 2], offset) for p in range(TILE_R // 2)]
+
+
+def _pairs_by_row(es, pairs, x):
+    """<8 x i32>: lane j the integer dot product of a group of weight row j and x, from _pairs_unpacked's
+    pairs: each pair times x's values 0-15 in both halves, then its values 16-31 times x's 16-31, and three
+    pairwise adds gather the lanes of each row. Integer additions: exact, the same sums as _halves_by_row's."""
     b = es[0].b
     x_lo = b.shuffle_vector(x, x, _const_vec(I32, [*range(16), *range(16)]))
     x_hi = b.shuffle_vector(x, x, _const_vec(I32, [*range(16, 32), *range(16, 32)]))
-    vs = []
-    for p in range(TILE_R // 2):
-        u_lo, u_hi = pair(es[p], es[p + TILE_R // 2], offset)
-        vs.append(_dot_acc(es[p], es[p].dot(u_lo, x_lo), u_hi, x_hi))
+    vs = [_dot_acc(es[p], es[p].dot(u_lo, x_lo), u_hi, x_hi) for p, (u_lo, u_hi) in enumerate(pairs)]
     return _hadd(b, _hadd(b, vs[0], vs[1]), _hadd(b, vs[2], vs[3]))
 
 
@@ -553,63 +617,99 @@ def row_dot(layout: Layout):
     return dot
 
 
-def rows_dot(layout: Layout):
-    """An intrinsic ``(w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N, bytes
-    per row)) times activation row m (as row_dot's) into out[m, r .. r + 7] (float32 (M, N)), each block
-    unpacked in registers: for a decode step, where each weight row is read once. The eight rows' group
-    sums are gathered into one vector (_halves_by_row), so the float chain runs on eight rows at once."""
+def rows_dot(layouts: list[Layout], n_x: int):
+    """An intrinsic ``(fmt, w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N,
+    bytes per row), blocks of layouts[fmt]) times activation rows m .. m + n_x - 1 (as row_dot's) into
+    out[m .. m + n_x - 1, r .. r + 7] (float32 (M, N)). One intrinsic for every layout (a switch on fmt in
+    the IR), so that a kernel dispatches on the weight type without a function per type."""
 
     @intrinsic
-    def dot(typingctx, w, r, xq, xd, xsum, m, out):
-        sig = types.int64(w, r, xq, xd, xsum, m, out)
+    def dot(typingctx, fmt, w, r, xq, xd, xsum, m, out):
+        sig = types.int64(fmt, w, r, xq, xd, xsum, m, out)
+        bodies = [_rows_codegen(layout, n_x) for layout in layouts]
 
         def codegen(context, b, signature, args):
-            s = signature.args
-            aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
-                                              (args[0], args[2], args[3], args[4], args[6]))
-            r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
-            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-            k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
-            n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-            n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
-            isa = product_isa(context)
-            es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
-            x_base, s_base = b.mul(m0, k), b.mul(m0, n_groups)
-            acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
-            with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
-                blk = loop.index
-                offset = b.mul(blk, _i64(layout.block_bytes))
-                per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
-                if layout.groups == 1:
-                    _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
-                for gi in range(layout.groups):
-                    group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
-                    x = es[0].load(axq.data, b.add(x_base, b.mul(group, _i64(QK))), V32I8)
-                    gs = [per_row[j][gi] for j in range(TILE_R)]
-                    if layout.pair is not None:
-                        lo, hi = _pairs_by_row(es, layout.pair, offset, x), ir.Constant(V8I32, None)
-                    else:
-                        lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
-                    at = b.add(s_base, group)
-                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
-                    two = gs[0].scale_hi is not None
-                    with_sum = gs[0].sum_factor is not None
-                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
-                    if layout.head is not None:
-                        scale, sum_factor = _heads(b, es[0].row, row_bytes, offset, layout.head)
-                    else:
-                        scale = _vector_of(b, [g.scale for g in gs])
-                        sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
-                    b.store(_add_group(b, b.load(acc), lo, hi, scale,
-                                       _vector_of(b, [g.scale_hi for g in gs]) if two else None, dx,
-                                       sum_factor, xsum_at), acc)
-            dst = b.gep(aout.data, [b.add(b.mul(m0, n_out), r0)])
-            b.store(b.load(acc), b.bitcast(dst, V8F32.as_pointer()), align=4)
+            which = _int(context, b, signature.args[0], args[0])
+            inner = types.int64(*signature.args[1:])
+            done = b.append_basic_block("rows_dot_done")
+            switch = b.switch(which, done)
+            for i, body in enumerate(bodies):
+                case = b.append_basic_block(f"rows_dot_{layouts[i].name}")
+                switch.add_case(_i64(i), case)
+                b.position_at_end(case)
+                body(context, b, inner, args[1:])
+                b.branch(done)
+            b.position_at_end(done)
             return ir.Constant(I64, 0)
 
         return sig, codegen
 
     return dot
+
+
+def _rows_codegen(layout: Layout, n_x: int):
+    """The codegen of rows_dot for one layout: weight rows r .. r + 7 times activation rows m .. m + n_x - 1,
+    each block unpacked in registers once and multiplied by every activation row: for a decode step or a
+    few rows (speculative verification, several sequences' decode), where each weight row is read from
+    memory once. The eight rows' group sums are gathered into one vector (_halves_by_row), so the float
+    chain runs on eight rows at once; each activation row has its own chain, in the one-row order, so a
+    row's outputs are its bits alone, whatever n_x."""
+
+    def codegen(context, b, signature, args):
+        s = signature.args
+        aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
+                                          (args[0], args[2], args[3], args[4], args[6]))
+        r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
+        row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+        k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+        n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+        n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
+        isa = product_isa(context)
+        es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
+        ms = [b.add(m0, _i64(i)) for i in range(n_x)]
+        x_base, s_base = [b.mul(mi, k) for mi in ms], [b.mul(mi, n_groups) for mi in ms]
+        acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)]
+        with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+            blk = loop.index
+            offset = b.mul(blk, _i64(layout.block_bytes))
+            per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
+            if layout.groups == 1:
+                _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
+            pairs = _pairs_unpacked(es, layout.pair, offset) if layout.pair is not None else None
+            if layout.head is not None:
+                head_scale, head_sum = _heads(b, es[0].row, row_bytes, offset, layout.head)
+            if layout.scales8 is not None:
+                scales8 = layout.scales8(b, es[0].row, row_bytes, offset)
+            for gi in range(layout.groups):
+                group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                gs = [per_row[j][gi] for j in range(TILE_R)]
+                two = gs[0].scale_hi is not None
+                with_sum = gs[0].sum_factor is not None
+                if layout.head is not None:
+                    scale, sum_factor, scale_hi = head_scale, head_sum, None
+                elif layout.scales8 is not None:
+                    scale, scale_hi, sum_factor = scales8[gi]
+                else:
+                    scale = _vector_of(b, [g.scale for g in gs])
+                    sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
+                    scale_hi = _vector_of(b, [g.scale_hi for g in gs]) if two else None
+                for i in range(n_x):
+                    x = es[0].load(axq.data, b.add(x_base[i], b.mul(group, _i64(QK))), V32I8)
+                    if pairs is not None:
+                        lo, hi = _pairs_by_row(es, pairs, x), ir.Constant(V8I32, None)
+                    else:
+                        lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
+                    at = b.add(s_base[i], group)
+                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
+                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
+                    b.store(_add_group(b, b.load(acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at),
+                            acc[i])
+        for i in range(n_x):
+            dst = b.gep(aout.data, [b.add(b.mul(ms[i], n_out), r0)])
+            b.store(b.load(acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+        return ir.Constant(I64, 0)
+
+    return codegen
 
 
 # -- many activation rows: a tile of weight rows unpacked once, their rows in a vector's lanes -----------
