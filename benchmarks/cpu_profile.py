@@ -115,5 +115,6 @@ def _report(phase: str, per: int, total: list[float], n_ids: int) -> None:
             rate = f"{b / t / 1e9:6.2f}" if b else f"{'':6s}"
             print(f"{t * 1e3:10.3f} {100 * t / wall:5.1f} {c / t:5.2f} {n:6.0f} {b / 2**20:8.2f} {rate}  {k}")
 
+
 if __name__ == "__main__":
     main()

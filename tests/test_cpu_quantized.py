@@ -148,7 +148,7 @@ def test_types_without_a_kernel_round_as_llama_cpp(dtype):
     assert np.abs(got - x.astype(np.float64) @ w.T).max() > 1e-5 * np.abs(want).max()     # it did round
 
 
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 @pytest.mark.parametrize("m", [7, 8, quantized.TILED_FROM + 5])
 def test_rows_of_a_batch_equal_rows_alone(fmt, m):
     """Row i of an m-row product is bit for bit the 1-row product of row i (a decode step), as in chunked

@@ -4,10 +4,11 @@ As llama.cpp's CPU backend does, the activations are quantized to 8 bits per 32-
 float32 scale and 32 int8 values, plus the integer sum of the 32 for the types whose blocks carry a
 minimum or an offset) and each block's product is an integer dot product, scaled once per block. The
 weights stay in the file's bytes (a Q4_1 weight: 20 bytes per 32 values, not 128 in float32), which also
-is what a decode step has to stream from memory. One kernel per weight type, compiled by numba (cached
-on disk, see jit.py), runs the rows of the weight over the CPU's threads (``prange``); a decode step
-(one row of activations) and a prefill chunk (many) share it: the activations are quantized once per
-product and each weight row, once read, stays in the first-level cache while every activation row passes.
+is what a decode step has to stream from memory. The kernels, compiled by numba (cached on disk, see
+jit.py), run the rows of the weight over the CPU's threads (``prange``): up to 8 activation rows (a decode
+step, speculative verification, several sequences' decode) take _matmul, which reads each block of eight
+weight rows once and multiplies it by every activation row; a prefill chunk takes _matmul_tiled. The
+activations are quantized once per product.
 The other weight types are multiplied in float32, their activations first rounded as llama.cpp rounds them
 for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for every type.
 """
