@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from ...backend import ChunkArg, fusion, weight_words
 from ...contract import settings
-from . import kernels, lowering      # (lowering's table holds this module's functions: used at call time)
+from . import kernels
 from .coverage import GLU_ACTIVATION, UNARY_CODE
+from .launches import launch
 from .options import UNFUSE_ENV
 
 NOT_TAKEN = frozenset({"attn", "combine"})
@@ -69,7 +70,7 @@ def lower_group(lw, g: fusion.ProductGroup) -> None:
         build = {**kernels.quant_options(qt), **sh, "F_K": k, "F_NW": len(ws), "F_PRO": PRO[p.src],
                  "F_PRE": PRE[p.pre], "F_EPI": {"": 0, "add": 1, "glu": 2}[g.epilogue]}
         blocks = -(-rows // (sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"]))
-        lowering.launch(lw, f"{label} {g.out.name}", "rowvec", build, blocks * sh["MV_WG"], sh["MV_WG"],
+        launch(lw, f"{label} {g.out.name}", "rowvec", build, blocks * sh["MV_WG"], sh["MV_WG"],
                         w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
                         r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0,
                         op=op, **dict(args, write_y=args["write_y"] * int(ci == 0)))

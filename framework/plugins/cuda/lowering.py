@@ -1,6 +1,6 @@
 """The CUDA plugin's kernel table, which the skeleton's lowering (framework/backend/lowering.py) asks
-for every node: each op's function appends its launches (``launch``: arguments by name, as
-signatures.py lists them) and returns the readers it took into its own kernel, which make none:
+for every node: each op's function appends its launches (launches.py's ``launch``: arguments by name,
+as signatures.py lists them) and returns the readers it took into its own kernel, which make none:
 
 * RMS_NORM followed by its only reader, a MUL by a gain vector, is one launch;
 * a quantized product or such a norm whose only reader is an ADD of a residual of the same shape (the
@@ -12,43 +12,11 @@ group's nodes make none here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ...backend import ChunkArg, KernelTable, Step, contiguous_strides, is_weight, pad4, weight_words
+from ...backend import ChunkArg, KernelTable, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import Tensor, reference
 from . import fused, kernels
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
-from .signatures import TENSOR_KINDS, params
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A Step's kernel: which kernel of which build."""
-    kernel: str
-    options: dict
-
-
-def launch(lw, name: str, kernel: str, options: dict, n_items: int, block: int, /, **args) -> None:
-    """One launch of `kernel` over n_items threads (whole blocks of `block`); every parameter of its
-    signature given by name, and no other."""
-    binds, rw, values = [], [], {}
-    for kind, pname in params(kernel):
-        if pname not in args:
-            raise ValueError(f"{name}: kernel {kernel} needs parameter '{pname}', not given")
-        value = args.pop(pname)
-        if kind in TENSOR_KINDS:
-            binds.append(value)
-            rw.append(kind == "out")
-        else:
-            values[pname] = value
-    if args:
-        raise ValueError(f"{name}: kernel {kernel} has no parameter {', '.join(args)}")
-    lw.emit(Step(name, Launch(kernel, options), binds, tuple(rw), values, (max(1, -(-int(n_items) // block)), block)))
-
-
-def each(lw, node, kernel: str, n_items: int, /, **args) -> None:
-    """A one-thread-an-element kernel of the base build."""
-    launch(lw, f"{node.op} {node.name}", kernel, kernels.base_options(), n_items, kernels.EWG, **args)
+from .launches import each, launch
 
 
 def _ceil(n: int, m: int) -> int:
