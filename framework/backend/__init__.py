@@ -13,9 +13,10 @@ from .lowering import KernelTable, Lowering, is_weight
 from .memory import Memory
 from .program import Arguments, Program, StagedTensor
 from .rope import RopeRows, rope_table
+from .signatures import Signatures
 from .steps import ChunkArg, Ref, RopeArg, Step, pad4
 
 __all__ = ["Arguments", "BackendDevice", "BufferPools", "Chunk", "ChunkArg", "DeviceTensor", "DeviceWeight",
-           "KernelTable", "Lease", "Lowering", "Memory", "Program", "Ref", "RopeArg", "RopeRows", "StagedTensor",
-           "Step", "contiguous_strides", "fusion", "is_weight", "pad4", "plain_operand_refusal", "rope_table",
-           "weight_words"]
+           "KernelTable", "Lease", "Lowering", "Memory", "Program", "Ref", "RopeArg", "RopeRows", "Signatures",
+           "StagedTensor", "Step", "contiguous_strides", "fusion", "is_weight", "pad4", "plain_operand_refusal",
+           "rope_table", "weight_words"]

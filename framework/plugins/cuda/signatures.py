@@ -14,6 +14,8 @@ names, so the two cannot drift apart.
 
 from __future__ import annotations
 
+from ...backend import Signatures
+
 SIGNATURES = {
     "binary": "in a, in b, out o, u n, u4 ashape, u4 bshape, u op",
     "unary": "in a, out o, u n, u op, f s",
@@ -47,18 +49,5 @@ _C = {"in": "const float* __restrict__ {n}, const uint {n}_off",
       "u4": "const uint {n}_x, const uint {n}_y, const uint {n}_z, const uint {n}_w"}
 
 
-def params(kernel: str) -> list[tuple[str, str]]:
-    """(kind, name) of each parameter of a kernel, in order."""
-    out = []
-    for item in SIGNATURES[kernel].split(","):
-        kind, name = item.split()
-        if kind not in _C:
-            raise ValueError(f"cuda signatures: unknown kind {kind!r} in {kernel}")
-        out.append((kind, name))
-    return out
-
-
-def c_header() -> str:
-    """The ARGS_<kernel> macros, prepended to kernels.cu."""
-    return "".join(f"#define ARGS_{k} {', '.join(_C[kind].format(n=n) for kind, n in params(k))}\n"
-                   for k in SIGNATURES)
+_SIGNATURES = Signatures("cuda", SIGNATURES, _C)
+params, c_header = _SIGNATURES.params, _SIGNATURES.c_header

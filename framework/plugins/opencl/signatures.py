@@ -18,6 +18,8 @@ Kinds of parameter, and what one becomes in C:
 
 from __future__ import annotations
 
+from ...backend import Signatures
+
 SIGNATURES = {
     "binary": "in a, in b, out o, u n, u4 ashape, u4 bshape, u op",
     "unary": "in a, out o, u n, u op, f s",
@@ -62,21 +64,8 @@ _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
 
 
-def params(kernel: str) -> list[tuple[str, str]]:
-    """(kind, name) of each parameter of a kernel, in order."""
-    out = []
-    for item in SIGNATURES[kernel].split(","):
-        kind, name = item.split()
-        if kind not in _C:
-            raise ValueError(f"signatures: unknown kind {kind!r} in {kernel}")
-        out.append((kind, name))
-    return out
-
-
-def c_header() -> str:
-    """The ARGS_<kernel> macros, prepended to kernels.cl."""
-    return "".join(f"#define ARGS_{k} {', '.join(_C[kind].format(n=n) for kind, n in params(k))}\n"
-                   for k in SIGNATURES)
+_SIGNATURES = Signatures("opencl", SIGNATURES, _C)
+params, c_header = _SIGNATURES.params, _SIGNATURES.c_header
 
 
 def arg_count(kind: str) -> int:
