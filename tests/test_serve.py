@@ -412,6 +412,12 @@ def test_serve_refuses_to_start_on_an_unknown_model_or_a_repeated_id(capsys):
     assert "given twice" in capsys.readouterr().err
 
 
+def test_embeddings_without_the_flag_are_400_naming_it(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.embeddings.create(model="smollm2", input="Hi")
+    assert e.value.code == "embeddings_disabled" and "--embeddings" in e.value.message
+
+
 def test_budgets_count_every_model_and_session_together():
     model = load_model("smollm2")
     from framework.serve.models import reserve_session
