@@ -298,6 +298,10 @@ def test_metrics_count_requests_and_tokens_and_each_request_is_one_access_log_li
         before['framework_time_to_first_token_seconds_count{model="smollm2"}'] + 1
     assert after['framework_queue_depth{model="smollm2"}'] == 0
     assert 'framework_prefix_cache_hit_tokens_total{model="smollm2"}' in after
+    on_cpu = 'framework_device_seconds_total{device="cpu",model="smollm2"}'
+    assert after[on_cpu] > before.get(on_cpu, 0)             # the request's steps ran on cpu, and took time
+    runs = 'framework_device_fragment_runs_total{device="cpu",model="smollm2"}'
+    assert after[runs] >= before.get(runs, 0) + reply.usage.completion_tokens     # a fragment a step at least
     lines = [ln for ln in server.stderr()[len(log_before):].splitlines() if "POST /v1/chat/completions" in ln]
     assert len(lines) == 1 and f"200 {reply.usage.prompt_tokens}+3 tokens on cpu" in lines[0], lines
     assert lines[0].endswith(" ms")

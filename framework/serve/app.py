@@ -96,7 +96,7 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     """The application; its start-up warms every model on the compute thread (/health is 503 until then).
     on_ready() is called once all are warm; on_failure(message) if one cannot be loaded."""
     state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace),
-                        metrics=Metrics({m.id: m.pool.state for m in models}))
+                        metrics=Metrics({m.id: m.pool.state for m in models}, {m.id: m.sessions for m in models}))
 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(_warm(state, on_ready, on_failure))
