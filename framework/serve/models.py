@@ -93,7 +93,8 @@ def batched_pool(model: Model, devices: list[Device], parallel: int, max_queue: 
     """One session whose cache holds --ctx tokens for each of the --parallel requests, stepped together:
     (pool, reservation)."""
     n_ctx = keep["n_ctx"]
-    session = Session(model, devices, **{**keep, "n_ctx": n_ctx * parallel, "max_plans": None})
+    session = Session(model, devices, **{**keep, "n_ctx": n_ctx * parallel, "max_plans": None},
+                      out_rows=parallel)     # the memory fit counts a step of --parallel rows of logits
     keys = batched_shapes(session, parallel)
     result = session.reserve_shapes(keys)
     session.max_plans = len(keys) + 48          # the reserved shapes, and the prompt lengths met last
