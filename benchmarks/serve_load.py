@@ -197,13 +197,9 @@ def one_request(port: int, args, _index: int = 0) -> Result:
                        "stream_options": {"include_usage": True}})
     res = Result()
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        res.status = r.status
-        if r.status != 200:
-            refused(res, r)
+        conn, r = post_chat(port, body, res)
+        if r is None:
             return res
         first = last = None
         finished = done = False
@@ -233,6 +229,19 @@ def one_request(port: int, args, _index: int = 0) -> Result:
     return res
 
 
+def post_chat(port: int, body: str, res: Result):
+    """Send a chat request; (connection, response), or (connection, None) when it was refused (res then holds
+    its status, error code and Retry-After)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    res.status = r.status
+    if r.status != 200:
+        refused(res, r)
+        return conn, None
+    return conn, r
+
+
 def refused(res: Result, r: http.client.HTTPResponse) -> None:
     """A refusal's error code and Retry-After, to check them against the documented ones."""
     res.retry_after = r.getheader("Retry-After")
@@ -257,12 +266,8 @@ def structured_request(port: int, args, seed: int) -> Result:
                        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}})
     res = Result()
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        res.status = r.status
-        if r.status != 200:
-            refused(res, r)
+        conn, r = post_chat(port, body, res)
+        if r is None:
             return res
         reply = json.loads(r.read())
         conn.close()
