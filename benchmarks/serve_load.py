@@ -1,21 +1,28 @@
 """A bounded load test of `framework serve`, on loopback only, against `framework run` on the same prompt.
 
     .venv/bin/python benchmarks/serve_load.py [--model smollm2] [--backends cpu] [--parallel 2]
-        [--clients 1,2,4] [--requests 8] [--max-tokens 32] [--burst 8] [--repeats 3]
+        [--clients 1,2,4] [--requests 8] [--max-tokens 32] [--burst 8] [--burst-at-once N]
+        [--burst-rounds 1] [--json-schema N] [--repeats 3]
 
 1. `framework run` --repeats times on the prompt (chat template, greedy), and --repeats times again
    after the server has stopped: the medians of its own prefill time and decode time per token, as
    its summary line prints them. Beside it, the same loop warm in this process (see warm_baseline).
+   --repeats 0 leaves them out (and the ratios to them).
 2. `framework serve` on a free loopback port, --parallel sessions, a queue of --queue; one warm-up
    request per session (it plans the prompt's shape, which `framework run` also does before its clock).
 3. For each count of clients: --requests streamed chat requests in all, each client sending its next
    when the last one ends. Per request: time to first token (request sent to first text), time per
    output token (first text to last, over the tokens after the first), tokens (the usage chunk).
-4. A burst: --burst requests at once, more than the sessions and queue hold, to show refusals counted.
-5. SIGTERM; the server must exit 0.
+4. A burst, --burst-rounds times: --burst requests, --burst-at-once of them in flight (default all),
+   more than the sessions and queue hold, to show refusals counted. The server's resident memory
+   (VmRSS) is printed before the first round and after each: flat after, when nothing leaks.
+5. --json-schema N: N requests (--parallel at a time, not streamed, sampled with a seed each) whose
+   response_format is a JSON schema; the share of answers that parse and validate (jsonschema).
+6. SIGTERM; the server must exit 0.
 
 Every request ends as answered (a finish_reason and [DONE]), refused (an HTTP status, counted by code)
-or lost (anything else: a reset, a cut stream). Lost must be zero. It stops by itself.
+or lost (anything else: a reset, a cut stream). Lost must be zero, and every refusal must be one
+docs/serve.md documents (429 `queue_full` with Retry-After; 503 `shutting_down`). It stops by itself.
 """
 
 from __future__ import annotations
@@ -46,6 +53,16 @@ class Result:
     tpot: float | None = None
     tokens: int = 0
     lost: str | None = None
+    code: str | None = None            # a refusal's error code
+    retry_after: str | None = None     # a refusal's Retry-After header
+    valid: bool | None = None          # a structured answer: it parsed and validated
+    finish: str | None = None
+
+    def documented(self) -> bool:
+        """The status is one docs/serve.md gives for this load: answered, queue full, or shutting down."""
+        return (self.status == 200 or (self.status == 429 and self.code == "queue_full"
+                                       and (self.retry_after or "").isdigit())
+                or (self.status == 503 and self.code == "shutting_down"))
 
 
 @dataclass
@@ -66,6 +83,9 @@ class Phase:
 
     def lost(self) -> list[Result]:
         return [r for r in self.results if r.lost is not None]
+
+    def undocumented(self) -> list[Result]:
+        return [r for r in self.results if r.lost is None and not r.documented()]
 
     def tokens_per_second(self) -> float:
         return sum(r.tokens for r in self.answered()) / self.seconds if self.seconds else 0.0
@@ -170,20 +190,16 @@ def model_id(spec: str) -> str:
     return spec if not spec.endswith(".gguf") else Path(spec).name.removesuffix(".gguf")
 
 
-def one_request(port: int, args) -> Result:
+def one_request(port: int, args, _index: int = 0) -> Result:
     """One streamed chat request, read chunk by chunk with the clock running."""
     body = json.dumps({"model": model_id(args.model), "messages": [{"role": "user", "content": args.prompt}],
                        "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
     res = Result()
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        res.status = r.status
-        if r.status != 200:
-            r.read()
+        conn, r = post_chat(port, body, res)
+        if r is None:
             return res
         first = last = None
         finished = done = False
@@ -213,8 +229,71 @@ def one_request(port: int, args) -> Result:
     return res
 
 
-def run_phase(port: int, args, name: str, clients: int, requests: int, together: bool = False) -> Phase:
-    """`requests` requests over `clients` threads; together: all at once, one each."""
+def post_chat(port: int, body: str, res: Result):
+    """Send a chat request; (connection, response), or (connection, None) when it was refused (res then holds
+    its status, error code and Retry-After)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    res.status = r.status
+    if r.status != 200:
+        refused(res, r)
+        return conn, None
+    return conn, r
+
+
+def refused(res: Result, r: http.client.HTTPResponse) -> None:
+    """A refusal's error code and Retry-After, to check them against the documented ones."""
+    res.retry_after = r.getheader("Retry-After")
+    try:
+        res.code = json.loads(r.read())["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        res.code = None
+
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "colours": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
+    "required": ["name", "age", "colours"], "additionalProperties": False}
+
+
+def structured_request(port: int, args, seed: int) -> Result:
+    """One chat request whose answer must follow SCHEMA, sampled (temperature 1, its own seed)."""
+    import jsonschema
+    body = json.dumps({"model": model_id(args.model), "max_tokens": args.schema_tokens, "seed": seed,
+                       "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+                       "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}})
+    res = Result()
+    try:
+        conn, r = post_chat(port, body, res)
+        if r is None:
+            return res
+        reply = json.loads(r.read())
+        conn.close()
+        res.tokens, res.finish = reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"]
+        try:
+            jsonschema.validate(json.loads(reply["choices"][0]["message"]["content"]), SCHEMA)
+            res.valid = True
+        except (ValueError, jsonschema.ValidationError):
+            res.valid = False
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        res.lost = f"{type(e).__name__}: {e}"
+    return res
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (Linux's /proc/PID/status VmRSS), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_phase(port: int, args, name: str, clients: int, requests: int, together: bool = False,
+              send=one_request) -> Phase:
+    """`requests` requests over `clients` threads; together: all at once, one each. send(port, args, i):
+    the i-th request."""
     phase = Phase(name)
     left = [requests]
     lock = threading.Lock()
@@ -225,7 +304,8 @@ def run_phase(port: int, args, name: str, clients: int, requests: int, together:
                 if left[0] == 0:
                     return
                 left[0] -= 1
-            r = one_request(port, args)
+                i = left[0]
+            r = send(port, args, i)
             with lock:
                 phase.results.append(r)
             if together:
@@ -241,7 +321,44 @@ def run_phase(port: int, args, name: str, clients: int, requests: int, together:
     return phase
 
 
-def report(phases: list[Phase], base: dict, args) -> int:
+def report(phases: list[Phase], base: dict | None, args) -> int:
+    """The table of phases (with ratios to `framework run` when it ran), then the summary: 1 when any request
+    was lost or refused otherwise than documented."""
+    if base is not None:
+        return _report_against(phases, base, args)
+    ms = lambda s: f"{s * 1000:.0f}"     # noqa: E731
+    print("\n| phase | answered | refused | lost | tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for p in phases:
+        ok = p.answered()
+        ttft, tpot = [r.ttft for r in ok if r.ttft is not None], [r.tpot for r in ok if r.tpot is not None]
+        refused = ", ".join(f"{n}x{code}" for code, n in sorted(p.refused().items())) or "0"
+        print(f"| {p.name} | {len(ok)} | {refused} | {len(p.lost())} | {p.tokens_per_second():.1f} | "
+              f"{ms(pct(ttft, 50))} ms | {ms(pct(ttft, 99))} ms | {ms(pct(tpot, 50))} ms | {ms(pct(tpot, 99))} ms |")
+    return summary(phases)
+
+
+def summary(phases: list[Phase]) -> int:
+    """Lost and undocumented requests, structured answers' validity: 1 when anything was lost or undocumented."""
+    lost = sum(len(p.lost()) for p in phases)
+    odd = [r for p in phases for r in p.undocumented()]
+    for p in phases:
+        for r in p.lost():
+            print(f"lost in {p.name}: {r.lost}")
+    for r in odd:
+        print(f"undocumented: status {r.status}, code {r.code}, Retry-After {r.retry_after}")
+    for p in phases:
+        checked = [r for r in p.answered() if r.valid is not None]
+        if checked:
+            valid = sum(r.valid for r in checked)
+            cut = sum(r.finish == "length" for r in checked)
+            print(f"{p.name}: {valid} of {len(checked)} answers valid against the schema "
+                  f"({100 * valid / len(checked):.1f}%); {cut} cut by max_tokens")
+    print(f"lost requests: {lost}; refusals not as documented: {len(odd)}")
+    return 1 if lost or odd else 0
+
+
+def _report_against(phases: list[Phase], base: dict, args) -> int:
     ms = lambda s: f"{s * 1000:.0f}"     # noqa: E731
     print(f"\nframework run (median of {base['runs']}, half before the server and half after): prefill of "
           f"{base['n_prompt']} tokens {ms(base['prefill_s'])} ms, decode {ms(base['decode_s'])} ms/token "
@@ -254,23 +371,18 @@ def report(phases: list[Phase], base: dict, args) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for p in phases:
         ok = p.answered()
-        ttft = [r.ttft for r in ok]
+        ttft = [r.ttft for r in ok if r.ttft is not None]
         tpot = [r.tpot for r in ok if r.tpot is not None]
         refused = ", ".join(f"{n}x{code}" for code, n in sorted(p.refused().items())) or "0"
         print(f"| {p.name} | {len(ok)} | {refused} | {len(p.lost())} | {p.tokens_per_second():.1f} | "
               f"{ms(pct(ttft, 50))} ms | {ms(pct(ttft, 99))} ms | {ms(pct(tpot, 50))} ms | {ms(pct(tpot, 99))} ms | "
               f"{pct(ttft, 50) / base['prefill_s']:.2f}, {pct(ttft, 50) / base['warm_prefill_s']:.2f} | "
               f"{pct(tpot, 50) / base['decode_s']:.2f}, {pct(tpot, 50) / base['warm_decode_s']:.2f} |")
-    lost = sum(len(p.lost()) for p in phases)
-    for p in phases:
-        for r in p.lost():
-            print(f"lost in {p.name}: {r.lost}")
     one = next((p for p in phases if p.name == "1 client"), None)
     for p in phases:                   # batched steps: every client's decode row in one step
         if one and p is not one and p.name.endswith("clients") and one.tokens_per_second():
             print(f"\naggregate tok/s, {p.name} against 1: {p.tokens_per_second() / one.tokens_per_second():.2f}")
-    print(f"lost requests: {lost}")
-    return 1 if lost else 0
+    return summary(phases)
 
 
 def main() -> int:
@@ -284,14 +396,20 @@ def main() -> int:
     ap.add_argument("--clients", default="1,2,4", help="comma-separated client counts, one phase each")
     ap.add_argument("--requests", type=int, default=8, help="requests per phase")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--burst", type=int, default=8, help="requests sent at once in the last phase (0: none)")
+    ap.add_argument("--burst", type=int, default=8, help="requests of the burst phase (0: none)")
+    ap.add_argument("--burst-at-once", type=int, default=None, help="burst requests in flight at a time "
+                    "(default: all of them)")
+    ap.add_argument("--burst-rounds", type=int, default=1, help="bursts, one after another (memory after each)")
+    ap.add_argument("--json-schema", type=int, default=0, help="structured requests after the bursts (0: none)")
+    ap.add_argument("--schema-tokens", type=int, default=64, help="max_tokens of a structured request")
     ap.add_argument("--repeats", type=int, default=3, help="runs of `framework run` for its medians")
     args = ap.parse_args()
 
     prefill, decode, warm_pre, warm_dec = [], [], [], []
-    say("framework run, and its loop warm in this process")
-    run_baseline(args, prefill, decode)         # before the server, and again after it: a shared host drifts
-    warm_baseline(args, warm_pre, warm_dec)
+    if args.repeats:
+        say("framework run, and its loop warm in this process")
+        run_baseline(args, prefill, decode)         # before the server, and again after it: a shared host drifts
+        warm_baseline(args, warm_pre, warm_dec)
     port = free_port()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load_{port}.log"
     with log_path.open("w") as log:
@@ -299,21 +417,33 @@ def main() -> int:
         try:
             run_phase(port, args, "warm-up", args.parallel, args.parallel, together=True)
             phases = []
-            for c in (int(x) for x in args.clients.split(",")):
+            for c in (int(x) for x in args.clients.split(",") if x):
                 say(f"{c} clients, {args.requests} requests")
                 phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
-            if args.burst:
-                say(f"a burst of {args.burst}")
-                phases.append(run_phase(port, args, f"burst of {args.burst}", args.burst, args.burst, together=True))
+            memory = [("before the bursts", rss_mib(proc.pid))]
+            for round_ in range(1, args.burst_rounds + 1 if args.burst else 1):
+                at_once = args.burst_at_once or args.burst
+                say(f"a burst of {args.burst}, {at_once} at once (round {round_})")
+                phases.append(run_phase(port, args, f"burst of {args.burst}, {at_once} at once, round {round_}",
+                                        at_once, args.burst))
+                memory.append((f"after round {round_}", rss_mib(proc.pid)))
+            if args.json_schema:
+                say(f"{args.json_schema} json_schema requests, {args.parallel} at a time")
+                phases.append(run_phase(port, args, f"{args.json_schema} json_schema", args.parallel,
+                                        args.json_schema, send=structured_request))
+                memory.append(("after the json_schema requests", rss_mib(proc.pid)))
         finally:
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=120)
-    say("framework run again, and its loop warm")
-    base = run_baseline(args, prefill, decode)
-    warm_baseline(args, warm_pre, warm_dec)
-    base.update(warm_prefill_s=statistics.median(warm_pre), warm_decode_s=statistics.median(warm_dec))
+    base = None
+    if args.repeats:
+        say("framework run again, and its loop warm")
+        base = run_baseline(args, prefill, decode)
+        warm_baseline(args, warm_pre, warm_dec)
+        base.update(warm_prefill_s=statistics.median(warm_pre), warm_decode_s=statistics.median(warm_dec))
     print(f"server: --parallel {args.parallel} --queue {args.queue} --ctx {args.ctx}, {args.max_tokens} tokens a "
           f"request, greedy; exited with {code} after SIGTERM")
+    print("server's resident memory (VmRSS): " + ", ".join(f"{what} {mib:.0f} MiB" for what, mib in memory))
     return report(phases, base, args) or (1 if code else 0)
 
 

@@ -23,10 +23,12 @@ import pytest
 from conftest import load_model, model_path
 
 from framework.cli import main
-from framework.contract import Limits
+from framework.contract import Limits, Verdict
 from framework.core.scheduler import CapabilityError, check_together
 from framework.plugins.cpu.device import CpuDevice
+from framework.runtime.context import Context
 from framework.runtime.session import Session
+from framework.serve.models import load_models
 
 KEY = "test-key"
 CHAT_PROMPT = "Why is the sky blue?"
@@ -412,6 +414,12 @@ def test_serve_refuses_to_start_on_an_unknown_model_or_a_repeated_id(capsys):
     assert "given twice" in capsys.readouterr().err
 
 
+def test_embeddings_without_the_flag_are_400_naming_it(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client.embeddings.create(model="smollm2", input="Hi")
+    assert e.value.code == "embeddings_disabled" and "--embeddings" in e.value.message
+
+
 def test_budgets_count_every_model_and_session_together():
     model = load_model("smollm2")
     from framework.serve.models import reserve_session
@@ -430,6 +438,42 @@ def test_budgets_count_every_model_and_session_together():
     with pytest.raises(CapabilityError) as e:       # a second session's KV cache does not fit
         check_together({"a": (res, 2)}, {"cpu": dev})
     assert e.value.code == "out_of_memory" and "2 sessions" in str(e.value)
+
+
+class OneRow(CpuDevice):
+    """The cpu plugin with kernels for one row only: it refuses every matrix product of a step of more rows
+    (a batch of sequences, or a prompt chunk)."""
+
+    name = "onerow"
+
+    def supports_op(self, node):
+        if node.op == "MUL_MAT" and node.shape[0] > 1:
+            return Verdict.no("one_row_only", f"{self.name} multiplies one row at a time; {node.name} has "
+                              f"{node.shape[0]}")
+        return super().supports_op(node)
+
+
+def test_a_plugin_refusing_batched_steps_shows_in_their_plans_or_stops_the_start_naming_itself():
+    served = load_models(["smollm2"], [OneRow(), CpuDevice()], n_ctx=64, n_batch=16, parallel=2, max_queue=1)
+    plans = {key: plan for key, (plan, _) in served[0].pool.sessions[0].scheduler.session.plans.items()}
+    two_rows = next(plan for (rows, _, out), plan in plans.items() if rows == 2 and out == 2)
+    products = [(n, p) for n, p in two_rows.fallbacks if n.op == "MUL_MAT"]
+    assert products and all(p.device == "cpu" and str(p.refusals["onerow"]).startswith("one_row_only: onerow "
+                                                                                        "multiplies one row")
+                            for _, p in products)
+    one_row = next(plan for (rows, _, _), plan in plans.items() if rows == 1)
+    assert not one_row.fallbacks and one_row.per_device()["onerow"]["nodes"]
+    with pytest.raises(CapabilityError) as e:            # no device after it: the start stops, naming it
+        load_models(["smollm2"], [OneRow()], n_ctx=64, n_batch=16, parallel=2, max_queue=1)
+    assert "onerow" in str(e.value) and "one row at a time" in str(e.value)
+
+
+def test_the_memory_fit_counts_a_step_of_parallel_rows_of_logits():
+    """The fit sizes the largest step: a prompt chunk that also carries --parallel decode rows, each with logits."""
+    model = load_model("smollm2")
+    one, four = (Context(model, [OneRow(), CpuDevice()], n_ctx=64, n_batch=16, out_rows=n) for n in (1, 4))
+    assert one.rows_key(16, 64, 1) in one.graphs and one.rows_key(16, 64, 4) not in one.graphs
+    assert four.rows_key(16, 64, 4) in four.graphs and four.rows_key(16, 64, 1) not in four.graphs
 
 
 # -- last: stopping ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """`framework serve` without an API key: what a browser page may do, the request fields, structured output.
 
-One server for the file (SmolLM2, 2 sessions, no key, --cors for one origin, a 5 s shutdown timeout),
+One server for the file (SmolLM2, 2 sessions, no key, --cors for one origin, --embeddings, a 5 s shutdown timeout),
 started as `framework serve` on a free loopback port; the last test stops it with SIGTERM mid-stream.
 """
 
@@ -13,6 +13,7 @@ import signal
 import time
 
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from conftest import load_model
@@ -25,7 +26,7 @@ CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Name a col
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "FRAMEWORK_API_KEY"}
-    srv = start_server(tmp_path_factory, ["--parallel", "2", "--queue", "1", "--cors", GOOD_ORIGIN,
+    srv = start_server(tmp_path_factory, ["--parallel", "2", "--queue", "1", "--cors", GOOD_ORIGIN, "--embeddings",
                                           "--shutdown-timeout", "5"], env)
     yield srv
     stop_server(srv)
@@ -241,6 +242,39 @@ def test_tokenize_and_detokenize_are_llama_servers(server):
     assert status == 404 and reply["error"]["code"] == "model_not_found"
 
 
+# -- embeddings ------------------------------------------------------------------------------------------
+def test_embeddings_are_l2_normalised_pooled_states_the_same_for_the_same_text(server):
+    texts = ["The cat sat on the mat.", "The cat sat on the mat.", "Interest rates rose in March."]
+    reply = server.client.embeddings.create(model="smollm2", input=texts)      # the client asks for base64
+    vectors = [np.array(d.embedding) for d in reply.data]
+    width = load_model("smollm2").hp.n_embd
+    assert [d.index for d in reply.data] == [0, 1, 2] and all(v.shape == (width,) for v in vectors)
+    assert all(abs(np.linalg.norm(v) - 1) < 1e-5 for v in vectors)
+    assert np.array_equal(vectors[0], vectors[1])
+    assert vectors[0] @ vectors[2] < 0.999
+    ids = load_model("smollm2").tokenizer.encode(texts[0])
+    assert reply.usage.prompt_tokens == reply.usage.total_tokens == sum(
+        len(load_model("smollm2").tokenizer.encode(t)) for t in texts)
+    as_floats = server.client.embeddings.create(model="smollm2", input=ids, encoding_format="float")
+    assert np.allclose(as_floats.data[0].embedding, vectors[0], atol=1e-6)        # token ids: the same text
+    raw = server.client.embeddings.create(model="smollm2", input=texts[0], encoding_format="float",
+                                          extra_body={"embd_normalize": -1})
+    mean = np.array(raw.data[0].embedding)
+    assert abs(np.linalg.norm(mean) - 1) > 1e-3 and np.allclose(mean / np.linalg.norm(mean), vectors[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"dimensions": 7}, "dimensions", "does not shorten"),
+    ({"input": [10 ** 6]}, "input", "outside the vocabulary"),
+    ({"input": ["ok", "x " * 600]}, "input[1]", "more than the context of 512"),
+    ({"encoding_format": "int8"}, None, "encoding_format"),
+])
+def test_bad_embedding_requests_are_400_naming_the_field(server, extra, param, words):
+    status, _, reply = _post(server, "/v1/embeddings", {"model": "smollm2", "input": "Hi", **extra})
+    assert status == 400 and words in reply["error"]["message"], reply
+    assert param is None or reply["error"]["param"] == param
+
+
 def test_metrics_count_requests_and_tokens_and_each_request_is_one_access_log_line(server):
     def scrape() -> dict[str, float]:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
@@ -264,6 +298,10 @@ def test_metrics_count_requests_and_tokens_and_each_request_is_one_access_log_li
         before['framework_time_to_first_token_seconds_count{model="smollm2"}'] + 1
     assert after['framework_queue_depth{model="smollm2"}'] == 0
     assert 'framework_prefix_cache_hit_tokens_total{model="smollm2"}' in after
+    on_cpu = 'framework_device_seconds_total{device="cpu",model="smollm2"}'
+    assert after[on_cpu] > before.get(on_cpu, 0)             # the request's steps ran on cpu, and took time
+    runs = 'framework_device_fragment_runs_total{device="cpu",model="smollm2"}'
+    assert after[runs] >= before.get(runs, 0) + reply.usage.completion_tokens     # a fragment a step at least
     lines = [ln for ln in server.stderr()[len(log_before):].splitlines() if "POST /v1/chat/completions" in ln]
     assert len(lines) == 1 and f"200 {reply.usage.prompt_tokens}+3 tokens on cpu" in lines[0], lines
     assert lines[0].endswith(" ms")

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors", action="append", metavar="ORIGIN", help="let web pages of ORIGIN (e.g. "
                        "http://localhost:3000) call the server: repeat it or give a comma list, '*' for any (default: "
                        "none; other cross-origin requests are refused with 403)")
+    serve.add_argument("--embeddings", action="store_true", help="answer POST /v1/embeddings (pooled hidden "
+                       "states), with one more session of --ctx tokens per model (default: off, the route refuses)")
     add_verify_args(serve, every=16)
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")

@@ -34,12 +34,14 @@ class ContextFullError(ValueError):
 class Context:
     def __init__(self, model: Model, devices: list[Device], n_ctx: int = 2048, n_batch: int = 512,
                  kv_device: str | None = None, n_layers: int | None = None, memory_caps: dict[str, int] | None = None,
-                 share_kv_with: "Context | None" = None, role: str | None = None, hidden: bool = False):
+                 share_kv_with: "Context | None" = None, role: str | None = None, hidden: bool = False,
+                 out_rows: int = 1):
         if n_ctx < 1 or n_batch < 1:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         self.model, self.devices, self.n_batch, self.n_layers = model, list(devices), n_batch, n_layers
         self.role = role                    # "draft" for a draft's steps: named so in plans and reports
         self.hidden = hidden                # graphs also return the hidden state the head reads
+        self.out_rows = out_rows            # the most rows of logits a step returns (a batch: --parallel)
         self.static = any(d.limits.static_shapes for d in self.devices)
         unknown = sorted(set(memory_caps or ()) - {d.name for d in self.devices})
         if unknown:
@@ -61,11 +63,13 @@ class Context:
 
     def _fit_memory(self, kv_device: str | None) -> Fit:
         """Which device runs each layer, when a device's memory cannot hold all it accepts: fitted once, over
-        the steps with the most activations (a whole prefill chunk, and decode, over the whole context)."""
+        the steps with the most activations (a whole prefill chunk with out_rows rows of logits, and decode,
+        over the whole context)."""
         if not fit_needed(self.devices, self.budgets):
             return fit_layers([], self.devices, self.budgets)
         chunk = min(self.n_batch, self.n_ctx)
-        keys = dict.fromkeys([self.shape_key(chunk, self.n_ctx - chunk, 1), self.shape_key(1, self.n_ctx - 1, 1)])
+        keys = dict.fromkeys([self.shape_key(chunk, self.n_ctx - chunk, min(self.out_rows, chunk)),
+                              self.shape_key(1, self.n_ctx - 1, 1)])
         return fit_layers([self.graph(k)[0] for k in keys], self.devices, self.budgets, kv_device)
 
     def _place_cache(self, kv_device: str | None) -> dict[int, Residence]:

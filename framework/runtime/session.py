@@ -47,11 +47,11 @@ class Session:
                  share_kv_with: "Session | None" = None, memory_caps: dict[str, int] | None = None,
                  share_model_with: "Session | None" = None, max_plans: int | None = None,
                  draft_of: "Session | None" = None, hidden: bool = False, check_values: bool = False,
-                 verifier=None):
+                 verifier=None, out_rows: int = 1):
         draft_of = draft_of or share_kv_with
         shared = share_kv_with.context if share_kv_with is not None else None
         self.context = c = Context(model, devices, n_ctx, n_batch, kv_device, n_layers, memory_caps, shared,
-                                   "draft" if draft_of is not None else None, hidden)
+                                   "draft" if draft_of is not None else None, hidden, out_rows)
         # the context's, read by callers and reports; none of them changes during the session
         self.model, self.devices, self.n_ctx, self.n_batch = c.model, c.devices, c.n_ctx, c.n_batch
         self.cache, self.fit, self.residence, self.budgets = c.cache, c.fit, c.residence, c.budgets

@@ -30,14 +30,16 @@ from ..model.chat import ChatTemplateError, chat_prompt_ids
 from ..model.tokenizer import TokenizerError
 from ..runtime.sampling import SamplingParams
 from ..runtime.context import ContextFullError
-from .engine import Compute, Job, Run
+from .embeddings import check_width, encoded, input_ids, normalised, pooled
+from .engine import Compute, Job, Run, devices_of
 from .errors import ApiError, invalid_body
 from .guard import add_guards
 from .logprobs import Logprobs
 from .metrics import AccessLog, Clock, Metrics
 from .models import ServedModel, warm
 from .pool import QueueFull, SessionPool
-from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, Generation, TokenizeRequest
+from .schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest, Generation,
+                      TokenizeRequest)
 from .shutdown import Drain, InFlight
 from .structured import GrammarMask, grammar_of
 
@@ -94,7 +96,7 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     """The application; its start-up warms every model on the compute thread (/health is 503 until then).
     on_ready() is called once all are warm; on_failure(message) if one cannot be loaded."""
     state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace),
-                        metrics=Metrics({m.id: m.pool.state for m in models}))
+                        metrics=Metrics({m.id: m.pool.state for m in models}, {m.id: m.sessions for m in models}))
 
     async def lifespan(app: FastAPI):
         task = asyncio.create_task(_warm(state, on_ready, on_failure))
@@ -163,6 +165,10 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
                            f"(0..{tok.n_vocab - 1})", code="invalid_value", param="tokens")
         return {"content": tok.decode(req.tokens)}
 
+    @app.post("/v1/embeddings", dependencies=[key])
+    async def embeddings(request: Request):
+        return await _embed(state, request)
+
     return app
 
 
@@ -180,6 +186,40 @@ async def _warm(state: ServerState, on_ready, on_failure) -> None:
 
 
 # -- one request -------------------------------------------------------------------------------------
+async def _embed(state: ServerState, request: Request):
+    """Each input's pooled hidden state (embeddings.py), in OpenAI's shape."""
+    state.check_ready()
+    req = await _body(request, EmbeddingRequest)
+    served = state.lookup(req.model)
+    session = served.embedder
+    if session is None:
+        raise ApiError(400, f"this server was started without --embeddings, so it has no session to compute "
+                       f"embeddings of '{served.id}' on; start it with --embeddings (as llama-server)",
+                       code="embeddings_disabled")
+    check_width(req, served.model.hp.n_embd, served.id)
+    single = isinstance(req.input, str) or isinstance(req.input[0], int)      # else a list of inputs
+
+    def tokenized() -> list[list[int]]:
+        return [input_ids(served.model.tokenizer, item, None if single else i, served.id, session.n_ctx)
+                for i, item in enumerate(req.inputs())]
+
+    ids = await asyncio.to_thread(tokenized)
+    devices = devices_of([plan for plan, _ in session.plans.values()], session.devices)
+    n_tokens = sum(len(x) for x in ids)
+    request.state.access = (n_tokens, lambda: 0, devices)
+    try:
+        vectors = [await state.compute.call(pooled, session, x) for x in ids]
+    except Exception as e:
+        raise _run_error(e) from e
+    data = [{"object": "embedding", "index": i, "embedding": encoded(normalised(v, req.embd_normalize),
+                                                                      req.encoding_format)}
+            for i, v in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": served.id,
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}},
+                        headers={DEVICES_HEADER: ", ".join(devices),
+                                 MODEL_HEADER: f"{served.id} sha256:{served.sha256}"})
+
+
 async def _complete(state: ServerState, request: Request, schema: type[Generation], chat: bool):
     state.check_ready()
     req = await _body(request, schema)
@@ -530,8 +570,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         words = {404: f"no route {request.method} {request.url.path}; the routes are GET /health, GET /metrics, "
-                      f"GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /tokenize and "
-                      f"POST /detokenize",
+                      f"GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, "
+                      f"POST /tokenize and POST /detokenize",
                  405: f"{request.method} is not allowed on {request.url.path}"}
         return ApiError(e.status_code, words.get(e.status_code, str(e.detail)), code=f"http_{e.status_code}",
                         headers=dict(e.headers or {})).response()

@@ -1,8 +1,10 @@
 """What the server did, for people and for Prometheus: GET /metrics and one access-log line per request.
 
 /metrics is Prometheus's text format through prometheus_client, on a registry of this app's own (two
-apps in one process count apart). The access log goes to stderr through the `framework.serve.access`
-logger: the route, the status, the tokens (prompt+generated), the milliseconds and the devices.
+apps in one process count apart). The time each device spends on a model is read from the model's
+executors when /metrics is scraped (DeviceTime): they already time every fragment they run. The access
+log goes to stderr through the `framework.serve.access` logger: the route, the status, the tokens
+(prompt+generated), the milliseconds and the devices.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 access_log = logging.getLogger("framework.serve.access")
 
@@ -19,9 +22,11 @@ SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Metrics:
-    def __init__(self, pools: dict[str, Callable[[], dict]]):
-        """pools: per model id, a function giving its pool's state (busy, queued, ...)."""
+    def __init__(self, pools: dict[str, Callable[[], dict]], sessions: dict[str, Callable[[], list]] | None = None):
+        """pools: per model id, a function giving its pool's state (busy, queued, ...); sessions: per model id,
+        a function giving its sessions (their executors' device times are shown)."""
         r = self.registry = CollectorRegistry()
+        r.register(DeviceTime(sessions or {}))
         self.requests = Counter("framework_requests", "HTTP requests answered, by route and status",
                                 ["route", "status"], registry=r)
         self.prompt_tokens = Counter("framework_prompt_tokens", "prompt tokens of generation requests", ["model"],
@@ -46,6 +51,33 @@ class Metrics:
 
     def clock(self, model: str) -> "Clock":
         return Clock(self, model)
+
+
+class DeviceTime:
+    """framework_device_seconds_total and framework_device_fragment_runs_total, by model and device: the
+    seconds each device spent running a model's fragments (its runs, its waits, its read-backs) and the
+    fragments it ran, summed over the model's sessions' executors (core/scheduler/executor.py's stats)."""
+
+    def __init__(self, sessions: dict[str, Callable[[], list]]):
+        self.sessions = sessions
+
+    def collect(self):
+        seconds = CounterMetricFamily("framework_device_seconds", "seconds a device spent running a model's "
+                                      "fragments, transfers included", labels=["model", "device"])
+        runs = CounterMetricFamily("framework_device_fragment_runs", "fragments of a model a device ran",
+                                   labels=["model", "device"])
+        for model, sessions_of in self.sessions.items():
+            totals: dict[str, list] = {}
+            for session in sessions_of():
+                for device, st in list(session.executor.stats.items()):     # the compute thread may add a device
+                    total = totals.setdefault(device, [0.0, 0])
+                    total[0] += st["seconds"]
+                    total[1] += st["runs"]
+            for device, (sec, n) in sorted(totals.items()):
+                seconds.add_metric([model, device], sec)
+                runs.add_metric([model, device], n)
+        yield seconds
+        yield runs
 
 
 class Clock:

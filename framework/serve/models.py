@@ -17,6 +17,7 @@ from ..model.model import Model
 from ..runtime.batch import batching_refusal
 from ..runtime.context import KV_PAD
 from ..runtime.session import Session
+from .embeddings import embedding_session, without_weights
 from .engine import Scheduler, devices_of
 from .pool import SessionPool, Slot
 
@@ -32,12 +33,19 @@ class ServedModel:
     template: str | None               # its chat template (None: /v1/chat/completions refuses it, saying why)
     template_note: str                 # where the template came from, or why there is none
     created: int
+    embedder: Session | None = None    # with --embeddings: the session /v1/embeddings runs on (embeddings.py)
 
     def describe(self) -> dict:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": "framework",
                 "file": self.path.name, "sha256": self.sha256, "devices": self.devices,
                 "context_length": self.pool.sessions[0].n_ctx, "parallel": len(self.pool.sessions),
-                "chat_template": self.template_note}
+                "chat_template": self.template_note, "embeddings": self.embedder is not None}
+
+    def sessions(self) -> list[Session]:
+        """Every session of the model, once each: its batched one or its per-request ones, and its embedder."""
+        found = [x.scheduler.session if isinstance(x, Slot) else x for x in self.pool.sessions]
+        found += [self.embedder] if self.embedder is not None else []
+        return list({id(s): s for s in found}.values())
 
 
 def resolve(arg: str) -> tuple[str, Path]:
@@ -85,7 +93,8 @@ def batched_pool(model: Model, devices: list[Device], parallel: int, max_queue: 
     """One session whose cache holds --ctx tokens for each of the --parallel requests, stepped together:
     (pool, reservation)."""
     n_ctx = keep["n_ctx"]
-    session = Session(model, devices, **{**keep, "n_ctx": n_ctx * parallel, "max_plans": None})
+    session = Session(model, devices, **{**keep, "n_ctx": n_ctx * parallel, "max_plans": None},
+                      out_rows=parallel)     # the memory fit counts a step of --parallel rows of logits
     keys = batched_shapes(session, parallel)
     result = session.reserve_shapes(keys)
     session.max_plans = len(keys) + 48          # the reserved shapes, and the prompt lengths met last
@@ -94,12 +103,13 @@ def batched_pool(model: Model, devices: list[Device], parallel: int, max_queue: 
 
 
 def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch: int, parallel: int,
-                max_queue: int, strict: bool = False, kv_device: str | None = None,
+                max_queue: int, strict: bool = False, kv_device: str | None = None, embeddings: bool = False,
                 memory_caps: dict[str, int] | None = None, verify: tuple[Device, int] | None = None,
                 say: Callable[[str], None] = lambda line: None) -> list[ServedModel]:
     """Load and reserve every model with its parallel sessions; check them all together against each
     device's program budget and memory. Nothing is loaded onto a device or compiled here. verify: (reference
-    device, every N steps) for --verify: one Verifier per model, shared by its sessions."""
+    device, every N steps) for --verify: one Verifier per model, shared by its sessions. embeddings: each
+    model also gets a session for /v1/embeddings (--embeddings), checked with the others."""
     if n_ctx < 2:
         raise ValueError(f"--ctx must be at least 2 tokens (a prompt token and a generated one), got {n_ctx}")
     resolved: dict[str, Path] = {}
@@ -127,6 +137,11 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
             result = [reserve_session(s) for s in sessions][0]
             pool = SessionPool(model_id, sessions, max_queue)
             reservations[model_id] = (result, parallel)
+        embedder = None
+        if embeddings:
+            first = pool.sessions[0]
+            embedder, hidden = embedding_session(first.scheduler.session if isinstance(first, Slot) else first, keep)
+            reservations[f"{model_id} embeddings"] = (without_weights(hidden), 1)
         try:
             template, note = chat_template_for(model.file.metadata, model.arch.name)
         except ChatTemplateError as e:
@@ -134,7 +149,7 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
         served.append(ServedModel(
             id=model_id, path=path, sha256=sha256_of(path), model=model,
             pool=pool, devices=devices_of(list(result.plans.values()), devices), template=template,
-            template_note=note, created=int(path.stat().st_mtime)))
+            template_note=note, created=int(path.stat().st_mtime), embedder=embedder))
     check_together(reservations, {d.name: d for d in devices})
     return served
 
@@ -143,7 +158,6 @@ def warm(served: list[ServedModel]) -> None:
     """Load every weight, compile every reserved program, allocate every session's KV cache (on the
     compute thread: devices are driven from there only)."""
     for m in served:
-        sessions = {id(s): s for s in (x.scheduler.session if isinstance(x, Slot) else x for x in m.pool.sessions)}
-        for session in sessions.values():
+        for session in m.sessions():
             for plan, _ in session.plans.values():
                 session.executor.prepare(plan)

@@ -226,3 +226,24 @@ class TokenizeRequest(Strict):
 class DetokenizeRequest(Strict):
     tokens: list[Annotated[int, Field(ge=0)]]
     model: str | None = None
+
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class EmbeddingRequest(Strict):
+    """OpenAI's /v1/embeddings: one input (a string or token ids) or a list of them; llama-server's
+    `embd_normalize` (-1 none, 0 max-abs to int16 range, 1 taxicab, 2 L2, p > 2 a p-norm)."""
+    model: str
+    input: (Annotated[str, StringConstraints(min_length=1)] | Annotated[list[str], Field(min_length=1)]
+            | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[list[TokenId]], Field(min_length=1)])
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)     # OpenAI's: only the model's own width is accepted (embeddings.py)
+    user: str | None = None                        # OpenAI's end-user id: nothing to do with it here
+    embd_normalize: int = Field(2, ge=-1)          # llama-server's; 2 (L2) as its default
+
+    def inputs(self) -> list[str | list[int]]:
+        """Every input, in order: a text or a list of token ids."""
+        if isinstance(self.input, str) or (self.input and isinstance(self.input[0], int)):
+            return [self.input]
+        return list(self.input)

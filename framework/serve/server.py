@@ -31,10 +31,10 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
         say(f"verifying one step in {args.verify_every} against {verify[0].name} (--verify)")
     served = load_models(args.model, devices, n_ctx=args.ctx, n_batch=args.batch, parallel=args.parallel,
                          max_queue=args.queue, strict=args.strict, kv_device=args.kv_device,
-                         memory_caps=memory_caps, verify=verify, say=say)
+                         memory_caps=memory_caps, verify=verify, embeddings=args.embeddings, say=say)
     for m in served:
         say(f"{m.id}: {m.path} (sha256 {m.sha256[:16]}...) on {', '.join(m.devices)}, {args.parallel} sessions of "
-            f"{args.ctx} tokens, reserved")
+            f"{args.ctx} tokens" + (", and one for /v1/embeddings" if m.embedder else "") + ", reserved")
     url = f"http://{_host_in_url(args.host)}:{args.port}/v1"
     settings = Settings(api_key=args.api_key, max_body=args.max_body,
                         shutdown_grace=max(0.0, args.shutdown_timeout - 1.0), host=args.host,
