@@ -233,6 +233,8 @@ class OpenVinoDevice(Device):
         self.profile = profile
         self.emulation = profile.name if (profile and emulated) else None
         self.type = DeviceType.NPU if self.emulation else self.hardware   # every profile is an NPU's (alias npu)
+        # Limits.exact_rows stays 0: on openvino:CPU a row's logits in a step of several rows differ from a one-row
+        # step's (by tenths of a logit with 8-bit activations, 1e-4 without: other kernels for several rows)
         self.limits = profile.limits if profile else Limits()
         if self.hardware in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
             # the CPU, and Intel's NPUs, compute in host memory
