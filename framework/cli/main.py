@@ -36,7 +36,7 @@ from .common import (
     whole_number,
     write_output,
 )
-from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
+from .draft import add_draft_args, add_serve_draft_args, draft_line, draft_record, speculative_decoder
 from .verify import add_verify_args, verified_line, verifier_for
 
 SAMPLE_PROMPT = "The capital of France is"
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "http://localhost:3000) call the server: repeat it or give a comma list, '*' for any (default: "
                        "none; other cross-origin requests are refused with 403)")
     add_verify_args(serve, every=16)
+    add_serve_draft_args(serve)
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     _ray_address(backends)

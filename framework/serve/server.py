@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import uvicorn
 
+from ..cli.draft import serve_draft
 from ..exit_codes import EXIT_DEVICE, EXIT_INPUT, EXIT_OK
 from .app import Settings, create_app
 from .guard import parse_origins
@@ -29,9 +30,14 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
         from ..core.scheduler.verify import reference_device
         verify = (reference_device(args.verify, default_registry().select), args.verify_every)
         say(f"verifying one step in {args.verify_every} against {verify[0].name} (--verify)")
+    draft = serve_draft(args)
     served = load_models(args.model, devices, n_ctx=args.ctx, n_batch=args.batch, parallel=args.parallel,
                          max_queue=args.queue, strict=args.strict, kv_device=args.kv_device,
-                         memory_caps=memory_caps, verify=verify, say=say)
+                         memory_caps=memory_caps, verify=verify, draft=draft, draft_inexact=args.draft_inexact,
+                         say=say)
+    if draft:
+        say(f"every request drafts by prompt lookup ({draft.spec}, up to {draft.n_draft} tokens a step); each "
+            f"response's usage reports them (\"speculative\")")
     for m in served:
         say(f"{m.id}: {m.path} (sha256 {m.sha256[:16]}...) on {', '.join(m.devices)}, {args.parallel} sessions of "
             f"{args.ctx} tokens, reserved")
