@@ -56,22 +56,6 @@ def add_serve_draft_args(p: argparse.ArgumentParser) -> None:
                         "step's (Limits.exact_rows), which is otherwise refused (default: refused)")
 
 
-def serve_draft(args):
-    """serve's --draft as a ServeDraft, or None; ValueError naming what serve does not draft with."""
-    from ..runtime.lookup import is_lookup, parse_match
-    from ..runtime.speculative import DEFAULT_DRAFT_N
-    from ..serve.engine import ServeDraft
-    spec = getattr(args, "draft", None)
-    if not spec:
-        if args.draft_n != DEFAULT_DRAFT_N or args.draft_inexact:
-            raise ValueError("--draft-n and --draft-inexact need --draft ngram[:N]")
-        return None
-    if not is_lookup(spec):
-        raise ValueError(f"--draft {spec}: serve drafts by prompt lookup only, ngram[:N]; a draft model or layers:K "
-                         f"runs in `framework run`")
-    return ServeDraft(spec, parse_match(spec), args.draft_n)
-
-
 def speculative_decoder(args, session, devices):
     """The decoder --draft asks for, or None. Made before the target plans anything (an MTP draft needs the
     target's graphs to return their hidden state)."""

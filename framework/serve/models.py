@@ -17,7 +17,8 @@ from ..model.model import Model
 from ..runtime.batch import batching_refusal
 from ..runtime.context import KV_PAD
 from ..runtime.session import Session
-from ..runtime.speculative import SpeculationError, exact_rows_check
+from ..runtime.lookup import is_lookup, parse_match
+from ..runtime.speculative import DEFAULT_DRAFT_N, SpeculationError, exact_rows_check
 from .engine import Scheduler, ServeDraft, devices_of
 from .pool import SessionPool, Slot
 
@@ -80,6 +81,18 @@ def batched_shapes(session: Session, parallel: int) -> list[tuple]:
     keys += [ctx.rows_key(k, kv, k) for k in range(1, parallel + 1) for kv in range(KV_PAD, session.n_ctx + KV_PAD,
                                                                                     KV_PAD)]
     return list(dict.fromkeys(keys))
+
+
+def serve_draft(spec: str | None, n_draft: int, inexact: bool) -> ServeDraft | None:
+    """serve's --draft SPEC as a ServeDraft, or None; ValueError naming what serve does not draft with."""
+    if not spec:
+        if n_draft != DEFAULT_DRAFT_N or inexact:
+            raise ValueError("--draft-n and --draft-inexact need --draft ngram[:N]")
+        return None
+    if not is_lookup(spec):
+        raise ValueError(f"--draft {spec}: serve drafts by prompt lookup only, ngram[:N]; a draft model or layers:K "
+                         f"runs in `framework run`")
+    return ServeDraft(spec, parse_match(spec), n_draft)
 
 
 def verification_shapes(session: Session, draft: ServeDraft) -> list[tuple]:

@@ -15,12 +15,11 @@ from collections.abc import Callable
 
 import uvicorn
 
-from ..cli.draft import serve_draft
 from ..exit_codes import EXIT_DEVICE, EXIT_INPUT, EXIT_OK
 from .app import Settings, create_app
 from .guard import parse_origins
 from .shutdown import Drain
-from .models import load_models
+from .models import load_models, serve_draft
 
 
 def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]) -> int:
@@ -30,7 +29,7 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
         from ..core.scheduler.verify import reference_device
         verify = (reference_device(args.verify, default_registry().select), args.verify_every)
         say(f"verifying one step in {args.verify_every} against {verify[0].name} (--verify)")
-    draft = serve_draft(args)
+    draft = serve_draft(args.draft, args.draft_n, args.draft_inexact)
     served = load_models(args.model, devices, n_ctx=args.ctx, n_batch=args.batch, parallel=args.parallel,
                          max_queue=args.queue, strict=args.strict, kv_device=args.kv_device,
                          memory_caps=memory_caps, verify=verify, draft=draft, draft_inexact=args.draft_inexact,
