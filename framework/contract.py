@@ -119,6 +119,10 @@ class Limits:
     max_chain: int | None = None          # commands (dispatches, runs) one submission may chain
     static_shapes: bool = False           # every program needs fixed shapes
     dtypes: frozenset[str] | None = None  # weight dtypes accepted (names like "Q4_K"); None: all
+    # The most rows a step may hold with every row's results bit for bit those a one-row step gives that row
+    # (speculative verification relies on it: docs/speculative.md). Default 0: not declared, and speculative
+    # decoding on the device is refused unless asked for by name (--draft-inexact); None: any number of rows.
+    exact_rows: int | None = 0
 
 
 class Program(Protocol):

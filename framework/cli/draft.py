@@ -37,6 +37,23 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-p-min", type=probability, default=DEFAULT_P_MIN,
                    help="a model draft stops at the first token whose probability it puts below this; 0 never "
                         f"stops (default {DEFAULT_P_MIN}, llama.cpp's)")
+    g.add_argument("--draft-inexact", action="store_true",
+                   help="speculate on devices that do not declare a verification step's rows bit for bit a one-row "
+                        "step's (Limits.exact_rows; openvino's, for one), which is otherwise refused: greedy text may "
+                        "then differ from the target's own at near-ties (default: refused)")
+
+
+def add_serve_draft_args(p: argparse.ArgumentParser) -> None:
+    from ..runtime.speculative import DEFAULT_DRAFT_N
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--draft", metavar="SPEC", help="every request drafts by ngram[:N] (prompt lookup: what followed "
+                   "the latest earlier occurrence of the last N tokens, default N 3), checked in the batched step; "
+                   "each response's usage reports the tokens drafted and accepted (default: none)")
+    g.add_argument("--draft-n", type=positive_int, default=DEFAULT_DRAFT_N,
+                   help=f"tokens drafted per step of a request (default {DEFAULT_DRAFT_N})")
+    g.add_argument("--draft-inexact", action="store_true",
+                   help="draft on devices that do not declare a verification step's rows bit for bit a one-row "
+                        "step's (Limits.exact_rows), which is otherwise refused (default: refused)")
 
 
 def speculative_decoder(args, session, devices):
@@ -45,9 +62,10 @@ def speculative_decoder(args, session, devices):
     from ..runtime.speculative import DEFAULT_DRAFT_N, SpeculativeDecoder, make_draft
     if not getattr(args, "draft", None):
         if getattr(args, "draft_backends", None) or getattr(args, "draft_n", DEFAULT_DRAFT_N) != DEFAULT_DRAFT_N \
-                or getattr(args, "draft_p_min", DEFAULT_P_MIN) != DEFAULT_P_MIN:
-            raise ValueError("--draft-backends, --draft-n and --draft-p-min need --draft SPEC (ngram[:N], layers:K "
-                             "or a draft GGUF file)")
+                or getattr(args, "draft_p_min", DEFAULT_P_MIN) != DEFAULT_P_MIN \
+                or getattr(args, "draft_inexact", False):
+            raise ValueError("--draft-backends, --draft-n, --draft-p-min and --draft-inexact need --draft SPEC "
+                             "(ngram[:N], layers:K or a draft GGUF file)")
         return None
     spec = args.draft
     from ..runtime.lookup import is_lookup
@@ -64,7 +82,7 @@ def speculative_decoder(args, session, devices):
         spec = str(resolve_model(spec))
     from .common import load_model
     return SpeculativeDecoder(session, make_draft(spec, session, draft_devices, load=load_model), args.draft_n,
-                              p_min=args.draft_p_min)
+                              p_min=args.draft_p_min, inexact=args.draft_inexact)
 
 
 def shared_summary(decoder) -> str:
@@ -97,7 +115,10 @@ def _ranges(values: list[int]) -> str:
 def draft_line(decoder) -> str:
     d = decoder.draft
     where = f"on {', '.join(x.name for x in d.session.devices)}" if d.session else "(no model, no device)"
-    return f"draft {d.describe()} {where}, {decoder.n_draft} tokens a step; {shared_summary(decoder)}"
+    inexact = (f"; --draft-inexact: verified on {', '.join(decoder.inexact_devices)}, whose rows may differ from "
+               f"a one-row step's, so greedy text may differ from the target's own at near-ties"
+               if decoder.inexact_devices else "")
+    return f"draft {d.describe()} {where}, {decoder.n_draft} tokens a step; {shared_summary(decoder)}{inexact}"
 
 
 def draft_record(decoder) -> dict:

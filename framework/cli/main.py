@@ -36,7 +36,7 @@ from .common import (
     whole_number,
     write_output,
 )
-from .draft import add_draft_args, draft_line, draft_record, speculative_decoder
+from .draft import add_draft_args, add_serve_draft_args, draft_line, draft_record, speculative_decoder
 from .verify import add_verify_args, verified_line, verifier_for
 
 SAMPLE_PROMPT = "The capital of France is"
@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--embeddings", action="store_true", help="answer POST /v1/embeddings (pooled hidden "
                        "states), with one more session of --ctx tokens per model (default: off, the route refuses)")
     add_verify_args(serve, every=16)
+    add_serve_draft_args(serve)
 
     backends = sub.add_parser("backends", help="list every plugin and device, and why a device is unavailable")
     _ray_address(backends)

@@ -402,6 +402,41 @@ def make_draft(spec: str, target: Session, devices: list[Device], load=Model) ->
     return ModelDraft(target, model, devices)
 
 
+def exact_rows_check(target: Session, plans: dict, n_draft: int, inexact: bool) -> list[str]:
+    """Greedy text with a draft is the target's own only where every row of a verification step gets the logits a
+    one-row decode step gives it: every device of these verification plans (shape key -> plan) must declare that
+    for the step's rows (Limits.exact_rows). Refused with SpeculationError unless inexact; returns what inexact let
+    through, "device (why)"."""
+    by_name = {d.name: d for d in target.devices}
+    short: dict[str, int] = {}           # device -> the most rows of a verification step it computes
+    for key, plan in plans.items():
+        for f in plan.fragments:
+            exact = by_name[f.device].limits.exact_rows
+            if exact is not None and exact < key[0]:
+                short[f.device] = max(short.get(f.device, 0), key[0])
+    if short and not inexact:
+        raise SpeculationError(inexact_message(by_name, short, n_draft))
+    return [f"{name} (Limits.exact_rows {by_name[name].limits.exact_rows}, a verification step of {rows} rows)"
+            for name, rows in short.items()]
+
+
+def inexact_message(by_name: dict[str, Device], short: dict[str, int], n_draft: int) -> str:
+    """Why speculative decoding is refused on these devices (name -> the most rows a verification step holds),
+    and the fixes."""
+    parts = []
+    for name, rows in short.items():
+        exact = by_name[name].limits.exact_rows
+        declared = ("declares no row count" if not exact else f"declares at most {exact} rows")
+        parts.append(f"{name} ({by_name[name].plugin or 'its plugin'}) {declared} whose logits in one step are "
+                     f"bit for bit a one-row decode step's (Limits.exact_rows), and the target's verification "
+                     f"step holds up to {rows}")
+    fewer = [by_name[n].limits.exact_rows for n in short if by_name[n].limits.exact_rows]
+    fix = f"--draft-n {min(fewer) - 1} or fewer, " if fewer and min(fewer) > 1 else ""
+    return (f"speculative decoding refused: {'; '.join(parts)}. Greedy text with the draft could then differ from "
+            f"the target's own at near-ties. Fix: {fix}other --backends for the target, or --draft-inexact to "
+            f"accept that (the draft's {n_draft} tokens are still checked against the target's logits)")
+
+
 # -- decoding ---------------------------------------------------------------------------------------------
 @dataclass
 class Adaptive:
@@ -498,15 +533,17 @@ class SpecStats:
 
 class SpeculativeDecoder:
     def __init__(self, target: Session, draft: Draft, n_draft: int = DEFAULT_DRAFT_N, baseline: int = BASELINE_STEPS,
-                 p_min: float = 0.0):
+                 p_min: float = 0.0, inexact: bool = False):
         """baseline: decode steps of the target alone timed after the prompt (0: none), for the speed-up;
-        p_min: a model draft stops at the first token it is less sure of (0: never)."""
+        p_min: a model draft stops at the first token it is less sure of (0: never); inexact: verify on devices
+        that do not declare a verification step's rows exact (Limits.exact_rows), which reserve otherwise refuses."""
         if n_draft < 1:
             raise SpeculationError(f"--draft-n must be at least 1, got {n_draft}")
         if not 0.0 <= p_min < 1.0:
             raise SpeculationError(f"--draft-p-min must be at least 0 and below 1, got {p_min}")
         self.target, self.draft, self.n_draft, self.baseline = target, draft, n_draft, baseline
-        self.p_min, self.adaptive = p_min, Adaptive()
+        self.p_min, self.adaptive, self.inexact = p_min, Adaptive(), inexact
+        self.inexact_devices: list[str] = []      # what inexact let through: "device (why)"
         if draft.session is not None:
             target.partners, draft.session.partners = [draft.session], [target]
         self.stats = SpecStats()
@@ -534,12 +571,20 @@ class SpeculativeDecoder:
     def reserve(self, n_prompt: int, n_predict: int) -> Reservation:
         """Plan and check target and draft together; nothing is loaded or compiled."""
         target_keys, draft_keys = self.keys(n_prompt, n_predict)
+        self.check_exact(target_keys)
         d = self.draft.session
         if d is None:
             return self.target.reserve_keys(target_keys, {})
         if d.borrowed:
             place_borrowed(d, self.target, self.target.make_plans(target_keys).values())
         return self.target.reserve_keys(target_keys, {d: draft_keys})
+
+    def check_exact(self, target_keys: list[tuple]) -> None:
+        """Refuse (unless inexact) a target whose verification steps' rows are not declared exact (exact_rows)."""
+        # verification keys: several tokens, the logits of every row (a prompt chunk keeps its last row)
+        keys = [k for k in target_keys if k[0] > 1 and k[2] is None]
+        self.inexact_devices = exact_rows_check(self.target, self.target.make_plans(keys), self.n_draft,
+                                                self.inexact)
 
     def prepare(self, progress=None) -> None:
         """Load weights and compile programs of every reserved plan, before any clock starts."""

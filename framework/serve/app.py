@@ -447,9 +447,12 @@ class Reply:
         return {"id": prefix + self.id, "object": object_, "created": self.created, "model": self.model}
 
     def usage(self, run: Run) -> dict:
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": run.n_out,
-                "total_tokens": self.n_prompt + run.n_out,
-                "prompt_tokens_details": {"cached_tokens": run.cached_tokens}}
+        usage = {"prompt_tokens": self.n_prompt, "completion_tokens": run.n_out,
+                 "total_tokens": self.n_prompt + run.n_out,
+                 "prompt_tokens_details": {"cached_tokens": run.cached_tokens}}
+        if run.drafting:        # serve --draft (an extension: docs/speculative.md, "In the server")
+            usage["speculative"] = {"drafted_tokens": run.drafted, "accepted_tokens": run.accepted}
+        return usage
 
     def logprobs(self) -> dict | None:
         """The log-probabilities of the tokens since the last call, in the route's shape."""

@@ -11,6 +11,11 @@ or its client gone) are freed before the next step.
 
 A model that cannot run batched steps (runtime/batch.py's refusals: recurrent state, static shapes) is
 served by one session per request instead, whose steps take turns on the thread.
+
+With ``--draft ngram[:N]`` (ServeDraft) a decoding request's part of a step is its last token and the tokens
+prompt lookup proposes after it, with the logits of every row; the drafts the target agrees with are kept
+(runtime/speculative.py's acceptance, greedy or sampled), the cells of the others dropped. A request with a
+grammar or log-probabilities decodes a token a step (its sampler's state follows every token).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from ..contract import Device
 from ..core.scheduler import Plan
 from ..runtime.batch import Batch, Part
 from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
+from ..runtime.lookup import lookup
 from ..runtime.prefix import PrefixCache
 from ..runtime.sampling import Observer, Sampler, SamplingParams, TokenMask
 from ..runtime.session import Session
+from ..runtime.speculative import Adaptive, accept_greedy, accept_sampled
 from .pool import Slot
 from .stops import StopFilter
 
@@ -81,11 +88,20 @@ class Job:
 AHEAD = 4        # pieces a request may have waiting, computed before it asked (its client reads slower)
 
 
+@dataclass(frozen=True)
+class ServeDraft:
+    """serve --draft ngram[:N]: every request drafts by prompt lookup, up to n_draft tokens a step."""
+    spec: str
+    n_match: int
+    n_draft: int
+
+
 class Scheduler:
     """A model's active requests, each a sequence of one Batch, stepped together on the compute thread."""
 
-    def __init__(self, session: Session, devices: list[str], cache_cells: int | None = None):
-        self.batch, self.session, self.devices = Batch(session), session, devices
+    def __init__(self, session: Session, devices: list[str], cache_cells: int | None = None,
+                 draft: ServeDraft | None = None):
+        self.batch, self.session, self.devices, self.draft = Batch(session), session, devices, draft
         self.prefix = PrefixCache(self.batch.cells, cache_cells)
         self.active: list[Run] = []
         self.leaving: list[Run] = []          # told from any thread, freed under the lock
@@ -140,13 +156,18 @@ class Scheduler:
         decoding = [r for r in ready if not r.pending]
         budget = self.session.n_batch - len(decoding)
         parts, who = [], []
+        drafts: dict[int, list[int]] = {}
+        for r in decoding if self.draft else ():      # drafts after the decode rows, before prompt chunks
+            drafts[id(r)] = r.propose(self.draft, budget)
+            budget -= len(drafts[id(r)])
         for r in ready:                       # decode rows first, then prompt chunks while the batch has room
             if r.pending and budget > 0:
                 take = r.pending[:budget]
                 budget -= len(take)
                 parts.append(Part(r.seq, take, logits=len(take) == len(r.pending)))
             elif not r.pending:
-                parts.append(Part(r.seq, [r.last]))
+                more = drafts.get(id(r), [])
+                parts.append(Part(r.seq, [r.last] + more, all_logits=bool(more)))
             else:
                 continue
             who.append(r)
@@ -169,6 +190,8 @@ class Run:
         self.n_out = 0
         self.finish: str | None = None     # "stop" or "length" once generation has ended
         self.cached_tokens = 0             # prompt tokens whose cells were reused, not computed
+        self.drafted = self.accepted = 0   # serve --draft: tokens proposed, and those the target agreed with
+        self.adaptive = Adaptive()
         self.pieces: deque = deque()       # Piece, then the finish reason once generation ends
         self._gen = None
 
@@ -195,24 +218,63 @@ class Run:
         self._gen = generate(s, job.ids, job.max_tokens, Sampler(job.sampling, job.mask, job.observe), tok.eog_ids)
         return devices_of([s.plans[k][0] for k in keys], s.devices)
 
+    @property
+    def drafting(self) -> bool:
+        """Whether the server drafts for this request's model (serve --draft): its usage reports the drafts."""
+        return isinstance(self.slot, Slot) and self.slot.scheduler.draft is not None
+
+    def propose(self, draft: ServeDraft, budget: int) -> list[int]:
+        """Prompt lookup's tokens after the last one, as many as the step's room, the request's length and its
+        context allow; none for a request whose sampler follows every token (a grammar, log-probabilities)."""
+        if self.job.mask is not None or self.job.observe is not None:
+            return []
+        n = min(draft.n_draft, budget, self.job.max_tokens - self.produced - 1, self.slot.n_ctx - len(self.tokens))
+        if n < 1 or not self.adaptive.allows():
+            return []
+        return lookup(self.tokens, draft.n_match, n)
+
     def took(self, part: Part, logits) -> None:
         """A step ran this request's part: the prompt tokens it fed, and a new piece where it had logits."""
         if self.pending:
             self.pending = self.pending[len(part.tokens):]
         if logits is None:
             return
-        tok = self.slot.scheduler.session.model.tokenizer
+        if part.all_logits:
+            return self._verified(part.tokens[1:], logits)
         if self.job.max_tokens == 0:
             return self._end(FINISH_LENGTH)
-        token = self.sampler(logits)
+        self._add(self.sampler(logits))
+
+    def _verified(self, drafts: list[int], rows) -> None:
+        """The target's rows after the last token and each draft: keep the drafts it agrees with and its own
+        next token; the cells of the rest are dropped."""
+        s = self.sampler
+        if s.greedy:
+            n_ok, new = accept_greedy(rows, drafts)
+        else:
+            n_ok, new = accept_sampled([s.distribution(r) for r in rows], [None] * len(drafts), drafts, s.rng)
+        batch = self.slot.scheduler.batch
+        batch.cells.keep(self.seq, batch.n_past(self.seq) - len(drafts) + n_ok)
+        self.drafted, self.accepted = self.drafted + len(drafts), self.accepted + n_ok
+        self.adaptive.update(len(drafts), n_ok)
+        for token in drafts[:n_ok] + [new]:
+            if not self.generating or not self._add(token):
+                return
+
+    def _add(self, token: int) -> bool:
+        """A sampled token: a piece, or the end; whether generation goes on."""
+        tok = self.slot.scheduler.session.model.tokenizer
         if token in tok.eog_ids:
-            return self._end(FINISH_STOP)
+            self._end(FINISH_STOP)
+            return False
         self.produced += 1
         self.tokens.append(token)
         self.pieces.append(Piece(token, self.decoder.decode(tok.token_bytes(token))))
         if self.produced == self.job.max_tokens or len(self.job.ids) + self.produced - 1 >= self.slot.n_ctx:
-            return self._end(FINISH_LENGTH)       # the last token's logits are not needed
+            self._end(FINISH_LENGTH)       # the last token's logits are not needed
+            return False
         self.last = token
+        return True
 
     def _end(self, why: str) -> None:
         self.generating = False

@@ -17,8 +17,10 @@ from ..model.model import Model
 from ..runtime.batch import batching_refusal
 from ..runtime.context import KV_PAD
 from ..runtime.session import Session
+from ..runtime.lookup import is_lookup, parse_match
+from ..runtime.speculative import DEFAULT_DRAFT_N, SpeculationError, exact_rows_check
 from .embeddings import embedding_session, without_weights
-from .engine import Scheduler, devices_of
+from .engine import Scheduler, ServeDraft, devices_of
 from .pool import SessionPool, Slot
 
 
@@ -89,27 +91,53 @@ def batched_shapes(session: Session, parallel: int) -> list[tuple]:
     return list(dict.fromkeys(keys))
 
 
-def batched_pool(model: Model, devices: list[Device], parallel: int, max_queue: int, model_id: str, keep: dict):
+def serve_draft(spec: str | None, n_draft: int, inexact: bool) -> ServeDraft | None:
+    """serve's --draft SPEC as a ServeDraft, or None; ValueError naming what serve does not draft with."""
+    if not spec:
+        if n_draft != DEFAULT_DRAFT_N or inexact:
+            raise ValueError("--draft-n and --draft-inexact need --draft ngram[:N]")
+        return None
+    if not is_lookup(spec):
+        raise ValueError(f"--draft {spec}: serve drafts by prompt lookup only, ngram[:N]; a draft model or layers:K "
+                         f"runs in `framework run`")
+    return ServeDraft(spec, parse_match(spec), n_draft)
+
+
+def verification_shapes(session: Session, draft: ServeDraft) -> list[tuple]:
+    """serve --draft: a request's step of its last token and 1 to n_draft drafts, the logits of every row, at every
+    KV length (several requests' rows together are planned when first met)."""
+    ctx, rows = session.context, min(draft.n_draft + 1, session.n_batch)
+    return [ctx.rows_key(k, kv, k) for k in range(2, rows + 1) for kv in range(KV_PAD, session.n_ctx + KV_PAD, KV_PAD)]
+
+
+def batched_pool(model: Model, devices: list[Device], parallel: int, max_queue: int, model_id: str, keep: dict,
+                 draft: ServeDraft | None = None, inexact: bool = False):
     """One session whose cache holds --ctx tokens for each of the --parallel requests, stepped together:
     (pool, reservation)."""
     n_ctx = keep["n_ctx"]
     session = Session(model, devices, **{**keep, "n_ctx": n_ctx * parallel, "max_plans": None},
                       out_rows=parallel)     # the memory fit counts a step of --parallel rows of logits
     keys = batched_shapes(session, parallel)
+    if draft:
+        verify = verification_shapes(session, draft)
+        exact_rows_check(session, session.make_plans(verify), draft.n_draft, inexact)
+        keys = list(dict.fromkeys(keys + verify))
     result = session.reserve_shapes(keys)
     session.max_plans = len(keys) + 48          # the reserved shapes, and the prompt lengths met last
-    scheduler = Scheduler(session, devices_of(list(result.plans.values()), devices))
+    scheduler = Scheduler(session, devices_of(list(result.plans.values()), devices), draft=draft)
     return SessionPool(model_id, [Slot(scheduler, n_ctx) for _ in range(parallel)], max_queue), result
 
 
 def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch: int, parallel: int,
                 max_queue: int, strict: bool = False, kv_device: str | None = None, embeddings: bool = False,
                 memory_caps: dict[str, int] | None = None, verify: tuple[Device, int] | None = None,
+                draft: ServeDraft | None = None, draft_inexact: bool = False,
                 say: Callable[[str], None] = lambda line: None) -> list[ServedModel]:
     """Load and reserve every model with its parallel sessions; check them all together against each
     device's program budget and memory. Nothing is loaded onto a device or compiled here. verify: (reference
     device, every N steps) for --verify: one Verifier per model, shared by its sessions. embeddings: each
-    model also gets a session for /v1/embeddings (--embeddings), checked with the others."""
+    model also gets a session for /v1/embeddings (--embeddings), checked with the others. draft: --draft,
+    its verification steps reserved too, refused on devices whose rows are not exact unless draft_inexact."""
     if n_ctx < 2:
         raise ValueError(f"--ctx must be at least 2 tokens (a prompt token and a generated one), got {n_ctx}")
     resolved: dict[str, Path] = {}
@@ -127,9 +155,13 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
         keep = dict(n_ctx=n_ctx, n_batch=n_batch, strict=strict, kv_device=kv_device, memory_caps=memory_caps,
                     max_plans=max_plans(n_ctx), verifier=Verifier(verify[0], model.weight_bytes, verify[1])
                     if verify else None)
-        if batching_refusal(model, devices) is None:
-            pool, result = batched_pool(model, devices, parallel, max_queue, model_id, keep)
+        why = batching_refusal(model, devices)
+        if why is None:
+            pool, result = batched_pool(model, devices, parallel, max_queue, model_id, keep, draft, draft_inexact)
             reservations[model_id] = (result, 1)           # one cache, one set of plans, for every request
+        elif draft:
+            raise SpeculationError(f"--draft {draft.spec}: the server drafts in its batched steps, and {why}; "
+                                   f"serve {model_id} without --draft")
         else:                                              # a session, and a cache, per request
             first = Session(model, devices, **keep)
             sessions = [first] + [Session(model, devices, share_model_with=first, **keep)

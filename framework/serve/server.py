@@ -19,7 +19,7 @@ from ..exit_codes import EXIT_DEVICE, EXIT_INPUT, EXIT_OK
 from .app import Settings, create_app
 from .guard import parse_origins
 from .shutdown import Drain
-from .models import load_models
+from .models import load_models, serve_draft
 
 
 def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]) -> int:
@@ -29,9 +29,14 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
         from ..core.scheduler.verify import reference_device
         verify = (reference_device(args.verify, default_registry().select), args.verify_every)
         say(f"verifying one step in {args.verify_every} against {verify[0].name} (--verify)")
+    draft = serve_draft(args.draft, args.draft_n, args.draft_inexact)
     served = load_models(args.model, devices, n_ctx=args.ctx, n_batch=args.batch, parallel=args.parallel,
                          max_queue=args.queue, strict=args.strict, kv_device=args.kv_device,
-                         memory_caps=memory_caps, verify=verify, embeddings=args.embeddings, say=say)
+                         memory_caps=memory_caps, verify=verify, embeddings=args.embeddings, draft=draft,
+                         draft_inexact=args.draft_inexact, say=say)
+    if draft:
+        say(f"every request drafts by prompt lookup ({draft.spec}, up to {draft.n_draft} tokens a step); each "
+            f"response's usage reports them (\"speculative\")")
     for m in served:
         say(f"{m.id}: {m.path} (sha256 {m.sha256[:16]}...) on {', '.join(m.devices)}, {args.parallel} sessions of "
             f"{args.ctx} tokens" + (", and one for /v1/embeddings" if m.embedder else "") + ", reserved")

@@ -20,11 +20,17 @@ def get_rows(a, rows):
     return a[rows]
 
 
+# Products and attention of up to this many rows run one row at a time, as a decode step's one row does: BLAS's
+# matrix-matrix products sum in another order, so a row's result would depend on how many rows the step holds, and
+# a speculative verification's rows must be bit for bit what one-row steps give (docs/speculative.md).
+EXACT_ROWS = 8
+
+
 def mul_mat(a, b):
     """b @ a^T, with a's batch axes repeated to b's (ggml: b batch i uses a batch i // ratio)."""
     if a.ndim == 2:
-        if b.ndim == 2 and b.shape[0] == 1:     # decode: BLAS's matrix-vector product streams faster
-            return (a @ b[0])[None, :]
+        if b.ndim == 2 and b.shape[0] <= EXACT_ROWS:     # BLAS's matrix-vector product streams faster, too
+            return np.stack([a @ row for row in b]) if len(b) else b @ a.T
         return b @ a.T
     for axis in range(a.ndim - 2):
         off = b.ndim - a.ndim
@@ -88,8 +94,8 @@ def glu(gate, up, *, op):
 
 
 def rms_norm(x, *, eps):
-    if x.ndim == 2 and x.shape[0] == 1:     # decode: one dot product beats einsum's set-up
-        ms = np.dot(x[0], x[0]) * np.float32(1.0 / x.shape[-1])
+    if x.ndim == 2 and x.shape[0] <= EXACT_ROWS:     # a dot product a row beats einsum's set-up (and EXACT_ROWS)
+        ms = np.array([np.dot(r, r) for r in x], dtype=np.float32)[:, None] * np.float32(1.0 / x.shape[-1])
     else:
         ms = np.einsum("...i,...i->...", x, x)[..., None] * np.float32(1.0 / x.shape[-1])
     return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps)))
@@ -108,6 +114,8 @@ def soft_max(a, mask=None, *, scale):
 def flash_attn_ext(q, k, v, mask=None, *, scale):
     """q (T, H, D), k and v (S, Hkv, D), mask (T, S): softmax(q k^T * scale + mask) v -> (T, H, D)."""
     t, h, d = q.shape
+    if 1 < t <= EXACT_ROWS and mask is not None:       # each query as a one-row step computes it (EXACT_ROWS)
+        return np.concatenate([flash_attn_ext(q[i:i + 1], k, v, mask[i:i + 1], scale=scale) for i in range(t)])
     hkv = k.shape[1]
     g = h // hkv
     if mask is not None:        # keys past the last one any query may see weigh exactly 0: skip them

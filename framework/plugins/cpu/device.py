@@ -21,6 +21,7 @@ from ...contract import (
     Verdict,
     dequantize,
     host_memory_limit,
+    reference,
     settings,
 )
 
@@ -73,6 +74,16 @@ def matmul_path(mode: str) -> tuple[bool, str, str]:
     return False, f"float32 products (numpy's BLAS: {cpu} has no AVX2 for the quantized ones)", ""
 
 
+def exact_rows(fast: bool) -> int:
+    """Limits.exact_rows: the rows of a step whose products each give what a one-row step gives, the reference's
+    one matrix-vector product per row and, on the fast path, the few-row kernels (from TILED_FROM rows the tiled
+    ones sum in another order)."""
+    if not fast:
+        return reference.EXACT_ROWS
+    from .quantized import TILED_FROM
+    return min(reference.EXACT_ROWS, TILED_FROM - 1)
+
+
 class CpuProgram(ReferenceProgram):
     """A fragment run node by node on the reference kernels, the fast path's where ``fast``."""
 
@@ -94,10 +105,10 @@ class CpuDevice(Device):
         self.physical_id = "host-cpu"
         # weights, caches and activations live in host memory: reservation checks them against it (a
         # subclass that declares its own limits, as tests do, keeps them)
-        if type(self).limits is CpuDevice.limits:
-            self.limits = Limits(memory_bytes=host_memory_limit())
         mode, problem = (matmul, "") if matmul in MATMUL_MODES else matmul_mode()
         self.fast, path, problem = (False, "", problem) if problem else matmul_path(mode)
+        if type(self).limits is CpuDevice.limits:
+            self.limits = Limits(memory_bytes=host_memory_limit(), exact_rows=exact_rows(self.fast))
         if problem:
             self.available, self.unavailable_reason = False, problem
         self.matmul_path = path

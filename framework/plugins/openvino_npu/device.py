@@ -77,6 +77,9 @@ DEFAULT_BITS = 4
 # llama.cpp's reference bounds hold either way; a decode step then no longer gives its prefill's logits bit for
 # bit, which FRAMEWORK_OPENVINO_DYNAMIC_QUANTIZATION=0 keeps (docs/openvino.md, "Activations").
 DEFAULT_DYNQUANT = "auto"
+# Limits.exact_rows is left at 0 (not declared): on openvino:CPU a row's logits in a step of several rows differ from a
+# one-row step's (by tenths of a logit with 8-bit activations, 1e-4 without: other kernels for several rows), so
+# speculative decoding on OpenVINO needs --draft-inexact (docs/speculative.md)
 # DYNAMIC_QUANTIZATION_GROUP_SIZE "auto": for each compiled model the first of these that divides the group of every
 # compressed weight it holds. OpenVINO's CPU plugin quantizes a product's activations only where the group size
 # divides the weight's group (Q6_K's is 16), and runs the 32-value forms (Q4_0, Q4_1, Q8_0) fastest with 32
