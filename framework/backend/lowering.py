@@ -116,6 +116,18 @@ class Lowering:
             return None
         return r[0]
 
+    def residual_add(self, n: Tensor) -> Tensor | None:
+        """The ADD that is n's only reader and adds to n a plain residual of its own shape, which n's kernel may
+        write as it stores; None where there is none, or where a fused kernel's prologue takes that ADD."""
+        add = self.sole_reader(n, "ADD")
+        if add is None or id(add) in self.fusion.absorbed:
+            return None
+        res = add.src[1]
+        ref = self.refs.get(id(res))
+        if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
+            return None
+        return add
+
     def gain_ok(self, norm: Tensor, g: Tensor) -> bool:
         """Whether g can be a norm's gain inside its kernel: F32, contiguous, one chunk, one row long."""
         if g.dtype.name != "F32" or not g.contiguous or id(g) not in self.refs:

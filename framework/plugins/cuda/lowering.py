@@ -13,7 +13,7 @@ group's nodes make none here."""
 from __future__ import annotations
 
 from ...backend import ChunkArg, KernelTable, contiguous_strides, is_weight, pad4, weight_words
-from ...contract import Tensor, reference
+from ...contract import reference
 from . import fused, kernels
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
 from .launches import each, launch
@@ -23,24 +23,12 @@ def _ceil(n: int, m: int) -> int:
     return -(-int(n) // m)
 
 
-def residual_add(lw, n: Tensor) -> Tensor | None:
-    """The ADD that is n's only reader and adds to n a residual of its own shape, if there is one."""
-    add = lw.sole_reader(n, "ADD")
-    if add is None:
-        return None
-    res = add.src[1]
-    ref = lw.refs.get(id(res))
-    if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
-        return None
-    return add
-
-
 # -- element-wise and rows --------------------------------------------------------------------------
 def op_rms_norm(lw, n):
     mul = lw.sole_reader(n, "MUL")
     gain = mul.src[1] if mul is not None and lw.gain_ok(n, mul.src[1]) else None
     out = mul if gain is not None else n
-    add = residual_add(lw, out) if gain is not None else None
+    add = lw.residual_add(out) if gain is not None else None
     ncols = n.shape[-1]
     label = "RMS_NORM" + ("+MUL" if gain is not None else "") + ("+ADD" if add is not None else "")
     launch(lw, f"{label} {n.name}", "rms_norm", kernels.base_options(), n.nelements // ncols * kernels.RWG,
@@ -155,7 +143,7 @@ def op_get_rows(lw, n):
 def op_mul_mat(lw, n):
     a, b = n.src
     if is_weight(a) and a.dtype.name in weight_words.QUANT_TYPES:
-        return _quant_mul_mat(lw, n, residual_add(lw, n))
+        return _quant_mul_mat(lw, n, lw.residual_add(n))
     o = lw.new_val(n)
     sa, sb = pad4(a.shape), pad4(b.shape)
     nrows, k, m = a.shape[-2], a.shape[-1], b.shape[-2]

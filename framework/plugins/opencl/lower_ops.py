@@ -23,18 +23,6 @@ def _ceil(n: int, m: int) -> int:
     return -(-int(n) // m)
 
 
-def residual_add(lw, n: Tensor) -> Tensor | None:
-    """The ADD that is n's only reader and adds to n a residual of its own shape, if there is one."""
-    add = lw.sole_reader(n, "ADD")
-    if add is None or id(add) in lw.fusion.absorbed:      # a fused kernel's prologue takes it
-        return None
-    res = add.src[1]
-    ref = lw.refs.get(id(res))
-    if res is n or tuple(res.shape) != tuple(add.shape) or ref is None or ref.strides is not None:
-        return None
-    return add
-
-
 # -- element-wise and rows --------------------------------------------------------------------------
 def _rms_norm(lw, n: Tensor, norm: Tensor, gain: Tensor | None, add: Tensor | None = None):
     a = lw.ref(norm.src[0])
@@ -52,7 +40,7 @@ def _rms_norm(lw, n: Tensor, norm: Tensor, gain: Tensor | None, add: Tensor | No
 def op_rms_norm(lw, n):
     mul = lw.sole_reader(n, "MUL") if "rms_mul" not in lw.fusions_off else None
     if mul is not None and lw.gain_ok(n, mul.src[1]):
-        add = residual_add(lw, mul)
+        add = lw.residual_add(mul)
         _rms_norm(lw, mul, n, mul.src[1], add)
         return [t for t in (mul, add) if t is not None]
     _rms_norm(lw, n, n, None)

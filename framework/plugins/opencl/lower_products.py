@@ -1,20 +1,19 @@
 """The OpenCL plugin's MUL_MAT: float weights and activations (mul_mat_f); a quantized weight, chunk by
 chunk, by the register-tiled kernel (CPU devices), the matrix-vector kernels (a few rows of x; x in 8
 bits for large weights, QUANT_X) or the tiled product, each writing the residual ADD that is the
-product's only reader as it stores (lower_ops.residual_add)."""
+product's only reader as it stores (the skeleton's Lowering.residual_add)."""
 
 from __future__ import annotations
 
 from ...backend import ChunkArg, Ref, is_weight, pad4
 from . import kernels, layout
 from .launches import ewg, float_options, launch
-from .lower_ops import residual_add
 
 
 def op_mul_mat(lw, n):
     a, b = n.src
     if is_weight(a) and a.dtype.name in layout.QUANT_TYPES:
-        add = residual_add(lw, n)
+        add = lw.residual_add(n)
         _quant_mul_mat(lw, n, add)
         return [add] if add is not None else None
     o = lw.new_val(n)
