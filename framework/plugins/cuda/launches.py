@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...backend import Step
 from . import kernels
-from .signatures import TENSOR_KINDS, params
+from .signatures import arguments
 
 
 @dataclass(frozen=True)
@@ -20,19 +20,8 @@ class Launch:
 def launch(lw, name: str, kernel: str, options: dict, n_items: int, block: int, /, **args) -> None:
     """One launch of `kernel` over n_items threads (whole blocks of `block`); every parameter of its
     signature given by name, and no other."""
-    binds, rw, values = [], [], {}
-    for kind, pname in params(kernel):
-        if pname not in args:
-            raise ValueError(f"{name}: kernel {kernel} needs parameter '{pname}', not given")
-        value = args.pop(pname)
-        if kind in TENSOR_KINDS:
-            binds.append(value)
-            rw.append(kind == "out")
-        else:
-            values[pname] = value
-    if args:
-        raise ValueError(f"{name}: kernel {kernel} has no parameter {', '.join(args)}")
-    lw.emit(Step(name, Launch(kernel, options), binds, tuple(rw), values, (max(1, -(-int(n_items) // block)), block)))
+    binds, rw, values = arguments(name, kernel, args)
+    lw.emit(Step(name, Launch(kernel, options), binds, rw, values, (max(1, -(-int(n_items) // block)), block)))
 
 
 def each(lw, node, kernel: str, n_items: int, /, **args) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...backend import Ref, Step
 from . import kernels
-from .signatures import TENSOR_KINDS, params
+from .signatures import arguments
 
 
 @dataclass(frozen=True)
@@ -25,19 +25,8 @@ def launch(lw, name: str, kernel: str, options: dict, n_items: int, lsize: int |
     """One launch of `kernel` over n_items work-items (rounded up to whole work-groups of lsize); every
     parameter of its signature given by name, and no other."""
     gsize = max(lsize, -(-int(n_items) // lsize) * lsize) if lsize else int(n_items)
-    binds, rw, values = [], [], {}
-    for kind, pname in params(kernel):
-        if pname not in args:
-            raise ValueError(f"{name}: kernel {kernel} needs parameter '{pname}', not given")
-        value = args.pop(pname)
-        if kind in TENSOR_KINDS or kind == "w":
-            binds.append(value)
-            rw.append(kind == "out")
-        else:
-            values[pname] = value
-    if args:
-        raise ValueError(f"{name}: kernel {kernel} has no parameter {', '.join(args)}")
-    lw.emit(Step(name, Launch(kernel, options, tuple(vec4)), binds, tuple(rw), values, (gsize, lsize)))
+    binds, rw, values = arguments(name, kernel, args)
+    lw.emit(Step(name, Launch(kernel, options, tuple(vec4)), binds, rw, values, (gsize, lsize)))
 
 
 def ewg(dev) -> int:

@@ -64,8 +64,8 @@ _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
 
 
-_SIGNATURES = Signatures("opencl", SIGNATURES, _C)
-params, c_header = _SIGNATURES.params, _SIGNATURES.c_header
+_SIGNATURES = Signatures("opencl", SIGNATURES, _C, (*TENSOR_KINDS, "w"))
+params, c_header, arguments = _SIGNATURES.params, _SIGNATURES.c_header, _SIGNATURES.arguments
 
 
 def arg_count(kind: str) -> int:
