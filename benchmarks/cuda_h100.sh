@@ -18,6 +18,10 @@
 # `bash benchmarks/cuda_h100.sh profile` runs benchmarks/cuda_profile.sh instead (Nsight Systems over a
 # short decode on cuda:0, graphs on and off): $OUT/cuda_profile.log.
 #
+# `bash benchmarks/cuda_h100.sh events [MODEL...]` runs cuda_profile.py's events mode instead (CUDA events, no
+# Nsight: the GPU time of each kernel of a decode step, the graph's replay alone, the host's share):
+# $OUT/cuda_events.log.
+#
 # `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
 # opencl:0 (PoCL) stands in for cuda:0, with a short prompt and decode, on SmolLM2's shape only.
 set -euo pipefail
@@ -42,6 +46,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import cupy; print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())' || true
 out="${OUT:-/tmp}"
 mkdir -p "$out"
+if [ "${1:-}" = events ]; then
+  shift
+  for model in ${*:-smollm2 gemma3 qwen25-coder-1.5b}; do
+    timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py events "$model" --work /tmp
+  done 2>&1 | tee "$out/cuda_events.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = profile ]; then
   shift
   exec timeout -k 10 "${RUN_LIMIT:-560}" bash benchmarks/cuda_profile.sh "$out" "$@"

@@ -7,6 +7,12 @@ GPU machine. Two modes:
   (--capture-range=cudaProfilerApi). Writes the decode program's steps (kernel, grid, block, the weight
   bytes a matrix-vector product reads) and the wall time a step to --meta; with --copy, a device-to-device
   copy's rate too (the bound a weight-reading kernel can reach).
+* ``events MODEL``: no Nsight at all (its importer failed on the lent H100): CUDA events. The wall time of
+  a decode step (graphs as the caller set them), the GPU time of the captured graph replayed alone (events
+  around --steps replays: the step without its host share), the GPU time of every kernel of the step
+  (launched one by one behind a spinning kernel, so the host's launch cost never shows between them, an
+  event before each), summed by kernel and by product shape with the weight bytes' rate against a device
+  copy, and the host functions that take most of a step (cProfile).
 * ``summarize``: from nsys's cuda_gpu_trace CSV of that range and the meta, the GPU time a step, the
   step's GPU-busy fraction (kernel time / wall time: one stream, so kernels do not overlap), the time per
   kernel (and per matrix-vector shape, with its weight bytes' rate against the copy's).
@@ -99,6 +105,144 @@ def run(args) -> None:
           + (f"; device copy {meta['copy_GBps']:.0f} GB/s" if args.copy else ""))
 
 
+SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
+}
+"""
+
+
+def weight_bytes(st) -> int:
+    """Bytes of quantized weight a product launch reads (matvec_q: N x K; rowvec: F_NW weights of N x F_K)."""
+    from framework.backend import weight_words
+    opts = st.kernel.options
+    qt = next((k[3:] for k in opts if k.startswith("QT_") and k not in ("QT_WPB", "QT_GPB")), None)
+    if not qt or st.kernel.kernel not in ("matvec_q", "rowvec", "matmul_q"):
+        return 0
+    lay = weight_words.layout(qt)
+    k = opts.get("F_K") or st.params["K"]
+    return opts.get("F_NW", 1) * st.params["N"] * k // lay.block_elems * lay.words_per_block * 4
+
+
+def kernel_times(dev, s, prog, tok: int, reps: int) -> list[list[float]]:
+    """Each launch's GPU time (us) in `reps` decode steps run launch by launch (graphs off), a spinning
+    kernel first so that every launch is queued before the GPU reaches it, an event before each."""
+    import cupy
+    spin = cupy.RawKernel(SPIN, "spin")
+    graphs, dev.graphs = dev.graphs, False
+    times = []
+    try:
+        for _ in range(reps):
+            events, wrapped = [], []
+            for fn, grid, ops, fixed in prog.launches:
+                def call(g, b, a, fn=fn):
+                    events.append(dev.stream.record())
+                    fn(g, b, a)
+                wrapped.append((call, grid, ops, fixed))
+            held, prog.launches = prog.launches, wrapped
+            try:
+                with dev.on_device():
+                    spin((1,), (1,), (np.int64(200_000_000),))   # ~0.1 s at 2 GHz
+                s.eval([tok])
+                with dev.on_device():
+                    events.append(dev.stream.record())
+                    events[-1].synchronize()
+            finally:
+                prog.launches = held
+            times.append([cupy.cuda.get_elapsed_time(a, b) * 1e3 for a, b in zip(events, events[1:])])
+    finally:
+        dev.graphs = graphs
+    return times
+
+
+def events(args) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    import cupy
+
+    import vulkan_bench as vb
+    from framework.model.model import Model
+    from framework.plugins.cuda.device import devices
+    from framework.runtime.session import Session
+    dev = devices()[0]
+    if not dev.available:
+        raise SystemExit(f"cuda:0 unavailable: {dev.unavailable_reason}")
+    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
+    rng = np.random.default_rng(0)
+    model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf", rng))
+    s = Session(model, [dev], n_ctx=1024, n_batch=args.prompt)
+    s.eval([int(t) for t in rng.integers(0, model.hp.n_vocab, size=args.prompt)])
+    tok = 1
+    for _ in range(8):
+        tok = int(np.argmax(s.eval([tok])))
+    dev.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        tok = int(np.argmax(s.eval([tok])))
+    wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
+    progs = vb._programs(s, 1)
+    line = f"{args.model}: wall {wall_ms:.3f} ms a decode step ({1e3 / wall_ms:.0f} tok/s), graphs={int(dev.graphs)}"
+    graph_ms = None
+    if len(progs) == 1 and progs[0].graph is not None:
+        with dev.on_device():
+            a, b = dev.stream.record(), None
+            for _ in range(args.steps):
+                progs[0].graph.launch(stream=dev.stream)
+            b = dev.stream.record()
+            b.synchronize()
+        graph_ms = cupy.cuda.get_elapsed_time(a, b) / args.steps
+        line += f"; the graph replayed alone {graph_ms:.3f} ms ({graph_ms / wall_ms:.0%} of the wall)"
+    print(line)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(args.steps):
+        tok = int(np.argmax(s.eval([tok])))
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
+    print("host functions by own time, over", args.steps, "steps (cProfile adds its own cost):")
+    print("\n".join(ln for ln in buf.getvalue().splitlines()[6:] if ln.strip())[:4000])
+    copy = copy_rate()
+    for prog in progs:
+        reps = kernel_times(dev, s, prog, tok, 5)
+        each = np.median(np.array(reps), axis=0)
+        total = float(each.sum())
+        print(f"{prog.name if hasattr(prog, 'name') else 'program'}: {len(each)} kernels, their GPU times summed "
+              f"{total / 1e3:.3f} ms (launched one by one behind a spin; medians of 5 steps)"
+              + (f"; graph replay {graph_ms:.3f} ms" if graph_ms else ""))
+        by_kind: dict = defaultdict(lambda: [0.0, 0, 0])
+        for st, us in zip(prog.steps, each):
+            key = st.name.split(" ")[0] + " " + st.kernel.kernel
+            by_kind[key][0] += us
+            by_kind[key][1] += 1
+            by_kind[key][2] += weight_bytes(st)
+        print("  what                                     us/step  count  us each   GB/s (weights)")
+        for k, (us, c, nb) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+            rate = f"{nb / us / 1e3:7.0f}" if nb else ""
+            print(f"  {k:40s} {us:8.1f} {c:6d} {us / c:8.2f}  {rate}")
+        shapes: dict = defaultdict(lambda: [0.0, 0, 0, None])
+        for st, us in zip(prog.steps, each):
+            nb = weight_bytes(st)
+            if nb:
+                opts = st.kernel.options
+                qt = next(k[3:] for k in opts if k.startswith("QT_") and k[3:] not in ("WPB", "GPB"))
+                key = (st.kernel.kernel, st.params["N"], opts.get("F_K") or st.params.get("K"), st.grid, qt)
+                sh = shapes[key]
+                sh[0] += us
+                sh[1] += 1
+                sh[2] += nb
+                sh[3] = st.name
+        print(f"  products by shape (device copy {copy:.0f} GB/s, read + write):")
+        for (kern, n, k, grid, qt), (us, c, nb, name) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
+            print(f"  {kern:8s} {qt:5s} N {n:6d} K {k:5d} grid {grid[0]:5d} x {grid[1]:3d}: {c:3d} a step, "
+                  f"{us / c:7.2f} us each, {nb / c / 2**20:7.2f} MiB, {nb / us / 1e3:6.0f} GB/s  {name}")
+        top = sorted(zip(each, prog.steps), key=lambda x: -x[0])[:12]
+        print("  slowest launches: " + "; ".join(f"{st.name} {us:.1f} us" for us, st in top))
+
+
 def summarize(args) -> None:
     meta = json.loads(Path(args.meta).read_text())
     copy = json.loads(Path(args.copy_meta).read_text()).get("copy_GBps") if args.copy_meta else None
@@ -154,12 +298,17 @@ def main() -> None:
     r.add_argument("--meta", required=True)
     r.add_argument("--work", default="/tmp")
     r.add_argument("--copy", action="store_true")
+    e = sub.add_parser("events")
+    e.add_argument("model")
+    e.add_argument("--steps", type=int, default=50)
+    e.add_argument("--prompt", type=int, default=64)
+    e.add_argument("--work", default="/tmp")
     s = sub.add_parser("summarize")
     s.add_argument("--meta", required=True)
     s.add_argument("--trace", required=True)
     s.add_argument("--copy-meta")
     args = ap.parse_args()
-    (run if args.mode == "run" else summarize)(args)
+    {"run": run, "events": events, "summarize": summarize}[args.mode](args)
 
 
 if __name__ == "__main__":
