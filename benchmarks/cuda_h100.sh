@@ -49,7 +49,7 @@ mkdir -p "$out"
 if [ "${1:-}" = events ]; then
   shift
   for model in ${*:-smollm2 gemma3 qwen25-coder-1.5b}; do
-    timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py events "$model" --work /tmp
+    timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py events "$model" --work /tmp ${EVENTS_ARGS:-}
   done 2>&1 | tee "$out/cuda_events.log"
   exit "${PIPESTATUS[0]}"
 fi

@@ -156,6 +156,77 @@ def kernel_times(dev, s, prog, tok: int, reps: int) -> list[list[float]]:
     return times
 
 
+def step_class(st) -> str:
+    """A launch's class for the ablation: its op label and kernel; products also by weight shape."""
+    key = st.name.split(" ")[0] + " " + st.kernel.kernel
+    if weight_bytes(st):
+        k = st.kernel.options.get("F_K") or st.params.get("K")
+        key += f" N{st.params['N']} K{k}"
+    return key
+
+
+def ablation(dev, prog, reps: int = 20) -> None:
+    """What each class of launch costs inside the step's CUDA graph: graphs of the step captured without
+    that class (the same buffers, so the values are garbage: only times count), replayed `reps` times
+    behind events; the class's cost is the whole graph's time less the graph without it. Also each
+    class captured alone (its time with the weights it reads warm in L2 where they fit)."""
+    import cupy
+    a, outs, slots = prog._ablation_args
+    held = prog.launches
+
+    def graph_ms(launches) -> float:
+        prog.launches = launches
+        try:
+            with dev.on_device():
+                dev.stream.begin_capture()
+                try:
+                    prog._launch_all(a, outs, slots)
+                finally:
+                    g = dev.stream.end_capture()
+                for _ in range(3):
+                    g.launch(stream=dev.stream)
+                e0 = dev.stream.record()
+                for _ in range(reps):
+                    g.launch(stream=dev.stream)
+                e1 = dev.stream.record()
+                e1.synchronize()
+        finally:
+            prog.launches = held
+        return cupy.cuda.get_elapsed_time(e0, e1) / reps
+
+    classes: dict = defaultdict(list)
+    for i, st in enumerate(prog.steps):
+        classes[step_class(st)].append(i)
+    whole = graph_ms(held)
+    print(f"  ablation: the step's graph {whole * 1e3:.1f} us ({len(held)} kernels, {reps} replays)")
+    print("  class                                            n   without: saves us   alone us   us each alone")
+    rows = []
+    for c, idx in classes.items():
+        keep = set(idx)
+        without = graph_ms([ln for i, ln in enumerate(held) if i not in keep])
+        alone = graph_ms([held[i] for i in idx])
+        rows.append((whole - without, c, len(idx), alone))
+    for saves, c, n, alone in sorted(rows, reverse=True):
+        print(f"  {c:48s} {n:3d}   {saves * 1e3:8.1f}        {alone * 1e3:8.1f}   {alone * 1e3 / n:8.2f}")
+    print(f"  sum of the classes' savings {sum(r[0] for r in rows) * 1e3:.1f} us of {whole * 1e3:.1f}")
+
+
+def keep_args(dev, s, prog, tok: int) -> None:
+    """One decode step launched kernel by kernel, keeping the arguments its launches took (for ablation)."""
+    graphs, dev.graphs = dev.graphs, False
+    launch_all = prog._launch_all
+
+    def keep(a, outs, slots):
+        prog._ablation_args = (a, outs, slots)
+        return launch_all(a, outs, slots)
+    prog._launch_all = keep
+    try:
+        s.eval([tok])
+    finally:
+        del prog._launch_all
+        dev.graphs = graphs
+
+
 def events(args) -> None:
     import cProfile
     import io
@@ -207,6 +278,10 @@ def events(args) -> None:
     print("\n".join(ln for ln in buf.getvalue().splitlines()[6:] if ln.strip())[:4000])
     copy = copy_rate()
     for prog in progs:
+        keep_args(dev, s, prog, tok)
+        ablation(dev, prog)
+        if args.ablation_only:
+            continue
         reps = kernel_times(dev, s, prog, tok, 5)
         each = np.median(np.array(reps), axis=0)
         total = float(each.sum())
@@ -303,6 +378,7 @@ def main() -> None:
     e.add_argument("--steps", type=int, default=50)
     e.add_argument("--prompt", type=int, default=64)
     e.add_argument("--work", default="/tmp")
+    e.add_argument("--ablation-only", action="store_true")
     s = sub.add_parser("summarize")
     s.add_argument("--meta", required=True)
     s.add_argument("--trace", required=True)
