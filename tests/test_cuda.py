@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from framework.backend import Lowering
+from framework.backend import Lowering, weight_words
 from framework.conformance.cases import all_cases, nmse
 from framework.contract import ops
 from framework.core.scheduler import Executor, make_plan
@@ -156,6 +156,29 @@ def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
     plain = names(one)
     assert not any(n.startswith(("NORM+", "MUL_MAT+")) for n in plain) and "GLU" in plain, plain
     assert len(plain) >= len(fused) + 3, (plain, fused)
+
+
+def test_a_products_bias_is_added_as_it_is_stored(tmp_path):
+    """Qwen2's Q, K and V products each have a bias ADD: the matrix-vector kernel adds it as it stores (r_ld 0:
+    one row repeated), so a decode step launches no ADD for them."""
+    import tiny_models
+
+    from framework.model.model import Model
+    from framework.model.arch.base import KVCache
+    model = Model(tiny_models.write("qwen2", tmp_path / "tiny-qwen2.gguf"))
+    graph, _ = model.build_step(1, 256, 1, KVCache(model.hp, 512))
+    dev = CudaDevice(0, reason="lowering only")
+    (frag,) = make_plan(graph, [CpuDevice()]).fragments
+    steps = Lowering(dev, frag, TABLE).steps
+    quant = [n for n in graph.nodes if n.op == "ADD" and n.src[0].op == "MUL_MAT" and n.src[1].is_leaf
+             and n.src[0].src[0].dtype.name in weight_words.QUANT_TYPES]
+    biased = [st for st in steps if st.name.startswith("MUL_MAT[matvec]+ADD[bias]")]
+    assert quant and len(biased) == len(quant), [st.name for st in steps]
+    assert all(st.params["r_ld"] == 0 and st.params["has_r"] == 1 for st in biased)
+    adds = {st.name.split(" ")[1] for st in steps if st.name.startswith("ADD ")}
+    assert not adds & {n.name for n in quant}, adds
+    residual = [st for st in steps if st.kernel.kernel == "matvec_q" and st.params["has_r"] and st not in biased]
+    assert all(st.params["r_ld"] == st.params["ld"] for st in residual)
 
 
 def test_matvec_and_tile_shapes():

@@ -66,7 +66,8 @@ def lower_group(lw, g: fusion.ProductGroup) -> None:
     label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "MUL_MAT" + "x2" * (len(ws) > 1),
                                    {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
     for ci, (row0, rows) in enumerate(lw.chunks(ws[0])):
-        sh = kernels.matvec_shape(k // weight_words.GROUP, 1, rows)
+        sh = kernels.matvec_shape(k // weight_words.GROUP, 1, rows,
+                                  kernels.ROWVEC2_MAX_R if len(ws) > 1 else 4)
         build = {**kernels.quant_options(qt), **sh, "F_K": k, "F_NW": len(ws), "F_PRO": PRO[p.src],
                  "F_PRE": PRE[p.pre], "F_EPI": {"": 0, "add": 1, "glu": 2}[g.epilogue]}
         blocks = -(-rows // (sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"]))

@@ -175,120 +175,127 @@ extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). One work-group of AWG threads per query
-// row and head; keys in blocks of AWG, online softmax; thread li holds output dims li + AWG * j.
+// attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). A block of AWG threads (AWG / 32 warps) per
+// query row and head (and part of the keys, for decode); warp w takes keys w, w + AWG / 32, ...; lane l
+// holds dims l + 32 j of q, of a key's and a value's rows (a warp reads a row as whole 128-byte lines)
+// and of its output. Why warps: a key's score is one row read by a warp and summed by shuffles, with
+// no block-wide barrier a key, so a warp's next keys' loads are in flight while it sums (the block-
+// wide tree a block of 64 keys this replaced cost about 30 us a layer for 256 keys on an H100).
 // ------------------------------------------------------------------------------------------------
 
-#define ATREE(red, li, OPR)                                           \
-  for (uint s_ = AWG / 2; s_ > 0; s_ >>= 1) {                         \
-    if ((li) < s_) red[li] = OPR(red[li], red[(li) + s_]);            \
-    __syncthreads();                                     \
-  }
-#define ADIMS (MAX_HEAD / AWG)
+#define ANW (AWG / 32)
+#define ADIMS (MAX_HEAD / 32)
 
-// keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised)
+// keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised),
+// each warp's own, then merged in a fixed order (every warp gets the merge; acc: this lane's dims)
 __device__ inline void attend(const float* __restrict__ q, uint qb, const float* __restrict__ k, uint kb,
                    const float* __restrict__ v, uint vb, const float* __restrict__ mk, uint mb,
                    uint kstride, uint D, uint s_begin, uint s_end, uint has_mask, float scale,
-                   float* qs, float* ps, float* red,
-                   float* m_out, float* l_out, float acc[ADIMS]) {
-  uint li = get_local_id(0);
-  for (uint d = li; d < D; d += AWG) qs[d] = q[qb + d];
-  __syncthreads();
-  float m = NEG_BIG, l = 0.0f;
-  for (uint s0 = s_begin; s0 < s_end; s0 += AWG) {
-    uint s = s0 + li;
-    float sc = NEG_BIG;
-    if (s < s_end) {
-      float dot = 0.0f;
-      uint kr = kb + s * kstride;
-      for (uint d = 0; d < D; d++) dot += qs[d] * k[kr + d];
-      sc = dot * scale;
-      if (has_mask) sc += max(mk[mb + s], NEG_BIG);
-    }
-    red[li] = sc;
-    __syncthreads();
-    ATREE(red, li, max)
-    float mn = max(m, red[0]);
-    __syncthreads();
-    float p = s < s_end ? exp(sc - mn) : 0.0f;
-    ps[li] = p;
-    red[li] = p;
-    __syncthreads();
-    ATREE(red, li, PLUS)
-    float alpha = exp(m - mn);
-    l = l * alpha + red[0];
-    uint nv = min((uint)AWG, s_end - s0);
-    for (uint j = 0; j < ADIMS; j++) acc[j] *= alpha;
-    for (uint i = 0; i < nv; i++) {
-      float pi = ps[i];
-      uint vr = vb + (s0 + i) * kstride;
-      for (uint j = 0; j < ADIMS; j++) {
-        uint d = li + AWG * j;
-        if (d < D) acc[j] += pi * v[vr + d];
-      }
-    }
-    m = mn;
-    __syncthreads();
+                   float* sm, float* m_out, float* l_out, float acc[ADIMS]) {
+  uint li = get_local_id(0), lane = li & 31u, w = li >> 5;
+  float qr[ADIMS], a[ADIMS];
+#pragma unroll
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = lane + 32u * j;
+    qr[j] = d < D ? q[qb + d] : 0.0f;
+    a[j] = 0.0f;
   }
-  *m_out = m;
-  *l_out = l;
+  float m = NEG_BIG, l = 0.0f;
+#pragma unroll 4
+  for (uint s = s_begin + w; s < s_end; s += ANW) {
+    uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
+    float dot = 0.0f;
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++)
+      if (lane + 32u * j < D) dot += qr[j] * k[kr + 32u * j];
+#pragma unroll
+    for (uint o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    dot = __shfl_sync(0xffffffffu, dot, 0);       // lane 0's sum: every lane the same bits
+    float sc = dot * scale + (has_mask ? max(mk[mb + s], NEG_BIG) : 0.0f);
+    float mn = max(m, sc), alpha = exp(m - mn), p = exp(sc - mn);
+    l = l * alpha + p;
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++)
+      if (lane + 32u * j < D) a[j] = a[j] * alpha + p * v[vr + 32u * j];
+    m = mn;
+  }
+  float* mine = sm + w * (MAX_HEAD + 2u);
+#pragma unroll
+  for (uint j = 0; j < ADIMS; j++) mine[lane + 32u * j] = a[j];
+  if (lane == 0) { mine[MAX_HEAD] = m; mine[MAX_HEAD + 1u] = l; }
+  __syncthreads();
+  float mm = NEG_BIG, ll = 0.0f;
+  for (uint u = 0; u < ANW; u++) mm = max(mm, sm[u * (MAX_HEAD + 2u) + MAX_HEAD]);
+#pragma unroll
+  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  for (uint u = 0; u < ANW; u++) {
+    const float* other = sm + u * (MAX_HEAD + 2u);
+    float f = exp(other[MAX_HEAD] - mm);
+    ll += other[MAX_HEAD + 1u] * f;
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++) acc[j] += other[lane + 32u * j] * f;
+  }
+  *m_out = mm;
+  *l_out = ll;
 }
 
 extern "C" __global__ void __launch_bounds__(AWG) flash_attn(ARGS_flash_attn) {
-  __shared__ float qs[MAX_HEAD], ps[AWG], red[AWG];
-  uint id = get_group_id(0), li = get_local_id(0);
+  __shared__ float sm[ANW * (MAX_HEAD + 2)];
+  uint id = get_group_id(0), lane = get_local_id(0) & 31u;
   uint t = id / H, h = id % H, hk = h / (H / Hkv);
-  float acc[ADIMS];
-  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
-  float m, l;
+  float acc[ADIMS], m, l;
   attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, 0, S,
-         has_mask, scale, qs, ps, red, &m, &l, acc);
+         has_mask, scale, sm, &m, &l, acc);
   uint ob = o_off + (t * H + h) * D;
-  for (uint j = 0; j < ADIMS; j++) {
-    uint d = li + AWG * j;
-    if (d < D) o[ob + d] = acc[j] / l;
+  if (get_local_id(0) < 32u) {
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++) {
+      uint d = lane + 32u * j;
+      if (d < D) o[ob + d] = acc[j] / l;
+    }
   }
 }
 
 // Few query rows (decode) would leave most of a GPU idle: the keys are cut into nc parts of `per`,
 // one work-group per (row, head, part) writes its (acc[D], m, l) to p; flash_combine merges them.
 extern "C" __global__ void __launch_bounds__(AWG) flash_attn_part(ARGS_flash_attn_part) {
-  __shared__ float qs[MAX_HEAD], ps[AWG], red[AWG];
-  uint idc = get_group_id(0), li = get_local_id(0);
+  __shared__ float sm[ANW * (MAX_HEAD + 2)];
+  uint idc = get_group_id(0), lane = get_local_id(0) & 31u;
   uint id = idc / nc, c = idc % nc;
   uint t = id / H, h = id % H, hk = h / (H / Hkv);
   uint s0 = c * per, s1 = min(S, s0 + per);
-  float acc[ADIMS];
-  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
-  float m, l;
+  float acc[ADIMS], m, l;
   attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, s0, s1,
-         has_mask, scale, qs, ps, red, &m, &l, acc);
+         has_mask, scale, sm, &m, &l, acc);
   uint pb = p_off + idc * (D + 2);
-  for (uint j = 0; j < ADIMS; j++) {
-    uint d = li + AWG * j;
-    if (d < D) p[pb + d] = acc[j];
+  if (get_local_id(0) < 32u) {
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++) {
+      uint d = lane + 32u * j;
+      if (d < D) p[pb + d] = acc[j];
+    }
+    if (lane == 0) { p[pb + D] = m; p[pb + D + 1] = l; }
   }
-  if (li == 0) { p[pb + D] = m; p[pb + D + 1] = l; }
 }
 
+#define CDIMS (MAX_HEAD / AWG)   // dims a thread of the combine holds: li + AWG * j
 extern "C" __global__ void __launch_bounds__(AWG) flash_combine(ARGS_flash_combine) {
   uint id = get_group_id(0), li = get_local_id(0);
   uint base = p_off + id * nc * (D + 2);
   float m = NEG_BIG;
   for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
-  float l = 0.0f, acc[ADIMS];
-  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
+  float l = 0.0f, acc[CDIMS];
+  for (uint j = 0; j < CDIMS; j++) acc[j] = 0.0f;
   for (uint c = 0; c < nc; c++) {
     uint pc = base + c * (D + 2);
     float f = exp(p[pc + D] - m);
     l += p[pc + D + 1] * f;
-    for (uint j = 0; j < ADIMS; j++) {
+    for (uint j = 0; j < CDIMS; j++) {
       uint d = li + AWG * j;
       if (d < D) acc[j] += p[pc + d] * f;
     }
   }
-  for (uint j = 0; j < ADIMS; j++) {
+  for (uint j = 0; j < CDIMS; j++) {
     uint d = li + AWG * j;
     if (d < D) o[o_off + id * D + d] = acc[j] / l;
   }
@@ -564,12 +571,12 @@ extern "C" __global__ void get_rows_q(ARGS_get_rows_q) {
 // groups of 12 words, 48 bytes apart, read from global memory as uint4s (the few lines they span are
 // shared by the warp).
 
-// the team's sums (acc[k * MV_MM + m]: row r0 + k, row m of x) to lane 0, which stores them, plus the
-// residual where the product is fused with the ADD that reads it (rb: the residual's element at the
-// output's first, the same layout)
+// the team's sums (acc[k * MV_MM + m]: row r0 + k, row m of x) to lane 0, which stores them, plus r where
+// the product is fused with the ADD that reads it (rb: r's element at the output's first; r_ld: r's row
+// stride, the output's for a residual, 0 for a bias repeated over the rows)
 __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lane, uint r0, uint N, uint M,
                      float* __restrict__ o, uint ob, uint ld, const float* __restrict__ r, uint rb,
-                     uint has_r) {
+                     uint has_r, uint r_ld) {
 #if PTX_SHFL
 #pragma unroll
   for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
@@ -596,7 +603,7 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
 #pragma unroll
       for (uint m = 0; m < MV_MM; m++)
         if (m < M && r0 + k < N)
-          o[ob + m * ld + r0 + k] = acc[k * MV_MM + m] + (has_r ? r[rb + m * ld + r0 + k] : 0.0f);
+          o[ob + m * ld + r0 + k] = acc[k * MV_MM + m] + (has_r ? r[rb + m * r_ld + r0 + k] : 0.0f);
     }
   }
 }
@@ -652,7 +659,7 @@ extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
       for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
     }
   }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
+  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
 }
 #endif  // !F_K
 
@@ -666,15 +673,15 @@ extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
 #ifdef F_K
 #define XI(c) ((((c) >> 5) * 36u) + ((c) & 31u))
 
-// the sum of v over the block, in a fixed order (every thread gets it)
+// the sum of v over the block, in a fixed order (every thread gets it): each warp's by shuffles, then
+// the warps' sums in order (two barriers, where a tree over the block took one a halving)
 __device__ inline float block_sum(float v, float* red, uint li) {
-  red[li] = v;
+#pragma unroll
+  for (uint s = 16; s > 0; s >>= 1) v += shfl_xor(v, s);
+  if ((li & 31u) == 0) red[li >> 5] = v;
   __syncthreads();
-  for (uint s = MV_WG / 2; s > 0; s >>= 1) {
-    if (li < s) red[li] += red[li + s];
-    __syncthreads();
-  }
-  float r = red[0];
+  float r = 0.0f;
+  for (uint w = 0; w < MV_WG / 32; w++) r += red[w];
   __syncthreads();
   return r;
 }
@@ -711,26 +718,51 @@ __device__ inline void prologue(float* xsf, float* red, uint li, uint wid, const
 }
 
 #define F_ACC (F_NW * MV_R)
+// a weight row's group g, past N the last row (never stored)
+#define FGRP(w, k, g) grp(w, w##_moff, gpr, min(r0 + (k), N - 1u), (g))
+
 extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
   __shared__ float4 xs[F_K / 32 * 9];
   __shared__ float red[MV_WG];
   const uint gpr = F_K / 32u;
   uint li = get_local_id(0), wid = get_group_id(0), team = li / MV_TPR, lane = li % MV_TPR;
   uint r0 = (wid * MV_TEAMS + team) * MV_R;
+  // the first groups' weights are requested before the prologue, so their latency overlaps it
+  grp_t q0[MV_R];
+#if F_NW == 2
+  grp_t q1[MV_R];
+#endif
+  uint g = lane;
+#pragma unroll
+  for (uint k = 0; k < MV_R; k++) {
+    q0[k] = FGRP(w0, k, min(g, gpr - 1u));
+#if F_NW == 2
+    q1[k] = FGRP(w1, k, min(g, gpr - 1u));
+#endif
+  }
   prologue((float*)xs, red, li, wid, a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, write_y, eps, eps1, ys);
   float acc[F_ACC];
 #pragma unroll
   for (uint i = 0; i < F_ACC; i++) acc[i] = 0.0f;
-  for (uint g = lane; g < gpr; g += MV_TPR) {
+  while (g < gpr) {
     const float4* xg = xs + g * 9u;
     float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
 #pragma unroll
     for (uint k = 0; k < MV_R; k++) {
-      uint row = min(r0 + k, N - 1u);      // past N: the last row (never stored)
-      acc[k] += hsum(dot32r(grp(w0, w0_moff, gpr, row, g), x0, x1, x2, x3, x4, x5, x6, x7));
+      acc[k] += hsum(dot32r(q0[k], x0, x1, x2, x3, x4, x5, x6, x7));
 #if F_NW == 2
-      acc[MV_R + k] += hsum(dot32r(grp(w1, w1_moff, gpr, row, g), x0, x1, x2, x3, x4, x5, x6, x7));
+      acc[MV_R + k] += hsum(dot32r(q1[k], x0, x1, x2, x3, x4, x5, x6, x7));
 #endif
+    }
+    g += MV_TPR;
+    if (g < gpr) {
+#pragma unroll
+      for (uint k = 0; k < MV_R; k++) {
+        q0[k] = FGRP(w0, k, g);
+#if F_NW == 2
+        q1[k] = FGRP(w1, k, g);
+#endif
+      }
     }
   }
 #pragma unroll
@@ -803,7 +835,7 @@ extern "C" __global__ void __launch_bounds__(MM_NT) matmul_q(ARGS_matmul_q) {
     for (uint j = 0; j < MM_TN; j++) {
       uint m = m0 + tm + i * (MM_BM / MM_TM), n = n0 + tn + j * (MM_BN / MM_TN);
       if (m < M && n < N)
-        o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j] + (has_r ? r[r_off + m * ld + col0 + n] : 0.0f);
+        o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j] + (has_r ? r[r_off + m * r_ld + col0 + n] : 0.0f);
     }
 }
 #endif

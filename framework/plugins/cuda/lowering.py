@@ -77,10 +77,11 @@ def op_flash_attn_ext(lw, n):
     common = dict(q=q, k=k, v=v, mk=lw.ref(n.src[3]) if masked else None, T=t, H=h, Hkv=hkv, D=d, S=s,
                   has_mask=int(masked), scale=float(n.params["scale"]))
     opts, awg = kernels.base_options(), kernels.AWG
-    if t * h < kernels.SPLIT_ATTN_BELOW and s > awg:
-        # flash decoding: the keys in parts, one block per (row, head, part), then a combine
-        nc = min(_ceil(s, awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
-        per = _ceil(_ceil(s, nc), awg) * awg          # keys a part, in whole blocks
+    if t * h < kernels.MATVEC_MIN_BLOCKS and s > 2 * kernels.SPLIT_ATTN_KEYS:
+        # flash decoding: the keys in parts (of at least SPLIT_ATTN_KEYS, so that each warp has several
+        # keys to overlap), one block per (row, head, part), about MATVEC_MIN_BLOCKS blocks; then a combine
+        nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, t * h))
+        per = _ceil(_ceil(s, nc), 32) * 32
         nc = _ceil(s, per)
         part = lw.scratch((t * h * nc * (d + 2),))
         launch(lw, f"FLASH_ATTN_EXT[split] {n.name}", "flash_attn_part", opts, t * h * nc * awg, awg,
@@ -143,7 +144,8 @@ def op_get_rows(lw, n):
 def op_mul_mat(lw, n):
     a, b = n.src
     if is_weight(a) and a.dtype.name in weight_words.QUANT_TYPES:
-        return _quant_mul_mat(lw, n, lw.residual_add(n))
+        add = lw.residual_add(n)
+        return _quant_mul_mat(lw, n, add) if add is not None else _quant_mul_mat(lw, n, bias_add(lw, n), bias=True)
     o = lw.new_val(n)
     sa, sb = pad4(a.shape), pad4(b.shape)
     nrows, k, m = a.shape[-2], a.shape[-1], b.shape[-2]
@@ -160,18 +162,30 @@ def op_mul_mat(lw, n):
     return None
 
 
-def _quant_mul_mat(lw, n, add):
+def bias_add(lw, n):
+    """The ADD that is n's only reader and adds a bias to it (a row of n's width repeated over its rows, as
+    Qwen2's Q, K and V products have): the kernel adds it as it stores, one launch fewer a product."""
+    add = lw.sole_reader(n, "ADD")
+    if add is None or id(add) in lw.fusion.absorbed or add.src[0] is not n or add.src[1] is n:
+        return None
+    return add if tuple(add.shape) == tuple(n.shape) and lw.gain_ok(n, add.src[1]) else None
+
+
+def _quant_mul_mat(lw, n, add, bias: bool = False):
     """A product by a quantized weight, chunk by chunk: the matrix-vector kernel for a few rows of x, the
-    tiled one otherwise; with `add`, the residual added as it is stored."""
+    tiled one otherwise; with `add`, its other operand added as the product is stored (a residual of the
+    output's shape, or with `bias` a row repeated over the output's rows)."""
     a, x = n.src[0], lw.ref(n.src[1])
     o = lw.new_val(add if add is not None else n)
     plus = "+ADD" if add is not None else ""
+    plus += "[bias]" if bias and add is not None else ""
     qt = a.dtype.name
     nrows, k = a.shape
     m, gpr, arg = n.nelements // nrows, k // weight_words.GROUP, lw.arg_of(a)
     for ci, (row0, rows) in enumerate(lw.chunks(a)):
         common = {"a": ChunkArg(arg, ci), "x": x, "o": o, "N": rows, "K": k, "M": m, "gpr": gpr, "ld": nrows,
-                  "col0": row0, "r": lw.ref(add.src[1]) if add is not None else None, "has_r": int(add is not None)}
+                  "col0": row0, "r": lw.ref(add.src[1]) if add is not None else None, "has_r": int(add is not None),
+                  "r_ld": 0 if bias else nrows}
         if m <= kernels.MATVEC_MAX_ROWS:
             sh = kernels.matvec_shape(gpr, m, rows)
             blocks = _ceil(rows, sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"])

@@ -32,8 +32,8 @@ SIGNATURES = {
     "get_rows_f": "el a, ini rows, out o, u W, u T, u row0, u nrows",
     "get_rows_q": "w a, ini rows, out o, u W, u T, u row0, u nrows, u gpr",
     "mul_mat_f": "el a, in b, out o, u N, u M, u K, u A0, u A1, u B0, u B1, u row0, u rows, u ld",
-    "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
-    "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
+    "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
+    "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
     "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in r, out o, u N, u col0, u write_y, u op, "
               "f eps, f eps1, f ys",
 }
