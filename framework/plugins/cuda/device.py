@@ -14,6 +14,8 @@ from . import options
 from .coverage import COVERED, WEIGHT_TYPES, disabled_ops, verdict
 from .program import CudaProgram
 
+PINNED_READ_FROM = 1 << 16   # bytes from which a read goes through pinned memory
+
 
 class CudaDevice(BackendDevice):
     """A CUDA GPU, driven through CuPy: one stream, modules compiled by NVRTC."""
@@ -87,10 +89,19 @@ class CudaDevice(BackendDevice):
             return cupy.asarray(flat)
 
     def read_buffer(self, buffer, byte_offset: int, count: int, dtype) -> np.ndarray:
+        """count values from the buffer; a large read (logits) lands in pinned host memory from CuPy's pool,
+        which the copy fills directly (pageable memory is staged by the driver through its own pinned
+        buffers)."""
+        import cupy
         dtype = np.dtype(dtype)
+        n = count * dtype.itemsize
+        src = buffer[byte_offset:byte_offset + n]
         with self.on_device():
-            raw = buffer[byte_offset:byte_offset + count * dtype.itemsize].get(stream=self.stream)
-        return raw.view(dtype)
+            if n < PINNED_READ_FROM:
+                return src.get(stream=self.stream).view(dtype)
+            host = np.frombuffer(cupy.cuda.alloc_pinned_memory(n), np.uint8, n)
+            src.get(stream=self.stream, out=host)           # blocking: returns once the copy is done
+        return host.view(dtype)
 
     def synchronize(self) -> None:
         """Wait for the stream: a run returns once its work is queued, and the executor stops a fragment's
