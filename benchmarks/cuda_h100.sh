@@ -22,6 +22,10 @@
 # Nsight: the GPU time of each kernel of a decode step, the graph's replay alone, the host's share):
 # $OUT/cuda_events.log.
 #
+# `bash benchmarks/cuda_h100.sh ab BASE.tar [MODEL...]`: that events mode on a base tree (`git archive` of the
+# commit compared with, carried in an ignored folder) and on this tree in turns, model by model:
+# $OUT/cuda_ab.log.
+#
 # `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
 # opencl:0 (PoCL) stands in for cuda:0, with a short prompt and decode, on SmolLM2's shape only.
 set -euo pipefail
@@ -46,6 +50,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import cupy; print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())' || true
 out="${OUT:-/tmp}"
 mkdir -p "$out"
+if [ "${1:-}" = ab ]; then
+  # engines taking turns: cuda_profile.py's events mode on the base tree (a `git archive` of the commit to
+  # compare with, its framework/ run by this tree's benchmarks/) and on this tree, model by model
+  base_tar="$2"
+  shift 2
+  mkdir -p /tmp/base && tar -xf "$base_tar" -C /tmp/base && rm -rf /tmp/base/benchmarks && cp -r benchmarks /tmp/base/
+  for model in ${*:-smollm2 gemma3 qwen25-coder-1.5b}; do
+    for tree in /tmp/base "$PWD"; do
+      echo "=== $model: $tree"
+      timeout -k 10 "${RUN_LIMIT:-560}" python3 "$tree/benchmarks/cuda_profile.py" events "$model" --work /tmp \
+        ${EVENTS_ARGS:---ablation-only}
+    done
+  done 2>&1 | grep -v '^ \+[0-9]\+ \+[0-9.]\+ \+[0-9.]' | tee "$out/cuda_ab.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = events ]; then
   shift
   for model in ${*:-smollm2 gemma3 qwen25-coder-1.5b}; do

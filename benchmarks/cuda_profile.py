@@ -211,6 +211,39 @@ def ablation(dev, prog, reps: int = 20) -> None:
     print(f"  sum of the classes' savings {sum(r[0] for r in rows) * 1e3:.1f} us of {whole * 1e3:.1f}")
 
 
+def host_split(dev, s, progs, tok: int, n: int) -> str:
+    """Where a decode step's wall time goes, ms a step over n steps (perf_counter around the pieces, no
+    profiler): the session's eval, the executor's run inside it, the program's run (values staged, the
+    graph launched), the wait for the GPU, the read-back of the logits, the executor's finite check of
+    them, and the loop's argmax."""
+    acc: dict = defaultdict(float)
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name] += time.perf_counter() - t0
+        return call
+    ex = s.executor
+    patched = [(s, "eval"), (ex, "run"), (dev, "synchronize"), (dev, "read_buffer"), (ex, "_check_finite")]
+    patched += [(p, "run") for p in progs]
+    for obj, name in patched:
+        setattr(obj, name, timed(f"{type(obj).__name__}.{name}", getattr(obj, name)))
+    argmax = timed("argmax", np.argmax)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tok = int(argmax(s.eval([tok])))
+        wall = time.perf_counter() - t0
+    finally:
+        for obj, name in patched:
+            delattr(obj, name)
+    parts = ", ".join(f"{k} {v / n * 1e3:.3f}" for k, v in acc.items())
+    return f"host split, ms a step (wall {wall / n * 1e3:.3f}): {parts}"
+
+
 def keep_args(dev, s, prog, tok: int) -> None:
     """One decode step launched kernel by kernel, keeping the arguments its launches took (for ablation)."""
     graphs, dev.graphs = dev.graphs, False
@@ -238,18 +271,26 @@ def events(args) -> None:
     from framework.model.model import Model
     from framework.plugins.cuda.device import devices
     from framework.runtime.session import Session
+    from framework.plugins.cuda import kernels
+    for kv in args.set:                       # a sweep of the kernel shapes' constants (not a user setting)
+        name, value = kv.split("=")
+        if not hasattr(kernels, name):
+            raise SystemExit(f"--set {kv}: framework.plugins.cuda.kernels has no constant {name}")
+        setattr(kernels, name, int(value))
     dev = devices()[0]
     if not dev.available:
         raise SystemExit(f"cuda:0 unavailable: {dev.unavailable_reason}")
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     rng = np.random.default_rng(0)
     model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf", rng))
-    s = Session(model, [dev], n_ctx=1024, n_batch=args.prompt)
+    s = Session(model, [dev], n_ctx=args.ctx, n_batch=args.prompt)
     s.eval([int(t) for t in rng.integers(0, model.hp.n_vocab, size=args.prompt)])
     tok = 1
     for _ in range(8):
         tok = int(np.argmax(s.eval([tok])))
     dev.synchronize()
+    sweep = f", {' '.join(args.set)}" if args.set else ""
+    print(f"{args.model}: {args.prompt} prompt tokens, n_ctx {args.ctx}{sweep}")
     t0 = time.perf_counter()
     for _ in range(args.steps):
         tok = int(np.argmax(s.eval([tok])))
@@ -267,6 +308,7 @@ def events(args) -> None:
         graph_ms = cupy.cuda.get_elapsed_time(a, b) / args.steps
         line += f"; the graph replayed alone {graph_ms:.3f} ms ({graph_ms / wall_ms:.0%} of the wall)"
     print(line)
+    print(host_split(dev, s, progs, tok, args.steps))
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(args.steps):
@@ -379,6 +421,9 @@ def main() -> None:
     e.add_argument("--prompt", type=int, default=64)
     e.add_argument("--work", default="/tmp")
     e.add_argument("--ablation-only", action="store_true")
+    e.add_argument("--ctx", type=int, default=1024)
+    e.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="a constant of framework.plugins.cuda.kernels, for a sweep of the kernels' shapes")
     s = sub.add_parser("summarize")
     s.add_argument("--meta", required=True)
     s.add_argument("--trace", required=True)
