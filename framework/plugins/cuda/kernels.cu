@@ -509,9 +509,13 @@ __device__ inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 #define HAS_MIN XCAT(HAS_MIN_, QTN)
 #define QZF QZF_OF(QTN)
 
+// the four bytes of w as floats less the zero point: byte k moved into the mantissa of 2^23 by one byte
+// permute (PRMT: byte k of w, two zero bytes, 0x4B), where shifting, masking and OR-ing took three
 __device__ inline float4 f4(uint w) {
-  uint4 bytes = (make_uint4(w) >> make_uint4(0u, 8u, 16u, 24u)) & make_uint4(0xFFu);
-  return as_float4(bytes | make_uint4(0x4B000000u)) - make_float4(QZF);
+  return make_float4(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u)),
+                     __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7441u)),
+                     __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7442u)),
+                     __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7443u))) - make_float4(QZF);
 }
 
 // values 4j .. 4j + 3 (lo) and 16 + 4j .. 16 + 4j + 3 (hi) of a group
@@ -556,8 +560,8 @@ extern "C" __global__ void get_rows_q(ARGS_get_rows_q) {
 #endif
 
 // Matrix-vector products (decode; M <= MV_MM rows of x). The output is (M, ld); this chunk's rows are
-// columns col0 .. col0 + N. Teams of MV_TPR threads (a power of two, at most a warp: a team never
-// straddles two warps) share the groups of MV_R weight rows, each thread taking every MV_TPR-th group.
+// columns col0 .. col0 + N. Teams of MV_TPR threads (a power of two; a team narrower than a warp never
+// straddles two) share the groups of MV_R weight rows, each thread taking every MV_TPR-th group.
 #ifdef MV_WG
 #define MV_TEAMS (MV_WG / MV_TPR)
 #define MV_ACC (MV_R * MV_MM)
@@ -571,6 +575,27 @@ extern "C" __global__ void get_rows_q(ARGS_get_rows_q) {
 // groups of 12 words, 48 bytes apart, read from global memory as uint4s (the few lines they span are
 // shared by the warp).
 
+// A team wider than a warp (MV_TPR 64 or more: rows of many groups, whose lanes would each read a long
+// run of groups one after another, a memory latency each): its warps' sums (lane 0 of each holds its
+// warp's, after the shuffles) meet in shared memory, added in order into the team's first thread's.
+#define MV_LANES (MV_TPR < 32 ? MV_TPR : 32)
+__device__ inline void team_sums(float* acc, uint n, float* sh, uint li) {
+#if MV_TPR > 32
+  uint w = li >> 5;
+  if ((li & 31u) == 0) {
+    for (uint a = 0; a < n; a++) sh[w * n + a] = acc[a];
+  }
+  __syncthreads();
+  if (li % MV_TPR == 0) {
+    for (uint a = 0; a < n; a++) {
+      float t = 0.0f;
+      for (uint j = 0; j < MV_TPR / 32; j++) t += sh[(w + j) * n + a];
+      acc[a] = t;
+    }
+  }
+#endif
+}
+
 // the team's sums (acc[k * MV_MM + m]: row r0 + k, row m of x) to lane 0, which stores them, plus r where
 // the product is fused with the ADD that reads it (rb: r's element at the output's first; r_ld: r's row
 // stride, the output's for a residual, 0 for a bias repeated over the rows)
@@ -579,10 +604,11 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
                      uint has_r, uint r_ld) {
 #if PTX_SHFL
 #pragma unroll
-  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+  for (uint s = MV_LANES / 2; s > 0; s >>= 1) {
 #pragma unroll
     for (uint a = 0; a < MV_ACC; a++) acc[a] += shfl_xor(acc[a], s);
   }
+  team_sums(acc, MV_ACC, red, li);
 #else
 #pragma unroll
   for (uint a = 0; a < MV_ACC; a++) red[a * MV_WG + li] = acc[a];
@@ -608,7 +634,10 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
   }
 }
 
-#if PTX_SHFL
+#if PTX_SHFL && MV_TPR > 32
+#define MV_RED_DECL __shared__ float red[MV_ACC * (MV_WG / 32)];
+#define MV_RED red
+#elif PTX_SHFL
 #define MV_RED_DECL
 #define MV_RED ((float*)0)
 #else
@@ -766,10 +795,14 @@ extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
     }
   }
 #pragma unroll
-  for (uint s = MV_TPR / 2; s > 0; s >>= 1) {
+  for (uint s = MV_LANES / 2; s > 0; s >>= 1) {
 #pragma unroll
     for (uint i = 0; i < F_ACC; i++) acc[i] += shfl_xor(acc[i], s);
   }
+#if MV_TPR > 32
+  __shared__ float tsum[F_ACC * (MV_WG / 32)];
+  team_sums(acc, F_ACC, tsum, li);
+#endif
   if (lane == 0) {
 #pragma unroll
     for (uint k = 0; k < MV_R; k++) {

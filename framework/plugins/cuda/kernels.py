@@ -23,6 +23,7 @@ AWG = 128                # block of attention: 4 warps
 EWG = 256                # block of the one-thread-an-element kernels
 MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix-vector one
 MATVEC_MIN_BLOCKS = 264  # blocks a matrix-vector product should make at least (2 an SM on an H100 or H200)
+MATVEC_WIDE_FROM = 128   # groups a row beyond which a team spans several warps (the 1.5B's K = 8960: 280)
 ROWVEC2_MAX_R = 2        # rows a team of a fused product of two weights (gate and up) at most
 MATVEC_XL_BYTES = 36 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
 SPLIT_ATTN_KEYS = 32     # the fewest keys a part of decode attention's keys (8 a warp)
@@ -57,12 +58,15 @@ def float_options(dtype: str) -> dict[str, int]:
 
 def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4) -> dict[str, int]:
     """The matrix-vector kernel's shape: teams of tpr threads (a power of two up to a warp and the row's
-    32-element groups) share r weight rows, their sums meeting by warp shuffles; wg threads a block,
-    halved (and r with it) while the matrix would make fewer than MATVEC_MIN_BLOCKS blocks; x staged in
+    32-element groups; rows of more than MATVEC_WIDE_FROM groups: up to 256, two groups a lane) share r
+    weight rows, their sums meeting by warp shuffles (and in shared memory across a team's warps); wg
+    threads a block, halved (and r with it) while the matrix would make fewer than MATVEC_MIN_BLOCKS blocks; x staged in
     shared memory where it fits (xl, xg groups a row). max_r: the most rows a team (the fused products
     of two weights hold twice the registers a row, so they take ROWVEC2_MAX_R)."""
     mm = next(x for x in (1, 2, 4, 8) if x >= m)
     tpr, wg, r = min(32, 1 << max(0, gpr.bit_length() - 1)), 256, max(1, max_r // mm)
+    if gpr > MATVEC_WIDE_FROM:     # long rows: a team of several warps, a few groups a lane
+        tpr = min(256, 1 << ((gpr // 2).bit_length() - 1))
     while r > 1 and rows < r * (wg // tpr) * MATVEC_MIN_BLOCKS:
         r //= 2
     while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_BLOCKS:
