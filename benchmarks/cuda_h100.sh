@@ -26,6 +26,10 @@
 # commit compared with, carried in an ignored folder) and on this tree in turns, model by model:
 # $OUT/cuda_ab.log.
 #
+# `bash benchmarks/cuda_h100.sh tests` runs the tests that need a CUDA GPU (tests/test_cuda.py: CI skips them,
+# naming the reason) with pytest from .whl (make it here with `pip download pytest iniconfig packaging pluggy
+# --python-version 3.12 --only-binary :all: --no-deps -d .whl`): $OUT/cuda_tests.log.
+#
 # `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
 # opencl:0 (PoCL) stands in for cuda:0, with a short prompt and decode, on SmolLM2's shape only.
 set -euo pipefail
@@ -50,6 +54,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import cupy; print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())' || true
 out="${OUT:-/tmp}"
 mkdir -p "$out"
+if [ "${1:-}" = tests ]; then
+  # the tests that need a CUDA GPU (CI skips them with the reason): tests/test_cuda.py on cuda:0
+  shift
+  timeout -k 10 "${RUN_LIMIT:-560}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py "$@" 2>&1 \
+    | tee "$out/cuda_tests.log"
+  exit "${PIPESTATUS[0]}"
+fi
 if [ "${1:-}" = ab ]; then
   # engines taking turns: cuda_profile.py's events mode on the base tree (a `git archive` of the commit to
   # compare with, its framework/ run by this tree's benchmarks/) and on this tree, model by model

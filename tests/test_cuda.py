@@ -17,6 +17,7 @@ from framework.backend import Lowering, weight_words
 from framework.conformance.cases import all_cases, nmse
 from framework.contract import ops
 from framework.core.scheduler import Executor, make_plan
+from framework.core.scheduler.errors import CapabilityError
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.cuda import coverage, kernels, options, signatures
 from framework.plugins.cuda.device import CudaDevice, devices
@@ -140,8 +141,9 @@ def test_every_conformance_case_lowers_to_defined_kernels():
 
 def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
     """The DECODE cases lowered with the core's product groups (fused.py): the norm in the prologue of the
-    product that reads it alone, gate and up with the GLU in one launch, the residual add in the epilogue;
-    with FRAMEWORK_CUDA_UNFUSE=all, node by node. (The attention blocks are never taken: no kernel here.)"""
+    product that reads it alone, gate and up with the GLU in one launch, the residual add in the epilogue,
+    the attention block as rowvec3 (norm, Q, K, V), rope_kv and the attention; with FRAMEWORK_CUDA_UNFUSE=attn
+    the block's nodes one by one, with all, every node."""
     dev = CudaDevice(0, reason="lowering only")
     cases = {c.id: c for c in all_cases() if c.id.startswith("DECODE-")}
 
@@ -152,6 +154,10 @@ def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
     fused = names(one)
     assert fused.count("NORM+MUL_MATx2+GLU") == 1 and fused.count("MUL_MAT+ADD") == 2, fused
     assert "GLU" not in fused and fused[-1] == "NORM+MUL_MAT" and "FLASH_ATTN_EXT" in fused, fused
+    assert fused.count("NORM+MUL_MATx3") == 1 and fused.count("ROPE+SET_ROWS") == 1 and "ROPE" not in fused, fused
+    monkeypatch.setenv(options.UNFUSE_ENV, "attn")
+    split = names(one)
+    assert "NORM+MUL_MATx3" not in split and "ROPE" in split and split.count("MUL_MAT[matvec]") == 3, split
     monkeypatch.setenv(options.UNFUSE_ENV, "all")
     plain = names(one)
     assert not any(n.startswith(("NORM+", "MUL_MAT+")) for n in plain) and "GLU" in plain, plain
@@ -209,24 +215,32 @@ def test_cuda0_properties(cuda0):
                          ids=lambda c: c.id)
 def test_cases_on_cuda0(cuda0, case):
     b = case.build()
+    other = sorted({t.dtype.name for t in b.graph.leaves if t.kind.name == "WEIGHT"} - coverage.WEIGHT_TYPES)
+    if other:          # a weight type the kernels do not read: refused at planning, naming it
+        with pytest.raises(CapabilityError, match=f"cuda:0 declares weight types .*'{other[0]}'|is {other[0]}"):
+            make_plan(b.graph, [cuda0])
+        return
     ref = Executor([CpuDevice()], b.weight_bytes).run(make_plan(b.graph, [CpuDevice()]), b.fresh_inputs())
     outs = Executor([cuda0], b.weight_bytes).run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
     for o, r in zip(outs, ref):
         assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
 
 
-def test_decode_steps_replayed_as_graphs_equal_launched_ones(cuda0, monkeypatch):
-    from conftest import load_model
+def test_decode_steps_replayed_as_graphs_equal_launched_ones(cuda0, monkeypatch, tmp_path):
+    """A tiny llama (its weight types the kernels do not read go to the CPU plugin: cuda:0 runs the rest, in
+    fragments that each are a program captured and replayed)."""
+    import tiny_models
 
+    from framework.model.model import Model
     from framework.runtime.session import Session
-    model = load_model("smollm2")
+    model = Model(tiny_models.write("llama", tmp_path / "tiny-llama.gguf"))
     ids = [1, 2, 3, 4, 5, 6]
-    graphs = Session(model, [cuda0], n_ctx=64)
+    graphs = Session(model, [cuda0, CpuDevice()], n_ctx=64)
     graphs.eval(ids[:2])
     replayed = np.stack([graphs.eval([t]) for t in ids[2:]])
     assert cuda0.captures >= 1 and cuda0.replays >= 1
     monkeypatch.setenv(options.GRAPHS_ENV, "0")
     plain = CudaDevice(cuda0.index, cuda0.data)
-    s = Session(model, [plain], n_ctx=64)
+    s = Session(model, [plain, CpuDevice()], n_ctx=64)
     s.eval(ids[:2])
     np.testing.assert_allclose(replayed, np.stack([s.eval([t]) for t in ids[2:]]), rtol=1e-5, atol=1e-5)

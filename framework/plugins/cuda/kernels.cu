@@ -326,6 +326,54 @@ extern "C" __global__ void rope(ARGS_rope) {
   }
 }
 
+// The attention block's q, k and v of one new token (fused.py's attention groups): each head's norm
+// (Gemma's q and k norms), the rope, q's scale; k and v written into the caches at row kr, q into q. One
+// block of RWG threads a head: the H query heads, then the Hkv key/value heads.
+extern "C" __global__ void __launch_bounds__(RWG) rope_kv(ARGS_rope_kv) {
+  __shared__ float row[MAX_HEAD], red[RWG];
+  uint b = get_group_id(0), li = get_local_id(0);
+  bool isq = b < H;
+  uint hh = isq ? b : b - H;
+  const float* src = isq ? qp : kp;
+  uint sb = (isq ? qp_off : kp_off) + hh * D;
+  float ss = 0.0f;
+  for (uint d = li; d < D; d += RWG) { float x = src[sb + d]; row[d] = x; ss += x * x; }
+  red[li] = ss;
+  __syncthreads();
+  TREE(red, li, PLUS)
+  uint has_n = isq ? has_qn : has_kn;
+  const float* gn = isq ? gq : gk;
+  uint gb = isq ? gq_off : gk_off;
+  float rn = has_n ? 1.0f / sqrt(red[0] * (1.0f / (float)D) + (isq ? q_eps : k_eps)) : 1.0f;
+  float s = isq ? q_scale : 1.0f;
+  uint kr = (uint)krow[krow_off];
+  if (!isq && kr >= cache_rows) return;       // no row to write (a negative index)
+  float* dst = isq ? q : kc;
+  uint db = isq ? q_off + hh * D : kc_off + (kr * Hkv + hh) * D;
+  uint nh = n_dims / 2;
+  TABLE_T p = (TABLE_T)pos[pos_off];
+  for (uint j = li; j < D / 2; j += RWG) {
+    if (j < nh) {
+      TABLE_T theta = p * inv[j];
+      float c = (float)cos(theta), sn = (float)sin(theta);
+      uint i0 = neox ? j : 2 * j, i1 = neox ? j + nh : 2 * j + 1;
+      float x0 = row[i0] * rn, x1 = row[i1] * rn;
+      if (has_n) { x0 *= gn[gb + i0]; x1 *= gn[gb + i1]; }
+      dst[db + i0] = (x0 * c - x1 * sn) * s;
+      dst[db + i1] = (x0 * sn + x1 * c) * s;
+    } else {
+      uint e = n_dims + 2 * (j - nh);
+      float x0 = row[e] * rn, x1 = row[e + 1] * rn;
+      if (has_n) { x0 *= gn[gb + e]; x1 *= gn[gb + e + 1]; }
+      dst[db + e] = x0 * s;
+      dst[db + e + 1] = x1 * s;
+    }
+  }
+  if (!isq) {
+    for (uint d = li; d < D; d += RWG) vc[vc_off + (kr * Hkv + hh) * D + d] = vp[vp_off + hh * D + d];
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // memory: SET_ROWS into a cache, CONT of a strided view, GET_ROWS of float rows, float products
 // ------------------------------------------------------------------------------------------------
@@ -511,12 +559,13 @@ __device__ inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // the four bytes of w as floats less the zero point: byte k moved into the mantissa of 2^23 by one byte
 // permute (PRMT: byte k of w, two zero bytes, 0x4B), where shifting, masking and OR-ing took three
-__device__ inline float4 f4(uint w) {
+__device__ inline float4 f4z(uint w, float qzf) {
   return make_float4(__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u)),
                      __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7441u)),
                      __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7442u)),
-                     __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7443u))) - make_float4(QZF);
+                     __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7443u))) - make_float4(qzf);
 }
+__device__ inline float4 f4(uint w) { return f4z(w, QZF); }
 
 // values 4j .. 4j + 3 (lo) and 16 + 4j .. 16 + 4j + 3 (hi) of a group
 __device__ inline float4 deq_lo(grp_t q, uint j) { return f4(pick(q.lo, j)) * q.a + q.m; }
@@ -532,6 +581,16 @@ __device__ inline float4 dot32r(grp_t q, float4 x0, float4 x1, float4 x2, float4
 #if HAS_MIN
   r += q.m * (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7);
 #endif
+  return r;
+}
+
+// dot32r for a weight of another type than the build's (its zero point and whether it has a min)
+__device__ inline float4 dot32z(grp_t q, float qzf, int has_min, float4 x0, float4 x1, float4 x2, float4 x3, float4 x4,
+                                float4 x5, float4 x6, float4 x7) {
+  float4 lo = f4z(q.lo.x, qzf) * x0 + f4z(q.lo.y, qzf) * x1 + f4z(q.lo.z, qzf) * x2 + f4z(q.lo.w, qzf) * x3;
+  float4 hi = f4z(q.hi.x, qzf) * x4 + f4z(q.hi.y, qzf) * x5 + f4z(q.hi.z, qzf) * x6 + f4z(q.hi.w, qzf) * x7;
+  float4 r = q.a * lo + q.b * hi;
+  if (has_min) r += q.m * (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7);
   return r;
 }
 
@@ -819,6 +878,41 @@ extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
     }
   }
 }
+
+// An attention block's Q, K and V products of one x (fused.py): the prologue as rowvec's, then blocks
+// [0, nb0) take rows of w0 (N0 rows, into o0), [nb0, nb0 + nb1) rows of w1, the rest rows of w2; each
+// weight of its own type (S0, S1, S2: the build's options). Teams within a warp (MV_TPR <= 32).
+#ifdef F_STACK
+#define STACK_SEG(S, w, N, o, bw)                                                                          \
+  {                                                                                                        \
+    uint r0 = ((bw) * MV_TEAMS + team) * MV_R;                                                             \
+    float acc[MV_R];                                                                                       \
+    for (uint k = 0; k < MV_R; k++) acc[k] = 0.0f;                                                         \
+    for (uint g = lane; g < gpr; g += MV_TPR) {                                                            \
+      const float4* xg = xs + g * 9u;                                                                      \
+      float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7]; \
+      for (uint k = 0; k < MV_R; k++)                                                                      \
+        acc[k] += hsum(dot32z(XCAT(grp_, S)(w, w##_moff, gpr, min(r0 + k, N - 1u), g), QZF_OF(S),          \
+                              XCAT(HAS_MIN_, S), x0, x1, x2, x3, x4, x5, x6, x7));                           \
+    }                                                                                                      \
+    for (uint s = MV_LANES / 2; s > 0; s >>= 1)                                                            \
+      for (uint k = 0; k < MV_R; k++) acc[k] += shfl_xor(acc[k], s);                                       \
+    if (lane == 0)                                                                                         \
+      for (uint k = 0; k < MV_R; k++)                                                                      \
+        if (r0 + k < N) o[o##_off + r0 + k] = acc[k];                                                      \
+  }
+
+extern "C" __global__ void __launch_bounds__(MV_WG) rowvec3(ARGS_rowvec3) {
+  __shared__ float4 xs[F_K / 32 * 9];
+  __shared__ float red[MV_WG];
+  const uint gpr = F_K / 32u;
+  uint li = get_local_id(0), wid = get_group_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  prologue((float*)xs, red, li, wid, a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, write_y, eps, eps1, ys);
+  if (wid < nb0) STACK_SEG(S0, w0, N0, o0, wid)
+  else if (wid < nb0 + nb1) STACK_SEG(S1, w1, N1, o1, wid - nb0)
+  else STACK_SEG(S2, w2, N2, o2, wid - nb0 - nb1)
+}
+#endif  // F_STACK
 #endif  // F_K
 #endif  // MV_WG
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ...backend import ChunkArg, KernelTable, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import reference
 from . import fused, kernels
+from .attention import attention
 from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
 from .launches import each, launch
 
@@ -69,27 +70,11 @@ def op_soft_max(lw, n):
 
 # -- attention and rope --------------------------------------------------------------------------------
 def op_flash_attn_ext(lw, n):
-    q, k, v = (lw.ref(s) for s in n.src[:3])
-    masked = len(n.src) > 3
-    o = lw.new_val(n)
     t, h, d = n.src[0].shape
     s, hkv, _ = n.src[1].shape
-    common = dict(q=q, k=k, v=v, mk=lw.ref(n.src[3]) if masked else None, T=t, H=h, Hkv=hkv, D=d, S=s,
-                  has_mask=int(masked), scale=float(n.params["scale"]))
-    opts, awg = kernels.base_options(), kernels.AWG
-    if t * h < kernels.MATVEC_MIN_BLOCKS and s > 2 * kernels.SPLIT_ATTN_KEYS:
-        # flash decoding: the keys in parts (of at least SPLIT_ATTN_KEYS, so that each warp has several
-        # keys to overlap), one block per (row, head, part), about MATVEC_MIN_BLOCKS blocks; then a combine
-        nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, t * h))
-        per = _ceil(_ceil(s, nc), 32) * 32
-        nc = _ceil(s, per)
-        part = lw.scratch((t * h * nc * (d + 2),))
-        launch(lw, f"FLASH_ATTN_EXT[split] {n.name}", "flash_attn_part", opts, t * h * nc * awg, awg,
-               p=part, nc=nc, per=per, **common)
-        launch(lw, f"FLASH_ATTN_EXT[combine] {n.name}", "flash_combine", opts, t * h * awg, awg,
-               p=part, o=o, TH=t * h, D=d, nc=nc)
-        return
-    launch(lw, f"FLASH_ATTN_EXT {n.name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)
+    q, k, v = (lw.ref(x) for x in n.src[:3])
+    attention(lw, n.name, q, k, v, lw.ref(n.src[3]) if len(n.src) > 3 else None, lw.new_val(n), t, h, hkv, d, s,
+              float(n.params["scale"]))
 
 
 def op_rope(lw, n):

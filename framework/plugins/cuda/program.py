@@ -59,14 +59,14 @@ class CudaProgram(Program):
         with dev.on_device():
             self._stage_values(a)
             slots = self.scratch_buffers()
-            chunks = [c.buffer for w in a.weights.values() for c in w.chunks]
-            sig = (tuple(map(id, a.bufs)), tuple(a.offs), tuple(map(id, slots)), tuple(map(id, chunks)))
+            # a.wkey stands for the weights (the same while their handles are): their chunks need no ids
+            sig = (tuple(map(id, a.bufs)), tuple(a.offs), tuple(map(id, slots)), a.wkey)
             dev.runs += 1
             if not dev.graphs or self.ropes:
                 outs = self.output_buffers()
                 self._launch_all(a, outs, slots)
             else:
-                outs = self._graph_run(sig, a, slots, chunks)
+                outs = self._graph_run(sig, a, slots)
             self.last_sig = sig
         return self.results(args, a.bufs, outs)
 
@@ -87,8 +87,9 @@ class CudaProgram(Program):
         buf, off = self.place(b, a, outs, slots)
         return buf, np.uint32(off)
 
-    def _graph_run(self, sig, a, slots, chunks) -> dict:
+    def _graph_run(self, sig, a, slots) -> dict:
         """Replay the graph of these buffers, capture it (a second run with the same buffers), or launch."""
+        import cupy
         dev = self.dev
         if sig != self.graph_sig and sig == self.last_sig:
             self.graph_outs = {v: (dev.new_buffer(4 * self.val_sizes[v]), None) for v in range(len(self.val_sizes))
@@ -98,7 +99,7 @@ class CudaProgram(Program):
                 self._launch_all(a, self.graph_outs, slots)
             finally:
                 self.graph = dev.stream.end_capture()
-            self.graph_sig, self.graph_held = sig, (a.bufs, slots, chunks)    # held: their ids stay theirs
+            self.graph_sig, self.graph_held = sig, (a.bufs, slots, a.weights)    # held: their ids stay theirs
             dev.captures += 1
         if sig != self.graph_sig:
             outs = self.output_buffers()
@@ -107,9 +108,9 @@ class CudaProgram(Program):
         self.graph.launch(stream=dev.stream)
         dev.replays += 1
         outs = self.output_buffers()
-        for v, (buf, _) in outs.items():
-            n = 4 * self.val_sizes[v]
-            buf[:n] = self.graph_outs[v][0][:n]
+        for v, (buf, _) in outs.items():     # one asynchronous copy each (a CuPy slice assignment costs more host time)
+            cupy.cuda.runtime.memcpyAsync(buf.data.ptr, self.graph_outs[v][0].data.ptr, 4 * self.val_sizes[v],
+                                          cupy.cuda.runtime.memcpyDeviceToDevice, dev.stream.ptr)
         return outs
 
     def _stage_values(self, a) -> None:

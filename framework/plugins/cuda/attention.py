@@ -1,0 +1,30 @@
+"""The attention launches of a CUDA device: the FLASH_ATTN_EXT op's (lowering.py) and an attention group's
+after its q is made and its k and v written (fused.py)."""
+
+from __future__ import annotations
+
+from . import kernels
+from .launches import launch
+
+
+def _ceil(n: int, m: int) -> int:
+    return -(-n // m)
+
+
+def attention(lw, name: str, q, k, v, mk, o, t: int, h: int, hkv: int, d: int, s: int, scale: float) -> None:
+    """softmax(q k^T * scale + mask) v into o: q (t, h, d), k and v (s, hkv, d) rows of kstride hkv * d."""
+    common = dict(q=q, k=k, v=v, mk=mk, T=t, H=h, Hkv=hkv, D=d, S=s, has_mask=int(mk is not None), scale=scale)
+    opts, awg = kernels.base_options(), kernels.AWG
+    if t * h < kernels.MATVEC_MIN_BLOCKS and s > 2 * kernels.SPLIT_ATTN_KEYS:
+        # flash decoding: the keys in parts (of at least SPLIT_ATTN_KEYS, so that each warp has several
+        # keys to overlap), one block per (row, head, part), about MATVEC_MIN_BLOCKS blocks; then a combine
+        nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, t * h))
+        per = _ceil(_ceil(s, nc), 32) * 32
+        nc = _ceil(s, per)
+        part = lw.scratch((t * h * nc * (d + 2),))
+        launch(lw, f"FLASH_ATTN_EXT[split] {name}", "flash_attn_part", opts, t * h * nc * awg, awg,
+               p=part, nc=nc, per=per, **common)
+        launch(lw, f"FLASH_ATTN_EXT[combine] {name}", "flash_combine", opts, t * h * awg, awg,
+               p=part, o=o, TH=t * h, D=d, nc=nc)
+        return
+    launch(lw, f"FLASH_ATTN_EXT {name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)
