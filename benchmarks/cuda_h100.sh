@@ -26,6 +26,9 @@
 # commit compared with, carried in an ignored folder) and on this tree in turns, model by model:
 # $OUT/cuda_ab.log.
 #
+# `bash benchmarks/cuda_h100.sh verify [MODEL...]`: the cost of verification steps of 2, 4 and 8 rows against a
+# decode step on cuda:0 and vulkan:0 (cuda_profile.py's verify mode): $OUT/cuda_verify.log.
+#
 # `bash benchmarks/cuda_h100.sh tests` runs the tests that need a CUDA GPU (tests/test_cuda.py: CI skips them,
 # naming the reason) with pytest from .whl (make it here with `pip download pytest iniconfig packaging pluggy
 # --python-version 3.12 --only-binary :all: --no-deps -d .whl`): $OUT/cuda_tests.log.
@@ -74,6 +77,13 @@ if [ "${1:-}" = ab ]; then
         ${EVENTS_ARGS:---ablation-only}
     done
   done 2>&1 | grep -v '^ \+[0-9]\+ \+[0-9.]\+ \+[0-9.]' | tee "$out/cuda_ab.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "${1:-}" = verify ]; then
+  shift
+  for model in ${*:-smollm2 qwen25-coder-1.5b}; do
+    timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py verify "$model" --work /tmp
+  done 2>&1 | tee "$out/cuda_verify.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = events ]; then

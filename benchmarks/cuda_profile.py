@@ -13,6 +13,9 @@ GPU machine. Two modes:
   (launched one by one behind a spinning kernel, so the host's launch cost never shows between them, an
   event before each), summed by kernel and by product shape with the weight bytes' rate against a device
   copy, and the host functions that take most of a step (cProfile).
+* ``verify MODEL``: the cost of a verification step of 2, 4 and 8 rows (every row's logits: what a
+  speculative round's target step is) against a decode step, on cuda:0 and vulkan:0 (lookup_bench's
+  verify_costs, on the random-weight file).
 * ``summarize``: from nsys's cuda_gpu_trace CSV of that range and the meta, the GPU time a step, the
   step's GPU-busy fraction (kernel time / wall time: one stream, so kernels do not overlap), the time per
   kernel (and per matrix-vector shape, with its weight bytes' rate against the copy's).
@@ -360,6 +363,24 @@ def events(args) -> None:
         print("  slowest launches: " + "; ".join(f"{st.name} {us:.1f} us" for us, st in top))
 
 
+def verify(args) -> None:
+    from lookup_bench import verify_costs
+
+    import vulkan_bench as vb
+    from framework.model.model import Model
+    from framework.plugins.cuda.device import devices
+    from framework.plugins.vulkan.device import devices as vulkan_devices
+    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
+    model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf",
+                                 np.random.default_rng(0)))
+    for dev in (devices()[0], *vulkan_devices()[:1]):
+        if not dev.available:
+            print(f"{dev.name}: unavailable: {dev.unavailable_reason}")
+            continue
+        print(f"{args.model} on {dev.describe()[:90]}: verification of T rows over a decode step: "
+              f"{verify_costs(model, [dev])}")
+
+
 def summarize(args) -> None:
     meta = json.loads(Path(args.meta).read_text())
     copy = json.loads(Path(args.copy_meta).read_text()).get("copy_GBps") if args.copy_meta else None
@@ -424,12 +445,15 @@ def main() -> None:
     e.add_argument("--ctx", type=int, default=1024)
     e.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a constant of framework.plugins.cuda.kernels, for a sweep of the kernels' shapes")
+    v = sub.add_parser("verify")
+    v.add_argument("model")
+    v.add_argument("--work", default="/tmp")
     s = sub.add_parser("summarize")
     s.add_argument("--meta", required=True)
     s.add_argument("--trace", required=True)
     s.add_argument("--copy-meta")
     args = ap.parse_args()
-    {"run": run, "events": events, "summarize": summarize}[args.mode](args)
+    {"run": run, "events": events, "verify": verify, "summarize": summarize}[args.mode](args)
 
 
 if __name__ == "__main__":

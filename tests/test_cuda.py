@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from framework.backend import Lowering, weight_words
+from framework.backend import Lowering
 from framework.conformance.cases import all_cases, nmse
 from framework.contract import ops
 from framework.core.scheduler import Executor, make_plan
@@ -164,26 +164,44 @@ def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
     assert len(plain) >= len(fused) + 3, (plain, fused)
 
 
-def test_a_products_bias_is_added_as_it_is_stored(tmp_path):
-    """Qwen2's Q, K and V products each have a bias ADD: the matrix-vector kernel adds it as it stores (r_ld 0:
-    one row repeated), so a decode step launches no ADD for them."""
+def _quantized_qwen2(tmp_path, monkeypatch):
+    """The tiny Qwen2 (biases on Q, K and V) with every matrix of a type the kernels read."""
+    import dataclasses
+
     import tiny_models
 
     from framework.model.model import Model
+    types = (("Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K", "Q4_K", "Q6_K"), ("Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q8_0",
+                                                                        "Q8_0", "Q4_K"))
+    monkeypatch.setitem(tiny_models.SPECS, "qwen2", dataclasses.replace(tiny_models.SPECS["qwen2"], types=types))
+    return Model(tiny_models.write("qwen2", tmp_path / "tiny-qwen2-quantized.gguf"))
+
+
+def _decode_steps(model):
     from framework.model.arch.base import KVCache
-    model = Model(tiny_models.write("qwen2", tmp_path / "tiny-qwen2.gguf"))
     graph, _ = model.build_step(1, 256, 1, KVCache(model.hp, 512))
-    dev = CudaDevice(0, reason="lowering only")
     (frag,) = make_plan(graph, [CpuDevice()]).fragments
-    steps = Lowering(dev, frag, TABLE).steps
-    quant = [n for n in graph.nodes if n.op == "ADD" and n.src[0].op == "MUL_MAT" and n.src[1].is_leaf
-             and n.src[0].src[0].dtype.name in weight_words.QUANT_TYPES]
-    biased = [st for st in steps if st.name.startswith("MUL_MAT[matvec]+ADD[bias]")]
-    assert quant and len(biased) == len(quant), [st.name for st in steps]
-    assert all(st.params["r_ld"] == 0 and st.params["has_r"] == 1 for st in biased)
-    adds = {st.name.split(" ")[1] for st in steps if st.name.startswith("ADD ")}
-    assert not adds & {n.name for n in quant}, adds
-    residual = [st for st in steps if st.kernel.kernel == "matvec_q" and st.params["has_r"] and st not in biased]
+    return graph, Lowering(CudaDevice(0, reason="lowering only"), frag, TABLE).steps
+
+
+def test_qwen2s_biases_are_added_as_products_store(tmp_path, monkeypatch):
+    """Qwen2's Q, K and V biases: inside an attention group, rowvec3 adds them (has_b bits); with the group
+    off (FRAMEWORK_CUDA_UNFUSE=attn), each matrix-vector product adds its bias as it stores (r_ld 0: one row
+    repeated). Either way a decode step launches no ADD for them."""
+    model = _quantized_qwen2(tmp_path, monkeypatch)
+    graph, steps = _decode_steps(model)
+    biased = {n.name for n in graph.nodes if n.op == "ADD" and n.src[1].is_leaf}
+    stacks = [st for st in steps if st.kernel.kernel == "rowvec3"]
+    assert len(stacks) == model.hp.n_layer and all(st.params["has_b"] == 7 for st in stacks), [st.name for st in steps]
+    assert all(st.name.startswith("NORM+MUL_MATx3+ADD") for st in stacks)
+    assert not any(st.name.startswith(("ADD ", "ROPE ")) for st in steps), [st.name for st in steps]
+    monkeypatch.setenv(options.UNFUSE_ENV, "attn")
+    _, steps = _decode_steps(model)
+    products = [st for st in steps if st.name.startswith("MUL_MAT[matvec]+ADD[bias]")]
+    assert len(products) == 3 * model.hp.n_layer, [st.name for st in steps]
+    assert all(st.params["r_ld"] == 0 and st.params["has_r"] == 1 for st in products)
+    assert not {st.name.split(" ")[1] for st in steps if st.name.startswith("ADD ")} & biased
+    residual = [st for st in steps if st.kernel.kernel == "matvec_q" and st.params["has_r"] and st not in products]
     assert all(st.params["r_ld"] == st.params["ld"] for st in residual)
 
 
@@ -224,6 +242,18 @@ def test_cases_on_cuda0(cuda0, case):
     outs = Executor([cuda0], b.weight_bytes).run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
     for o, r in zip(outs, ref):
         assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
+
+
+def test_qwen2_decode_with_biased_attention_groups_matches_the_cpu_plugin(cuda0, monkeypatch, tmp_path):
+    from framework.runtime.session import Session
+    model = _quantized_qwen2(tmp_path, monkeypatch)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    got, want = Session(model, [cuda0], n_ctx=64), Session(model, [CpuDevice()], n_ctx=64)
+    got.eval(ids[:3]), want.eval(ids[:3])
+    for t in ids[3:]:
+        a, b = got.eval([t]), want.eval([t])
+        assert nmse(np.asarray(a), np.asarray(b)) <= 5e-4 and int(np.argmax(a)) == int(np.argmax(b))
+    assert any(st.kernel.kernel == "rowvec3" for p in got.executor.programs.values() for st in p.steps)
 
 
 def test_decode_steps_replayed_as_graphs_equal_launched_ones(cuda0, monkeypatch, tmp_path):

@@ -81,6 +81,8 @@ class Target(Protocol):
     def product_fits(self, g: "ProductGroup") -> bool: ...
     def attn_fits(self, g: "AttnGroup") -> bool: ...
     def head_ok(self, d: int) -> bool: ...           # an attention block takes heads of d values
+    # (optional) attn_biases = True: its attention blocks add a bias to Q, K and V (without it, a block
+    # whose products have biases is not formed)
 
 
 @dataclass(eq=False)
@@ -125,6 +127,7 @@ class AttnGroup:
     v_set: Tensor
     combined: bool = True            # False: the partials are read by a product's prologue instead
     nodes: list[Tensor] = field(default_factory=list)
+    biases: tuple = (None, None, None)   # the bias added to Q's, K's, V's product (Qwen2's), or None each
 
 
 def wants_own_products(g: AttnGroup) -> bool:
@@ -305,6 +308,7 @@ class Matcher:
         if n_dims % 2 or n_dims > d:
             return None
         q_norm, mq, q_nodes = self._head(rope.src[0], rope, (1, h, d))
+        mq, bq = mq if mq is not None else (None, None)
         k_set, k_rows = self._cache_write(k_all, fa)
         v_set, v_rows = self._cache_write(v_all, fa)
         if mq is None or k_set is None or v_set is None or k_set.src[2] is not v_set.src[2]:
@@ -314,11 +318,19 @@ class Matcher:
                 or k_rope.params != rope.params or not self.only_read_by(k_rope, [k_rows])):
             return None
         k_norm, mk, k_nodes = self._head(k_rope.src[0], k_rope, (1, hkv, d))
+        mk, bk = mk if mk is not None else (None, None)
         v_nodes, v, reader = [], v_rows, v_set
         while v.op == "RESHAPE" and self.only_read_by(v, [reader]):
             v_nodes.append(v)
             reader, v = v, v.src[0]
+        v, bv, v_add = self._biased(v, reader)
+        if v_add is not None:
+            v_nodes.append(v_add)
+            reader = v_add
         if mk is None or v.op != "MUL_MAT" or not self.only_read_by(v, [reader]) or self.rows_of(v) != 1:
+            return None
+        biases = (bq, bk, bv)
+        if any(b is not None for b in biases) and not getattr(self.target, "attn_biases", False):
             return None
         muls = [mq, mk, v]
         x = mq.src[1]
@@ -335,7 +347,7 @@ class Matcher:
             return None
         inner = nodes + [rope] + q_nodes + [k_all, k_set, k_rows, k_rope] + k_nodes + [v_all, v_set] + v_nodes + [v]
         return {"x": x, "muls": muls, "rope": rope, "q_norm": q_norm, "k_norm": k_norm, "q_scale": q_scale,
-                "k_set": k_set, "v_set": v_set, "nodes": inner}
+                "k_set": k_set, "v_set": v_set, "nodes": inner, "biases": biases}
 
     def attention(self, fa: Tensor, core: dict) -> AttnGroup | None:
         if any(id(n) in self.claimed for n in core["nodes"] + [fa]):
@@ -345,7 +357,7 @@ class Matcher:
             return None
         wq, wk, wv = (m.src[0] for m in core["muls"])
         group = AttnGroup(fa, src, wq, wk, wv, core["rope"], core["q_norm"], core["k_norm"], core["q_scale"],
-                          core["k_set"], core["v_set"])
+                          core["k_set"], core["v_set"], biases=core["biases"])
         if not self.target.attn_fits(group):
             return None
         self.claim(group, pro_nodes + core["nodes"] + [fa],
@@ -354,7 +366,8 @@ class Matcher:
         return group
 
     def _head(self, t: Tensor, reader: Tensor, shape) -> tuple:
-        """(per-head norm (gain, eps) or None, the MUL_MAT, the nodes) of RESHAPE(MUL_MAT) [-> norm]."""
+        """(per-head norm (gain, eps) or None, (the MUL_MAT, its bias or None), the nodes) of
+        RESHAPE(MUL_MAT [+ bias]) [-> norm]."""
         nodes, norm = [], None
         if t.op == "MUL" and t.src[0].op == "RMS_NORM" and self.only_read_by(t, [reader]):
             rms = t.src[0]
@@ -365,10 +378,22 @@ class Matcher:
             reader, t = rms, rms.src[0]
         if t.op != "RESHAPE" or tuple(t.shape) != tuple(shape) or not self.only_read_by(t, [reader]):
             return None, None, []
-        mm = t.src[0]
-        if mm.op != "MUL_MAT" or not self.only_read_by(mm, [t]) or self.rows_of(mm) != 1:
+        mm, bias, added = self._biased(t.src[0], t)
+        if mm.op != "MUL_MAT" or not self.only_read_by(mm, [added if added is not None else t]) \
+                or self.rows_of(mm) != 1:
             return None, None, []
-        return norm, mm, nodes + [t, mm]
+        return norm, (mm, bias), nodes + [t, mm] + ([added] if added is not None else [])
+
+    def _biased(self, t: Tensor, reader: Tensor) -> tuple:
+        """(the product, its bias, the ADD) where t is ADD(MUL_MAT, bias) read by reader alone (a bias: one
+        F32 weight row of the product's width), else (t, None, None)."""
+        if t.op != "ADD" or not self.only_read_by(t, [reader]):
+            return t, None, None
+        mm, bias = t.src
+        if (mm.op != "MUL_MAT" or not (bias.is_leaf and bias.kind == LeafKind.WEIGHT) or bias.dtype.name != "F32"
+                or bias.nelements != mm.shape[-1] or tuple(t.shape) != tuple(mm.shape)):
+            return t, None, None
+        return mm, bias, t
 
     def _cache_write(self, view: Tensor, fa: Tensor) -> tuple:
         """(SET_ROWS, the RESHAPE it writes) under the cache view an attention reads."""

@@ -30,6 +30,7 @@ PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}
 class Target:
     """The core matcher's questions, answered for one CUDA device."""
     weight_types = frozenset(weight_words.QUANT_TYPES)
+    attn_biases = True          # rowvec3 adds Q's, K's and V's biases as it stores
 
     def __init__(self, dev):
         self.dev = dev
@@ -109,10 +110,12 @@ def lower_attention(lw, g: fusion.AttnGroup) -> None:
     build = {**kernels.quant_options(g.wq.dtype.name), **sh, "F_K": k, "F_NW": 1, "F_PRO": PRO[p.src],
              "F_PRE": PRE[p.pre], "F_EPI": 0, "F_STACK": 1, **{f"S{i}": w.dtype.name for i, w in enumerate(ws)}}
     wargs = [ChunkArg(lw.arg_of(w), 0) for w in ws]
-    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "MUL_MATx3"]))
+    biases = {name: lw.ref(b) if b is not None else None for name, b in zip(("bq", "bk", "bv"), g.biases)}
+    has_b = sum(1 << i for i, b in enumerate(g.biases) if b is not None)
+    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "MUL_MATx3", "ADD" if has_b else ""]))
     launch(lw, f"{label} {fa.name}", "rowvec3", build, sum(nb) * sh["MV_WG"], sh["MV_WG"],
            w0=wargs[0], w1=wargs[1], w2=wargs[2], o0=made[0], o1=made[1], o2=made[2], N0=ws[0].shape[0],
-           N1=ws[1].shape[0], N2=ws[2].shape[0], nb0=nb[0], nb1=nb[1], **args)
+           N1=ws[1].shape[0], N2=ws[2].shape[0], nb0=nb[0], nb1=nb[1], has_b=has_b, **biases, **args)
     kc, vc = lw.in_place(g.k_set), lw.in_place(g.v_set)
     q = lw.scratch((h * d,))
     rp = g.rope.params

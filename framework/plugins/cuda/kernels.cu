@@ -881,9 +881,10 @@ extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
 
 // An attention block's Q, K and V products of one x (fused.py): the prologue as rowvec's, then blocks
 // [0, nb0) take rows of w0 (N0 rows, into o0), [nb0, nb0 + nb1) rows of w1, the rest rows of w2; each
-// weight of its own type (S0, S1, S2: the build's options). Teams within a warp (MV_TPR <= 32).
+// weight of its own type (S0, S1, S2: the build's options), plus its bias (bq, bk, bv) where bit 0, 1, 2 of
+// has_b is set (Qwen2's). Teams within a warp (MV_TPR <= 32).
 #ifdef F_STACK
-#define STACK_SEG(S, w, N, o, bw)                                                                          \
+#define STACK_SEG(S, w, N, o, bias, has, bw)                                                               \
   {                                                                                                        \
     uint r0 = ((bw) * MV_TEAMS + team) * MV_R;                                                             \
     float acc[MV_R];                                                                                       \
@@ -899,7 +900,7 @@ extern "C" __global__ void __launch_bounds__(MV_WG) rowvec(ARGS_rowvec) {
       for (uint k = 0; k < MV_R; k++) acc[k] += shfl_xor(acc[k], s);                                       \
     if (lane == 0)                                                                                         \
       for (uint k = 0; k < MV_R; k++)                                                                      \
-        if (r0 + k < N) o[o##_off + r0 + k] = acc[k];                                                      \
+        if (r0 + k < N) o[o##_off + r0 + k] = acc[k] + ((has) ? bias[bias##_off + r0 + k] : 0.0f);        \
   }
 
 extern "C" __global__ void __launch_bounds__(MV_WG) rowvec3(ARGS_rowvec3) {
@@ -908,9 +909,9 @@ extern "C" __global__ void __launch_bounds__(MV_WG) rowvec3(ARGS_rowvec3) {
   const uint gpr = F_K / 32u;
   uint li = get_local_id(0), wid = get_group_id(0), team = li / MV_TPR, lane = li % MV_TPR;
   prologue((float*)xs, red, li, wid, a, a_off, b, b_off, gp, gp_off, gn, gn_off, y, y_off, write_y, eps, eps1, ys);
-  if (wid < nb0) STACK_SEG(S0, w0, N0, o0, wid)
-  else if (wid < nb0 + nb1) STACK_SEG(S1, w1, N1, o1, wid - nb0)
-  else STACK_SEG(S2, w2, N2, o2, wid - nb0 - nb1)
+  if (wid < nb0) STACK_SEG(S0, w0, N0, o0, bq, has_b & 1u, wid)
+  else if (wid < nb0 + nb1) STACK_SEG(S1, w1, N1, o1, bk, has_b & 2u, wid - nb0)
+  else STACK_SEG(S2, w2, N2, o2, bv, has_b & 4u, wid - nb0 - nb1)
 }
 #endif  // F_STACK
 #endif  // F_K

@@ -36,8 +36,8 @@ SIGNATURES = {
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
     "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in r, out o, u N, u col0, u write_y, u op, "
               "f eps, f eps1, f ys",
-    "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, out o0, out o1, out o2, u N0, u N1, u N2, "
-               "u nb0, u nb1, u write_y, f eps, f eps1, f ys",
+    "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, out o0, out o1, out o2, in bq, in bk, in bv, "
+               "u N0, u N1, u N2, u nb0, u nb1, u write_y, u has_b, f eps, f eps1, f ys",
     "rope_kv": "in qp, in kp, in vp, ini pos, tab inv, in gq, in gk, ini krow, out q, out kc, out vc, u H, u Hkv, "
                "u D, u n_dims, u neox, u has_qn, u has_kn, f q_eps, f k_eps, f q_scale, u cache_rows",
 }
