@@ -68,9 +68,8 @@ def step_rows(programs) -> list[dict]:
     return rows
 
 
-def run(args) -> None:
-    import ctypes
-
+def prompted_session(args, n_ctx: int = 1024):
+    """cuda:0, and a Session on it over a random-weight file of args.model's shape, its prompt evaluated."""
     import vulkan_bench as vb
     from framework.model.model import Model
     from framework.plugins.cuda.device import devices
@@ -81,8 +80,16 @@ def run(args) -> None:
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     rng = np.random.default_rng(0)
     model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf", rng))
-    s = Session(model, [dev], n_ctx=1024, n_batch=args.prompt)
+    s = Session(model, [dev], n_ctx=n_ctx, n_batch=args.prompt)
     s.eval([int(t) for t in rng.integers(0, model.hp.n_vocab, size=args.prompt)])
+    return dev, s
+
+
+def run(args) -> None:
+    import ctypes
+
+    import vulkan_bench as vb
+    dev, s = prompted_session(args)
     tok = 1
     for _ in range(8):
         tok = int(np.argmax(s.eval([tok])))
@@ -271,23 +278,13 @@ def events(args) -> None:
     import cupy
 
     import vulkan_bench as vb
-    from framework.model.model import Model
-    from framework.plugins.cuda.device import devices
-    from framework.runtime.session import Session
     from framework.plugins.cuda import kernels
     for kv in args.set:                       # a sweep of the kernel shapes' constants (not a user setting)
         name, value = kv.split("=")
         if not hasattr(kernels, name):
             raise SystemExit(f"--set {kv}: framework.plugins.cuda.kernels has no constant {name}")
         setattr(kernels, name, int(value))
-    dev = devices()[0]
-    if not dev.available:
-        raise SystemExit(f"cuda:0 unavailable: {dev.unavailable_reason}")
-    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
-    rng = np.random.default_rng(0)
-    model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf", rng))
-    s = Session(model, [dev], n_ctx=args.ctx, n_batch=args.prompt)
-    s.eval([int(t) for t in rng.integers(0, model.hp.n_vocab, size=args.prompt)])
+    dev, s = prompted_session(args, args.ctx)
     tok = 1
     for _ in range(8):
         tok = int(np.argmax(s.eval([tok])))
