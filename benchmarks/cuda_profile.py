@@ -254,8 +254,8 @@ def host_split(dev, s, progs, tok: int, n: int) -> str:
     return f"host split, ms a step (wall {wall / n * 1e3:.3f}): {parts}"
 
 
-def keep_args(dev, s, prog, tok: int) -> None:
-    """One decode step launched kernel by kernel, keeping the arguments its launches took (for ablation)."""
+def keep_args(dev, prog, step) -> None:
+    """One step launched kernel by kernel, keeping the arguments its launches took (for ablation)."""
     graphs, dev.graphs = dev.graphs, False
     launch_all = prog._launch_all
 
@@ -264,7 +264,7 @@ def keep_args(dev, s, prog, tok: int) -> None:
         return launch_all(a, outs, slots)
     prog._launch_all = keep
     try:
-        s.eval([tok])
+        step()
     finally:
         del prog._launch_all
         dev.graphs = graphs
@@ -290,13 +290,23 @@ def events(args) -> None:
         tok = int(np.argmax(s.eval([tok])))
     dev.synchronize()
     sweep = f", {' '.join(args.set)}" if args.set else ""
-    print(f"{args.model}: {args.prompt} prompt tokens, n_ctx {args.ctx}{sweep}")
+    print(f"{args.model}: {args.prompt} prompt tokens, n_ctx {args.ctx}{sweep}"
+          + (f"; steps of {args.rows} rows with every row's logits (a verification step)" if args.rows > 1 else ""))
+    base, rows = s.n_past, list(range(100, 100 + args.rows))
+
+    def step():
+        if args.rows == 1:
+            return s.eval([tok])
+        s.rewind(base)
+        return s.eval(rows, all_logits=True, prompt=False)
+    for _ in range(3):
+        step()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        tok = int(np.argmax(s.eval([tok])))
+        tok = int(np.argmax(step()[-1] if args.rows > 1 else step()))
     wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
-    progs = vb._programs(s, 1)
-    line = f"{args.model}: wall {wall_ms:.3f} ms a decode step ({1e3 / wall_ms:.0f} tok/s), graphs={int(dev.graphs)}"
+    progs = vb._programs(s, args.rows)
+    line = f"{args.model}: wall {wall_ms:.3f} ms a step ({1e3 / wall_ms:.0f} steps/s), graphs={int(dev.graphs)}"
     graph_ms = None
     if len(progs) == 1 and progs[0].graph is not None:
         with dev.on_device():
@@ -308,6 +318,11 @@ def events(args) -> None:
         graph_ms = cupy.cuda.get_elapsed_time(a, b) / args.steps
         line += f"; the graph replayed alone {graph_ms:.3f} ms ({graph_ms / wall_ms:.0%} of the wall)"
     print(line)
+    if args.rows > 1:              # the ablation alone
+        for prog in progs:
+            keep_args(dev, prog, step)
+            ablation(dev, prog)
+        return
     print(host_split(dev, s, progs, tok, args.steps))
     pr = cProfile.Profile()
     pr.enable()
@@ -320,7 +335,7 @@ def events(args) -> None:
     print("\n".join(ln for ln in buf.getvalue().splitlines()[6:] if ln.strip())[:4000])
     copy = copy_rate()
     for prog in progs:
-        keep_args(dev, s, prog, tok)
+        keep_args(dev, prog, step)
         ablation(dev, prog)
         if args.ablation_only:
             continue
@@ -440,6 +455,7 @@ def main() -> None:
     e.add_argument("--work", default="/tmp")
     e.add_argument("--ablation-only", action="store_true")
     e.add_argument("--ctx", type=int, default=1024)
+    e.add_argument("--rows", type=int, default=1, help="steps of this many rows with every row's logits")
     e.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a constant of framework.plugins.cuda.kernels, for a sweep of the kernels' shapes")
     v = sub.add_parser("verify")

@@ -210,6 +210,7 @@ def test_matvec_and_tile_shapes():
     assert sh["MV_TPR"] == 16 and sh["MV_WG"] == 64 and sh["MV_R"] == 1 and sh["MV_XL"] == 1
     big = kernels.matvec_shape(gpr=128, m=1, rows=151936)
     assert big["MV_TPR"] == 32 and big["MV_WG"] == 256 and big["MV_R"] == 4
+    assert kernels.matvec_rows(gpr=18, m=8) == 8 and kernels.matvec_rows(gpr=48, m=8) == 4   # x in shared memory
     long = kernels.matvec_shape(gpr=280, m=1, rows=1536)    # the 1.5B's down product: teams of 4 warps
     assert long["MV_TPR"] == 128 and long["MV_WG"] % long["MV_TPR"] == 0
     assert kernels.matmul_shape(512, 4096)["MM_BM"] == 64 and kernels.matmul_shape(8, 64)["MM_BM"] == 32

@@ -25,7 +25,7 @@ MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix
 MATVEC_MIN_BLOCKS = 264  # blocks a matrix-vector product should make at least (2 an SM on an H100 or H200)
 MATVEC_WIDE_FROM = 128   # groups a row beyond which a team spans several warps (the 1.5B's K = 8960: 280)
 ROWVEC2_MAX_R = 2        # rows a team of a fused product of two weights (gate and up) at most
-MATVEC_XL_BYTES = 36 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
+MATVEC_XL_BYTES = 44 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
 SPLIT_ATTN_KEYS = 32     # the fewest keys a part of decode attention's keys (8 a warp)
 DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(ARGS_(\w+)\)')
 
@@ -71,10 +71,23 @@ def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4) -> dict[str, int]:
         r //= 2
     while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_BLOCKS:
         wg //= 2
-    xg = max(32, 1 << (gpr - 1).bit_length())
-    xl = int(mm * xg * 144 <= MATVEC_XL_BYTES)
+    xl = int(staged(gpr, mm))
     return {"MV_V": 1, "MV_WG": wg, "MV_TPR": tpr, "MV_R": r, "MV_MM": mm, "MV_X8": 0, "MV_XL": xl,
-            "MV_XG": xg if xl else 0, "PTX_SHFL": 1}
+            "MV_XG": gpr if xl else 0, "PTX_SHFL": 1}
+
+
+def staged(gpr: int, m: int) -> bool:
+    """Whether m rows of x (gpr groups each, padded to 36 floats a group) fit the matrix-vector kernel's
+    shared memory."""
+    return m * gpr * 144 <= MATVEC_XL_BYTES
+
+
+def matvec_rows(gpr: int, m: int) -> int:
+    """Rows of x a matrix-vector launch takes: all m, or where they do not fit in shared memory together
+    the most that do (x read from global memory by every team costs far more than reading the weight again:
+    the 1.5B's 8-row head took 24x a one-row step that way)."""
+    step = next((s for s in (8, 4, 2, 1) if s <= m and staged(gpr, s)), m)
+    return m if staged(gpr, m) else step
 
 
 def matmul_shape(m: int, n: int) -> dict[str, int]:

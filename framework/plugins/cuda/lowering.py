@@ -12,7 +12,7 @@ group's nodes make none here."""
 
 from __future__ import annotations
 
-from ...backend import ChunkArg, KernelTable, contiguous_strides, is_weight, pad4, weight_words
+from ...backend import ChunkArg, KernelTable, Ref, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import reference
 from . import fused, kernels
 from .attention import attention
@@ -147,6 +147,11 @@ def op_mul_mat(lw, n):
     return None
 
 
+def _rows_of(ref, m0: int, width: int):
+    """The rows from m0 on of a contiguous (rows, width) value or argument."""
+    return ref if m0 == 0 else Ref(ref.kind, ref.idx, ref.off + m0 * width, ref.shape)
+
+
 def bias_add(lw, n):
     """The ADD that is n's only reader and adds a bias to it (a row of n's width repeated over its rows, as
     Qwen2's Q, K and V products have): the kernel adds it as it stores, one launch fewer a product."""
@@ -167,15 +172,20 @@ def _quant_mul_mat(lw, n, add, bias: bool = False):
     qt = a.dtype.name
     nrows, k = a.shape
     m, gpr, arg = n.nelements // nrows, k // weight_words.GROUP, lw.arg_of(a)
+    r = lw.ref(add.src[1]) if add is not None else None
     for ci, (row0, rows) in enumerate(lw.chunks(a)):
         common = {"a": ChunkArg(arg, ci), "x": x, "o": o, "N": rows, "K": k, "M": m, "gpr": gpr, "ld": nrows,
-                  "col0": row0, "r": lw.ref(add.src[1]) if add is not None else None, "has_r": int(add is not None),
-                  "r_ld": 0 if bias else nrows}
+                  "col0": row0, "r": r, "has_r": int(add is not None), "r_ld": 0 if bias else nrows}
         if m <= kernels.MATVEC_MAX_ROWS:
-            sh = kernels.matvec_shape(gpr, m, rows)
-            blocks = _ceil(rows, sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"])
-            launch(lw, f"MUL_MAT[matvec]{plus} {n.name}", "matvec_q", {**kernels.quant_options(qt), **sh},
-                   blocks * sh["MV_WG"], sh["MV_WG"], **common)
+            step = kernels.matvec_rows(gpr, m)
+            for m0 in range(0, m, step):        # rows of x in launches whose x fits in shared memory
+                mm = min(step, m - m0)
+                sh = kernels.matvec_shape(gpr, mm, rows)
+                blocks = _ceil(rows, sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"])
+                part = {"x": _rows_of(x, m0, k), "o": _rows_of(o, m0, nrows), "M": mm,
+                        "r": _rows_of(r, m0, nrows) if r is not None and not bias else r}
+                launch(lw, f"MUL_MAT[matvec]{plus} {n.name}", "matvec_q", {**kernels.quant_options(qt), **sh},
+                       blocks * sh["MV_WG"], sh["MV_WG"], **{**common, **part})
         else:
             sh = kernels.matmul_shape(m, rows)
             nt = (sh["MM_BM"] // sh["MM_TM"]) * (sh["MM_BN"] // sh["MM_TN"])
