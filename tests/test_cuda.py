@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from framework.backend import Lowering
+from framework.backend import Lowering, c_kernels
 from framework.conformance.cases import all_cases, nmse
 from framework.contract import ops
 from framework.core.scheduler import Executor, make_plan
@@ -83,7 +83,7 @@ def test_cupy_compiles_into_the_projects_cache(monkeypatch, tmp_path):
 def test_the_table_covers_the_claimed_ops_and_they_are_the_op_tables():
     assert coverage.COVERED <= set(ops.OPS)
     assert set(TABLE.ops) == coverage.COVERED - set(ops.VIEW_OPS)
-    for (op, param), codes in coverage.CHOICES.items():      # every value given a code is one the op table has
+    for (op, param), codes in c_kernels.CHOICES.items():     # every value given a code is one the op table has
         choices = next(p for p in ops.spec(op).params if p.name == param).choices
         assert set(codes) <= {c[0] if isinstance(c, tuple) else c for c in choices}, (op, param)
     assert coverage.WEIGHT_TYPES >= {"F32", "F16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"}

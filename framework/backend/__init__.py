@@ -8,6 +8,7 @@ program's encoding, and a kernel table; docs/plugin-guide.md ("A GPU plugin") wa
 from ..core import weight_words
 from ..core.device_buffers import BufferPools, Chunk, DeviceTensor, DeviceWeight, Lease, contiguous_strides
 from ..core.graph import fusion
+from . import c_kernels
 from .device import BackendDevice, plain_operand_refusal
 from .lowering import KernelTable, Lowering, is_weight
 from .memory import Memory
@@ -17,6 +18,7 @@ from .signatures import Signatures
 from .steps import ChunkArg, Ref, RopeArg, Step, pad4
 
 __all__ = ["Arguments", "BackendDevice", "BufferPools", "Chunk", "ChunkArg", "DeviceTensor", "DeviceWeight",
+           "c_kernels",
            "KernelTable", "Lease", "Lowering", "Memory", "Program", "Ref", "RopeArg", "RopeRows", "Signatures",
            "StagedTensor", "Step", "contiguous_strides", "fusion", "is_weight", "pad4", "plain_operand_refusal",
            "rope_table", "weight_words"]

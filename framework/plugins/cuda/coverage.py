@@ -9,20 +9,13 @@ computed as another."""
 
 from __future__ import annotations
 
-from ...backend import is_weight, weight_words
+from ...backend import c_kernels, is_weight, weight_words
 from ...contract import Tensor, Verdict, ops, settings
 from . import options
 
 COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
                     "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "CONT", *ops.VIEW_OPS)
-# the kernels' codes (kernels.cu reads OP_<NAME>)
-BINARY_CODE = {"ADD": 0, "MUL": 1}
-UNARY_CODE = {"scale": 0, "gelu": 1, "silu": 2, "tanh": 3, "sigmoid": 4, "softplus": 5}
-GLU_ACTIVATION = {"geglu": "gelu", "swiglu": "silu"}      # GLU's activation, one of unary's functions
-ROPE_NEOX = {"normal": 0, "neox": 1}
-CHOICES = {("UNARY", "op"): {k: v for k, v in UNARY_CODE.items() if k != "scale"}, ("GLU", "op"): GLU_ACTIVATION,
-           ("ROPE", "mode"): ROPE_NEOX}
-OP_CODES = {**{k.lower(): v for k, v in BINARY_CODE.items()}, **UNARY_CODE}
+# (the kernels' op codes, which kernels.cu reads as OP_<NAME>, are the skeleton's: backend/c_kernels.py)
 WEIGHT_TYPES = weight_words.SUPPORTED   # kept quantized in device memory (kernels.cu's grp_<type>)
 MAX_ELEMENTS = 1 << 32                  # kernels index elements with 32-bit integers
 MAX_HEAD = 256                          # head sizes the attention kernel holds (its shared memory and registers)
@@ -39,9 +32,9 @@ def verdict(dev, n: Tensor) -> Verdict:
     has applied supported_ops, refused_ops and Limits.dtypes."""
     op = n.op
     for p in ops.spec(op).params:
-        if p.choices and n.params.get(p.name) not in CHOICES.get((op, p.name), ()):
+        if p.choices and n.params.get(p.name) not in c_kernels.CHOICES.get((op, p.name), ()):
             return Verdict.no("unsupported_op", f"{op} with {p.name}={n.params.get(p.name)!r}: the CUDA kernels "
-                              f"take {', '.join(CHOICES.get((op, p.name), ())) or 'no value of it'}")
+                              f"take {', '.join(c_kernels.CHOICES.get((op, p.name), ())) or 'no value of it'}")
     for t in (n, *n.src):
         if t.nelements >= MAX_ELEMENTS:
             return Verdict.no("unsupported_shape", f"{t.describe()} has {t.nelements} elements; {dev.name} kernels "

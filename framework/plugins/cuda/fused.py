@@ -12,13 +12,12 @@ projection's prologue) is not taken: rowvec has no such prologue."""
 
 from __future__ import annotations
 
-from ...backend import ChunkArg, fusion, weight_words
-from ...contract import reference
-from ...contract import settings
+from ...backend import ChunkArg, c_kernels, fusion, weight_words
+from ...contract import reference, settings
 from . import kernels
-from .coverage import GLU_ACTIVATION, MAX_HEAD, ROPE_NEOX, UNARY_CODE
-from .launches import launch
 from .attention import attention
+from .coverage import MAX_HEAD
+from .launches import launch
 from .options import UNFUSE_ENV
 
 NOT_TAKEN = frozenset({"combine"})
@@ -80,7 +79,7 @@ def lower_group(lw, g) -> None:
     qt, k = ws[0].dtype.name, ws[0].shape[1]
     args = prologue_args(lw, src)
     out, wargs = lw.new_val(g.out), [lw.arg_of(w) for w in ws]
-    op = UNARY_CODE[GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
+    op = c_kernels.UNARY_CODE[c_kernels.GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
     label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "MUL_MAT" + "x2" * (len(ws) > 1),
                                    {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
     for ci, (row0, rows) in enumerate(lw.chunks(ws[0])):
@@ -125,7 +124,8 @@ def lower_attention(lw, g: fusion.AttnGroup) -> None:
            qp=made[0], kp=made[1], vp=made[2], pos=lw.ref(g.rope.src[1]),
            inv=reference.rope_inv_freq(n_dims, float(rp["freq_base"]), float(rp["freq_scale"])),
            gq=lw.ref(qn[0]) if qn else None, gk=lw.ref(kn[0]) if kn else None, krow=lw.ref(g.k_set.src[2]),
-           q=q, kc=kc, vc=vc, H=h, Hkv=hkv, D=d, n_dims=n_dims, neox=ROPE_NEOX[rp["mode"]], has_qn=int(qn is not None),
+           q=q, kc=kc, vc=vc, H=h, Hkv=hkv, D=d, n_dims=n_dims, neox=c_kernels.ROPE_NEOX[rp["mode"]],
+           has_qn=int(qn is not None),
            has_kn=int(kn is not None), q_eps=qn[1] if qn else 0.0, k_eps=kn[1] if kn else 0.0, q_scale=g.q_scale,
            cache_rows=g.k_set.src[0].shape[0])
     mask = lw.ref(fa.src[3]) if len(fa.src) > 3 else None

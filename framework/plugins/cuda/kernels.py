@@ -13,8 +13,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from ...backend import weight_words
-from .coverage import MAX_HEAD, OP_CODES
+from ...backend import c_kernels, weight_words
+from .coverage import MAX_HEAD
 from .signatures import c_header
 
 SOURCE = Path(__file__).with_name("kernels.cu")
@@ -32,7 +32,7 @@ DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?
 
 @lru_cache(maxsize=1)
 def source() -> str:
-    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in OP_CODES.items())
+    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in c_kernels.OP_CODES.items())
     return c_header() + codes + SOURCE.read_text()
 
 

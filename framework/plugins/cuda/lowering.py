@@ -12,11 +12,10 @@ group's nodes make none here."""
 
 from __future__ import annotations
 
-from ...backend import ChunkArg, KernelTable, Ref, contiguous_strides, is_weight, pad4, weight_words
+from ...backend import ChunkArg, KernelTable, Ref, c_kernels, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import reference
 from . import fused, kernels
 from .attention import attention
-from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
 from .launches import each, launch
 
 
@@ -38,26 +37,6 @@ def op_rms_norm(lw, n):
            ncols=ncols, eps=float(n.params["eps"]), has_gain=int(gain is not None), glen=ncols,
            has_r=int(add is not None))
     return [t for t in (mul if gain is not None else None, add) if t is not None]
-
-
-def op_binary(lw, n):
-    each(lw, n, "binary", n.nelements, a=lw.ref(n.src[0]), b=lw.ref(n.src[1]), o=lw.new_val(n),
-         n=n.nelements, ashape=pad4(n.src[0].shape), bshape=pad4(n.src[1].shape), op=BINARY_CODE[n.op])
-
-
-def op_scale(lw, n):
-    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
-         op=UNARY_CODE["scale"], s=float(n.params["scale"]))
-
-
-def op_unary(lw, n):
-    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
-         op=UNARY_CODE[n.params["op"]], s=1.0)
-
-
-def op_glu(lw, n):
-    each(lw, n, "glu", n.nelements, g=lw.ref(n.src[0]), v=lw.ref(n.src[1]), o=lw.new_val(n),
-         n=n.nelements, op=UNARY_CODE[GLU_ACTIVATION[n.params["op"]]])
 
 
 def op_soft_max(lw, n):
@@ -88,7 +67,7 @@ def op_rope(lw, n):
            t * h * (d // 2), kernels.EWG, a=lw.ref(n.src[0]), pos=lw.ref(n.src[1]),
            inv=reference.rope_inv_freq(n_dims, float(p["freq_base"]), float(p["freq_scale"])), ff=factors,
            o=lw.new_val(scale if scale is not None else n), T=t, H=h, D=d, n_dims=n_dims,
-           neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
+           neox=c_kernels.ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
            s=float(scale.params["scale"]) if scale is not None else 1.0)
     return [scale] if scale is not None else None
 
@@ -195,7 +174,7 @@ def _quant_mul_mat(lw, n, add, bias: bool = False):
     return [add] if add is not None else None
 
 
-TABLE = KernelTable({"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_scale,
-                     "UNARY": op_unary, "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext,
+TABLE = KernelTable({**c_kernels.elementwise(each), "RMS_NORM": op_rms_norm, "SOFT_MAX": op_soft_max,
+                     "FLASH_ATTN_EXT": op_flash_attn_ext,
                      "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows,
                      "MUL_MAT": op_mul_mat}, fused.lower_group, fused.plan)

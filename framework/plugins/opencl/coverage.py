@@ -14,7 +14,7 @@ function added to the table later) is refused, never computed as another.
 
 from __future__ import annotations
 
-from ...backend import is_weight
+from ...backend import c_kernels, is_weight
 from ...contract import Tensor, Verdict, ops, settings
 from . import options
 from .options import DISABLE_OPS_ENV
@@ -24,15 +24,7 @@ VIEW_OPS = ops.VIEW_OPS
 # the ops the kernels implement (names checked against the op table)
 COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
                     "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "CONT", *VIEW_OPS)
-# the kernels' codes (kernels.cl reads OP_<NAME>): binary's ops, unary's (SCALE and the functions)
-BINARY_CODE = {"ADD": 0, "MUL": 1}
-UNARY_CODE = {"scale": 0, "gelu": 1, "silu": 2, "tanh": 3, "sigmoid": 4, "softplus": 5}
-GLU_ACTIVATION = {"geglu": "gelu", "swiglu": "silu"}      # GLU's activation, one of unary's functions
-ROPE_NEOX = {"normal": 0, "neox": 1}
-# (op, choice parameter) -> the values the kernels have codes for
-CHOICES = {("UNARY", "op"): {k: v for k, v in UNARY_CODE.items() if k != "scale"}, ("GLU", "op"): GLU_ACTIVATION,
-           ("ROPE", "mode"): ROPE_NEOX}
-OP_CODES = {**{k.lower(): v for k, v in BINARY_CODE.items()}, **UNARY_CODE}
+# (the kernels' op codes, which kernels.cl reads as OP_<NAME>, are the skeleton's: backend/c_kernels.py)
 MAX_ELEMENTS = 1 << 32              # kernels index elements with 32-bit integers
 MAX_HEAD = 256                      # head sizes the attention kernel holds (its local memory and registers)
 
@@ -48,9 +40,9 @@ def verdict(dev, n: Tensor) -> Verdict:
     framework has applied supported_ops, refused_ops and Limits.dtypes."""
     op = n.op
     for p in ops.spec(op).params:
-        if p.choices and n.params.get(p.name) not in CHOICES.get((op, p.name), ()):
+        if p.choices and n.params.get(p.name) not in c_kernels.CHOICES.get((op, p.name), ()):
             return Verdict.no("unsupported_op", f"{op} with {p.name}={n.params.get(p.name)!r}: the OpenCL kernels "
-                              f"take {', '.join(CHOICES.get((op, p.name), ())) or 'no value of it'}")
+                              f"take {', '.join(c_kernels.CHOICES.get((op, p.name), ())) or 'no value of it'}")
     for check in (_elements, _op_specific):      # (a refusal is falsy: no `or` chain)
         refusal = check(dev, n)
         if refusal is not None:

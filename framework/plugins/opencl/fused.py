@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import ChunkArg, fusion
+from ...backend import ChunkArg, c_kernels, fusion
 from ...contract import reference, settings
 from . import kernels, layout
-from .coverage import GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
 from .launches import launch
 from .options import UNFUSE_ENV
 
@@ -127,7 +126,7 @@ def rowvec(lw, g: fusion.ProductGroup) -> None:
     wargs = [lw.arg_of(w) for w in ws]
     label = "+".join(filter(None, [{"norm": "NORM"}.get(p.src), "MUL_MAT" + "x2" * (len(ws) > 1),
                                    {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
-    op = UNARY_CODE[GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
+    op = c_kernels.UNARY_CODE[c_kernels.GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
     epi = {"": 0, "add": 1, "glu": 2}[g.epilogue]
     for ci, (row0, rows) in enumerate(lw.dev.chunk_plan(ws[0].dtype.name, ws[0].shape)):
         sh = product_shape(lw.dev, g, rows)
@@ -233,7 +232,7 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     mask = len(fa.src) > 3
     itself = "combine" not in lw.fusions_off     # its last work-group a head combines the partials
     build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=g.wq.shape[1], F_WG=ATTN_WG, F_D=d, F_ND=n_dims,
-                 F_NEOX=ROPE_NEOX[rp["mode"]], F_QN=int(g.q_norm is not None), F_KN=int(g.k_norm is not None),
+                 F_NEOX=c_kernels.ROPE_NEOX[rp["mode"]], F_QN=int(g.q_norm is not None), F_KN=int(g.k_norm is not None),
                  F_OWN=int(own), F_SELF=int(itself), **opts)
     if itself and kernels.ptx(lw.dev).get("fence"):
         build |= {"PTX_FENCE": 1, **kernels.ptx_options(lw.dev)}

@@ -13,9 +13,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from ...backend import c_kernels
 from ...contract import caches, settings
 from . import layout
-from .coverage import MAX_HEAD, OP_CODES
+from .coverage import MAX_HEAD
 from .options import MATMUL_ENV, MATVEC_ENV, cache_dir
 from .signatures import c_header
 
@@ -32,7 +33,7 @@ SPLIT_ATTN_BELOW = 64    # query rows x heads under which attention splits its k
 
 @lru_cache(maxsize=1)
 def source() -> str:
-    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in OP_CODES.items())
+    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in c_kernels.OP_CODES.items())
     return c_header() + codes + SOURCE.read_text()
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import ChunkArg, Ref, contiguous_strides, is_weight, pad4
+from ...backend import ChunkArg, Ref, c_kernels, contiguous_strides, is_weight, pad4
 from ...contract import Tensor, reference
 from . import kernels, layout
-from .coverage import BINARY_CODE, GLU_ACTIVATION, ROPE_NEOX, UNARY_CODE
 from .launches import each, ewg, float_options, launch
 
 
@@ -45,26 +44,6 @@ def op_rms_norm(lw, n):
         return [t for t in (mul, add) if t is not None]
     _rms_norm(lw, n, n, None)
     return None
-
-
-def op_binary(lw, n):
-    each(lw, n, "binary", n.nelements, a=lw.ref(n.src[0]), b=lw.ref(n.src[1]), o=lw.new_val(n),
-         n=n.nelements, ashape=pad4(n.src[0].shape), bshape=pad4(n.src[1].shape), op=BINARY_CODE[n.op])
-
-
-def op_scale(lw, n):
-    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
-         op=UNARY_CODE["scale"], s=float(n.params["scale"]))
-
-
-def op_unary(lw, n):
-    each(lw, n, "unary", n.nelements, a=lw.ref(n.src[0]), o=lw.new_val(n), n=n.nelements,
-         op=UNARY_CODE[n.params["op"]], s=1.0)
-
-
-def op_glu(lw, n):
-    each(lw, n, "glu", n.nelements, g=lw.ref(n.src[0]), v=lw.ref(n.src[1]), o=lw.new_val(n),
-         n=n.nelements, op=UNARY_CODE[GLU_ACTIVATION[n.params["op"]]])
 
 
 def op_soft_max(lw, n):
@@ -117,7 +96,7 @@ def op_rope(lw, n):
            t * h * (d // 2), ewg(lw.dev), a=lw.ref(n.src[0]), pos=lw.ref(n.src[1]),
            inv=inv if lw.dev.fp64 else inv.astype(np.float32), ff=factors,
            o=lw.new_val(scale if scale is not None else n), T=t, H=h, D=d, n_dims=n_dims,
-           neox=ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
+           neox=c_kernels.ROPE_NEOX[p["mode"]], has_ff=int(factors is not None),
            s=float(scale.params["scale"]) if scale is not None else 1.0)
     return [scale] if scale is not None else None
 
@@ -157,7 +136,7 @@ def op_get_rows(lw, n):
                    gpr=w // layout.GROUP)
 
 
-LOWER = {"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_scale, "UNARY": op_unary,
-         "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope,
-         "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows}
+LOWER = {**c_kernels.elementwise(each), "RMS_NORM": op_rms_norm, "SOFT_MAX": op_soft_max,
+         "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont,
+         "GET_ROWS": op_get_rows}
 __all__ = ["LOWER", "Ref"]
