@@ -474,6 +474,66 @@ class Adaptive:
 
 
 @dataclass
+class DraftLength:
+    """How many tokens to draft this round: the n of 1 to n_max with the most tokens expected per second of a
+    round. A round drafting n yields 1 + a + a^2 + ... + a^n tokens, a being the chance that a draft is
+    accepted after the previous one was (from the latest ``window`` drafting rounds: the drafts accepted, and
+    the rounds that refused one), and costs n draft tokens and a target step of n + 1 rows, each as measured in
+    this run (moving averages; a row count not yet measured is interpolated from those that were). Long
+    drafts pay where verification rows are cheap and drafts are accepted; one refused early wastes the rows
+    after it, which a short draft does not pay for. Until two row counts are measured it drafts n_max."""
+
+    n_max: int
+    window: int = 8
+    SMOOTH = 0.25                   # the weight of the latest measurement in the moving averages
+    step: dict = field(default_factory=dict)       # rows -> seconds of a round's target step with that many rows
+    draft_token: float = 0.0        # seconds a drafted token costs the draft
+    recent: list = field(default_factory=list)     # (accepted, refused) of the latest drafting rounds
+
+    def choose(self) -> int:
+        if len(self.step) < 2:
+            return self.n_max
+        a = self.acceptance()
+        return max(range(1, self.n_max + 1), key=lambda n: self.expected(n, a) / self.cost(n))
+
+    def acceptance(self) -> float:
+        """The chance that a draft is accepted after an accepted one: accepted / (accepted + refused), with one
+        of each counted in advance so that a few rounds do not decide it."""
+        accepted = sum(a for a, _ in self.recent)
+        return (accepted + 1) / (accepted + sum(r for _, r in self.recent) + 2)
+
+    @staticmethod
+    def expected(n: int, a: float) -> float:
+        return sum(a ** i for i in range(n + 1))
+
+    def cost(self, n: int) -> float:
+        return n * self.draft_token + self.rows_cost(n + 1)
+
+    def rows_cost(self, rows: int) -> float:
+        """Seconds of a target step of that many rows: measured, or on the line through the nearest measured
+        row counts (extended past the last two at their slope, never falling)."""
+        if rows in self.step:
+            return self.step[rows]
+        known = sorted(self.step)
+        below = [k for k in known if k < rows]
+        above = [k for k in known if k > rows]
+        lo, hi = (below[-1], above[0]) if below and above else (known[-2], known[-1]) if below else known[:2]
+        slope = max(0.0, (self.step[hi] - self.step[lo]) / (hi - lo))
+        return max(1e-9, self.step[lo] + slope * (rows - lo))
+
+    def average(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.SMOOTH * (new - old)
+
+    def record(self, drafted: int, accepted: int, draft_seconds: float, rows_seconds: float) -> None:
+        """After a round: its drafts, those accepted, the seconds drafting took and the seconds of the rest (the
+        target's step of 1 + drafted rows and the acceptance)."""
+        self.step[drafted + 1] = self.average(self.step.get(drafted + 1), rows_seconds)
+        if drafted:
+            self.draft_token = self.average(self.draft_token or None, draft_seconds / drafted)
+            self.recent = self.recent[-(self.window - 1):] + [(accepted, int(accepted < drafted))]
+
+
+@dataclass
 class SpecStats:
     rounds: int = 0                 # target steps of the speculative loop
     drafted: int = 0
@@ -543,6 +603,7 @@ class SpeculativeDecoder:
             raise SpeculationError(f"--draft-p-min must be at least 0 and below 1, got {p_min}")
         self.target, self.draft, self.n_draft, self.baseline = target, draft, n_draft, baseline
         self.p_min, self.adaptive, self.inexact = p_min, Adaptive(), inexact
+        self.length = DraftLength(n_draft)
         self.inexact_devices: list[str] = []      # what inexact let through: "device (why)"
         if draft.session is not None:
             target.partners, draft.session.partners = [draft.session], [target]
@@ -624,7 +685,8 @@ class SpeculativeDecoder:
         t, st = self.target, self.stats
         clock = caches.Stopwatch()
         allowed = n > 0 and self.adaptive.allows()
-        drafts, dists = self.draft.propose(history, token, n, pick) if allowed else ([], [])
+        drafts, dists = self.draft.propose(history, token, min(n, self.length.choose()), pick) if allowed \
+            else ([], [])
         st.paused += n > 0 and not allowed
         drafting = clock.seconds
         base = t.n_past
@@ -636,7 +698,10 @@ class SpeculativeDecoder:
         t.rewind(base + 1 + n_ok)
         history += [token] + drafts[:n_ok]
         self.draft.accepted(n_ok)
-        self.adaptive.update(len(drafts), n_ok)
+        # a draft model that proposed nothing (p_min at its first token) still ran a step: a round that cost and
+        # did not pay, which counts against drafting as a refused draft does (prompt lookup without a match is free)
+        self.adaptive.update(max(len(drafts), int(allowed and self.draft.session is not None)), n_ok)
+        self.length.record(len(drafts), n_ok, drafting, clock.seconds - drafting)
         st.rounds += 1
         st.drafted += len(drafts)
         st.accepted += n_ok
