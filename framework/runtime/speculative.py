@@ -476,35 +476,41 @@ class Adaptive:
 @dataclass
 class DraftLength:
     """How many tokens to draft this round: the n of 1 to n_max with the most tokens expected per second of a
-    round. A round drafting n yields 1 + a + a^2 + ... + a^n tokens, a being the chance that a draft is
-    accepted after the previous one was (from the latest ``window`` drafting rounds: the drafts accepted, and
-    the rounds that refused one), and costs n draft tokens and a target step of n + 1 rows, each as measured in
-    this run (moving averages; a row count not yet measured is interpolated from those that were). Long
-    drafts pay where verification rows are cheap and drafts are accepted; one refused early wastes the rows
-    after it, which a short draft does not pay for. Until two row counts are measured it drafts n_max."""
+    round. A round drafting n yields 1 + h1 + h1*h2 + ... + h1*...*hn tokens, hj being the chance that the j-th
+    draft is accepted once the j - 1 before it were (from the latest ``window`` drafting rounds: of the rounds
+    that drafted a j-th token after j - 1 accepted, those that accepted it, one of each counted in advance). It
+    costs n draft tokens and a target step of n + 1 rows, each as measured in this run (moving averages; a row
+    count not yet measured is interpolated from those that were). Long drafts pay where verification rows are
+    cheap and drafts are accepted; one refused early wastes the rows after it, which a short draft does not
+    pay for. Chances by position, not one chance for every draft: prompt lookup's drafts are often all right
+    (a copied span) or wrong from the first. Until two row counts are measured it drafts n_max."""
 
     n_max: int
     window: int = 8
     SMOOTH = 0.25                   # the weight of the latest measurement in the moving averages
     step: dict = field(default_factory=dict)       # rows -> seconds of a round's target step with that many rows
     draft_token: float = 0.0        # seconds a drafted token costs the draft
-    recent: list = field(default_factory=list)     # (accepted, refused) of the latest drafting rounds
+    recent: list = field(default_factory=list)     # (drafted, accepted) of the latest drafting rounds
 
     def choose(self) -> int:
         if len(self.step) < 2:
             return self.n_max
-        a = self.acceptance()
-        return max(range(1, self.n_max + 1), key=lambda n: self.expected(n, a) / self.cost(n))
+        expected = self.expected()
+        return max(range(1, self.n_max + 1), key=lambda n: expected[n] / self.cost(n))
 
-    def acceptance(self) -> float:
-        """The chance that a draft is accepted after an accepted one: accepted / (accepted + refused), with one
-        of each counted in advance so that a few rounds do not decide it."""
-        accepted = sum(a for a, _ in self.recent)
-        return (accepted + 1) / (accepted + sum(r for _, r in self.recent) + 2)
+    def chance(self, j: int) -> float:
+        """The chance that the j-th draft is accepted, the j - 1 before it having been."""
+        checked = sum(1 for d, a in self.recent if d >= j and a >= j - 1)
+        taken = sum(1 for _, a in self.recent if a >= j)
+        return (taken + 1) / (checked + 2)
 
-    @staticmethod
-    def expected(n: int, a: float) -> float:
-        return sum(a ** i for i in range(n + 1))
+    def expected(self) -> list[float]:
+        """Tokens a round drafting n yields, for n of 0 to n_max."""
+        out, p = [1.0], 1.0
+        for j in range(1, self.n_max + 1):
+            p *= self.chance(j)
+            out.append(out[-1] + p)
+        return out
 
     def cost(self, n: int) -> float:
         return n * self.draft_token + self.rows_cost(n + 1)
@@ -530,7 +536,7 @@ class DraftLength:
         self.step[drafted + 1] = self.average(self.step.get(drafted + 1), rows_seconds)
         if drafted:
             self.draft_token = self.average(self.draft_token or None, draft_seconds / drafted)
-            self.recent = self.recent[-(self.window - 1):] + [(accepted, int(accepted < drafted))]
+            self.recent = self.recent[-(self.window - 1):] + [(drafted, accepted)]
 
 
 @dataclass
