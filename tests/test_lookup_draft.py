@@ -121,6 +121,14 @@ def test_the_draft_length_follows_acceptance_and_costs():
     assert slow.choose() < length.choose()
 
 
+def test_a_draft_position_seldom_checked_takes_the_chance_of_the_one_before():
+    length = DraftLength(6)
+    rounds(length, 0, 0, 1)
+    rounds(length, 1, 1, 8)                     # a draft model stopped by p_min after one token, each accepted
+    assert length.chances()[5] == pytest.approx(length.chances()[0]) and length.chances()[0] > 0.8
+    assert length.choose() == 6                 # not kept at one by a guess about positions it never reached
+
+
 def test_the_draft_length_interpolates_row_counts_not_measured():
     length = DraftLength(8)
     length.record(0, 0, 0.0, 1.0)

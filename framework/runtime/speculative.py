@@ -477,8 +477,7 @@ class Adaptive:
 class DraftLength:
     """How many tokens to draft this round: the n of 1 to n_max with the most tokens expected per second of a
     round. A round drafting n yields 1 + h1 + h1*h2 + ... + h1*...*hn tokens, hj being the chance that the j-th
-    draft is accepted once the j - 1 before it were (from the latest ``window`` drafting rounds: of the rounds
-    that drafted a j-th token after j - 1 accepted, those that accepted it, one of each counted in advance). It
+    draft is accepted once the j - 1 before it were (from the latest ``window`` drafting rounds: ``chances``). It
     costs n draft tokens and a target step of n + 1 rows, each as measured in this run (moving averages; a row
     count not yet measured is interpolated from those that were). Long drafts pay where verification rows are
     cheap and drafts are accepted; one refused early wastes the rows after it, which a short draft does not
@@ -498,17 +497,25 @@ class DraftLength:
         expected = self.expected()
         return max(range(1, self.n_max + 1), key=lambda n: expected[n] / self.cost(n))
 
-    def chance(self, j: int) -> float:
-        """The chance that the j-th draft is accepted, the j - 1 before it having been."""
-        checked = sum(1 for d, a in self.recent if d >= j and a >= j - 1)
-        taken = sum(1 for _, a in self.recent if a >= j)
-        return (taken + 1) / (checked + 2)
+    def chances(self) -> list[float]:
+        """For j of 1 to n_max, the chance that the j-th draft is accepted once the j - 1 before it were: of the
+        recent rounds that checked a j-th draft, the share that accepted it, two rounds at the chance of the
+        position before counted in advance (at one half for the first). A position seldom checked (a draft model
+        stopped by p_min before it, or rounds drafting fewer) so takes the chance of the one before it, not a
+        guess that would keep the drafts too short ever to check it."""
+        out, prior = [], 0.5
+        for j in range(1, self.n_max + 1):
+            checked = sum(1 for d, a in self.recent if d >= j and a >= j - 1)
+            taken = sum(1 for _, a in self.recent if a >= j)
+            prior = (taken + 2 * prior) / (checked + 2)
+            out.append(prior)
+        return out
 
     def expected(self) -> list[float]:
         """Tokens a round drafting n yields, for n of 0 to n_max."""
         out, p = [1.0], 1.0
-        for j in range(1, self.n_max + 1):
-            p *= self.chance(j)
+        for h in self.chances():
+            p *= h
             out.append(out[-1] + p)
         return out
 
