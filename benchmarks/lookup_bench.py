@@ -75,7 +75,8 @@ def with_draft(model, devs, ids, n, spec: str, drafter: Model | None, n_draft: i
     st = d.stats
     info = {"drafted": st.drafted, "accepted": st.accepted, "paused": st.paused, "rounds": st.rounds,
             "tokens_per_step": round(st.tokens_per_step, 3),
-            "draft_share": round(st.draft_seconds / st.seconds, 3) if st.seconds else 0.0}
+            "draft_share": round(st.draft_seconds / st.seconds, 3) if st.seconds else 0.0,
+            "target_ms_a_round": round(1000 * (st.seconds - st.draft_seconds) / st.rounds, 1) if st.rounds else 0.0}
     if draft.session is not None:
         info["draft_prefill_s"] = round(draft.session.prefill.seconds, 2)
     return tokens, st.tokens_per_second, info
@@ -116,7 +117,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt (default: 128)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each engine per prompt (default: 3)")
     ap.add_argument("--sets", default=",".join(SETS), help=f"prompt sets (default: {','.join(SETS)})")
-    ap.add_argument("--prompts", type=int, help="the first N prompts of each set (default: all)")
+    ap.add_argument("--prompts", type=int, help="the first N prompts of each set; 0: the step costs alone "
+                    "(default: all)")
     ap.add_argument("--threads", type=int, help="the cpu plugin's threads (default: numba's own)")
     ap.add_argument("--out", help="write every figure as JSON here (default: none)")
     args = ap.parse_args()
@@ -136,7 +138,7 @@ def main() -> None:
                 if drafter is not None:
                     own = step_costs(drafter, devs, rows=())
                     log(f"== draft {short(spec)} on {backends}: decode step {own['decode_ms']} ms")
-            for set_name in args.sets.split(","):
+            for set_name in args.sets.split(",") if args.prompts != 0 else []:
                 run_set(args, model, name, backends, devs, drafters, set_name, results)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
