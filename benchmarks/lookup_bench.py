@@ -6,7 +6,7 @@ stories).
     python benchmarks/lookup_bench.py [--models smollm2,gemma3] [--backends cpu] [--backends openvino:CPU]
     python benchmarks/lookup_bench.py --models ~/.cache/framework/models/qwen25-coder-1.5b.gguf \
         --draft ngram:3 --draft ~/.cache/framework/models/qwen25-coder-0.5b.gguf --tokens 64 --prompts 3 \
-        --repeats 2 --threads 1
+        --repeats 3 --threads 1
 
 First, on each device list, the cost of verifying 2, 4 and 8 rows (a step with the logits of every row)
 against one decode step: what a round costs when its drafts are refused; and a draft model's own decode
@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--backends", action="append", help="a device list, repeatable (default: cpu)")
     ap.add_argument("--draft", action="append", help="a draft: ngram[:N] or a draft model's GGUF file, repeatable: "
                     "each one taking turns with the target alone (default: ngram:3)")
-    ap.add_argument("--draft-n", type=int, default=4, help="tokens drafted a round (default: 4)")
+    ap.add_argument("--draft-n", type=int, default=4, help="the most tokens drafted a round (default: 4)")
     ap.add_argument("--draft-p-min", type=float, default=P_MIN, help=f"a model draft stops at the first token it "
                     f"puts below this (default: {P_MIN}, as `framework run`)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt (default: 128)")
