@@ -1,15 +1,21 @@
-"""Prompt lookup (--draft ngram[:N]) against the target alone, on two prompt sets kept in the repository:
-code edits (benchmarks/prompts/code_edits.jsonl: a source file and an instruction, the answer copying most
-of it) and free text (benchmarks/prompts/free_text.jsonl: questions, stories).
+"""Drafts (prompt lookup, --draft ngram[:N], or a draft model file) against the target alone, on two prompt
+sets kept in the repository: code edits (benchmarks/prompts/code_edits.jsonl: a source file and an
+instruction, the answer copying most of it) and free text (benchmarks/prompts/free_text.jsonl: questions,
+stories).
 
     python benchmarks/lookup_bench.py [--models smollm2,gemma3] [--backends cpu] [--backends openvino:CPU]
+    python benchmarks/lookup_bench.py --models ~/.cache/framework/models/qwen25-coder-1.5b.gguf \
+        --draft ngram:3 --draft ~/.cache/framework/models/qwen25-coder-0.5b.gguf --tokens 64 --prompts 3 \
+        --repeats 3 --threads 1
 
-For every model, device list and prompt, greedy, --tokens tokens: the target alone and with the ngram draft
-(adaptive drafting on), taking turns --repeats times after a warm-up of each; decode tok/s (medians),
-drafted and accepted tokens, tokens per target step, and the ratio of the two speeds, per prompt set (the
-median of its prompts). Then the cost of verifying 2, 4 and 8 rows (a step with the logits of every row)
-against one decode step, on each device list: what a round costs when its drafts are refused.
-Greedy output with the draft is checked to be the target's own, token for token.
+First, on each device list, the cost of verifying 2, 4 and 8 rows (a step with the logits of every row)
+against one decode step: what a round costs when its drafts are refused; and a draft model's own decode
+step against the target's. Then for every model, device list and prompt, greedy, --tokens tokens: the
+target alone and with each --draft (adaptive drafting on; a model draft with --draft-p-min), taking turns
+--repeats times after a warm-up of each; decode tok/s (medians), drafted and accepted tokens, tokens per
+target step, the share of the decode time spent drafting, and the ratio to the target alone, per prompt set
+(the median of its prompts). A draft model's prefill of the prompt is not decode time (it is printed).
+Greedy output with every draft is checked to be the target's own, token for token.
 """
 
 from __future__ import annotations
@@ -24,25 +30,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from framework.model.default import model_path  # noqa: E402
+from framework.model.default import resolve_model  # noqa: E402
 from framework.model.model import Model  # noqa: E402
 from framework.registry import default_registry  # noqa: E402
 from framework.runtime.generate import generate  # noqa: E402
+from framework.runtime.lookup import is_lookup  # noqa: E402
 from framework.runtime.sampling import Sampler, SamplingParams  # noqa: E402
 from framework.runtime.session import Session  # noqa: E402
 from framework.runtime.speculative import SpeculativeDecoder, make_draft  # noqa: E402
 
 SETS = ("code_edits", "free_text")
 GREEDY = SamplingParams()
+P_MIN = 0.75                # `framework run`'s default --draft-p-min (llama.cpp's)
 
 
 def log(*a) -> None:
     print(*a, flush=True)
 
 
-def prompt_set(name: str) -> list[dict]:
+def prompt_set(name: str, limit: int | None) -> list[dict]:
     lines = (ROOT / "benchmarks" / "prompts" / f"{name}.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return [json.loads(line) for line in lines if line.strip()][:limit]
+
+
+def load(name: str) -> Model:
+    return Model(resolve_model(str(Path(name).expanduser()) if not is_lookup(name) else name))
 
 
 def alone(model, devs, ids, n) -> tuple[list[int], float]:
@@ -52,17 +64,25 @@ def alone(model, devs, ids, n) -> tuple[list[int], float]:
     return tokens, (len(tokens) - 1) / s.decode.seconds
 
 
-def with_ngram(model, devs, ids, n, spec: str, n_draft: int) -> tuple[list[int], float, dict]:
+def with_draft(model, devs, ids, n, spec: str, drafter: Model | None, n_draft: int, p_min: float
+               ) -> tuple[list[int], float, dict]:
     s = Session(model, devs, n_ctx=len(ids) + n + 8)
-    d = SpeculativeDecoder(s, make_draft(spec, s, devs), n_draft, baseline=0)
+    draft = make_draft(spec, s, devs, load=lambda _path: drafter)
+    d = SpeculativeDecoder(s, draft, n_draft, baseline=0, p_min=0.0 if drafter is None else p_min)
     d.reserve(len(ids), n)
+    d.prepare()
     tokens = [p.token for p in d.generate(ids, n, Sampler(GREEDY))]
     st = d.stats
-    return tokens, st.tokens_per_second, {"drafted": st.drafted, "accepted": st.accepted, "paused": st.paused,
-                                          "tokens_per_step": round(st.tokens_per_step, 3)}
+    info = {"drafted": st.drafted, "accepted": st.accepted, "paused": st.paused, "rounds": st.rounds,
+            "tokens_per_step": round(st.tokens_per_step, 3),
+            "draft_share": round(st.draft_seconds / st.seconds, 3) if st.seconds else 0.0,
+            "target_ms_a_round": round(1000 * (st.seconds - st.draft_seconds) / st.rounds, 1) if st.rounds else 0.0}
+    if draft.session is not None:
+        info["draft_prefill_s"] = round(draft.session.prefill.seconds, 2)
+    return tokens, st.tokens_per_second, info
 
 
-def verify_costs(model, devs, rows=(2, 4, 8), repeats: int = 7) -> dict:
+def step_costs(model, devs, rows=(2, 4, 8), repeats: int = 7) -> dict:
     """Median seconds of a verification step of T rows (all logits) over a decode step's, after 64 tokens."""
     s = Session(model, devs, n_ctx=128, n_batch=64)
     s.eval(list(range(10, 74)))
@@ -80,50 +100,79 @@ def verify_costs(model, devs, rows=(2, 4, 8), repeats: int = 7) -> dict:
     return {"decode_ms": round(one * 1000, 2), **{f"verify_{t}": round(median(t) / one, 3) for t in rows}}
 
 
+def short(spec: str) -> str:
+    return spec if is_lookup(spec) else Path(spec).name.removesuffix(".gguf")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2,gemma3", help="packaged names or GGUF files (default: "
                     "smollm2,gemma3)")
     ap.add_argument("--backends", action="append", help="a device list, repeatable (default: cpu)")
-    ap.add_argument("--draft", default="ngram:3", help="the draft spec (default: ngram:3)")
-    ap.add_argument("--draft-n", type=int, default=4, help="tokens drafted a round (default: 4)")
+    ap.add_argument("--draft", action="append", help="a draft: ngram[:N] or a draft model's GGUF file, repeatable: "
+                    "each one taking turns with the target alone (default: ngram:3)")
+    ap.add_argument("--draft-n", type=int, default=4, help="the most tokens drafted a round (default: 4)")
+    ap.add_argument("--draft-p-min", type=float, default=P_MIN, help=f"a model draft stops at the first token it "
+                    f"puts below this (default: {P_MIN}, as `framework run`)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt (default: 128)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each engine per prompt (default: 3)")
     ap.add_argument("--sets", default=",".join(SETS), help=f"prompt sets (default: {','.join(SETS)})")
+    ap.add_argument("--prompts", type=int, help="the first N prompts of each set; 0: the step costs alone "
+                    "(default: all)")
+    ap.add_argument("--threads", type=int, help="the cpu plugin's threads (default: numba's own)")
     ap.add_argument("--out", help="write every figure as JSON here (default: none)")
     args = ap.parse_args()
+    if args.threads:
+        import numba
+        numba.set_num_threads(args.threads)
     registry = default_registry()
+    specs = [s if is_lookup(s) else str(resolve_model(str(Path(s).expanduser()))) for s in args.draft or ["ngram:3"]]
+    drafters = {spec: None if is_lookup(spec) else load(spec) for spec in specs}
     results = []
     for name in args.models.split(","):
-        model = Model(model_path(name))
-        for spec in args.backends or ["cpu"]:
-            devs = registry.select(spec)
-            log(f"== {name} on {spec}: verification cost {verify_costs(model, devs)}")
-            for set_name in args.sets.split(","):
-                ratios = []
-                for p in prompt_set(set_name):
-                    ids = model.tokenizer.encode(p["prompt"])
-                    want, _ = alone(model, devs, ids, args.tokens)             # warm-up, and the reference
-                    with_ngram(model, devs, ids, args.tokens, args.draft, args.draft_n)
-                    base, fast, info = [], [], {}
-                    for _ in range(args.repeats):                              # taking turns
-                        base.append(alone(model, devs, ids, args.tokens)[1])
-                        got, speed, info = with_ngram(model, devs, ids, args.tokens, args.draft, args.draft_n)
-                        if got != want:
-                            raise SystemExit(f"{name} {spec} {p['name']}: greedy text with {args.draft} differs "
-                                             f"from the target's own")
-                        fast.append(speed)
-                    row = {"model": name, "backends": spec, "set": set_name, "prompt": p["name"],
-                           "alone_tok_s": round(statistics.median(base), 2),
-                           "ngram_tok_s": round(statistics.median(fast), 2), **info}
-                    row["ratio"] = round(row["ngram_tok_s"] / row["alone_tok_s"], 3)
-                    ratios.append(row["ratio"])
-                    results.append(row)
-                    log(json.dumps(row))
-                log(f"{name} {spec} {set_name}: median ratio {statistics.median(ratios):.2f}x "
-                    f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x) over {len(ratios)} prompts")
+        model = load(name)
+        for backends in args.backends or ["cpu"]:
+            devs = registry.select(backends)
+            log(f"== {short(name)} on {backends}: verification cost {step_costs(model, devs)}")
+            for spec, drafter in drafters.items():
+                if drafter is not None:
+                    own = step_costs(drafter, devs, rows=())
+                    log(f"== draft {short(spec)} on {backends}: decode step {own['decode_ms']} ms")
+            for set_name in args.sets.split(",") if args.prompts != 0 else []:
+                run_set(args, model, name, backends, devs, drafters, set_name, results)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+def run_set(args, model, name, backends, devs, drafters, set_name, results) -> None:
+    ratios: dict[str, list[float]] = {spec: [] for spec in drafters}
+    for p in prompt_set(set_name, args.prompts):
+        ids = model.tokenizer.encode(p["prompt"])
+        want, _ = alone(model, devs, ids, args.tokens)                 # warm-up, and the reference
+        for spec, drafter in drafters.items():
+            with_draft(model, devs, ids, args.tokens, spec, drafter, args.draft_n, args.draft_p_min)
+        base, fast, info = [], {spec: [] for spec in drafters}, {}
+        for _ in range(args.repeats):                                  # taking turns
+            base.append(alone(model, devs, ids, args.tokens)[1])
+            for spec, drafter in drafters.items():
+                got, speed, info[spec] = with_draft(model, devs, ids, args.tokens, spec, drafter, args.draft_n,
+                                                    args.draft_p_min)
+                if got != want:
+                    raise SystemExit(f"{name} {backends} {p['name']}: greedy text with --draft {spec} differs from "
+                                     f"the target's own")
+                fast[spec].append(speed)
+        alone_tok_s = round(statistics.median(base), 2)
+        for spec in drafters:
+            row = {"model": short(name), "backends": backends, "set": set_name, "prompt": p["name"],
+                   "draft": short(spec), "alone_tok_s": alone_tok_s,
+                   "draft_tok_s": round(statistics.median(fast[spec]), 2), **info[spec]}
+            row["ratio"] = round(row["draft_tok_s"] / alone_tok_s, 3)
+            ratios[spec].append(row["ratio"])
+            results.append(row)
+            log(json.dumps(row))
+    for spec, r in ratios.items():
+        log(f"{short(name)} {backends} {set_name} --draft {short(spec)}: median ratio {statistics.median(r):.2f}x "
+            f"(min {min(r):.2f}x, max {max(r):.2f}x) over {len(r)} prompts")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   weights, with drafts accepted on a prompt the answer copies from (that rejection sampling keeps the target's
   distribution with deterministic proposals is tests/test_speculative.py's chi-square test);
 - drafting pauses when acceptance falls and comes back when it recovers; a model draft stops at a token it
-  is unsure of;
+  is unsure of; the draft length follows the acceptance and the measured costs of verification rows and of
+  draft tokens;
 - the command line: refusals by name, and a run that reports its drafts.
 """
 
@@ -21,8 +22,8 @@ from framework.runtime.generate import generate
 from framework.runtime.lookup import lookup, parse_match
 from framework.runtime.sampling import Sampler, SamplingParams
 from framework.runtime.session import Session
-from framework.runtime.speculative import (Adaptive, SpecStats, SpeculationError, SpeculativeDecoder,
-                                           confident, make_draft, picker)
+from framework.runtime.speculative import (Adaptive, DraftLength, SpecStats, SpeculationError,
+                                           SpeculativeDecoder, confident, make_draft, picker)
 
 EDIT = ("Original code:\ndef area(width, height):\n    return width * height\n\n\n"
         "def total_area(shapes):\n    total = 0\n    for width, height in shapes:\n"
@@ -91,11 +92,72 @@ def test_drafting_pauses_when_acceptance_falls_and_resumes_when_it_recovers():
     assert a.allows()
 
 
+def rounds(length: DraftLength, drafted: int, accepted: int, times: int, draft_seconds: float = 0.0) -> None:
+    """Rounds with steps costing 1 s plus 0.2 s a row after the first (cheap rows: weights read once)."""
+    for _ in range(times):
+        length.record(drafted, accepted, draft_seconds * drafted, 1.0 + 0.2 * drafted)
+
+
+def test_the_draft_length_drafts_the_most_until_two_row_counts_are_measured():
+    length = DraftLength(6)
+    assert length.choose() == 6
+    rounds(length, 6, 0, 8)                     # every draft refused, but only one row count measured
+    assert length.choose() == 6
+
+
+def test_the_draft_length_follows_acceptance_and_costs():
+    length = DraftLength(6)
+    rounds(length, 0, 0, 1)                     # a round without a draft: the cost of one row
+    rounds(length, 6, 6, 8)                     # every draft accepted: rows this cheap pay for the most drafts
+    assert length.choose() == 6
+    rounds(length, 6, 0, 8)                     # every first draft refused: one draft risks the least
+    assert length.choose() == 1
+    rounds(length, 4, 3, 8)                     # three in four: a few
+    assert 1 < length.choose() < 6
+    slow = DraftLength(6)
+    rounds(slow, 0, 0, 1)
+    rounds(slow, 6, 6, 1)
+    rounds(slow, 4, 3, 8, draft_seconds=1.0)    # a draft token as dear as a target step: short drafts
+    assert slow.choose() < length.choose()
+
+
+def test_a_draft_position_seldom_checked_takes_the_chance_of_the_one_before():
+    length = DraftLength(6)
+    rounds(length, 0, 0, 1)
+    rounds(length, 1, 1, 8)                     # a draft model stopped by p_min after one token, each accepted
+    assert length.chances()[5] == pytest.approx(length.chances()[0]) and length.chances()[0] > 0.8
+    assert length.choose() == 6                 # not kept at one by a guess about positions it never reached
+
+
+def test_the_draft_length_interpolates_row_counts_not_measured():
+    length = DraftLength(8)
+    length.record(0, 0, 0.0, 1.0)
+    length.record(4, 4, 0.0, 2.0)               # 5 rows
+    assert length.rows_cost(3) == pytest.approx(1.5) and length.rows_cost(7) == pytest.approx(2.5)
+    length.record(6, 6, 0.0, 2.0)               # 7 rows cost what 5 did: no slope past them, never falling
+    assert length.rows_cost(9) == pytest.approx(2.0)
+
+
 def test_a_model_draft_stops_at_a_token_it_is_unsure_of():
     sure, unsure = np.array([10.0, 0.0, 0.0]), np.array([1.0, 0.9, 0.8])
     assert confident(sure, None, 0.75) and not confident(unsure, None, 0.75) and confident(unsure, None, 0.0)
     pick = picker(Sampler(SamplingParams()), p_min=0.75)
     assert pick(sure) == (0, None) and pick(unsure) is None
+
+
+def test_a_model_draft_that_proposes_nothing_is_paused(smollm2_edit):
+    """A draft model unsure of every first token (p_min) still runs a step a round: that counts against
+    drafting as refused drafts do, so drafting pauses; every draft it does propose (the target's own file) is
+    accepted, which alone would never pause it."""
+    model, cpu, ids, want = smollm2_edit
+    target = Session(model, cpu, n_ctx=256)
+    decoder = SpeculativeDecoder(target, make_draft(str(model.file.path), target, cpu), 4, baseline=0,
+                                 p_min=0.999999)
+    decoder.reserve(len(ids), 40)
+    got = [p.token for p in decoder.generate(ids, 40, Sampler(SamplingParams()))]
+    assert got == want
+    st = decoder.stats
+    assert st.accepted == st.drafted and st.paused > 0, st.line()
 
 
 def test_the_report_says_when_nothing_was_decoded():

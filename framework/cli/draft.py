@@ -33,7 +33,9 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
                    "(MTP, on the target's cache) (default: none)")
     g.add_argument("--draft-backends", metavar="LIST", help="the draft's devices (default: --backends)")
     g.add_argument("--draft-n", type=positive_int, default=DEFAULT_DRAFT_N,
-                   help=f"tokens drafted per target step (default {DEFAULT_DRAFT_N})")
+                   help="the most tokens drafted per target step; each round drafts the number that the recent "
+                        "acceptance and the measured costs of verification rows and draft tokens make pay best "
+                        f"(default {DEFAULT_DRAFT_N})")
     g.add_argument("--draft-p-min", type=probability, default=DEFAULT_P_MIN,
                    help="a model draft stops at the first token whose probability it puts below this; 0 never "
                         f"stops (default {DEFAULT_P_MIN}, llama.cpp's)")

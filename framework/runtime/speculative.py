@@ -474,6 +474,79 @@ class Adaptive:
 
 
 @dataclass
+class DraftLength:
+    """How many tokens to draft this round: the n of 1 to n_max with the most tokens expected per second of a
+    round. A round drafting n yields 1 + h1 + h1*h2 + ... + h1*...*hn tokens, hj being the chance that the j-th
+    draft is accepted once the j - 1 before it were (from the latest ``window`` drafting rounds: ``chances``). It
+    costs n draft tokens and a target step of n + 1 rows, each as measured in this run (moving averages; a row
+    count not yet measured is interpolated from those that were). Long drafts pay where verification rows are
+    cheap and drafts are accepted; one refused early wastes the rows after it, which a short draft does not
+    pay for. Chances by position, not one chance for every draft: prompt lookup's drafts are often all right
+    (a copied span) or wrong from the first. Until two row counts are measured it drafts n_max."""
+
+    n_max: int
+    window: int = 8
+    SMOOTH = 0.25                   # the weight of the latest measurement in the moving averages
+    step: dict = field(default_factory=dict)       # rows -> seconds of a round's target step with that many rows
+    draft_token: float = 0.0        # seconds a drafted token costs the draft
+    recent: list = field(default_factory=list)     # (drafted, accepted) of the latest drafting rounds
+
+    def choose(self) -> int:
+        if len(self.step) < 2:
+            return self.n_max
+        expected = self.expected()
+        return max(range(1, self.n_max + 1), key=lambda n: expected[n] / self.cost(n))
+
+    def chances(self) -> list[float]:
+        """For j of 1 to n_max, the chance that the j-th draft is accepted once the j - 1 before it were: of the
+        recent rounds that checked a j-th draft, the share that accepted it, two rounds at the chance of the
+        position before counted in advance (at one half for the first). A position seldom checked (a draft model
+        stopped by p_min before it, or rounds drafting fewer) so takes the chance of the one before it, not a
+        guess that would keep the drafts too short ever to check it."""
+        out, prior = [], 0.5
+        for j in range(1, self.n_max + 1):
+            checked = sum(1 for d, a in self.recent if d >= j and a >= j - 1)
+            taken = sum(1 for _, a in self.recent if a >= j)
+            prior = (taken + 2 * prior) / (checked + 2)
+            out.append(prior)
+        return out
+
+    def expected(self) -> list[float]:
+        """Tokens a round drafting n yields, for n of 0 to n_max."""
+        out, p = [1.0], 1.0
+        for h in self.chances():
+            p *= h
+            out.append(out[-1] + p)
+        return out
+
+    def cost(self, n: int) -> float:
+        return n * self.draft_token + self.rows_cost(n + 1)
+
+    def rows_cost(self, rows: int) -> float:
+        """Seconds of a target step of that many rows: measured, or on the line through the nearest measured
+        row counts (extended past the last two at their slope, never falling)."""
+        if rows in self.step:
+            return self.step[rows]
+        known = sorted(self.step)
+        below = [k for k in known if k < rows]
+        above = [k for k in known if k > rows]
+        lo, hi = (below[-1], above[0]) if below and above else (known[-2], known[-1]) if below else known[:2]
+        slope = max(0.0, (self.step[hi] - self.step[lo]) / (hi - lo))
+        return max(1e-9, self.step[lo] + slope * (rows - lo))
+
+    def average(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.SMOOTH * (new - old)
+
+    def record(self, drafted: int, accepted: int, draft_seconds: float, rows_seconds: float) -> None:
+        """After a round: its drafts, those accepted, the seconds drafting took and the seconds of the rest (the
+        target's step of 1 + drafted rows and the acceptance)."""
+        self.step[drafted + 1] = self.average(self.step.get(drafted + 1), rows_seconds)
+        if drafted:
+            self.draft_token = self.average(self.draft_token or None, draft_seconds / drafted)
+            self.recent = self.recent[-(self.window - 1):] + [(drafted, accepted)]
+
+
+@dataclass
 class SpecStats:
     rounds: int = 0                 # target steps of the speculative loop
     drafted: int = 0
@@ -543,6 +616,7 @@ class SpeculativeDecoder:
             raise SpeculationError(f"--draft-p-min must be at least 0 and below 1, got {p_min}")
         self.target, self.draft, self.n_draft, self.baseline = target, draft, n_draft, baseline
         self.p_min, self.adaptive, self.inexact = p_min, Adaptive(), inexact
+        self.length = DraftLength(n_draft)
         self.inexact_devices: list[str] = []      # what inexact let through: "device (why)"
         if draft.session is not None:
             target.partners, draft.session.partners = [draft.session], [target]
@@ -624,7 +698,8 @@ class SpeculativeDecoder:
         t, st = self.target, self.stats
         clock = caches.Stopwatch()
         allowed = n > 0 and self.adaptive.allows()
-        drafts, dists = self.draft.propose(history, token, n, pick) if allowed else ([], [])
+        drafts, dists = self.draft.propose(history, token, min(n, self.length.choose()), pick) if allowed \
+            else ([], [])
         st.paused += n > 0 and not allowed
         drafting = clock.seconds
         base = t.n_past
@@ -636,7 +711,10 @@ class SpeculativeDecoder:
         t.rewind(base + 1 + n_ok)
         history += [token] + drafts[:n_ok]
         self.draft.accepted(n_ok)
-        self.adaptive.update(len(drafts), n_ok)
+        # a draft model that proposed nothing (p_min at its first token) still ran a step: a round that cost and
+        # did not pay, which counts against drafting as a refused draft does (prompt lookup without a match is free)
+        self.adaptive.update(max(len(drafts), int(allowed and self.draft.session is not None)), n_ok)
+        self.length.record(len(drafts), n_ok, drafting, clock.seconds - drafting)
         st.rounds += 1
         st.drafted += len(drafts)
         st.accepted += n_ok
