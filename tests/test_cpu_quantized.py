@@ -153,7 +153,8 @@ def test_types_without_a_kernel_round_as_llama_cpp(dtype):
 def test_rows_of_a_batch_equal_rows_alone(fmt, m):
     """Row i of an m-row product is bit for bit the 1-row product of row i (a decode step), as in chunked
     prefill, speculative verification and several sequences' decode: 7 and 8 rows take the few-row kernel
-    (4, then 2, then 1 activation rows a pass over eight weight rows; 4 and 4), TILED_FROM + 5 the tiled
+    (4, then 2, then 1 activation rows a pass over eight weight rows; 8 in one pass; from 2 rows the weight
+    rows a row a lane, except 2 rows of the types whose rows go in pairs), TILED_FROM + 5 the tiled
     one (4-row tiles, then single rows); 63 weight rows, so the last rows take the one-row tails too."""
     raw, shape = weight(fmt)
     w = quantized.QuantizedWeight(raw[:63], DType[fmt], (63, shape[1]))
@@ -176,6 +177,7 @@ for fmt, path in spec["weights"].items():
     w = quantized.QuantizedWeight(raw, DType[fmt], tuple(spec["shapes"][fmt]))
     out[fmt] = w.matmul(x)                      # the tiled kernel
     out[fmt + " few"] = w.matmul(x[:7])         # the few-row kernel (4, 2 and 1 rows a pass)
+    out[fmt + " eight"] = w.matmul(x[:8])       # its 8-row pass (sixteen vector registers on AVX2, 32 on AVX-512)
 from framework.plugins.cpu.attention import flash_attn_ext
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((33, 4, 256), (96, 1, 256), (96, 1, 256)))

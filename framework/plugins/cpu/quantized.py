@@ -126,11 +126,14 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 # For a decode step and a few activation rows (speculative verification, several sequences' decode): eight
 # weight rows at a time, each block read once and unpacked in registers, times ROWS_AT_ONCE activation rows
 # (vectors.rows_dot, one intrinsic for every type and count); row_dot for the weight's last N mod 8 rows.
+# From two activation rows on, the eight weight rows are turned a row a lane once a block (rows_dot's lanes)
+# and each activation row's bytes broadcast, as the tiles do: no shuffles a row; one row keeps the values in
+# the lanes (a transposition costs more than one row's gathering of sums).
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
-ROWS_AT_ONCE = (4, 2, 1)     # activation rows a pass over eight weight rows multiplies, largest first
-_rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n) for n in ROWS_AT_ONCE)
+ROWS_AT_ONCE = (8, 4, 2, 1)  # activation rows a pass over eight weight rows multiplies, largest first
+_rows8, _rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n, lanes=n > 1) for n in ROWS_AT_ONCE)
 
 
 @kernel()
@@ -162,15 +165,18 @@ def _matmul(fmt, w, xq, xd, xsum, out):
     """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], for a few
     activation rows (_matmul_tiled takes many): the weight's rows in blocks of eight over the threads (numba
     splits the blocks into one contiguous run a thread, so the head's 151,936 rows go half to each of two),
-    each block read once and multiplied by every activation row, four (then two, then one) at a time."""
+    each block read once and multiplied by every activation row, eight (then four, two, one) at a time."""
     m_rows, n_rows = xq.shape[0], w.shape[0]
     n8 = n_rows // TILE_R
-    m4 = m_rows // 4 * 4
     for q in prange(n8):
         r = q * TILE_R
-        for m in range(0, m4, 4):
+        m = 0
+        while m_rows - m >= 8:
+            _rows8(fmt, w, r, xq, xd, xsum, m, out)
+            m += 8
+        if m_rows - m >= 4:
             _rows4(fmt, w, r, xq, xd, xsum, m, out)
-        m = m4
+            m += 4
         if m_rows - m >= 2:
             _rows2(fmt, w, r, xq, xd, xsum, m, out)
             m += 2
