@@ -326,3 +326,31 @@ def test_framework_cache_off_caches_no_kernel(tmp_path):
     env.pop("NUMBA_CACHE_DIR", None)
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=120)
     assert not (tmp_path / "off").exists()
+
+
+def test_products_reading_one_input_quantize_it_once(monkeypatch):
+    """q, k and v (gate and up) read one input: a program quantizes it once a run (SharedActivations) and drops
+    it after the last reader; each output is bit for bit the product alone, and a second run with other values
+    quantizes those (nothing kept from the first)."""
+    from framework.core.graph import F32, Fragment, GraphBuilder
+    from framework.core.graph.tensor import LeafKind, leaf
+    raw, shape = weight("Q4_1")
+    b = GraphBuilder()
+    tx = b.input("x", F32, (3, shape[1]))
+    ws = [b.use(leaf(f"blk.0.attn_{n}.weight", DType.Q4_1, shape, LeafKind.WEIGHT)) for n in "qkv"]
+    outs = [b.mul_mat(w, tx) for w in ws]
+    graph = b.build(outs)
+    device = CpuDevice("q8")
+    program = device.compile(Fragment(0, "cpu", graph.nodes, inputs=graph.leaves, outputs=outs))
+    weights = [device.load_weight(w, raw) for w in ws]
+    calls = []
+    real = quantized.quantize_activations
+    monkeypatch.setattr(quantized, "quantize_activations", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal((3, shape[1])).astype(np.float32)
+        got = program.run([x if t is tx else weights[ws.index(t)] for t in graph.leaves])
+        assert calls == [x.shape], f"run {seed}: the input quantized {len(calls)} times for 3 products"
+        assert program.shared._held == {}, "the input's 8-bit form outlived its last reader"
+        for w, out in zip(weights, got):
+            np.testing.assert_array_equal(out, w.matmul(x))
+        calls.clear()

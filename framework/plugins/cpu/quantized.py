@@ -15,6 +15,7 @@ for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for 
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 
@@ -304,9 +305,15 @@ class QuantizedWeight:
             self._float32 = dequantize(self.raw.reshape(-1), self.dtype, self.shape)
         return self._float32
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x (M, K) float32 @ weight^T: (M, N) float32."""
-        xq, xd, xsum = quantize_activations(x, k_quant=self.dtype in K_QUANTS, q8_1=self.dtype in WITH_MIN)
+    @property
+    def activations(self) -> tuple[bool, bool]:
+        """quantize_activations' (k_quant, q8_1) for this weight's type."""
+        return self.dtype in K_QUANTS, self.dtype in WITH_MIN
+
+    def matmul(self, x: np.ndarray, quantized: tuple | None = None) -> np.ndarray:
+        """x (M, K) float32 @ weight^T: (M, N) float32; ``quantized``: x as quantize_activations gives it
+        for this type, where the caller has it already (SharedActivations)."""
+        xq, xd, xsum = quantized if quantized is not None else quantize_activations(x, *self.activations)
         out = np.empty((x.shape[0], self.shape[0]), np.float32)
         threaded = x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM
         if x.shape[0] >= TILED_FROM:
@@ -325,13 +332,51 @@ def keeps_blocks(t) -> bool:
     return t.dtype in FAST_TYPES and len(t.shape) == 2
 
 
-def mul_mat(a, b):
-    """MUL_MAT for the fast path: a weight in its blocks times float32 activations (..., M, K); any other
-    operands go to the reference kernel."""
+def mul_mat(a, b, shared: SharedActivations | None = None, key=None):
+    """MUL_MAT for the fast path: a weight in its blocks times float32 activations (..., M, K), quantized
+    through ``shared`` where the program shares them (key: the input node); any other operands go to the
+    reference kernel."""
     if not isinstance(a, QuantizedWeight):
         return reference.mul_mat(a, b)
     flat = b.reshape(-1, b.shape[-1])
-    return a.matmul(flat).reshape(b.shape[:-1] + (a.shape[0],))
+    q8 = shared.quantized((key, a.activations), b, flat) if shared is not None else None
+    return a.matmul(flat, q8).reshape(b.shape[:-1] + (a.shape[0],))
+
+
+def _reads_blocks(node) -> tuple | None:
+    """(input node's id, quantize_activations' kind) of a product by a weight held in its blocks, else None."""
+    w = node.src[0] if node.op == "MUL_MAT" else None
+    if w is None or not (w.is_leaf and w.kind == LeafKind.WEIGHT and keeps_blocks(w)):
+        return None
+    return id(node.src[1]), (w.dtype in K_QUANTS, w.dtype in WITH_MIN)
+
+
+class SharedActivations:
+    """A program's products that read one input in the same 8-bit form (q, k and v; gate and up) quantize it
+    once a run: the first of them quantizes, the others take its result, and the last drops it (so a run
+    holds no input longer than its products need it). Cleared at the start of each run, since a program's
+    argument may be a buffer its caller rewrites between runs; an entry is used only for the very array it
+    was made from."""
+
+    def __init__(self, nodes):
+        keys = [k for k in map(_reads_blocks, nodes) if k is not None]
+        self.readers = {k: n for k, n in collections.Counter(keys).items() if n > 1}
+        self._held: dict = {}
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def quantized(self, key, x: np.ndarray, flat: np.ndarray) -> tuple | None:
+        """x's 8-bit form for the reader ``key``, or None where no other product reads it (the caller quantizes)."""
+        if key not in self.readers:
+            return None
+        held = self._held.get(key)
+        if held is None or held[0] is not x:
+            held = self._held[key] = [x, quantize_activations(flat, *key[1]), 0]
+        held[2] += 1
+        if held[2] == self.readers[key]:
+            del self._held[key]
+        return held[1]
 
 
 # The weight types without a kernel here are multiplied in float32, their activations first rounded as
@@ -374,12 +419,16 @@ def _float_args(fn):
     return run
 
 
-def bind(node, fn):
-    """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn."""
+def bind(node, fn, shared: SharedActivations | None = None):
+    """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn; shared: the
+    program's SharedActivations, if any."""
     if node.op == "MUL_MAT":
         w = node.src[0]
         if w.is_leaf and w.kind == LeafKind.WEIGHT and w.dtype in ACTIVATION_ROUNDING:
             return rounded_mul_mat(ACTIVATION_ROUNDING[w.dtype])
+        reads = _reads_blocks(node)
+        if shared is not None and reads is not None:
+            return functools.partial(mul_mat, shared=shared, key=reads[0])
         return mul_mat
     if node.op == "GET_ROWS":
         return get_rows
