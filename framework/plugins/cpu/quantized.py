@@ -8,7 +8,8 @@ is what a decode step has to stream from memory. The kernels, compiled by numba 
 jit.py), run the rows of the weight over the CPU's threads (``prange``): up to 8 activation rows (a decode
 step, speculative verification, several sequences' decode) take _matmul, which reads each block of eight
 weight rows once and multiplies it by every activation row; a prefill chunk takes _matmul_tiled. The
-activations are quantized once per product.
+activations are quantized once per input and run: the products that read one input (q, k and v; gate and
+up) share its 8-bit form (SharedActivations).
 The other weight types are multiplied in float32, their activations first rounded as llama.cpp rounds them
 for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for every type.
 """

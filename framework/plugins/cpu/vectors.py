@@ -11,8 +11,9 @@ products are summed exactly in int32 lanes by the CPU's product of unsigned byte
 
 and each output then runs one float chain over its groups (see "the arithmetic every product shares"
 below): a decode step's products hold a weight row's 32 values in a vector's lanes and gather eight
-rows' group sums into one vector, a batch's tile holds eight weight rows in the lanes and broadcasts the
-activations, and both give the same integers and then the same float operations.
+rows' group sums into one vector; from two activation rows the products turn eight weight rows a row a
+lane in registers, and a batch's tile holds them so in scratch, both broadcasting the activations; all
+give the same integers and then the same float operations.
 
 The path is chosen from the features numba compiles for (its codegen's target, the host CPU unless
 NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise), so a kernel cached on disk always matches the path
