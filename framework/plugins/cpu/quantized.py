@@ -189,9 +189,23 @@ def _matmul(fmt, w, xq, xd, xsum, out):
             out[m, r] = _dot1(fmt, w[r], xq, xd, xsum, m)
 
 
-# Two builds of one loop, as attention.py: a small product does not pay for waking the threads.
+def _matvec(fmt, w, xq, xd, xsum, out):
+    """As _matmul, for one activation row (a decode step's products), in a kernel of its own: built into
+    _matmul beside the few-row passes, the one-row pass ran up to 1.8x slower on an AVX2 build (the K-quants,
+    benchmarks/results/cpu_few_rows_lanes_avx2_1thread-2026-12-06.log)."""
+    n_rows = w.shape[0]
+    n8 = n_rows // TILE_R
+    for q in prange(n8):
+        _rows1(fmt, w, q * TILE_R, xq, xd, xsum, 0, out)
+    for r in range(n8 * TILE_R, n_rows):
+        out[0, r] = _dot1(fmt, w[r], xq, xd, xsum, 0)
+
+
+# Two builds of each loop, as attention.py: a small product does not pay for waking the threads.
 _matmul_threads = kernel(parallel=True)(_matmul)
 _matmul_one = kernel()(_matmul)
+_matvec_threads = kernel(parallel=True)(_matvec)
+_matvec_one = kernel()(_matvec)
 THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's rows go over the threads
 
 
@@ -320,6 +334,8 @@ class QuantizedWeight:
         if x.shape[0] >= TILED_FROM:
             (_tiled_threads if threaded else _tiled_one)(_FMT[self.dtype], _KIND[self.dtype], self.raw, xq, xd, xsum,
                                                          out, CHUNK_ROWS)
+        elif x.shape[0] == 1:
+            (_matvec_threads if threaded else _matvec_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
         else:
             (_matmul_threads if threaded else _matmul_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
         return out

@@ -651,6 +651,59 @@ def rows_dot(layouts: list[Layout], n_x: int, lanes: bool = False):
     return dot
 
 
+@dataclass
+class _Rows:
+    """rows_dot's operands inside its codegen: the arrays, weight row r0 (its pointer, row0, and the bytes
+    between rows), the activation rows (their first value's and first group's offsets) and a float
+    accumulator of eight outputs for each."""
+
+    aw: object
+    axq: object
+    axd: object
+    axs: object
+    aout: object
+    r0: object
+    row0: object
+    row_bytes: object
+    n_groups: object
+    n_out: object
+    isa: str
+    ms: list
+    x_base: list
+    s_base: list
+    acc: list
+
+
+def _rows_operands(context, b, signature, args, n_x: int) -> _Rows:
+    s = signature.args
+    aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
+                                      (args[0], args[2], args[3], args[4], args[6]))
+    r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
+    row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+    k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+    n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+    ms = [b.add(m0, _i64(i)) for i in range(n_x)]
+    return _Rows(aw, axq, axd, axs, aout, r0, b.gep(aw.data, [b.mul(r0, row_bytes)]), row_bytes, n_groups,
+                 cgutils.unpack_tuple(b, aout.shape, 2)[1], product_isa(context), ms, [b.mul(mi, k) for mi in ms],
+                 [b.mul(mi, n_groups) for mi in ms],
+                 [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)])
+
+
+def _add_row_group(b, rows: _Rows, i: int, group, lo, hi, scale, scale_hi, sum_factor):
+    """Activation row i's accumulator plus a group's terms (_add_group), its scale and group sum splat."""
+    at = b.add(rows.s_base[i], group)
+    dx = _splat(b, b.load(b.gep(rows.axd.data, [at])), TILE_R)
+    xsum_at = _splat(b, b.load(b.gep(rows.axs.data, [at])), TILE_R) if sum_factor is not None else None
+    b.store(_add_group(b, b.load(rows.acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at), rows.acc[i])
+
+
+def _store_rows(b, rows: _Rows):
+    """Each activation row's eight outputs into out[m, r0 .. r0 + 7]."""
+    for i, mi in enumerate(rows.ms):
+        dst = b.gep(rows.aout.data, [b.add(b.mul(mi, rows.n_out), rows.r0)])
+        b.store(b.load(rows.acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+
+
 def _rows_codegen(layout: Layout, n_x: int):
     """The codegen of rows_dot for one layout: weight rows r .. r + 7 times activation rows m .. m + n_x - 1,
     each block unpacked in registers once and multiplied by every activation row: for a decode step or a
@@ -660,30 +713,19 @@ def _rows_codegen(layout: Layout, n_x: int):
     row's outputs are its bits alone, whatever n_x."""
 
     def codegen(context, b, signature, args):
-        s = signature.args
-        aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
-                                          (args[0], args[2], args[3], args[4], args[6]))
-        r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
-        row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-        k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
-        n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-        n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
-        isa = product_isa(context)
-        es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
-        ms = [b.add(m0, _i64(i)) for i in range(n_x)]
-        x_base, s_base = [b.mul(mi, k) for mi in ms], [b.mul(mi, n_groups) for mi in ms]
-        acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)]
-        with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+        rows = _rows_operands(context, b, signature, args, n_x)
+        es = [Emitter(b, rows.isa, b.gep(rows.row0, [b.mul(rows.row_bytes, _i64(j))])) for j in range(TILE_R)]
+        with cgutils.for_range(b, b.udiv(rows.n_groups, _i64(layout.groups))) as loop:
             blk = loop.index
             offset = b.mul(blk, _i64(layout.block_bytes))
             per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
             if layout.groups == 1:
-                _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
+                _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
             pairs = _pairs_unpacked(es, layout.pair, offset) if layout.pair is not None else None
             if layout.head is not None:
-                head_scale, head_sum = _heads(b, es[0].row, row_bytes, offset, layout.head)
+                head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
             if layout.scales8 is not None:
-                scales8 = layout.scales8(b, es[0].row, row_bytes, offset)
+                scales8 = layout.scales8(b, rows.row0, rows.row_bytes, offset)
             for gi in range(layout.groups):
                 group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                 gs = [per_row[j][gi] for j in range(TILE_R)]
@@ -698,19 +740,13 @@ def _rows_codegen(layout: Layout, n_x: int):
                     sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
                     scale_hi = _vector_of(b, [g.scale_hi for g in gs]) if two else None
                 for i in range(n_x):
-                    x = es[0].load(axq.data, b.add(x_base[i], b.mul(group, _i64(QK))), V32I8)
+                    x = es[0].load(rows.axq.data, b.add(rows.x_base[i], b.mul(group, _i64(QK))), V32I8)
                     if pairs is not None:
                         lo, hi = _pairs_by_row(es, pairs, x), ir.Constant(V8I32, None)
                     else:
                         lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
-                    at = b.add(s_base[i], group)
-                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
-                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
-                    b.store(_add_group(b, b.load(acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at),
-                            acc[i])
-        for i in range(n_x):
-            dst = b.gep(aout.data, [b.add(b.mul(ms[i], n_out), r0)])
-            b.store(b.load(acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+                    _add_row_group(b, rows, i, group, lo, hi, scale, scale_hi, sum_factor)
+        _store_rows(b, rows)
         return ir.Constant(I64, 0)
 
     return codegen
@@ -807,31 +843,19 @@ def _lanes_codegen(layout: Layout, n_x: int):
     multiplied by every activation row's words broadcast."""
 
     def codegen(context, b, signature, args):
-        s = signature.args
-        aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
-                                          (args[0], args[2], args[3], args[4], args[6]))
-        r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
-        row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-        k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
-        n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-        n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
-        isa = product_isa(context)
-        row0 = b.gep(aw.data, [b.mul(r0, row_bytes)])
-        es = [LanesEmitter(b, isa, row0, row_bytes, q) for q in range(QK // 4)]
-        ms = [b.add(m0, _i64(i)) for i in range(n_x)]
-        x_base, s_base = [b.mul(mi, k) for mi in ms], [b.mul(mi, n_groups) for mi in ms]
-        acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)]
+        rows = _rows_operands(context, b, signature, args, n_x)
+        es = [LanesEmitter(b, rows.isa, rows.row0, rows.row_bytes, q) for q in range(QK // 4)]
         zero = ir.Constant(V8I32, None)
-        with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+        with cgutils.for_range(b, b.udiv(rows.n_groups, _i64(layout.groups))) as loop:
             blk = loop.index
             offset = b.mul(blk, _i64(layout.block_bytes))
             words = [layout.emit(e, offset) for e in es]          # words[q][group]
             if layout.groups == 1:
-                _prefetch_next(b, row0, row_bytes, blk, layout.block_bytes)
+                _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
             if layout.head is not None:
-                head_scale, head_sum = _heads(b, row0, row_bytes, offset, layout.head)
+                head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
             else:
-                scales8 = layout.scales8(b, row0, row_bytes, offset)
+                scales8 = layout.scales8(b, rows.row0, rows.row_bytes, offset)
             for gi in range(layout.groups):
                 group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                 g0 = words[0][gi]
@@ -843,24 +867,19 @@ def _lanes_codegen(layout: Layout, n_x: int):
                 unsigned = [_psign(b, v, v) for v in values] if g0.signed else values
                 halves = (range(4), range(4, 8)) if scale_hi is not None else (range(8),)
                 for i in range(n_x):
-                    at_x = b.add(x_base[i], b.mul(group, _i64(QK)))
+                    at_x = b.add(rows.x_base[i], b.mul(group, _i64(QK)))
                     sums = []
                     for qs in halves:
                         chains = [zero, zero]         # two running sums: half the latency of one chain
                         for q in qs:
-                            word = es[0].load(axq.data, b.add(at_x, _i64(4 * q)), I32)
+                            word = es[0].load(rows.axq.data, b.add(at_x, _i64(4 * q)), I32)
                             xb = b.bitcast(_splat(b, word, TILE_R), V32I8)
                             chains[q % 2] = _dot_acc(es[0], chains[q % 2], unsigned[q],
                                                      _psign(b, xb, values[q]) if g0.signed else xb)
                         sums.append(b.add(chains[0], chains[1]))
                     lo, hi = sums if len(sums) == 2 else (sums[0], zero)
-                    at = b.add(s_base[i], group)
-                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
-                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if sum_factor is not None else None
-                    b.store(_add_group(b, b.load(acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at), acc[i])
-        for i in range(n_x):
-            dst = b.gep(aout.data, [b.add(b.mul(ms[i], n_out), r0)])
-            b.store(b.load(acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+                    _add_row_group(b, rows, i, group, lo, hi, scale, scale_hi, sum_factor)
+        _store_rows(b, rows)
         return ir.Constant(I64, 0)
 
     return codegen
