@@ -764,7 +764,8 @@ class LanesEmitter(Emitter):
     nibbles16 and high_bits give <32 x i8> whose lane j holds values 4q .. 4q + 3 of row j (of the 32 values
     Emitter's give), so that a layout's ``emit``, which works on each byte alike, unpacks them unchanged. Its
     scalars (row 0's) go unused: the scales come from ``head`` or ``scales8``. The eight emitters of a block
-    load and transpose the same bytes; LLVM's common subexpressions merge them into one transposition."""
+    ask for the same loads and shuffles, pure values that LLVM may compute once (not read in the assembly:
+    the products' speed is measured, docs/benchmarks.md)."""
 
     def __init__(self, builder, isa: str, row0, row_bytes, q: int):
         super().__init__(builder, isa, row0)
