@@ -12,6 +12,13 @@ a decode step's layer products cold, as a model reads them: every quantized blk.
 times one activation row, once each in file order (so each weight comes from memory, not the cache), the
 pass's wall time and GB/s, best of 5 passes.
 
+    python benchmarks/cpu_products.py --quantize smollm2,~/.cache/framework/models/qwen25-coder-1.5b.gguf
+
+what a few rows pay for besides the products: quantizing 1, 2, 4 and 8 activation rows to 8 bits (q8_0 /
+q8_1 / q8_K) at each input width of the model's layer products, per call and per decode step (every layer
+product quantizing its own input, as before the products reading one input shared it, and once per input),
+medians of 7 timings.
+
     python benchmarks/cpu_products.py --attention
 
 a decode step's attention (one query, SmolLM2's 9 heads over 3 kv heads of 64, 300 keys), ms a call with
@@ -36,7 +43,7 @@ import numpy as np
 
 from framework.contract import DType
 from framework.model.default import model_path, resolve_model
-from framework.plugins.cpu.quantized import QuantizedWeight, target
+from framework.plugins.cpu.quantized import QuantizedWeight, quantize_activations, target
 
 # (model, tensor): each type and shape of the two models' layers, and Gemma 3's tied output matrix
 TENSORS = (("gemma3", "blk.0.ffn_gate.weight"), ("gemma3", "blk.0.attn_q.weight"), ("gemma3", "blk.0.attn_k.weight"),
@@ -53,6 +60,7 @@ def main() -> None:
     ap.add_argument("--cold", default="", metavar="MODEL", help="time a decode step's layer products cold")
     ap.add_argument("--attention", action="store_true", help="time a decode step's attention, both paths")
     ap.add_argument("--few", default="", metavar="MODELS", help="time products of 1, 2, 4, 8 activation rows")
+    ap.add_argument("--quantize", default="", metavar="MODELS", help="time the activations' quantization")
     ap.add_argument("--base", default="", help="with --few: a checkout whose plugin takes turns with this one")
     ap.add_argument("--turns", type=int, default=5, help="with --few: turns of each engine")
     ap.add_argument("--one-turn", default="", help=argparse.SUPPRESS)      # one engine's turn (a child)
@@ -62,6 +70,8 @@ def main() -> None:
         return print(json.dumps(one_turn(args.one_turn)))
     if args.few:
         return few(args.few.split(","), args.base, args.turns, args.threads)
+    if args.quantize:
+        return [quantize(model) for model in args.quantize.split(",")]
     print(f"numba compiles for {list(target())}, {args.threads} thread(s)")
     if args.cold:
         return cold(args.cold)
@@ -192,6 +202,48 @@ def _table(runs: dict, engines: dict, model: str, threads: int, turns: int, cloc
               + ", ".join(f"{step[m] * 1e3:.1f} ms" for m in FEW_ROWS)
               + f" ({nbytes / step[1] / 1e9:.1f} GB/s at M=1); over M=1: "
               + "/".join(f"{step[m] / step[1]:.2f}" for m in FEW_ROWS[1:]))
+
+
+# a layer's products by the input they read: q, k and v the attention's norm, gate and up the FFN's
+SAME_INPUT = {"attn_q": "attn", "attn_k": "attn", "attn_v": "attn", "ffn_gate": "ffn", "ffn_up": "ffn"}
+
+
+def quantize(path: str) -> None:
+    """quantize_activations' time per call at each (input width, 8-bit form) of the model's layer products, and
+    per decode step: each product quantizing its input, and each input once (q, k, v; gate, up)."""
+    products: collections.Counter = collections.Counter()
+    inputs: dict = collections.defaultdict(set)
+    layers = 0
+    for ws in _groups(path).values():
+        for label, w in ws:
+            if label == "head":
+                continue
+            form = (w.shape[1], *w.activations)
+            products[form] += 1
+            inputs[form].add(SAME_INPUT.get(label, label))
+            layers += label == "attn_q"
+    print(f"\n{path}: quantizing the activations, us a call (medians of 7 timings of 200 calls), {layers} layers")
+    step = {m: [0.0, 0.0] for m in FEW_ROWS}
+    for form, n in sorted(products.items()):
+        k, k_quant, q8_1 = form
+        cells = []
+        for m in FEW_ROWS:
+            x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+            quantize_activations(x, k_quant, q8_1)
+            runs = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    quantize_activations(x, k_quant, q8_1)
+                runs.append((time.perf_counter() - t0) / 200)
+            t = statistics.median(runs)
+            cells.append(f"M={m} {t * 1e6:.1f}")
+            step[m][0] += n * t
+            step[m][1] += len(inputs[form]) * layers * t
+        print(f"K={k} {'q8_K' if k_quant else 'q8_1' if q8_1 else 'q8_0'}, {n} products a step reading "
+              f"{len(inputs[form]) * layers} inputs: " + ", ".join(cells))
+    print("a step, each product quantizing / each input once: "
+          + ", ".join(f"M={m} {a * 1e3:.2f} / {b * 1e3:.2f} ms" for m, (a, b) in step.items()))
 
 
 def _commit(root: Path) -> str:

@@ -153,7 +153,8 @@ def test_types_without_a_kernel_round_as_llama_cpp(dtype):
 def test_rows_of_a_batch_equal_rows_alone(fmt, m):
     """Row i of an m-row product is bit for bit the 1-row product of row i (a decode step), as in chunked
     prefill, speculative verification and several sequences' decode: 7 and 8 rows take the few-row kernel
-    (4, then 2, then 1 activation rows a pass over eight weight rows; 4 and 4), TILED_FROM + 5 the tiled
+    (4, then 2, then 1 activation rows a pass over eight weight rows; 8 in one pass; from 2 rows the weight
+    rows a row a lane, except 2 rows of the types whose rows go in pairs), TILED_FROM + 5 the tiled
     one (4-row tiles, then single rows); 63 weight rows, so the last rows take the one-row tails too."""
     raw, shape = weight(fmt)
     w = quantized.QuantizedWeight(raw[:63], DType[fmt], (63, shape[1]))
@@ -176,6 +177,7 @@ for fmt, path in spec["weights"].items():
     w = quantized.QuantizedWeight(raw, DType[fmt], tuple(spec["shapes"][fmt]))
     out[fmt] = w.matmul(x)                      # the tiled kernel
     out[fmt + " few"] = w.matmul(x[:7])         # the few-row kernel (4, 2 and 1 rows a pass)
+    out[fmt + " eight"] = w.matmul(x[:8])       # its 8-row pass (sixteen vector registers on AVX2, 32 on AVX-512)
 from framework.plugins.cpu.attention import flash_attn_ext
 rng = np.random.default_rng(0)
 q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((33, 4, 256), (96, 1, 256), (96, 1, 256)))
@@ -324,3 +326,31 @@ def test_framework_cache_off_caches_no_kernel(tmp_path):
     env.pop("NUMBA_CACHE_DIR", None)
     subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True, timeout=120)
     assert not (tmp_path / "off").exists()
+
+
+def test_products_reading_one_input_quantize_it_once(monkeypatch):
+    """q, k and v (gate and up) read one input: a program quantizes it once a run (SharedActivations) and drops
+    it after the last reader; each output is bit for bit the product alone, and a second run with other values
+    quantizes those (nothing kept from the first)."""
+    from framework.core.graph import F32, Fragment, GraphBuilder
+    from framework.core.graph.tensor import LeafKind, leaf
+    raw, shape = weight("Q4_1")
+    b = GraphBuilder()
+    tx = b.input("x", F32, (3, shape[1]))
+    ws = [b.use(leaf(f"blk.0.attn_{n}.weight", DType.Q4_1, shape, LeafKind.WEIGHT)) for n in "qkv"]
+    outs = [b.mul_mat(w, tx) for w in ws]
+    graph = b.build(outs)
+    device = CpuDevice("q8")
+    program = device.compile(Fragment(0, "cpu", graph.nodes, inputs=graph.leaves, outputs=outs))
+    weights = [device.load_weight(w, raw) for w in ws]
+    calls = []
+    real = quantized.quantize_activations
+    monkeypatch.setattr(quantized, "quantize_activations", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).standard_normal((3, shape[1])).astype(np.float32)
+        got = program.run([x if t is tx else weights[ws.index(t)] for t in graph.leaves])
+        assert calls == [x.shape], f"run {seed}: the input quantized {len(calls)} times for 3 products"
+        assert program.shared._held == {}, "the input's 8-bit form outlived its last reader"
+        for w, out in zip(weights, got):
+            np.testing.assert_array_equal(out, w.matmul(x))
+        calls.clear()

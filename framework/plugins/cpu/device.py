@@ -89,9 +89,17 @@ class CpuProgram(ReferenceProgram):
 
     def __init__(self, fragment: Fragment, fast: bool):
         super().__init__(fragment.nodes, fragment.inputs, fragment.outputs)
+        self.shared = None
         if fast:
             from . import quantized
-            self.steps = [(quantized.bind(n, fn), out, ins) for n, (fn, out, ins) in zip(fragment.nodes, self.steps)]
+            self.shared = quantized.SharedActivations(fragment.nodes)
+            self.steps = [(quantized.bind(n, fn, self.shared), out, ins)
+                          for n, (fn, out, ins) in zip(fragment.nodes, self.steps)]
+
+    def run(self, args):
+        if self.shared is not None:
+            self.shared.clear()
+        return super().run(args)
 
 
 class CpuDevice(Device):

@@ -8,13 +8,15 @@ is what a decode step has to stream from memory. The kernels, compiled by numba 
 jit.py), run the rows of the weight over the CPU's threads (``prange``): up to 8 activation rows (a decode
 step, speculative verification, several sequences' decode) take _matmul, which reads each block of eight
 weight rows once and multiplies it by every activation row; a prefill chunk takes _matmul_tiled. The
-activations are quantized once per product.
+activations are quantized once per input and run: the products that read one input (q, k and v; gate and
+up) share its 8-bit form (SharedActivations).
 The other weight types are multiplied in float32, their activations first rounded as llama.cpp rounds them
 for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for every type.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 
@@ -126,11 +128,14 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 # For a decode step and a few activation rows (speculative verification, several sequences' decode): eight
 # weight rows at a time, each block read once and unpacked in registers, times ROWS_AT_ONCE activation rows
 # (vectors.rows_dot, one intrinsic for every type and count); row_dot for the weight's last N mod 8 rows.
+# From two activation rows on, the eight weight rows are turned a row a lane once a block (rows_dot's lanes)
+# and each activation row's bytes broadcast, as the tiles do: no shuffles a row; one row keeps the values in
+# the lanes (a transposition costs more than one row's gathering of sums).
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
-ROWS_AT_ONCE = (4, 2, 1)     # activation rows a pass over eight weight rows multiplies, largest first
-_rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n) for n in ROWS_AT_ONCE)
+ROWS_AT_ONCE = (8, 4, 2, 1)  # activation rows a pass over eight weight rows multiplies, largest first
+_rows8, _rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n, lanes=n > 1) for n in ROWS_AT_ONCE)
 
 
 @kernel()
@@ -162,15 +167,18 @@ def _matmul(fmt, w, xq, xd, xsum, out):
     """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], for a few
     activation rows (_matmul_tiled takes many): the weight's rows in blocks of eight over the threads (numba
     splits the blocks into one contiguous run a thread, so the head's 151,936 rows go half to each of two),
-    each block read once and multiplied by every activation row, four (then two, then one) at a time."""
+    each block read once and multiplied by every activation row, eight (then four, two, one) at a time."""
     m_rows, n_rows = xq.shape[0], w.shape[0]
     n8 = n_rows // TILE_R
-    m4 = m_rows // 4 * 4
     for q in prange(n8):
         r = q * TILE_R
-        for m in range(0, m4, 4):
+        m = 0
+        while m_rows - m >= 8:
+            _rows8(fmt, w, r, xq, xd, xsum, m, out)
+            m += 8
+        if m_rows - m >= 4:
             _rows4(fmt, w, r, xq, xd, xsum, m, out)
-        m = m4
+            m += 4
         if m_rows - m >= 2:
             _rows2(fmt, w, r, xq, xd, xsum, m, out)
             m += 2
@@ -181,9 +189,23 @@ def _matmul(fmt, w, xq, xd, xsum, out):
             out[m, r] = _dot1(fmt, w[r], xq, xd, xsum, m)
 
 
-# Two builds of one loop, as attention.py: a small product does not pay for waking the threads.
+def _matvec(fmt, w, xq, xd, xsum, out):
+    """As _matmul, for one activation row (a decode step's products), in a kernel of its own: built into
+    _matmul beside the few-row passes, the one-row pass ran up to 1.8x slower on an AVX2 build (the K-quants,
+    benchmarks/results/cpu_few_rows_lanes_avx2_1thread-2026-12-06.log)."""
+    n_rows = w.shape[0]
+    n8 = n_rows // TILE_R
+    for q in prange(n8):
+        _rows1(fmt, w, q * TILE_R, xq, xd, xsum, 0, out)
+    for r in range(n8 * TILE_R, n_rows):
+        out[0, r] = _dot1(fmt, w[r], xq, xd, xsum, 0)
+
+
+# Two builds of each loop, as attention.py: a small product does not pay for waking the threads.
 _matmul_threads = kernel(parallel=True)(_matmul)
 _matmul_one = kernel()(_matmul)
+_matvec_threads = kernel(parallel=True)(_matvec)
+_matvec_one = kernel()(_matvec)
 THREADED_FROM = 1 << 18      # multiply-adds (M x N x K) from which the weight's rows go over the threads
 
 
@@ -298,14 +320,22 @@ class QuantizedWeight:
             self._float32 = dequantize(self.raw.reshape(-1), self.dtype, self.shape)
         return self._float32
 
-    def matmul(self, x: np.ndarray) -> np.ndarray:
-        """x (M, K) float32 @ weight^T: (M, N) float32."""
-        xq, xd, xsum = quantize_activations(x, k_quant=self.dtype in K_QUANTS, q8_1=self.dtype in WITH_MIN)
+    @property
+    def activations(self) -> tuple[bool, bool]:
+        """quantize_activations' (k_quant, q8_1) for this weight's type."""
+        return self.dtype in K_QUANTS, self.dtype in WITH_MIN
+
+    def matmul(self, x: np.ndarray, quantized: tuple | None = None) -> np.ndarray:
+        """x (M, K) float32 @ weight^T: (M, N) float32; ``quantized``: x as quantize_activations gives it
+        for this type, where the caller has it already (SharedActivations)."""
+        xq, xd, xsum = quantized if quantized is not None else quantize_activations(x, *self.activations)
         out = np.empty((x.shape[0], self.shape[0]), np.float32)
         threaded = x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM
         if x.shape[0] >= TILED_FROM:
             (_tiled_threads if threaded else _tiled_one)(_FMT[self.dtype], _KIND[self.dtype], self.raw, xq, xd, xsum,
                                                          out, CHUNK_ROWS)
+        elif x.shape[0] == 1:
+            (_matvec_threads if threaded else _matvec_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
         else:
             (_matmul_threads if threaded else _matmul_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
         return out
@@ -319,13 +349,51 @@ def keeps_blocks(t) -> bool:
     return t.dtype in FAST_TYPES and len(t.shape) == 2
 
 
-def mul_mat(a, b):
-    """MUL_MAT for the fast path: a weight in its blocks times float32 activations (..., M, K); any other
-    operands go to the reference kernel."""
+def mul_mat(a, b, shared: SharedActivations | None = None, key=None):
+    """MUL_MAT for the fast path: a weight in its blocks times float32 activations (..., M, K), quantized
+    through ``shared`` where the program shares them (key: the input node); any other operands go to the
+    reference kernel."""
     if not isinstance(a, QuantizedWeight):
         return reference.mul_mat(a, b)
     flat = b.reshape(-1, b.shape[-1])
-    return a.matmul(flat).reshape(b.shape[:-1] + (a.shape[0],))
+    q8 = shared.quantized((key, a.activations), b, flat) if shared is not None else None
+    return a.matmul(flat, q8).reshape(b.shape[:-1] + (a.shape[0],))
+
+
+def _reads_blocks(node) -> tuple | None:
+    """(input node's id, quantize_activations' kind) of a product by a weight held in its blocks, else None."""
+    w = node.src[0] if node.op == "MUL_MAT" else None
+    if w is None or not (w.is_leaf and w.kind == LeafKind.WEIGHT and keeps_blocks(w)):
+        return None
+    return id(node.src[1]), (w.dtype in K_QUANTS, w.dtype in WITH_MIN)
+
+
+class SharedActivations:
+    """A program's products that read one input in the same 8-bit form (q, k and v; gate and up) quantize it
+    once a run: the first of them quantizes, the others take its result, and the last drops it (so a run
+    holds no input longer than its products need it). Cleared at the start of each run, since a program's
+    argument may be a buffer its caller rewrites between runs; an entry is used only for the very array it
+    was made from."""
+
+    def __init__(self, nodes):
+        keys = [k for k in map(_reads_blocks, nodes) if k is not None]
+        self.readers = {k: n for k, n in collections.Counter(keys).items() if n > 1}
+        self._held: dict = {}
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def quantized(self, key, x: np.ndarray, flat: np.ndarray) -> tuple | None:
+        """x's 8-bit form for the reader ``key``, or None where no other product reads it (the caller quantizes)."""
+        if key not in self.readers:
+            return None
+        held = self._held.get(key)
+        if held is None or held[0] is not x:
+            held = self._held[key] = [x, quantize_activations(flat, *key[1]), 0]
+        held[2] += 1
+        if held[2] == self.readers[key]:
+            del self._held[key]
+        return held[1]
 
 
 # The weight types without a kernel here are multiplied in float32, their activations first rounded as
@@ -368,12 +436,16 @@ def _float_args(fn):
     return run
 
 
-def bind(node, fn):
-    """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn."""
+def bind(node, fn, shared: SharedActivations | None = None):
+    """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn; shared: the
+    program's SharedActivations, if any."""
     if node.op == "MUL_MAT":
         w = node.src[0]
         if w.is_leaf and w.kind == LeafKind.WEIGHT and w.dtype in ACTIVATION_ROUNDING:
             return rounded_mul_mat(ACTIVATION_ROUNDING[w.dtype])
+        reads = _reads_blocks(node)
+        if shared is not None and reads is not None:
+            return functools.partial(mul_mat, shared=shared, key=reads[0])
         return mul_mat
     if node.op == "GET_ROWS":
         return get_rows

@@ -11,8 +11,9 @@ products are summed exactly in int32 lanes by the CPU's product of unsigned byte
 
 and each output then runs one float chain over its groups (see "the arithmetic every product shares"
 below): a decode step's products hold a weight row's 32 values in a vector's lanes and gather eight
-rows' group sums into one vector, a batch's tile holds eight weight rows in the lanes and broadcasts the
-activations, and both give the same integers and then the same float operations.
+rows' group sums into one vector; from two activation rows the products turn eight weight rows a row a
+lane in registers, and a batch's tile holds them so in scratch, both broadcasting the activations; all
+give the same integers and then the same float operations.
 
 The path is chosen from the features numba compiles for (its codegen's target, the host CPU unless
 NUMBA_CPU_NAME / NUMBA_CPU_FEATURES say otherwise), so a kernel cached on disk always matches the path
@@ -617,16 +618,19 @@ def row_dot(layout: Layout):
     return dot
 
 
-def rows_dot(layouts: list[Layout], n_x: int):
+def rows_dot(layouts: list[Layout], n_x: int, lanes: bool = False):
     """An intrinsic ``(fmt, w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N,
     bytes per row), blocks of layouts[fmt]) times activation rows m .. m + n_x - 1 (as row_dot's) into
     out[m .. m + n_x - 1, r .. r + 7] (float32 (M, N)). One intrinsic for every layout (a switch on fmt in
-    the IR), so that a kernel dispatches on the weight type without a function per type."""
+    the IR), so that a kernel dispatches on the weight type without a function per type. ``lanes``: the
+    eight weight rows turned into a row a lane once a block (_lanes_codegen), for the layouts that read
+    their scales for eight rows at once; the others keep the values in the lanes."""
 
     @intrinsic
     def dot(typingctx, fmt, w, r, xq, xd, xsum, m, out):
         sig = types.int64(fmt, w, r, xq, xd, xsum, m, out)
-        bodies = [_rows_codegen(layout, n_x) for layout in layouts]
+        bodies = [_lanes_codegen(layout, n_x) if lanes and _by_lanes(layout, n_x) else _rows_codegen(layout, n_x)
+                  for layout in layouts]
 
         def codegen(context, b, signature, args):
             which = _int(context, b, signature.args[0], args[0])
@@ -647,6 +651,59 @@ def rows_dot(layouts: list[Layout], n_x: int):
     return dot
 
 
+@dataclass
+class _Rows:
+    """rows_dot's operands inside its codegen: the arrays, weight row r0 (its pointer, row0, and the bytes
+    between rows), the activation rows (their first value's and first group's offsets) and a float
+    accumulator of eight outputs for each."""
+
+    aw: object
+    axq: object
+    axd: object
+    axs: object
+    aout: object
+    r0: object
+    row0: object
+    row_bytes: object
+    n_groups: object
+    n_out: object
+    isa: str
+    ms: list
+    x_base: list
+    s_base: list
+    acc: list
+
+
+def _rows_operands(context, b, signature, args, n_x: int) -> _Rows:
+    s = signature.args
+    aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
+                                      (args[0], args[2], args[3], args[4], args[6]))
+    r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
+    row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+    k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
+    n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
+    ms = [b.add(m0, _i64(i)) for i in range(n_x)]
+    return _Rows(aw, axq, axd, axs, aout, r0, b.gep(aw.data, [b.mul(r0, row_bytes)]), row_bytes, n_groups,
+                 cgutils.unpack_tuple(b, aout.shape, 2)[1], product_isa(context), ms, [b.mul(mi, k) for mi in ms],
+                 [b.mul(mi, n_groups) for mi in ms],
+                 [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)])
+
+
+def _add_row_group(b, rows: _Rows, i: int, group, lo, hi, scale, scale_hi, sum_factor):
+    """Activation row i's accumulator plus a group's terms (_add_group), its scale and group sum splat."""
+    at = b.add(rows.s_base[i], group)
+    dx = _splat(b, b.load(b.gep(rows.axd.data, [at])), TILE_R)
+    xsum_at = _splat(b, b.load(b.gep(rows.axs.data, [at])), TILE_R) if sum_factor is not None else None
+    b.store(_add_group(b, b.load(rows.acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at), rows.acc[i])
+
+
+def _store_rows(b, rows: _Rows):
+    """Each activation row's eight outputs into out[m, r0 .. r0 + 7]."""
+    for i, mi in enumerate(rows.ms):
+        dst = b.gep(rows.aout.data, [b.add(b.mul(mi, rows.n_out), rows.r0)])
+        b.store(b.load(rows.acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+
+
 def _rows_codegen(layout: Layout, n_x: int):
     """The codegen of rows_dot for one layout: weight rows r .. r + 7 times activation rows m .. m + n_x - 1,
     each block unpacked in registers once and multiplied by every activation row: for a decode step or a
@@ -656,30 +713,19 @@ def _rows_codegen(layout: Layout, n_x: int):
     row's outputs are its bits alone, whatever n_x."""
 
     def codegen(context, b, signature, args):
-        s = signature.args
-        aw, axq, axd, axs, aout = _arrays(context, b, (s[0], s[2], s[3], s[4], s[6]),
-                                          (args[0], args[2], args[3], args[4], args[6]))
-        r0, m0 = _int(context, b, s[1], args[1]), _int(context, b, s[5], args[5])
-        row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-        k = cgutils.unpack_tuple(b, axq.shape, 2)[1]
-        n_groups = cgutils.unpack_tuple(b, axd.shape, 2)[1]
-        n_out = cgutils.unpack_tuple(b, aout.shape, 2)[1]
-        isa = product_isa(context)
-        es = [Emitter(b, isa, b.gep(aw.data, [b.mul(b.add(r0, _i64(j)), row_bytes)])) for j in range(TILE_R)]
-        ms = [b.add(m0, _i64(i)) for i in range(n_x)]
-        x_base, s_base = [b.mul(mi, k) for mi in ms], [b.mul(mi, n_groups) for mi in ms]
-        acc = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(n_x)]
-        with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+        rows = _rows_operands(context, b, signature, args, n_x)
+        es = [Emitter(b, rows.isa, b.gep(rows.row0, [b.mul(rows.row_bytes, _i64(j))])) for j in range(TILE_R)]
+        with cgutils.for_range(b, b.udiv(rows.n_groups, _i64(layout.groups))) as loop:
             blk = loop.index
             offset = b.mul(blk, _i64(layout.block_bytes))
             per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
             if layout.groups == 1:
-                _prefetch_next(b, es[0].row, row_bytes, blk, layout.block_bytes)
+                _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
             pairs = _pairs_unpacked(es, layout.pair, offset) if layout.pair is not None else None
             if layout.head is not None:
-                head_scale, head_sum = _heads(b, es[0].row, row_bytes, offset, layout.head)
+                head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
             if layout.scales8 is not None:
-                scales8 = layout.scales8(b, es[0].row, row_bytes, offset)
+                scales8 = layout.scales8(b, rows.row0, rows.row_bytes, offset)
             for gi in range(layout.groups):
                 group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                 gs = [per_row[j][gi] for j in range(TILE_R)]
@@ -694,19 +740,147 @@ def _rows_codegen(layout: Layout, n_x: int):
                     sum_factor = _vector_of(b, [g.sum_factor for g in gs]) if with_sum else None
                     scale_hi = _vector_of(b, [g.scale_hi for g in gs]) if two else None
                 for i in range(n_x):
-                    x = es[0].load(axq.data, b.add(x_base[i], b.mul(group, _i64(QK))), V32I8)
+                    x = es[0].load(rows.axq.data, b.add(rows.x_base[i], b.mul(group, _i64(QK))), V32I8)
                     if pairs is not None:
                         lo, hi = _pairs_by_row(es, pairs, x), ir.Constant(V8I32, None)
                     else:
                         lo, hi = _halves_by_row(b, [_group_dot(es[j], gs[j], x) for j in range(TILE_R)])
-                    at = b.add(s_base[i], group)
-                    dx = _splat(b, b.load(b.gep(axd.data, [at])), TILE_R)
-                    xsum_at = _splat(b, b.load(b.gep(axs.data, [at])), TILE_R) if with_sum else None
-                    b.store(_add_group(b, b.load(acc[i]), lo, hi, scale, scale_hi, dx, sum_factor, xsum_at),
-                            acc[i])
-        for i in range(n_x):
-            dst = b.gep(aout.data, [b.add(b.mul(ms[i], n_out), r0)])
-            b.store(b.load(acc[i]), b.bitcast(dst, V8F32.as_pointer()), align=4)
+                    _add_row_group(b, rows, i, group, lo, hi, scale, scale_hi, sum_factor)
+        _store_rows(b, rows)
+        return ir.Constant(I64, 0)
+
+    return codegen
+
+
+# -- a few activation rows, the weight's rows in the lanes -------------------------------------------------
+# From two activation rows on, _rows_codegen's gathering of eight rows' sums (_halves_by_row, _pairs_by_row:
+# shuffles every group, for every activation row) costs more than turning the eight weight rows around once a
+# block: their bytes as 32-bit words, transposed so that vector q holds word q (values 4q .. 4q + 3) of row 0,
+# of row 1, ... of row 7, as the tiles' scratch holds them, but in registers. An activation row then takes
+# each 4 of its bytes broadcast to all lanes: one product instruction a word, no shuffle, the eight rows' sums
+# already a row a lane. The integers are the same (exact), and so is the float chain.
+class LanesEmitter(Emitter):
+    """The emitter of word q of eight weight rows (row0, rows row_bytes apart), a row a lane: bytes32,
+    nibbles16 and high_bits give <32 x i8> whose lane j holds values 4q .. 4q + 3 of row j (of the 32 values
+    Emitter's give), so that a layout's ``emit``, which works on each byte alike, unpacks them unchanged. Its
+    scalars (row 0's) go unused: the scales come from ``head`` or ``scales8``. The eight emitters of a block
+    ask for the same loads and shuffles, pure values that LLVM may compute once (not read in the assembly:
+    the products' speed is measured, docs/benchmarks.md)."""
+
+    def __init__(self, builder, isa: str, row0, row_bytes, q: int):
+        super().__init__(builder, isa, row0)
+        self.row_bytes, self.q = row_bytes, q
+
+    def _at(self, j: int, offset):
+        return self.b.add(self.b.mul(self.row_bytes, _i64(j)), offset)
+
+    def bytes32(self, offset):
+        rows = [self.b.bitcast(self.load(self.row, self._at(j, offset), V32I8), V8I32) for j in range(TILE_R)]
+        return self.b.bitcast(_transpose8(self.b, rows)[self.q], V32I8)
+
+    def nibbles16(self, offset):
+        """Values 0-15 are the low nibbles of the 16 bytes, 16-31 the high ones: word q < 4 is the low nibbles
+        of bytes 4q .. 4q + 3, word q >= 4 the high nibbles of bytes 4(q - 4) ..; an 8 x 4 transposition."""
+        b = self.b
+        v4 = ir.VectorType(I32, 4)
+        rows = [b.load(self.ptr(self.row, self._at(j, offset), v4), align=1) for j in range(TILE_R)]
+        words = _transpose8x4(b, [b.shuffle_vector(rows[j], rows[j + 4], _const_vec(I32, range(8)))
+                                  for j in range(4)])[self.q % 4]
+        v = b.bitcast(words, V32I8)
+        return b.and_(v, _const_vec(I8, [15] * 32)) if self.q < 4 else b.lshr(v, _const_vec(I8, [4] * 32))
+
+    def high_bits(self, offset):
+        """Bits 4q .. 4q + 3 of each row's uint32 at offset, times 16, in bytes 0-3 of its lane."""
+        b = self.b
+        word = _vector_of(b, [self.load(self.row, self._at(j, offset), I32) for j in range(TILE_R)])
+        four = b.and_(b.lshr(word, _const_vec(I32, [4 * self.q] * TILE_R)), _const_vec(I32, [15] * TILE_R))
+        spread = b.bitcast(b.mul(four, _const_vec(I32, [0x01010101] * TILE_R)), V32I8)
+        bit = _const_vec(I8, [1, 2, 4, 8] * TILE_R)
+        is_set = b.icmp_unsigned("!=", b.and_(spread, bit), ir.Constant(V32I8, None))
+        return b.select(is_set, _const_vec(I8, [16] * 32), ir.Constant(V32I8, None))
+
+
+def _transpose8(b, rows):
+    """Eight <8 x i32> (a row's words) -> eight <8 x i32>, vector q holding word q of each row: pairs of
+    words, then of pairs, then the 128-bit halves (24 shuffles, AVX2's unpacks and lane permutes)."""
+    def two(u, v, first, second):
+        return b.shuffle_vector(u, v, _const_vec(I32, first)), b.shuffle_vector(u, v, _const_vec(I32, second))
+    s1 = [two(rows[2 * t], rows[2 * t + 1], [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+          for t in range(4)]
+    # s1[t] = (words 0, 1 | 4, 5 of rows 2t, 2t+1 interleaved; words 2, 3 | 6, 7)
+    s2 = []
+    for t in range(2):
+        for h in range(2):
+            s2.extend(two(s1[2 * t][h], s1[2 * t + 1][h], [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]))
+    # s2[4t + w] = word w | word w + 4 of rows 4t .. 4t + 3
+    out = [None] * 8
+    for w in range(4):
+        out[w], out[w + 4] = two(s2[w], s2[4 + w], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+    return out
+
+
+def _transpose8x4(b, pairs):
+    """Four <8 x i32>, pairs[j] = the 4 words of row j then of row j + 4 -> four <8 x i32>, vector q holding
+    word q of rows 0 .. 7 (in-lane unpacks only)."""
+    def two(u, v, first, second):
+        return b.shuffle_vector(u, v, _const_vec(I32, first)), b.shuffle_vector(u, v, _const_vec(I32, second))
+    lo01, hi01 = two(pairs[0], pairs[1], [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+    lo23, hi23 = two(pairs[2], pairs[3], [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+    w0, w1 = two(lo01, lo23, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+    w2, w3 = two(hi01, hi23, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+    return [w0, w1, w2, w3]
+
+
+def _by_lanes(layout: Layout, n_x: int) -> bool:
+    """Whether _lanes_codegen takes the layout for n_x activation rows: its scales read for eight rows at once
+    (head or scales8), and for two rows not a layout whose rows go in pairs (``pair``: its two-row vectors
+    gather the sums in fewer shuffles than a transposition costs; measured, benchmarks/cpu_products.py)."""
+    return (layout.head is not None or layout.scales8 is not None) and (n_x > 2 or layout.pair is None)
+
+
+def _lanes_codegen(layout: Layout, n_x: int):
+    """The codegen of rows_dot for one layout with lanes: as _rows_codegen's (the same scales, the same float
+    chain a row, so the same bits), the eight weight rows unpacked a row a lane (LanesEmitter) and each group
+    multiplied by every activation row's words broadcast."""
+
+    def codegen(context, b, signature, args):
+        rows = _rows_operands(context, b, signature, args, n_x)
+        es = [LanesEmitter(b, rows.isa, rows.row0, rows.row_bytes, q) for q in range(QK // 4)]
+        zero = ir.Constant(V8I32, None)
+        with cgutils.for_range(b, b.udiv(rows.n_groups, _i64(layout.groups))) as loop:
+            blk = loop.index
+            offset = b.mul(blk, _i64(layout.block_bytes))
+            words = [layout.emit(e, offset) for e in es]          # words[q][group]
+            if layout.groups == 1:
+                _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
+            if layout.head is not None:
+                head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
+            else:
+                scales8 = layout.scales8(b, rows.row0, rows.row_bytes, offset)
+            for gi in range(layout.groups):
+                group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
+                g0 = words[0][gi]
+                if layout.head is not None:
+                    scale, sum_factor, scale_hi = head_scale, head_sum, None
+                else:
+                    scale, scale_hi, sum_factor = scales8[gi]
+                values = [words[q][gi].values for q in range(QK // 4)]
+                unsigned = [_psign(b, v, v) for v in values] if g0.signed else values
+                halves = (range(4), range(4, 8)) if scale_hi is not None else (range(8),)
+                for i in range(n_x):
+                    at_x = b.add(rows.x_base[i], b.mul(group, _i64(QK)))
+                    sums = []
+                    for qs in halves:
+                        chains = [zero, zero]         # two running sums: half the latency of one chain
+                        for q in qs:
+                            word = es[0].load(rows.axq.data, b.add(at_x, _i64(4 * q)), I32)
+                            xb = b.bitcast(_splat(b, word, TILE_R), V32I8)
+                            chains[q % 2] = _dot_acc(es[0], chains[q % 2], unsigned[q],
+                                                     _psign(b, xb, values[q]) if g0.signed else xb)
+                        sums.append(b.add(chains[0], chains[1]))
+                    lo, hi = sums if len(sums) == 2 else (sums[0], zero)
+                    _add_row_group(b, rows, i, group, lo, hi, scale, scale_hi, sum_factor)
+        _store_rows(b, rows)
         return ir.Constant(I64, 0)
 
     return codegen
