@@ -35,3 +35,18 @@ def elementwise(each) -> dict:
         each(lw, n, "glu", n.nelements, g=lw.ref(n.src[0]), v=lw.ref(n.src[1]), o=lw.new_val(n),
              n=n.nelements, op=UNARY_CODE[GLU_ACTIVATION[n.params["op"]]])
     return {"ADD": op_binary, "MUL": op_binary, "SCALE": op_scale, "UNARY": op_unary, "GLU": op_glu}
+
+
+def split_attention(launch, lw, name: str, opts: dict, wg: int, nc: int, align: int, common: dict, o) -> None:
+    """Flash decoding through the kernels flash_attn_part and flash_combine (``launch(lw, name, kernel,
+    options, n_items, work_group, **args)``, the plugin's): the S keys in parts of a multiple of `align`,
+    about nc of them, one work-group a (row, head, part) writing its partial sums, then one a (row, head)
+    combining them into o. common: the attention's arguments (T, H, D, S among them)."""
+    t, h, d, s = common["T"], common["H"], common["D"], common["S"]
+    per = -(-(-(-s // nc)) // align) * align
+    nc = -(-s // per)
+    part = lw.scratch((t * h * nc * (d + 2),))
+    launch(lw, f"FLASH_ATTN_EXT[split] {name}", "flash_attn_part", opts, t * h * nc * wg, wg, p=part, nc=nc,
+           per=per, **common)
+    launch(lw, f"FLASH_ATTN_EXT[combine] {name}", "flash_combine", opts, t * h * wg, wg, p=part, o=o, TH=t * h,
+           D=d, nc=nc)

@@ -3,6 +3,7 @@ after its q is made and its k and v written (fused.py)."""
 
 from __future__ import annotations
 
+from ...backend import c_kernels
 from . import kernels
 from .launches import launch
 
@@ -19,12 +20,5 @@ def attention(lw, name: str, q, k, v, mk, o, t: int, h: int, hkv: int, d: int, s
         # flash decoding: the keys in parts (of at least SPLIT_ATTN_KEYS, so that each warp has several
         # keys to overlap), one block per (row, head, part), about MATVEC_MIN_BLOCKS blocks; then a combine
         nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, t * h))
-        per = _ceil(_ceil(s, nc), 32) * 32
-        nc = _ceil(s, per)
-        part = lw.scratch((t * h * nc * (d + 2),))
-        launch(lw, f"FLASH_ATTN_EXT[split] {name}", "flash_attn_part", opts, t * h * nc * awg, awg,
-               p=part, nc=nc, per=per, **common)
-        launch(lw, f"FLASH_ATTN_EXT[combine] {name}", "flash_combine", opts, t * h * awg, awg,
-               p=part, o=o, TH=t * h, D=d, nc=nc)
-        return
+        return c_kernels.split_attention(launch, lw, name, opts, awg, nc, 32, common, o)
     launch(lw, f"FLASH_ATTN_EXT {name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)

@@ -71,15 +71,8 @@ def op_flash_attn_ext(lw, n):
         return
     if not lw.dev.is_cpu and t * h < kernels.SPLIT_ATTN_BELOW and s > awg:
         # flash decoding: the keys in parts, one work-group per (row, head, part), then a combine
-        nc = min(_ceil(s, awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))
-        per = _ceil(_ceil(s, nc), awg) * awg          # keys a part, in whole blocks
-        nc = _ceil(s, per)
-        part = lw.scratch((t * h * nc * (d + 2),))
-        launch(lw, f"FLASH_ATTN_EXT[split] {n.name}", "flash_attn_part", opts, t * h * nc * awg, awg,
-               p=part, nc=nc, per=per, **common)
-        launch(lw, f"FLASH_ATTN_EXT[combine] {n.name}", "flash_combine", opts, t * h * awg, awg,
-               p=part, o=o, TH=t * h, D=d, nc=nc)
-        return
+        nc = min(_ceil(s, awg), max(2, kernels.SPLIT_ATTN_BELOW * 2 // (t * h)))   # parts of whole blocks
+        return c_kernels.split_attention(launch, lw, n.name, opts, awg, nc, awg, common, o)
     launch(lw, f"FLASH_ATTN_EXT {n.name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)
 
 
