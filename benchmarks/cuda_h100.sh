@@ -30,8 +30,8 @@
 # decode step on cuda:0 and vulkan:0 (cuda_profile.py's verify mode): $OUT/cuda_verify.log.
 #
 # `bash benchmarks/cuda_h100.sh tests` runs the tests that need a CUDA GPU (tests/test_cuda.py: CI skips them,
-# naming the reason) with pytest from .whl (make it here with `pip download pytest iniconfig packaging pluggy quicktok-v1
-# --python-version 3.12 --only-binary :all: --no-deps -d .whl`): $OUT/cuda_tests.log.
+# naming the reason) with pytest from .whl (make it here with `pip download pytest iniconfig packaging pluggy
+# quicktok-v1 --python-version 3.12 --only-binary :all: --no-deps -d .whl`): $OUT/cuda_tests.log.
 #
 # `bash benchmarks/cuda_h100.sh local` is the dry run where there is no CUDA GPU (this repo's machines):
 # opencl:0 (PoCL) stands in for cuda:0, with a short prompt and decode, on SmolLM2's shape only.
