@@ -12,7 +12,7 @@ group's nodes make none here."""
 
 from __future__ import annotations
 
-from ...backend import ChunkArg, KernelTable, Ref, c_kernels, contiguous_strides, is_weight, pad4, weight_words
+from ...backend import ChunkArg, KernelTable, Ref, c_kernels, is_weight, pad4, weight_words
 from ...contract import reference
 from . import fused, kernels
 from .attention import attention
@@ -77,13 +77,6 @@ def op_set_rows(lw, n):
     w, t = n.shape[1], n.src[2].shape[0]
     each(lw, n, "set_rows", w * t, s=lw.ref(n.src[1]), rows=lw.ref(n.src[2]), dst=lw.in_place(n), W=w, T=t,
          nrows=n.shape[0])
-
-
-def op_cont(lw, n):
-    a = lw.ref(n.src[0])
-    st = a.strides or contiguous_strides(a.shape)
-    each(lw, n, "cont", n.nelements, a=a, o=lw.new_val(n), n=n.nelements, shape=pad4(n.shape),
-         strides=(0,) * (4 - len(st)) + tuple(st))
 
 
 def op_get_rows(lw, n):
@@ -176,5 +169,5 @@ def _quant_mul_mat(lw, n, add, bias: bool = False):
 
 TABLE = KernelTable({**c_kernels.elementwise(each), "RMS_NORM": op_rms_norm, "SOFT_MAX": op_soft_max,
                      "FLASH_ATTN_EXT": op_flash_attn_ext,
-                     "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows,
+                     "ROPE": op_rope, "SET_ROWS": op_set_rows, "GET_ROWS": op_get_rows,
                      "MUL_MAT": op_mul_mat}, fused.lower_group, fused.plan)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import ChunkArg, Ref, c_kernels, contiguous_strides, is_weight, pad4
+from ...backend import ChunkArg, Ref, c_kernels, is_weight
 from ...contract import Tensor, reference
 from . import kernels, layout
 from .launches import each, ewg, float_options, launch
@@ -102,13 +102,6 @@ def op_set_rows(lw, n):
     each(lw, n, "set_rows", w * t, s=src, rows=rows, dst=dst, W=w, T=t, nrows=n.shape[0])
 
 
-def op_cont(lw, n):
-    a = lw.ref(n.src[0])
-    st = a.strides or contiguous_strides(a.shape)
-    each(lw, n, "cont", n.nelements, a=a, o=lw.new_val(n), n=n.nelements, shape=pad4(n.shape),
-         strides=(0,) * (4 - len(st)) + tuple(st))
-
-
 def op_get_rows(lw, n):
     a, rows = n.src
     o = lw.new_val(n)
@@ -130,6 +123,6 @@ def op_get_rows(lw, n):
 
 
 LOWER = {**c_kernels.elementwise(each), "RMS_NORM": op_rms_norm, "SOFT_MAX": op_soft_max,
-         "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont,
+         "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope, "SET_ROWS": op_set_rows,
          "GET_ROWS": op_get_rows}
 __all__ = ["LOWER", "Ref"]

@@ -18,33 +18,17 @@ Kinds of parameter, and what one becomes in C:
 
 from __future__ import annotations
 
-from ...backend import Signatures
+from ...backend import Signatures, c_kernels
 
 SIGNATURES = {
-    "binary": "in a, in b, out o, u n, u4 ashape, u4 bshape, u op",
-    "unary": "in a, out o, u n, u op, f s",
-    "glu": "in g, in v, out o, u n, u op",
-    "rms_norm": "in a, in gain, in r, out o, u ncols, f eps, u has_gain, u glen, u has_r",
-    "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
-    "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
+    **c_kernels.SIGNATURES,
     "flash_attn_seq": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
-    "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, "
-                       "u per",
-    "flash_combine": "in p, out o, u TH, u D, u nc",
-    "rope": "in a, ini pos, tab inv, in ff, out o, u T, u H, u D, u n_dims, u neox, u has_ff, f s",
-    "set_rows": "in s, ini rows, out dst, u W, u T, u nrows",
-    "cont": "in a, out o, u n, u4 shape, u4 strides",
-    "get_rows_f": "el a, ini rows, out o, u W, u T, u row0, u nrows",
-    "get_rows_q": "w a, ini rows, out o, u W, u T, u row0, u nrows, u gpr",
-    "mul_mat_f": "el a, in b, out o, u N, u M, u K, u A0, u A1, u B0, u B1, u row0, u rows, u ld",
     "quant_x": "in x, out xq, u groups",
     "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matvec_q8": "w a, in xq, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "matmul_reg": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r",
     "ptx_probe": "ini p, out o",
-    "rowvec": "w w0, w w1, in a, in b, in gp, in gn, out y, in r, out o, u N, u col0, u write_y, u op, "
-              "f eps, f eps1, f ys",
     "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, out o0, out o1, out o2, u n0, u n1, u n2, "
                "u write_y, f eps, f eps1, f ys",
     "attn_block": "w wq, w wk, w wv, in qp, in kp, in vp, in a, in b, in gp, in gn, out y, in gq, in gk, "
