@@ -107,7 +107,9 @@ def models_section(args, result, devs, rng, work: Path, save) -> None:
     result["models"] = {}
     cuda = devs["cuda"]
     for name in args.models.split(","):
-        path = vb.write_model(name, specs[name], work / f"{name}-random.gguf", rng)
+        path = work / f"{name}-random.gguf"
+        if not (args.keep_models and path.exists()):
+            vb.write_model(name, specs[name], path, rng)
         model = Model(path)
         entry = result["models"][name] = {"arch": model.hp.arch}
         if not args.skip_check:
@@ -115,11 +117,15 @@ def models_section(args, result, devs, rng, work: Path, save) -> None:
             if c:
                 c["within_bound"] = c["nmse_vs_cpu"] <= NMSE_BOUND and c["nmse_decode_vs_cpu"] <= NMSE_BOUND
             log(f"{name}: cuda:0 vs the cpu plugin on random weights (bound NMSE {NMSE_BOUND}): {c}")
+            p = entry["check_prefill"] = guarded(f"{name} prefill check", vb.check_prefill_against_cpu, cuda, model,
+                                                 [""])
+            log(f"{name}: a 64-token prefill on cuda:0 (the tiled products) vs the cpu plugin: {p}")
             save()
         for key, label in (("cuda", "cuda:0"), ("cuda_no_graphs", "cuda:0 without graphs"), ("vulkan", "vulkan:0"),
                            ("opencl", "opencl:0")):
             dev = devs.get(key)
-            if dev is None or (key != "cuda" and name in args.only_cuda.split(",")):
+            wanted = key in args.devices.split(",") and (key == "cuda" or name not in args.only_cuda.split(","))
+            if dev is None or not wanted:
                 continue
             r = entry[key] = guarded(f"{name} on {label}", speed, dev, model, args.prompt, args.decode, rng, args.runs)
             if r:
@@ -135,7 +141,8 @@ def models_section(args, result, devs, rng, work: Path, save) -> None:
                     f"{base['decode_tok_s'] / o['decode_tok_s']:.2f}x")
         del model
         gc.collect()
-        path.unlink()
+        if not args.keep_models:
+            path.unlink()
 
 
 def one_chip(devs, rng, work: Path) -> dict:
@@ -169,6 +176,16 @@ def one_chip(devs, rng, work: Path) -> dict:
     return out
 
 
+def set_constants(pairs) -> None:
+    """--set NAME=VALUE: a kernel shape's constant for this run (a sweep of what kernels.py chooses)."""
+    from framework.plugins.cuda import kernels
+    for kv in pairs:
+        name, value = kv.split("=")
+        if not hasattr(kernels, name):
+            raise SystemExit(f"--set {kv}: framework.plugins.cuda.kernels has no constant {name}")
+        setattr(kernels, name, int(value))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
@@ -179,6 +196,12 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2,gemma3,qwen25-coder-1.5b")
     ap.add_argument("--only-cuda", default="qwen25-coder-1.5b", help="models measured on cuda:0 only")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--devices", default="cuda,cuda_no_graphs,vulkan,opencl",
+                    help="what the model section measures: cuda, cuda_no_graphs, vulkan, opencl (default: all)")
+    ap.add_argument("--keep-models", action="store_true", help="keep the random-weight files in --work, and reuse "
+                    "them where they are (runs of two trees taking turns write each once)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a constant of framework.plugins.cuda.kernels for this run (a sweep, not a user setting)")
     ap.add_argument("--skip-conformance", action="store_true")
     ap.add_argument("--conformance-s", type=float, default=150, help="seconds after which cases left are counted")
     ap.add_argument("--stand-in", help="a dry run: this device (opencl:0 or vulkan:0) in cuda:0's place")
@@ -192,6 +215,7 @@ def main() -> None:
     def save():
         out.write_text(json.dumps(result, indent=1, default=str))
 
+    set_constants(args.set)
     devs = find_devices(args.stand_in)
     result["devices"] = {k: {"name": d.name, "physical_id": d.physical_id, "description": d.description}
                          for k, d in devs.items()}

@@ -26,6 +26,9 @@
 # commit compared with, carried in an ignored folder) and on this tree in turns, model by model:
 # $OUT/cuda_ab.log.
 #
+# `bash benchmarks/cuda_h100.sh prefill BASE.tar [MODEL,...]`: prefill and decode on cuda:0 alone, the base tree
+# and this one taking turns (cuda_bench.py), then this tree's logits against the CPU plugin: $OUT/cuda_prefill.log.
+#
 # `bash benchmarks/cuda_h100.sh verify [MODEL...]`: the cost of verification steps of 2, 4 and 8 rows against a
 # decode step on cuda:0 and vulkan:0 (cuda_profile.py's verify mode): $OUT/cuda_verify.log.
 #
@@ -77,6 +80,25 @@ if [ "${1:-}" = ab ]; then
         ${EVENTS_ARGS:---ablation-only}
     done
   done 2>&1 | grep -v '^ \+[0-9]\+ \+[0-9.]\+ \+[0-9.]' | tee "$out/cuda_ab.log"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "${1:-}" = prefill ]; then
+  # engines taking turns on prefill and decode: cuda_bench.py on cuda:0 alone, in the base tree (a `git archive`
+  # as for ab) and in this tree, twice each, the random-weight files written once; this tree's logits checked
+  # against the CPU plugin's once, at the end. PREFILL_ARGS: more of cuda_bench.py's arguments
+  base_tar="$2"
+  shift 2
+  mkdir -p /tmp/base && tar -xf "$base_tar" -C /tmp/base && rm -rf /tmp/base/benchmarks && cp -r benchmarks /tmp/base/
+  models="${*:-smollm2,gemma3,qwen25-coder-1.5b}"
+  common=(--skip-conformance --devices cuda --keep-models --work /tmp/models --models "$models" --runs 5 --decode 64)
+  for tree in /tmp/base "$PWD" /tmp/base "$PWD"; do
+    echo "=== $tree"
+    timeout -k 10 "${RUN_LIMIT:-560}" python3 "$tree/benchmarks/cuda_bench.py" "${common[@]}" --skip-check \
+      --out /tmp ${PREFILL_ARGS:-}
+  done 2>&1 | tee "$out/cuda_prefill.log"
+  echo "=== $PWD: logits against the cpu plugin" | tee -a "$out/cuda_prefill.log"
+  timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_bench.py "${common[@]}" --runs 1 --decode 8 --out /tmp \
+    ${PREFILL_ARGS:-} 2>&1 | grep -v "tok/s" | tee -a "$out/cuda_prefill.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = verify ]; then

@@ -135,9 +135,10 @@ def weight_bytes(st) -> int:
     return opts.get("F_NW", 1) * st.params["N"] * k // lay.block_elems * lay.words_per_block * 4
 
 
-def kernel_times(dev, s, prog, tok: int, reps: int) -> list[list[float]]:
-    """Each launch's GPU time (us) in `reps` decode steps run launch by launch (graphs off), a spinning
-    kernel first so that every launch is queued before the GPU reaches it, an event before each."""
+def kernel_times(dev, prog, run, reps: int) -> list[list[float]]:
+    """Each launch's GPU time (us) in `reps` runs of `run` (a decode step, or a prefill) launch by launch
+    (graphs off), a spinning kernel first so that every launch is queued before the GPU reaches it, an
+    event before each."""
     import cupy
     spin = cupy.RawKernel(SPIN, "spin")
     graphs, dev.graphs = dev.graphs, False
@@ -154,7 +155,7 @@ def kernel_times(dev, s, prog, tok: int, reps: int) -> list[list[float]]:
             try:
                 with dev.on_device():
                     spin((1,), (1,), (np.int64(200_000_000),))   # ~0.1 s at 2 GHz
-                s.eval([tok])
+                run()
                 with dev.on_device():
                     events.append(dev.stream.record())
                     events[-1].synchronize()
@@ -270,6 +271,24 @@ def keep_args(dev, prog, step) -> None:
         dev.graphs = graphs
 
 
+def prefill_listing(args, dev, s, step) -> None:
+    """--prefill: the programs a prefill of --rows rows runs (those its first run made), each launch's GPU
+    time, and the prefill's wall time."""
+    before = set(s.executor.programs)
+    step()
+    progs = [p for k, p in s.executor.programs.items() if k not in before]
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    dev.synchronize()
+    wall_ms = (time.perf_counter() - t0) / args.steps * 1e3
+    print(f"{args.model}: a prefill of {args.rows} rows: wall {wall_ms:.3f} ms "
+          f"({args.rows / wall_ms * 1e3:.0f} tok/s), {len(progs)} programs")
+    copy = copy_rate()
+    for prog in progs:
+        listing(dev, prog, step, copy, None)
+
+
 def events(args) -> None:
     import cProfile
     import io
@@ -298,7 +317,9 @@ def events(args) -> None:
         if args.rows == 1:
             return s.eval([tok])
         s.rewind(base)
-        return s.eval(rows, all_logits=True, prompt=False)
+        return s.eval(rows, all_logits=not args.prefill, prompt=args.prefill)
+    if args.prefill:
+        return prefill_listing(args, dev, s, step)
     for _ in range(3):
         step()
     t0 = time.perf_counter()
@@ -339,40 +360,46 @@ def events(args) -> None:
         ablation(dev, prog)
         if args.ablation_only:
             continue
-        reps = kernel_times(dev, s, prog, tok, 5)
-        each = np.median(np.array(reps), axis=0)
-        total = float(each.sum())
-        print(f"{prog.name if hasattr(prog, 'name') else 'program'}: {len(each)} kernels, their GPU times summed "
-              f"{total / 1e3:.3f} ms (launched one by one behind a spin; medians of 5 steps)"
-              + (f"; graph replay {graph_ms:.3f} ms" if graph_ms else ""))
-        by_kind: dict = defaultdict(lambda: [0.0, 0, 0])
-        for st, us in zip(prog.steps, each):
-            key = st.name.split(" ")[0] + " " + st.kernel.kernel
-            by_kind[key][0] += us
-            by_kind[key][1] += 1
-            by_kind[key][2] += weight_bytes(st)
-        print("  what                                     us/step  count  us each   GB/s (weights)")
-        for k, (us, c, nb) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
-            rate = f"{nb / us / 1e3:7.0f}" if nb else ""
-            print(f"  {k:40s} {us:8.1f} {c:6d} {us / c:8.2f}  {rate}")
-        shapes: dict = defaultdict(lambda: [0.0, 0, 0, None])
-        for st, us in zip(prog.steps, each):
-            nb = weight_bytes(st)
-            if nb:
-                opts = st.kernel.options
-                qt = next(k[3:] for k in opts if k.startswith("QT_") and k[3:] not in ("WPB", "GPB"))
-                key = (st.kernel.kernel, st.params["N"], opts.get("F_K") or st.params.get("K"), st.grid, qt)
-                sh = shapes[key]
-                sh[0] += us
-                sh[1] += 1
-                sh[2] += nb
-                sh[3] = st.name
-        print(f"  products by shape (device copy {copy:.0f} GB/s, read + write):")
-        for (kern, n, k, grid, qt), (us, c, nb, name) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
-            print(f"  {kern:8s} {qt:5s} N {n:6d} K {k:5d} grid {grid[0]:5d} x {grid[1]:3d}: {c:3d} a step, "
-                  f"{us / c:7.2f} us each, {nb / c / 2**20:7.2f} MiB, {nb / us / 1e3:6.0f} GB/s  {name}")
-        top = sorted(zip(each, prog.steps), key=lambda x: -x[0])[:12]
-        print("  slowest launches: " + "; ".join(f"{st.name} {us:.1f} us" for us, st in top))
+        listing(dev, prog, lambda: s.eval([tok]), copy, graph_ms)
+
+
+def listing(dev, prog, run, copy: float, graph_ms: float | None) -> None:
+    """The GPU time of every launch of prog in a run of `run`, summed by kernel and by product shape (with
+    the weight bytes' rate against a device copy's), and the slowest launches."""
+    reps = kernel_times(dev, prog, run, 5)
+    each = np.median(np.array(reps), axis=0)
+    total = float(each.sum())
+    print(f"{prog.name if hasattr(prog, 'name') else 'program'}: {len(each)} kernels, their GPU times summed "
+          f"{total / 1e3:.3f} ms (launched one by one behind a spin; medians of 5 steps)"
+          + (f"; graph replay {graph_ms:.3f} ms" if graph_ms else ""))
+    by_kind: dict = defaultdict(lambda: [0.0, 0, 0])
+    for st, us in zip(prog.steps, each):
+        key = st.name.split(" ")[0] + " " + st.kernel.kernel
+        by_kind[key][0] += us
+        by_kind[key][1] += 1
+        by_kind[key][2] += weight_bytes(st)
+    print("  what                                     us/step  count  us each   GB/s (weights)")
+    for k, (us, c, nb) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        rate = f"{nb / us / 1e3:7.0f}" if nb else ""
+        print(f"  {k:40s} {us:8.1f} {c:6d} {us / c:8.2f}  {rate}")
+    shapes: dict = defaultdict(lambda: [0.0, 0, 0, None])
+    for st, us in zip(prog.steps, each):
+        nb = weight_bytes(st)
+        if nb:
+            opts = st.kernel.options
+            qt = next(k[3:] for k in opts if k.startswith("QT_") and k[3:] not in ("WPB", "GPB"))
+            key = (st.kernel.kernel, st.params["N"], opts.get("F_K") or st.params.get("K"), st.grid, qt)
+            sh = shapes[key]
+            sh[0] += us
+            sh[1] += 1
+            sh[2] += nb
+            sh[3] = st.name
+    print(f"  products by shape (device copy {copy:.0f} GB/s, read + write):")
+    for (kern, n, k, grid, qt), (us, c, nb, name) in sorted(shapes.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {kern:8s} {qt:5s} N {n:6d} K {k:5d} grid {grid[0]:5d} x {grid[1]:3d}: {c:3d} a step, "
+              f"{us / c:7.2f} us each, {nb / c / 2**20:7.2f} MiB, {nb / us / 1e3:6.0f} GB/s  {name}")
+    top = sorted(zip(each, prog.steps), key=lambda x: -x[0])[:12]
+    print("  slowest launches: " + "; ".join(f"{st.name} {us:.1f} us" for us, st in top))
 
 
 def verify(args) -> None:
@@ -456,6 +483,8 @@ def main() -> None:
     e.add_argument("--ablation-only", action="store_true")
     e.add_argument("--ctx", type=int, default=1024)
     e.add_argument("--rows", type=int, default=1, help="steps of this many rows with every row's logits")
+    e.add_argument("--prefill", action="store_true", help="--rows rows as a prefill (the last row's logits): "
+                   "each launch's GPU time")
     e.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a constant of framework.plugins.cuda.kernels, for a sweep of the kernels' shapes")
     v = sub.add_parser("verify")

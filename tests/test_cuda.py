@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from framework.backend import Lowering, c_kernels
+from framework.backend import Lowering, c_kernels, weight_words
 from framework.conformance.cases import all_cases, nmse
 from framework.contract import ops
 from framework.core.scheduler import Executor, make_plan
@@ -60,8 +60,9 @@ def test_settings_parse(monkeypatch):
     from framework.contract import settings
     monkeypatch.setenv(options.DISABLE_OPS_ENV, "glu, rope")
     monkeypatch.setenv(options.GRAPHS_ENV, "off")
+    monkeypatch.setenv(options.TF32_ENV, "0")
     assert settings.read(options.DISABLE_OPS_ENV) == {"GLU", "ROPE"}
-    assert settings.read(options.GRAPHS_ENV) is False
+    assert settings.read(options.GRAPHS_ENV) is False and settings.read(options.TF32_ENV) is False
     assert options.problem() is None
 
 
@@ -214,6 +215,20 @@ def test_matvec_and_tile_shapes():
     long = kernels.matvec_shape(gpr=280, m=1, rows=1536)    # the 1.5B's down product: teams of 4 warps
     assert long["MV_TPR"] == 128 and long["MV_WG"] % long["MV_TPR"] == 0
     assert kernels.matmul_shape(512, 4096)["MM_BM"] == 64 and kernels.matmul_shape(8, 64)["MM_BM"] == 32
+    assert kernels.matmul_threads(kernels.matmul_shape(512, 4096)) == 128             # 4 warps of fragments
+    assert kernels.matmul_threads(kernels.matmul_shape(512, 4096, mma=False)) == 256  # 4 x 4 outputs a thread
+
+
+def test_tensor_cores_from_compute_capability_8():
+    def dev(cc):
+        d = CudaDevice(0, reason="lowering only")
+        d.data = {"compute_capability": cc}
+        return d
+    assert kernels.tensor_cores(dev("9.0")) and kernels.tensor_cores(dev("8.0"))
+    assert not kernels.tensor_cores(dev("7.5")) and not kernels.tensor_cores(dev("6.1"))
+    off = dev("9.0")
+    off.tf32 = False              # FRAMEWORK_CUDA_TF32=off
+    assert not kernels.tensor_cores(off)
 
 
 def test_unavailable_device_keeps_limits_as_data():
@@ -243,6 +258,30 @@ def test_cases_on_cuda0(cuda0, case):
     outs = Executor([cuda0], b.weight_bytes).run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
     for o, r in zip(outs, ref):
         assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
+
+
+@pytest.mark.parametrize("tensor_cores", [1, 0], ids=["tf32-mma", "f32-fma"])
+def test_tiled_products_on_cuda0_with_and_without_tensor_cores(cuda0, monkeypatch, tensor_cores):
+    """Prefill's products (more than 8 rows of x) of every weight type the kernels read, by both of the tiled
+    kernel's ways of multiplying: tensor cores, as compute capability 8.0 on takes, and f32 multiply-adds, as
+    older GPUs and FRAMEWORK_CUDA_TF32=off take."""
+    monkeypatch.setattr(cuda0, "tf32", bool(tensor_cores))
+    cases = [c for c in all_cases() if c.id.startswith("MUL_MAT") and "prefill" in c.id]
+    ran = 0
+    for case in cases:
+        b = case.build()
+        types = {t.dtype.name for t in b.graph.leaves if t.kind.name == "WEIGHT"}
+        if types - coverage.WEIGHT_TYPES or not types & set(weight_words.QUANT_TYPES):
+            continue         # read by other kernels (float weights: mul_mat_f), or refused
+        ref = Executor([CpuDevice()], b.weight_bytes).run(make_plan(b.graph, [CpuDevice()]), b.fresh_inputs())
+        ex = Executor([cuda0], b.weight_bytes)
+        outs = ex.run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
+        tiles = [st for p in ex.programs.values() for st in p.steps if st.kernel.kernel == "matmul_q"]
+        assert tiles and all(st.kernel.options["MM_MMA"] == tensor_cores for st in tiles), case.id
+        for o, r in zip(outs, ref):
+            assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
+        ran += 1
+    assert ran >= 4
 
 
 def test_qwen2_decode_with_biased_attention_groups_matches_the_cpu_plugin(cuda0, monkeypatch, tmp_path):

@@ -918,12 +918,87 @@ extern "C" __global__ void __launch_bounds__(MV_WG) rowvec3(ARGS_rowvec3) {
 #endif  // MV_WG
 
 // Tiled matrix product (prefill): a work-group computes an MM_BM x MM_BN tile of outputs (rows of x by
-// weight rows), each of its threads MM_TM x MM_TN of them (rows tm + i MM_BM / MM_TM, columns
-// tn + j MM_BN / MM_TN). Per 32-element group of K, the work-group copies x's tile and the weight's,
-// dequantized once, into local memory (rows padded by one value against bank conflicts).
+// weight rows). Per stage of MM_KG 32-element groups of K, the work-group copies x's tile and the
+// weight's, dequantized once, into local memory; then either
+// * MM_MMA (compute capability 8.0 on): tensor cores, mma.sync m16n8k8 on TF32 operands with f32 sums.
+//   The block's MM_WM x MM_WN warps each hold MM_FM x MM_FN fragments of 16 x 8 outputs. Staged values
+//   are rounded to TF32 once (cvt.rna), and rows are padded to a multiple of 4 plus 4 floats, so the 32
+//   lanes' loads of a fragment (row lane / 4, column lane % 4) hit 32 distinct banks. TF32 keeps f32's
+//   range, so no activation overflows as it could in f16 (the CPU plugin's own products round x to 8 bits);
+// * else each thread computes MM_TM x MM_TN outputs (rows tm + i MM_BM / MM_TM, columns tn + j MM_BN / MM_TN)
+//   with f32 multiply-adds.
 #ifdef MM_BM
+#if MM_MMA
+#define MM_NT (32 * MM_WM * MM_WN)
+#else
 #define MM_NT ((MM_BM / MM_TM) * (MM_BN / MM_TN))
-#define MM_RS 33
+#endif
+#define MM_KW (MM_KG * 32)
+#define MM_RS (MM_KW + 4)
+
+#if MM_MMA
+__device__ inline float tf32(float f) {
+  uint u;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(f));
+  return __uint_as_float(u);
+}
+
+__device__ inline void mma_tf32(float* c, const uint* a, uint b0, uint b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#define MM_ROUND(v) tf32(v)
+#else
+#define MM_ROUND(v) (v)
+#endif
+
+
+// A stage (groups g0 .. g0 + MM_KG of x's rows m0.. and of the weight's rows n0..) is loaded into registers
+// (mm_load) while the previous one is multiplied, then stored dequantized into xs and ws (mm_store): the
+// loads' latency overlaps the products (a grid of about one block an SM, as prefill's smaller matrices
+// make, would otherwise wait for memory at every stage). Groups past the row's end are zeros.
+#define MM_XN (MM_BM * 8 * MM_KG / MM_NT)   // float4s of x a thread a stage
+#define MM_WE (MM_BN * 4 * MM_KG / MM_NT)   // weight quarters of groups a thread a stage
+#if MM_XN * MM_NT != MM_BM * 8 * MM_KG || MM_WE * MM_NT != MM_BN * 4 * MM_KG
+#error "a tiled product's stage must divide evenly among its threads"
+#endif
+typedef struct { float4 x[MM_XN]; grp_t w[MM_WE]; } mm_regs;
+
+__device__ inline void mm_load(const float* __restrict__ x, uint x_off, const uint* __restrict__ a, uint a_moff,
+                    uint N, uint K, uint M, uint gpr, uint m0, uint n0, uint g0, mm_regs& r) {
+  uint li = get_local_id(0);
+#pragma unroll
+  for (uint i = 0; i < MM_XN; i++) {          // x: 8 float4 a group of a row
+    uint e = li + i * MM_NT, row = e / (8u * MM_KG), qq = e % (8u * MM_KG), g = g0 + qq / 8u;
+    r.x[i] = g < gpr ? vload4(0, x + x_off + min(m0 + row, M - 1u) * K + g * 32u + 4u * (qq % 8u)) : make_float4(0.0f);
+  }
+#pragma unroll
+  for (uint i = 0; i < MM_WE; i++) {          // the weight: a quarter (4 lo + 4 hi values) of a group
+    uint e = li + i * MM_NT, row = e / (4u * MM_KG), g = g0 + (e % (4u * MM_KG)) / 4u;
+    r.w[i] = grp(a, a_moff, gpr, min(n0 + row, N - 1u), min(g, gpr - 1u));
+  }
+}
+
+__device__ inline void mm_store(const mm_regs& r, uint gpr, uint g0, float* xs, float* ws) {
+  uint li = get_local_id(0);
+#pragma unroll
+  for (uint i = 0; i < MM_XN; i++) {
+    uint e = li + i * MM_NT, row = e / (8u * MM_KG), qq = e % (8u * MM_KG);
+    float* d = xs + row * MM_RS + 4u * qq;
+    d[0] = MM_ROUND(r.x[i].x); d[1] = MM_ROUND(r.x[i].y); d[2] = MM_ROUND(r.x[i].z); d[3] = MM_ROUND(r.x[i].w);
+  }
+#pragma unroll
+  for (uint i = 0; i < MM_WE; i++) {
+    uint e = li + i * MM_NT, row = e / (4u * MM_KG), jj = e % (4u * MM_KG), j = jj % 4u;
+    bool in = g0 + jj / 4u < gpr;
+    float4 l = in ? deq_lo(r.w[i], j) : make_float4(0.0f), h = in ? deq_hi(r.w[i], j) : make_float4(0.0f);
+    float* d = ws + row * MM_RS + (jj / 4u) * 32u + 4u * j;
+    d[0] = MM_ROUND(l.x); d[1] = MM_ROUND(l.y); d[2] = MM_ROUND(l.z); d[3] = MM_ROUND(l.w);
+    d[16] = MM_ROUND(h.x); d[17] = MM_ROUND(h.y); d[18] = MM_ROUND(h.z); d[19] = MM_ROUND(h.w);
+  }
+}
 
 extern "C" __global__ void __launch_bounds__(MM_NT) matmul_q(ARGS_matmul_q) {
   __shared__ float xs[MM_BM * MM_RS], ws[MM_BN * MM_RS];
@@ -931,40 +1006,73 @@ extern "C" __global__ void __launch_bounds__(MM_NT) matmul_q(ARGS_matmul_q) {
   uint nbn = (N + MM_BN - 1u) / MM_BN;
   uint tile = get_group_id(0);
   uint n0 = (tile % nbn) * MM_BN, m0 = (tile / nbn) * MM_BM;
+#if MM_MMA
+  uint lane = li & 31u, warp = li >> 5, gi = lane >> 2, ti = lane & 3u;
+  uint wm = (warp / MM_WN) * (16u * MM_FM), wn = (warp % MM_WN) * (8u * MM_FN);
+  float acc[MM_FM * MM_FN * 4];
+#else
   uint tn = li % (MM_BN / MM_TN), tm = li / (MM_BN / MM_TN);
   float acc[MM_TM * MM_TN];
-  for (uint e = 0; e < MM_TM * MM_TN; e++) acc[e] = 0.0f;
-  for (uint g = 0; g < gpr; g++) {
-    for (uint e = li; e < MM_BM * 8u; e += MM_NT) {          // x: 8 float4 a row
-      uint row = e / 8u, qq = e % 8u;
-      float4 v = vload4(0, x + x_off + min(m0 + row, M - 1u) * K + g * 32u + 4u * qq);
-      uint xo = row * MM_RS + 4u * qq;
-      xs[xo] = v.x; xs[xo + 1] = v.y; xs[xo + 2] = v.z; xs[xo + 3] = v.w;
-    }
-    for (uint e = li; e < MM_BN * 4u; e += MM_NT) {          // the weight: 4 x (4 lo + 4 hi) values a row
-      uint row = e / 4u, j = e % 4u;
-      grp_t q = grp(a, a_moff, gpr, min(n0 + row, N - 1u), g);
-      float4 l = deq_lo(q, j), h = deq_hi(q, j);
-      uint wo = row * MM_RS + 4u * j;
-      ws[wo] = l.x; ws[wo + 1] = l.y; ws[wo + 2] = l.z; ws[wo + 3] = l.w;
-      ws[wo + 16] = h.x; ws[wo + 17] = h.y; ws[wo + 18] = h.z; ws[wo + 19] = h.w;
-    }
+#endif
+#pragma unroll
+  for (uint e = 0; e < sizeof(acc) / sizeof(float); e++) acc[e] = 0.0f;
+  mm_regs next;
+  mm_load(x, x_off, a, a_moff, N, K, M, gpr, m0, n0, 0, next);
+  for (uint g0 = 0; g0 < gpr; g0 += MM_KG) {
+    mm_store(next, gpr, g0, xs, ws);
     __syncthreads();
-    for (uint kk = 0; kk < 32u; kk++) {
+    if (g0 + MM_KG < gpr) mm_load(x, x_off, a, a_moff, N, K, M, gpr, m0, n0, g0 + MM_KG, next);
+#if MM_MMA
+#pragma unroll
+    for (uint kk = 0; kk < MM_KW; kk += 8u) {
+      uint fa[MM_FM][4];
+#pragma unroll
+      for (uint i = 0; i < MM_FM; i++) {
+        const float* xr = xs + (wm + 16u * i + gi) * MM_RS + kk + ti;
+        fa[i][0] = as_uint(xr[0]);
+        fa[i][1] = as_uint(xr[8 * MM_RS]);
+        fa[i][2] = as_uint(xr[4]);
+        fa[i][3] = as_uint(xr[8 * MM_RS + 4]);
+      }
+#pragma unroll
+      for (uint j = 0; j < MM_FN; j++) {
+        const float* wr = ws + (wn + 8u * j + gi) * MM_RS + kk + ti;
+        uint b0 = as_uint(wr[0]), b1 = as_uint(wr[4]);
+#pragma unroll
+        for (uint i = 0; i < MM_FM; i++) mma_tf32(acc + (i * MM_FN + j) * 4, fa[i], b0, b1);
+      }
+    }
+#else
+    for (uint kk = 0; kk < MM_KW; kk++) {
       float xv[MM_TM], wv[MM_TN];
       for (uint i = 0; i < MM_TM; i++) xv[i] = xs[(tm + i * (MM_BM / MM_TM)) * MM_RS + kk];
       for (uint j = 0; j < MM_TN; j++) wv[j] = ws[(tn + j * (MM_BN / MM_TN)) * MM_RS + kk];
       for (uint i = 0; i < MM_TM; i++)
         for (uint j = 0; j < MM_TN; j++) acc[i * MM_TN + j] += xv[i] * wv[j];
     }
+#endif
     __syncthreads();
   }
+#if MM_MMA
+  // fragment (i, j)'s sums: rows gi and gi + 8 of its 16, columns 2 ti and 2 ti + 1 of its 8
+#pragma unroll
+  for (uint i = 0; i < MM_FM; i++)
+#pragma unroll
+    for (uint j = 0; j < MM_FN; j++)
+#pragma unroll
+      for (uint e = 0; e < 4u; e++) {
+        uint m = m0 + wm + 16u * i + gi + 8u * (e >> 1), n = n0 + wn + 8u * j + 2u * ti + (e & 1u);
+        if (m < M && n < N)
+          o[o_off + m * ld + col0 + n] = acc[(i * MM_FN + j) * 4 + e] + (has_r ? r[r_off + m * r_ld + col0 + n] : 0.0f);
+      }
+#else
   for (uint i = 0; i < MM_TM; i++)
     for (uint j = 0; j < MM_TN; j++) {
       uint m = m0 + tm + i * (MM_BM / MM_TM), n = n0 + tn + j * (MM_BN / MM_TN);
       if (m < M && n < N)
         o[o_off + m * ld + col0 + n] = acc[i * MM_TN + j] + (has_r ? r[r_off + m * r_ld + col0 + n] : 0.0f);
     }
+#endif
 }
 #endif
 #endif  // QT_WPB

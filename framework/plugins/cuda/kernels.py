@@ -27,6 +27,8 @@ MATVEC_WIDE_FROM = 128   # groups a row beyond which a team spans several warps 
 ROWVEC2_MAX_R = 2        # rows a team of a fused product of two weights (gate and up) at most
 MATVEC_XL_BYTES = 44 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
 SPLIT_ATTN_KEYS = 32     # the fewest keys a part of decode attention's keys (8 a warp)
+MATMUL_KG = 2            # 32-element groups of K a tiled product stages between two barriers
+MATMUL_BIG_BLOCKS = 264  # blocks a tiled product's 64 x 64 tiles must make, else it takes 32 x 32 ones
 DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(ARGS_(\w+)\)')
 
 
@@ -90,12 +92,31 @@ def matvec_rows(gpr: int, m: int) -> int:
     return m if staged(gpr, m) else step
 
 
-def matmul_shape(m: int, n: int) -> dict[str, int]:
-    """The tiled product's tile: 64 x 64 outputs a block, 4 x 4 a thread; 32 x 32 where 64 x 64 tiles
-    would leave the GPU with fewer than MATVEC_MIN_BLOCKS blocks."""
-    big = -(-m // 64) * -(-n // 64) >= MATVEC_MIN_BLOCKS
-    return {"MM_BM": 64, "MM_BN": 64, "MM_TM": 4, "MM_TN": 4} if big else \
-        {"MM_BM": 32, "MM_BN": 32, "MM_TM": 4, "MM_TN": 4}
+def tensor_cores(dev) -> bool:
+    """Whether the tiled product multiplies on tensor cores (mma.sync on TF32: compute capability 8.0 on, and
+    FRAMEWORK_CUDA_TF32 not off). A device known only to lower (no properties: no GPU here) lowers as the
+    GPUs this plugin is measured on do."""
+    cc = dev.data.get("compute_capability")
+    return dev.tf32 and (cc is None or tuple(int(p) for p in cc.split(".")) >= (8, 0))
+
+
+def matmul_shape(m: int, n: int, mma: bool = True) -> dict[str, int]:
+    """The tiled product's tile: 64 x 64 outputs a block (with tensor cores: 4 warps of 2 x 4 fragments of
+    16 x 8; without, 4 x 4 a thread); 32 x 32 where 64 x 64 tiles would leave the GPU with fewer than
+    MATMUL_BIG_BLOCKS blocks. MATMUL_KG groups of K staged at a time."""
+    big = -(-m // 64) * -(-n // 64) >= MATMUL_BIG_BLOCKS
+    side, kg = (64, 64) if big else (32, 32), {"MM_KG": MATMUL_KG}
+    if mma:
+        f = {"MM_FM": 2, "MM_FN": 4} if big else {"MM_FM": 1, "MM_FN": 2}
+        return {"MM_BM": side[0], "MM_BN": side[1], "MM_MMA": 1, "MM_WM": 2, "MM_WN": 2, **f, **kg}
+    return {"MM_BM": side[0], "MM_BN": side[1], "MM_TM": 4, "MM_TN": 4, "MM_MMA": 0, **kg}
+
+
+def matmul_threads(shape: dict[str, int]) -> int:
+    """A tiled product's block: a warp a 32 x ... tile part with tensor cores, else a thread a TM x TN part."""
+    if shape["MM_MMA"]:
+        return 32 * shape["MM_WM"] * shape["MM_WN"]
+    return (shape["MM_BM"] // shape["MM_TM"]) * (shape["MM_BN"] // shape["MM_TN"])
 
 
 def build(dev, options: dict):

@@ -159,10 +159,11 @@ def _quant_mul_mat(lw, n, add, bias: bool = False):
                 launch(lw, f"MUL_MAT[matvec]{plus} {n.name}", "matvec_q", {**kernels.quant_options(qt), **sh},
                        blocks * sh["MV_WG"], sh["MV_WG"], **{**common, **part})
         else:
-            sh = kernels.matmul_shape(m, rows)
-            nt = (sh["MM_BM"] // sh["MM_TM"]) * (sh["MM_BN"] // sh["MM_TN"])
+            sh = kernels.matmul_shape(m, rows, kernels.tensor_cores(lw.dev))
+            nt = kernels.matmul_threads(sh)
             tiles = _ceil(m, sh["MM_BM"]) * _ceil(rows, sh["MM_BN"])
-            launch(lw, f"MUL_MAT[tile-{sh['MM_BM']}x{sh['MM_BN']}]{plus} {n.name}", "matmul_q",
+            tf32 = "-tf32" if sh["MM_MMA"] else ""
+            launch(lw, f"MUL_MAT[tile-{sh['MM_BM']}x{sh['MM_BN']}{tf32}]{plus} {n.name}", "matmul_q",
                    {**kernels.quant_options(qt), **sh}, tiles * nt, nt, **common)
     return [add] if add is not None else None
 

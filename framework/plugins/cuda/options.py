@@ -9,7 +9,8 @@ DISABLE_OPS_ENV = "FRAMEWORK_CUDA_DISABLE_OPS"   # comma-separated ops to refuse
 MAX_ALLOC_ENV = "FRAMEWORK_CUDA_MAX_ALLOC"       # bytes: a smaller largest buffer (tests of split weights)
 GRAPHS_ENV = "FRAMEWORK_CUDA_GRAPHS"             # off: every run launches its kernels one by one
 UNFUSE_ENV = "FRAMEWORK_CUDA_UNFUSE"             # decode fusions to turn off (framework/core/graph/fusion.py), or all
-NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, GRAPHS_ENV, UNFUSE_ENV)
+TF32_ENV = "FRAMEWORK_CUDA_TF32"                 # off: prefill's tiled products in f32 multiply-adds
+NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, GRAPHS_ENV, UNFUSE_ENV, TF32_ENV)
 MAX_BUFFER = 2 << 30     # the largest buffer by default: weights past it are split in chunks of whole rows
 
 
@@ -22,6 +23,11 @@ def declare(ops: frozenset[str]) -> None:
     settings.declare(GRAPHS_ENV, "cuda", settings.FLAG_ACCEPTS, True,
                      "a program run again with the same buffers (a decode step) is captured once as a CUDA graph "
                      "and replayed; off: its kernels are launched one by one every run", settings.flag)
+    settings.declare(TF32_ENV, "cuda", settings.FLAG_ACCEPTS, True,
+                     "prefill's tiled products (more than 8 rows) multiply on tensor cores, x and the weight "
+                     "rounded to TF32 (10-bit mantissa; compute capability 8.0 on); off: f32 multiply-adds, about "
+                     "2x slower",
+                     settings.flag)
     settings.declare(UNFUSE_ENV, "cuda", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
                      frozenset(), "fusions of the decode products to turn off (to compare them; attn and combine "
                      "are never taken)", lambda text: fusion.parse_off(text, UNFUSE_ENV))
