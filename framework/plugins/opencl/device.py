@@ -9,9 +9,9 @@ import weakref
 
 import numpy as np
 
-from ...backend import BackendDevice
+from ...backend import BackendDevice, weight_words
 from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
-from . import enqueue, kernels, layout, options, preenqueue
+from . import enqueue, kernels, options, preenqueue
 from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
 from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
 from .program import ClProgram
@@ -36,7 +36,7 @@ class OpenCLDevice(BackendDevice):
         self.buffer_type = BufferType(f"opencl:{index}")
         self.weight_buffer_type = BufferType(f"opencl:{index}:weights")
         self.disabled = disabled_ops() if cl_device is not None else frozenset()
-        self.limits = Limits(dtypes=frozenset(layout.SUPPORTED))
+        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
         self.cl_device = cl_device
         if cl_device is None:
             self.available, self.unavailable_reason = False, reason or "no OpenCL device"
@@ -52,7 +52,7 @@ class OpenCLDevice(BackendDevice):
         self.max_wg = self.data["max_work_group_size"]
         # exact_rows: measured on PoCL (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows are
         # not yet measured against its one-row steps, so it declares none
-        self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(layout.SUPPORTED),
+        self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(weight_words.SUPPORTED),
                              exact_rows=kernels.MATVEC_MAX_ROWS if self.is_cpu else 0)
         self.fp64 = self.data["fp64"]
         self.int_dot = self.data["integer_dot_product"]

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import ChunkArg, c_kernels, fusion
+from ...backend import ChunkArg, c_kernels, fusion, weight_words
 from ...contract import reference, settings
-from . import kernels, layout
-from .launches import launch
+from . import kernels
+from .lowering import launch
 from .options import UNFUSE_ENV
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
@@ -46,14 +46,14 @@ def product_shape(dev, g: fusion.ProductGroup, rows: int) -> dict:
     """The matrix-vector kernel's team shape for a chunk of `rows` rows (its tpr, r, wg and shfl; x stays
     f32 in local memory)."""
     w = g.muls[0].src[0]
-    gpr = w.shape[1] // layout.GROUP
-    nbytes = max(rows * layout.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
+    gpr = w.shape[1] // weight_words.GROUP
+    nbytes = max(rows * weight_words.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
     return kernels.matvec_shape(dev, gpr, 1, rows, nbytes)
 
 
 class Target:
     """The core matcher's questions, answered for one OpenCL device."""
-    weight_types = frozenset(layout.QUANT_TYPES)
+    weight_types = frozenset(weight_words.QUANT_TYPES)
 
     def __init__(self, dev):
         self.dev = dev
@@ -64,13 +64,13 @@ class Target:
     def product_fits(self, g: fusion.ProductGroup) -> bool:
         w = g.muls[0].src[0]
         sh = product_shape(self.dev, g, self.dev.chunk_plan(w.dtype.name, w.shape)[0][1])
-        nbytes = w.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
+        nbytes = w.shape[1] // weight_words.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
         return nbytes <= _local_bytes(self.dev) and sh["wg"] % sh["tpr"] == 0
 
     def attn_fits(self, g: fusion.AttnGroup) -> bool:
         d = g.fa.src[0].shape[2]
         kb = keys_a_block(d)
-        nbytes = (g.wq.shape[1] // layout.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
+        nbytes = (g.wq.shape[1] // weight_words.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
                   + 8 * ATTN_MAX_PARTS + 16)
         return self.dev.max_wg >= ATTN_WG and nbytes <= _local_bytes(self.dev)
 
@@ -80,7 +80,7 @@ class Target:
 
 def plan(lw, fragment) -> fusion.FusionPlan:
     """The fused groups of a fragment (none on a CPU device); the fusions turned off read once a lowering
-    (rms_mul is the lowering's own: lower_ops.py)."""
+    (rms_mul is the lowering's own: the skeleton's c_kernels.Dialect.rms_norm)."""
     lw.fusions_off = fusions_off()
     if lw.dev.is_cpu:
         return fusion.FusionPlan([])
@@ -150,8 +150,8 @@ def _stack_shape(dev, g: fusion.AttnGroup) -> dict:
     ws = (g.wq, g.wk, g.wv)
     k = g.wq.shape[1]
     rows = sum(w.shape[0] for w in ws)
-    return kernels.matvec_shape(dev, k // layout.GROUP, 1, rows, sum(w.shape[0] * layout.row_bytes(w.dtype.name, k)
-                                                                      for w in ws))
+    nbytes = sum(w.shape[0] * weight_words.row_bytes(w.dtype.name, k) for w in ws)
+    return kernels.matvec_shape(dev, k // weight_words.GROUP, 1, rows, nbytes)
 
 
 def own_products(dev, g: fusion.AttnGroup) -> bool:
@@ -162,7 +162,7 @@ def own_products(dev, g: fusion.AttnGroup) -> bool:
     if any(len(dev.chunk_plan(w.dtype.name, w.shape)) > 1 for w in (g.wq, g.wk, g.wv)):
         return False
     sh = _stack_shape(dev, g)
-    nbytes = g.wq.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * sh["r"]
+    nbytes = g.wq.shape[1] // weight_words.GROUP * 144 + 4 * sh["wg"] * sh["r"]
     return nbytes <= _local_bytes(dev) and sh["wg"] % sh["tpr"] == 0
 
 

@@ -30,13 +30,15 @@ from functools import partial
 
 import numpy as np
 
-from ...backend import Program, StagedTensor
-from . import preenqueue
+from ...backend import KernelTable, Program, StagedTensor
+from . import fused, preenqueue
 from .enqueue import Launches
 from .kernels import build
-from .lowering import TABLE
+from .lowering import DIALECT
 from .signatures import TENSOR_KINDS, params
 
+# the kernel table the skeleton's lowering asks: the shared C kernels' ops (lowering.py), the fused groups
+TABLE = KernelTable(DIALECT.ops(), fused.lower_group, fused.plan)
 FLUSH_FIRST = 2          # kernels enqueued before the first flush
 FLUSH_EVERY = 8          # kernels between two flushes after it (one costs about 1.3 us on the H200)
 FLUSH_LAST = (4, 2)      # kernels before the end at which the queue is flushed too
