@@ -291,3 +291,47 @@ class Dialect:
                         a=bind, b=lw.ref(b), o=o, N=nrows, M=m, K=k, A0=sa[0], A1=sa[1], B0=sb[0], B1=sb[1],
                         row0=row0, rows=rows, ld=nrows)
         return None
+
+
+# -- fused groups: the rowvec kernels (a weight's rows by x made in their prologue) ------------------------
+# the prologue (how x is made) and the epilogue, as the build options F_PRO, F_PRE and F_EPI read them
+PROLOGUE = {"plain": 0, "norm": 1, "combine": 0}     # combine: x is the attention's result (it combined itself)
+PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}
+EPILOGUE = {"": 0, "add": 1, "glu": 2}
+NO_PROLOGUE = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "write_y": 0, "eps": 0.0, "eps1": 0.0,
+               "ys": 1.0}
+
+
+def prologue(lw, src) -> tuple[dict, dict]:
+    """The arguments of a rowvec kernel's prologue (x made from a, b, gp and gn; y written where write_y) for
+    the sources of a fusion group (fusion.Sources), and its build options."""
+    p = src.prologue
+    opts = {"F_PRO": PROLOGUE[p.src], "F_PRE": PRE[p.pre]}
+    if p.src == "combine":       # the attention block combined its partials into its own result
+        return dict(NO_PROLOGUE, a=lw.ref(src.fa)), opts
+    args = dict(NO_PROLOGUE, a=lw.ref(src.a), eps=src.eps, eps1=src.eps1, ys=src.scale)
+    for name, t in (("b", src.b), ("gp", src.g1), ("gn", src.g)):
+        if t is not None:
+            args[name] = lw.ref(t)
+    if p.write_y:
+        args.update(y=lw.new_val(src.y), write_y=1)
+    return args, opts
+
+
+def rowvec(launch, lw, g, build) -> None:
+    """A product group of the core's plan (fusion.ProductGroup) as one rowvec launch a chunk of its weight: x
+    made by the prologue, one weight or gate and up, the residual add or GLU in the epilogue. build(rows):
+    the plugin's (build options, work-items, work-group) for a chunk of `rows` rows."""
+    p, ws = g.src.prologue, [m.src[0] for m in g.muls]
+    args, opts = prologue(lw, g.src)
+    out, wargs = lw.new_val(g.out), [lw.arg_of(w) for w in ws]
+    label = "+".join(filter(None, ["NORM" if p.src == "norm" else "", "MUL_MAT" + "x2" * (len(ws) > 1),
+                                   {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
+    op = UNARY_CODE[GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
+    opts.update(F_K=ws[0].shape[1], F_NW=len(ws), F_EPI=EPILOGUE[g.epilogue])
+    for ci, (row0, rows) in enumerate(lw.chunks(ws[0])):
+        build_opts, n_items, work_group = build(rows)
+        launch(lw, f"{label} {g.out.name}", "rowvec", {**build_opts, **opts}, n_items, work_group,
+               w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
+               r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
+               **dict(args, write_y=args["write_y"] * int(ci == 0)))
