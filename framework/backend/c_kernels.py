@@ -147,17 +147,25 @@ class Dialect:
     ewg_max = 256      # ... of the one-thread-an-element kernels
 
     def grid(self, n_items: int, work_group: int) -> tuple:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} gives no launch grid (c_kernels.Dialect.grid)")
 
     def base_options(self, dev) -> dict:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} gives no build options (c_kernels.Dialect.base_options)")
 
     def quant_product(self, lw, n: Tensor):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no products by quantized weights ({n.name}: "
+                                  f"c_kernels.Dialect.quant_product)")
 
     def float_options(self, dev, dtype: str) -> dict:
         """The build of a float kernel reading elements of dtype (F32, or F16 as half)."""
         return {**self.base_options(dev), **({"ELEM": "half", "ELEM_HALF": 1} if dtype == "F16" else {})}
+
+    def quant_options(self, dev, dtype: str) -> dict:
+        """The build of a kernel reading a quantized weight of dtype: its layout's numbers (words a block,
+        groups a block)."""
+        lay = weight_words.layout(dtype)
+        return {**self.base_options(dev), "QT_" + dtype: 1, "QT_WPB": lay.words_per_block,
+                "QT_GPB": lay.block_elems // weight_words.GROUP}
 
     def ewg(self, dev) -> int:
         return self.ewg_max
@@ -263,13 +271,6 @@ class Dialect:
             else:
                 self.launch(lw, f"GET_ROWS {n.name}", "get_rows_q", self.quant_options(dev, qt), w // 8 * t,
                             self.ewg(dev), gpr=w // weight_words.GROUP, **common)
-
-    def quant_options(self, dev, dtype: str) -> dict:
-        """The build of a kernel reading a quantized weight of dtype: its layout's numbers (words a block,
-        groups a block)."""
-        lay = weight_words.layout(dtype)
-        return {**self.base_options(dev), "QT_" + dtype: 1, "QT_WPB": lay.words_per_block,
-                "QT_GPB": lay.block_elems // weight_words.GROUP}
 
     def mul_mat(self, lw, n):
         """A product: the plugin's quant_product for a quantized weight, else mul_mat_f (a float weight chunk

@@ -16,8 +16,8 @@ from a pool each run. Host values handed in (tokens, positions, masks) are copie
 program keeps, without waiting.
 
 A program run twice in a row with the same buffers (decode) enqueues its next run ahead, behind a user
-event, which the next run opens once its host values are written (the skeleton's ahead.py says how, and why a run
-ahead that is not taken is safe to release).
+event, which the next run opens once its host values are written (the skeleton's ahead.py says how, and
+why a run ahead that is not taken is safe to release; preenqueue.py holds the OpenCL side).
 
 FRAMEWORK_OPENCL_PROFILE=1 (read when the device opens its queue): every launch's device time, from
 OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run then waits for them).
@@ -212,4 +212,3 @@ class ClProgram(AheadProgram, Program):
         events = [cl.enqueue_nd_range_kernel(queue, st.kernel, st.gsize, st.lsize) for st in self.cl_steps]
         cl.wait_for_events(events)
         self.profiled((e.profile.end - e.profile.start) * 1e-9 for e in events)
-
