@@ -1,6 +1,7 @@
 // OpenCL C kernels of the OpenCL plugin (OpenCL C 1.2). kernels.py prepends a generated header: the
-// ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, framework/backend/c_kernels.py) and the build's
-// settings (work-group sizes, the weight type QT_* and its layout, lowering.py). A build holds only the
+// ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, framework/backend/c_kernels.py) and
+// the build's settings (work-group sizes, the weight type QT_* and its layout: the skeleton's
+// c_kernels.Dialect.quant_options). A build holds only the
 // kernels its settings select (the base build: those that read no quantized weight; a weight type's
 // build: its GET_ROWS, or one shape of one product), so each compiles quickly. Tensors are a buffer
 // plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed

@@ -3,9 +3,10 @@ the kernels whose shape is chosen per device (work-group sizes, matrix-vector an
 shapes).
 
 A program is the whole kernels.cl built with ``-D`` options: the weight type (``QT_Q4_K``, with its
-layout's numbers: lowering.py), the tile or team shape, the element type of float kernels. Options
-are the only way code is specialised: no source text is edited. The header prepended to the source
-is generated from signatures.py (the kernels' parameters) and the skeleton's op codes (c_kernels.source).
+layout's numbers: c_kernels.Dialect.quant_options), the tile or team shape, the element type of float
+kernels. Options are the only way code is specialised: no source text is edited. The header prepended to
+the source is generated from signatures.py (the kernels' parameters) and the skeleton's op codes
+(c_kernels.source).
 """
 
 from __future__ import annotations
