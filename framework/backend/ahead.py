@@ -241,10 +241,11 @@ class AheadDevice:
 class AheadProgram:
     """What a program does about runs ahead: ``init_ahead()`` once built (whether a replay is harmless and
     the outputs fit a stage), ``take_ahead(sig)`` as a run starts (the run enqueued ahead with these
-    buffers, taken, or None), ``finish(args, a, outs, sig)`` as it ends (its results; where the run came
-    again with the same buffers, its outputs copied back by the plugin's ``copy_back(outs)`` -> (stage, run)
-    and the next run enqueued by its ``enqueue_next(sig)``), and ``hand_ahead(pending, inline, threaded)``
-    for enqueue_next: the run ahead enqueued inline, or handed to the worker."""
+    buffers, taken, or None), ``finish(args, a, outs, sig)`` as it ends (the run counted in the device's
+    ``runs``; its results; where the run came again with the same buffers, its outputs copied back by the
+    plugin's ``copy_back(outs)`` -> (stage, run) and the next run enqueued by its ``enqueue_next(sig)``),
+    and ``hand_ahead(pending, inline, threaded)`` for enqueue_next: the run ahead enqueued inline, or
+    handed to the worker."""
 
     def init_ahead(self) -> None:
         val_out = self.memory.val_out
