@@ -194,7 +194,8 @@ class MatvecCase:
         setting that fails gives its error (the others still run); none is measured past `deadline`."""
         import pyopencl as cl
 
-        from framework.plugins.opencl import kernels, layout
+        from framework.backend import weight_words
+        from framework.plugins.opencl import kernels
         row = self.row(var)
         if deadline is not None and time.perf_counter() > deadline:
             row["skipped"] = "out of time"
@@ -203,7 +204,7 @@ class MatvecCase:
         os.environ[self.env] = var
         try:
             if self.env == MATVEC_ENV:
-                row["shape"] = kernels.matvec_shape(self.twin, k // 32, m, n, n * layout.row_bytes(self.qtype, k))
+                row["shape"] = kernels.matvec_shape(self.twin, k // 32, m, n, n * weight_words.row_bytes(self.qtype, k))
             for d, _ex, frag, args in self.setups:
                 prog = d.compile(frag)
                 (y,) = prog.run(args)

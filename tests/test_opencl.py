@@ -17,7 +17,7 @@ at about numpy's speed, but every kernel built costs a compile, and the GPU kern
   and a SCALE into the ROPE before it;
   verdicts with reason codes; programs built once; a run
   enqueues its kernels on one in-order queue without any host synchronisation; the report line names
-  the enqueue path; the next run enqueued ahead behind a user event (preenqueue.py): decode steps
+  the enqueue path; the next run enqueued ahead behind a user event (backend/ahead.py): decode steps
   bit-identical to those without, a released run ahead leaving caches and later steps unchanged,
   handles of earlier runs keeping their values (enqueued ahead on the device's worker thread and inline),
   the gate opened and the worker thread stopped when the device is collected or closed, an enqueue error
@@ -454,7 +454,7 @@ def test_report_line_says_how_kernels_are_enqueued(ocl, monkeypatch):
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
 def test_runs_enqueued_ahead_equal_runs_enqueued_when_they_come(variant, monkeypatch, kernels):
-    """SmolLM2's decode steps with the next step enqueued ahead behind a user event (preenqueue.py) give the
+    """SmolLM2's decode steps with the next step enqueued ahead behind a user event (backend/ahead.py) give the
     logits of steps enqueued when they come (FRAMEWORK_OPENCL_PREENQUEUE=0), bit for bit, enqueued ahead inline
     and on the device's worker thread; steps after the
     second are taken from ahead (no kernel enqueued when they come). A run ahead released instead (here by
@@ -644,7 +644,7 @@ def test_a_run_ahead_is_released_when_its_device_is_collected(ocl, monkeypatch):
 def test_a_run_ahead_is_kept_only_where_a_replay_is_harmless():
     """A program whose kernels read a written argument (a cache) before writing it would not replay its last
     run unchanged: it enqueues nothing ahead."""
-    from framework.plugins.opencl.preenqueue import replayable
+    from framework.backend.ahead import replayable
 
     class St:
         def __init__(self, reads=(), writes=()):

@@ -1,7 +1,8 @@
 """The skeleton of a backend that keeps tensors in its own memory (a GPU's, an accelerator's): one
 lowering from a fragment to steps (lowering.py) applying the core's fusion plan and asking the plugin's
 kernel table, one program (program.py: scratch from the pools, argument and weight binding, rope rows,
-read-back, profiling) and a base device (device.py: the plain-operand rule, load_weight, alloc,
+read-back, profiling; ahead.py: a run enqueued ahead behind a gate, for in-order queues), the lowering
+of the shared C kernels (c_kernels.py) and a base device (device.py: the plain-operand rule, load_weight, alloc,
 from_host, to_host, compile). A plugin on it gives discovery, a device with a few primitives, its
 program's encoding, and a kernel table; docs/plugin-guide.md ("A GPU plugin") walks through one."""
 
@@ -9,6 +10,7 @@ from ..core import weight_words
 from ..core.device_buffers import BufferPools, Chunk, DeviceTensor, DeviceWeight, Lease, contiguous_strides
 from ..core.graph import fusion
 from . import c_kernels
+from .ahead import AheadDevice, AheadProgram, Pending
 from .device import BackendDevice, plain_operand_refusal
 from .lowering import KernelTable, Lowering, is_weight
 from .memory import Memory
@@ -17,8 +19,7 @@ from .rope import RopeRows, rope_table
 from .signatures import Signatures
 from .steps import ChunkArg, Ref, RopeArg, Step, pad4
 
-__all__ = ["Arguments", "BackendDevice", "BufferPools", "Chunk", "ChunkArg", "DeviceTensor", "DeviceWeight",
-           "c_kernels",
-           "KernelTable", "Lease", "Lowering", "Memory", "Program", "Ref", "RopeArg", "RopeRows", "Signatures",
-           "StagedTensor", "Step", "contiguous_strides", "fusion", "is_weight", "pad4", "plain_operand_refusal",
-           "rope_table", "weight_words"]
+__all__ = ["AheadDevice", "AheadProgram", "Arguments", "BackendDevice", "BufferPools", "Chunk", "ChunkArg",
+           "DeviceTensor", "DeviceWeight", "KernelTable", "Lease", "Lowering", "Memory", "Pending", "Program", "Ref",
+           "RopeArg", "RopeRows", "Signatures", "StagedTensor", "Step", "c_kernels", "contiguous_strides", "fusion",
+           "is_weight", "pad4", "plain_operand_refusal", "rope_table", "weight_words"]

@@ -56,6 +56,7 @@ class Lowering:
         for n in fragment.nodes:
             for s in n.src:
                 self.readers.setdefault(id(s), []).append(n)
+        self.fusions_off: frozenset = frozenset()     # fusions turned off by name (the plan may set them)
         self.fusion = table.plan(self, fragment) if table.plan else fusion.FusionPlan([])
         self._walk(fragment.nodes)
 

@@ -5,13 +5,12 @@ buffers; one in-order command queue."""
 from __future__ import annotations
 
 import threading
-import weakref
 
 import numpy as np
 
-from ...backend import BackendDevice
+from ...backend import AheadDevice, BackendDevice, weight_words
 from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
-from . import enqueue, kernels, layout, options, preenqueue
+from . import enqueue, kernels, options
 from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
 from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
 from .program import ClProgram
@@ -20,13 +19,14 @@ from .properties import device_data, device_type, physical_id
 KIND_ORDER = {DeviceType.GPU: 0, DeviceType.ACCEL: 1, DeviceType.NPU: 1, DeviceType.CPU: 2}
 
 
-class OpenCLDevice(BackendDevice):
+class OpenCLDevice(AheadDevice, BackendDevice):
     """An OpenCL device, driven through pyopencl: one context, one in-order queue."""
 
     supported_ops = COVERED
     program_class = ClProgram
     disable_setting = DISABLE_OPS_ENV
     binding_unit = "one allocation"
+    ahead_setting, switch_setting = options.PREENQUEUE_ENV, options.SWITCH_ENV
 
     max_alloc = BackendDevice.max_chunk_bytes    # the largest allocation: the buffer types' max_size
 
@@ -36,7 +36,7 @@ class OpenCLDevice(BackendDevice):
         self.buffer_type = BufferType(f"opencl:{index}")
         self.weight_buffer_type = BufferType(f"opencl:{index}:weights")
         self.disabled = disabled_ops() if cl_device is not None else frozenset()
-        self.limits = Limits(dtypes=frozenset(layout.SUPPORTED))
+        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
         self.cl_device = cl_device
         if cl_device is None:
             self.available, self.unavailable_reason = False, reason or "no OpenCL device"
@@ -52,7 +52,7 @@ class OpenCLDevice(BackendDevice):
         self.max_wg = self.data["max_work_group_size"]
         # exact_rows: measured on PoCL (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows are
         # not yet measured against its one-row steps, so it declares none
-        self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(layout.SUPPORTED),
+        self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(weight_words.SUPPORTED),
                              exact_rows=kernels.MATVEC_MAX_ROWS if self.is_cpu else 0)
         self.fp64 = self.data["fp64"]
         self.int_dot = self.data["integer_dot_product"]
@@ -71,11 +71,7 @@ class OpenCLDevice(BackendDevice):
         self.enqueued = 0                 # kernels enqueued, all programs together
         self.runs = 0
         self.profile = {} if settings.read(PROFILE_ENV) else None
-        self._held = [None]               # the run enqueued ahead, if any (a list: the finalizer holds it, not self)
-        self.last_run = None              # the program that ran last here
-        self.ahead_taken = self.ahead_released = 0     # runs enqueued ahead that ran as asked, that replayed
-        self._workers = [None]            # the thread that enqueues runs ahead (preenqueue.Worker), made on first use
-        self._finalizer = weakref.finalize(self, preenqueue.shut, self._held, self._workers)
+        self.init_ahead()                 # the run enqueued ahead (the skeleton's ahead.py)
 
     # -- the context and the queue, made on first use -----------------------------------------
     def _open(self):
@@ -111,39 +107,6 @@ class OpenCLDevice(BackendDevice):
             import pyopencl as cl
             self._values_queue = cl.CommandQueue(self.context, self.cl_device)
         return self._values_queue
-
-    # -- the run enqueued ahead (preenqueue.py) ------------------------------------------------------
-    @property
-    def ahead(self) -> bool:
-        """Whether a run with the same buffers as the one before enqueues the next one ahead."""
-        return preenqueue.enabled(self)
-
-    @property
-    def pending(self):
-        return self._held[0]
-
-    @pending.setter
-    def pending(self, value) -> None:
-        self._held[0] = value
-
-    @property
-    def worker(self) -> preenqueue.Worker:
-        if self._workers[0] is None:
-            self._workers[0] = preenqueue.Worker(self.name)
-        return self._workers[0]
-
-    def close(self) -> None:
-        """Release the run enqueued ahead (after the worker has enqueued it) and stop the worker thread. The
-        device stays usable: a later run ahead starts a new worker."""
-        if self.available:
-            self.settle()
-            preenqueue.shut(self._held, self._workers)
-
-    def settle(self) -> None:
-        """Release the run enqueued ahead, if any: it replays the last run with that run's own values."""
-        if self._held[0] is not None:
-            self.ahead_released += 1
-            preenqueue.release_held(self._held)
 
     # -- buffers ----------------------------------------------------------------------------------
     def new_buffer(self, nbytes: int):
@@ -196,8 +159,8 @@ class OpenCLDevice(BackendDevice):
     def compile_summary(self) -> str:
         """The report line: how kernels are enqueued (a fallback is said, never silent), and whether runs
         are enqueued ahead."""
-        where = {"thread": "on a worker thread", "inline": "inline"}.get(preenqueue.mode(self))
-        ahead = (f"runs enqueued ahead behind a user event ({options.PREENQUEUE_ENV}={preenqueue.mode(self)}, "
+        where = {"thread": "on a worker thread", "inline": "inline"}.get(self.ahead_mode)
+        ahead = (f"runs enqueued ahead behind a user event ({options.PREENQUEUE_ENV}={self.ahead_mode}, "
                  f"{where}): {self.ahead_taken} taken, {self.ahead_released} released"
                  if self.ahead else f"no run enqueued ahead ({options.PREENQUEUE_ENV}=0 or profiling)")
         return f"{self.name}: kernels enqueued by {enqueue.how()}; {ahead}; {self.runs} runs, {self.enqueued} kernels"

@@ -2,10 +2,11 @@
 (framework.backend.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
 by name), and each group becomes launches of kernels.cl's rowvec or attn_block ("Fused decode kernels"):
 
-* a product group: one rowvec launch a weight chunk, x made by its prologue in local memory (the norm, with
-  the residual add or post-norm before it), one weight or gate and up, the residual add or GLU in the
-  epilogue; a product whose prologue the core has combine the split attention's partials reads the
-  attention's result instead, which the attention block combined itself;
+* a product group: one rowvec launch a weight chunk (the skeleton's c_kernels.rowvec, with this device's
+  team shape), x made by its prologue in local memory (the norm, with the residual add or post-norm before
+  it), one weight or gate and up, the residual add or GLU in the epilogue; a product whose prologue the
+  core has combine the split attention's partials reads the attention's result instead, which the
+  attention block combined itself;
 * an attention block: one attn_block launch (q, k and v projected per head, their norms, rope, the scale of
   q, both cache writes and the split attention, its keys spread over work-groups enough to fill the device,
   `split_of`), whose last work-group a head combines the head's partials (with the ``combine`` fusion
@@ -21,17 +22,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import ChunkArg, c_kernels, fusion
+from ...backend import ChunkArg, c_kernels, fusion, weight_words
 from ...contract import reference, settings
-from . import kernels, layout
-from .launches import launch
+from . import kernels
+from .lowering import launch
 from .options import UNFUSE_ENV
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
 ATTN_MAX_PARTS = 256   # partials a head at most (kernels.cl's AT_MAXP: the combine's local memory)
 ATTN_GROUPS_PER_UNIT = 1   # attention work-groups to make at least per compute unit, where the keys allow
-PRO = {"plain": 0, "norm": 1, "combine": 0}    # combine: x is the attention's result (it combined itself)
-PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}
 
 
 def fusions_off() -> frozenset[str]:
@@ -46,14 +45,14 @@ def product_shape(dev, g: fusion.ProductGroup, rows: int) -> dict:
     """The matrix-vector kernel's team shape for a chunk of `rows` rows (its tpr, r, wg and shfl; x stays
     f32 in local memory)."""
     w = g.muls[0].src[0]
-    gpr = w.shape[1] // layout.GROUP
-    nbytes = max(rows * layout.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
+    gpr = w.shape[1] // weight_words.GROUP
+    nbytes = max(rows * weight_words.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
     return kernels.matvec_shape(dev, gpr, 1, rows, nbytes)
 
 
 class Target:
     """The core matcher's questions, answered for one OpenCL device."""
-    weight_types = frozenset(layout.QUANT_TYPES)
+    weight_types = frozenset(weight_words.QUANT_TYPES)
 
     def __init__(self, dev):
         self.dev = dev
@@ -64,13 +63,13 @@ class Target:
     def product_fits(self, g: fusion.ProductGroup) -> bool:
         w = g.muls[0].src[0]
         sh = product_shape(self.dev, g, self.dev.chunk_plan(w.dtype.name, w.shape)[0][1])
-        nbytes = w.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
+        nbytes = w.shape[1] // weight_words.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
         return nbytes <= _local_bytes(self.dev) and sh["wg"] % sh["tpr"] == 0
 
     def attn_fits(self, g: fusion.AttnGroup) -> bool:
         d = g.fa.src[0].shape[2]
         kb = keys_a_block(d)
-        nbytes = (g.wq.shape[1] // layout.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
+        nbytes = (g.wq.shape[1] // weight_words.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
                   + 8 * ATTN_MAX_PARTS + 16)
         return self.dev.max_wg >= ATTN_WG and nbytes <= _local_bytes(self.dev)
 
@@ -80,7 +79,7 @@ class Target:
 
 def plan(lw, fragment) -> fusion.FusionPlan:
     """The fused groups of a fragment (none on a CPU device); the fusions turned off read once a lowering
-    (rms_mul is the lowering's own: lower_ops.py)."""
+    (rms_mul is the lowering's own: the skeleton's c_kernels.Dialect.rms_norm)."""
     lw.fusions_off = fusions_off()
     if lw.dev.is_cpu:
         return fusion.FusionPlan([])
@@ -95,50 +94,19 @@ def lower_group(lw, g) -> None:
         rowvec(lw, g)
 
 
-def _prologue(lw, src: fusion.Sources) -> tuple[dict, dict]:
-    """The prologue's arguments and build options."""
-    p = src.prologue
-    args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "write_y": 0, "eps": 0.0, "eps1": 0.0, "ys": 1.0}
-    opts = {"F_PRO": PRO[p.src], "F_PRE": PRE[p.pre]}
-    if p.src == "combine":       # the attention block combined its partials into its own result
-        args["a"] = lw.ref(src.fa)
-        return args, opts
-    args["a"] = lw.ref(src.a)
-    for name, t in (("b", src.b), ("gp", src.g1), ("gn", src.g)):
-        if t is not None:
-            args[name] = lw.ref(t)
-    args.update(eps=src.eps, eps1=src.eps1, ys=src.scale)
-    if p.write_y:
-        args.update(y=lw.new_val(src.y), write_y=1)
-    return args, opts
-
-
 def _shfl_options(dev, shfl: int) -> dict:
     return {"PTX_SHFL": 1, **kernels.ptx_options(dev)} if shfl else {}
 
 
 def rowvec(lw, g: fusion.ProductGroup) -> None:
-    p = g.src.prologue
-    ws = [m.src[0] for m in g.muls]
-    k = ws[0].shape[1]
-    args, opts = _prologue(lw, g.src)
-    out = lw.new_val(g.out)
-    wargs = [lw.arg_of(w) for w in ws]
-    label = "+".join(filter(None, [{"norm": "NORM"}.get(p.src), "MUL_MAT" + "x2" * (len(ws) > 1),
-                                   {"add": "ADD", "glu": "GLU"}.get(g.epilogue)]))
-    op = c_kernels.UNARY_CODE[c_kernels.GLU_ACTIVATION[g.out.params["op"]]] if g.epilogue == "glu" else 0
-    epi = {"": 0, "add": 1, "glu": 2}[g.epilogue]
-    for ci, (row0, rows) in enumerate(lw.dev.chunk_plan(ws[0].dtype.name, ws[0].shape)):
+    """A product group: the skeleton's rowvec launches, each chunk's team shape and weight types this device's."""
+    def build(rows: int) -> tuple[dict, int, int]:
         sh = product_shape(lw.dev, g, rows)
-        build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=k, F_WG=sh["wg"], F_TPR=sh["tpr"], F_R=sh["r"],
-                     F_NW=len(ws), F_EPI=epi, **opts, **_shfl_options(lw.dev, sh["shfl"]))
-        for i, w in enumerate(ws):
-            build[f"F_T{i}"] = w.dtype.name
-        groups = -(-rows // (sh["wg"] // sh["tpr"] * sh["r"]))
-        launch(lw, f"{label} {g.out.name}", "rowvec", build, groups * sh["wg"], sh["wg"],
-               w0=ChunkArg(wargs[0], ci), w1=ChunkArg(wargs[1], 0) if len(ws) > 1 else None,
-               r=lw.ref(g.residual) if g.residual is not None else None, o=out, N=rows, col0=row0, op=op,
-               **dict(args, write_y=args["write_y"] * int(ci == 0)))
+        opts = dict(kernels.base_options(lw.dev), FUSED=1, F_WG=sh["wg"], F_TPR=sh["tpr"], F_R=sh["r"],
+                    **_shfl_options(lw.dev, sh["shfl"]))
+        opts.update({f"F_T{i}": m.src[0].dtype.name for i, m in enumerate(g.muls)})
+        return opts, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])) * sh["wg"], sh["wg"]
+    c_kernels.rowvec(launch, lw, g, build)
 
 
 def _qkv(g: fusion.AttnGroup) -> list:
@@ -150,8 +118,8 @@ def _stack_shape(dev, g: fusion.AttnGroup) -> dict:
     ws = (g.wq, g.wk, g.wv)
     k = g.wq.shape[1]
     rows = sum(w.shape[0] for w in ws)
-    return kernels.matvec_shape(dev, k // layout.GROUP, 1, rows, sum(w.shape[0] * layout.row_bytes(w.dtype.name, k)
-                                                                      for w in ws))
+    nbytes = sum(w.shape[0] * weight_words.row_bytes(w.dtype.name, k) for w in ws)
+    return kernels.matvec_shape(dev, k // weight_words.GROUP, 1, rows, nbytes)
 
 
 def own_products(dev, g: fusion.AttnGroup) -> bool:
@@ -162,7 +130,7 @@ def own_products(dev, g: fusion.AttnGroup) -> bool:
     if any(len(dev.chunk_plan(w.dtype.name, w.shape)) > 1 for w in (g.wq, g.wk, g.wv)):
         return False
     sh = _stack_shape(dev, g)
-    nbytes = g.wq.shape[1] // layout.GROUP * 144 + 4 * sh["wg"] * sh["r"]
+    nbytes = g.wq.shape[1] // weight_words.GROUP * 144 + 4 * sh["wg"] * sh["r"]
     return nbytes <= _local_bytes(dev) and sh["wg"] % sh["tpr"] == 0
 
 
@@ -170,7 +138,7 @@ def _products(lw, g: fusion.AttnGroup) -> tuple:
     """Q, K and V, one rowvec3 launch (the attention's prologue in it): their values."""
     p = g.src.prologue
     muls = _qkv(g)
-    args, opts = _prologue(lw, g.src)
+    args, opts = c_kernels.prologue(lw, g.src)
     sh = _stack_shape(lw.dev, g)
     build = dict(kernels.base_options(lw.dev), FUSED=1, F_K=g.wq.shape[1], F_WG=sh["wg"], F_TPR=sh["tpr"],
                  F_R=sh["r"], F_NW=3, F_EPI=0, **opts, **_shfl_options(lw.dev, sh["shfl"]))
@@ -209,13 +177,10 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     s, hkv, _ = fa.src[1].shape
     own = own_products(lw.dev, g)
     if own:
-        qkv = _products(lw, g)
-        args = {"a": None, "b": None, "gp": None, "gn": None, "y": None, "write_y": 0, "eps": 0.0, "eps1": 0.0,
-                "ys": 1.0}
-        opts = {"F_PRO": 0, "F_PRE": 0}
+        qkv, args, opts = _products(lw, g), dict(c_kernels.NO_PROLOGUE), {"F_PRO": 0, "F_PRE": 0}
     else:
         qkv = (None, None, None)
-        args, opts = _prologue(lw, g.src)
+        args, opts = c_kernels.prologue(lw, g.src)
     caches = []
     for st in (g.k_set, g.v_set):
         c = lw.in_place(st)

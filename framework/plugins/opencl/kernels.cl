@@ -1,6 +1,7 @@
 // OpenCL C kernels of the OpenCL plugin (OpenCL C 1.2). kernels.py prepends a generated header: the
-// ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, coverage.py) and the build's
-// settings (work-group sizes, the weight type QT_* and its layout, layout.py). A build holds only the
+// ARGS_<kernel> parameter lists (signatures.py), the op codes (OP_*, framework/backend/c_kernels.py) and
+// the build's settings (work-group sizes, the weight type QT_* and its layout: the skeleton's
+// c_kernels.Dialect.quant_options). A build holds only the
 // kernels its settings select (the base build: those that read no quantized weight; a weight type's
 // build: its GET_ROWS, or one shape of one product), so each compiles quickly. Tensors are a buffer
 // plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed
@@ -444,7 +445,7 @@ __kernel void quant_x(ARGS_quant_x) {
 #endif  // the base build
 
 // ------------------------------------------------------------------------------------------------
-// quantized weights (layout.py): every kernel reads a weight through grp(a, moff, gpr, row, g), a
+// quantized weights (framework/core/weight_words.py): every kernel reads a weight through grp(a, moff, gpr, row, g), a
 // 32-element group as 8 words of unsigned byte codes (lo: elements 0..15, hi: 16..31, four a word)
 // and its scales: element e is (code_e - QZ) * (lo ? q.a : q.b) + q.m. Codes become floats without
 // int-to-float conversions (a byte OR-ed into the mantissa of 2^23 is exactly 2^23 + byte; QZF is

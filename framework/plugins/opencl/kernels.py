@@ -3,9 +3,10 @@ the kernels whose shape is chosen per device (work-group sizes, matrix-vector an
 shapes).
 
 A program is the whole kernels.cl built with ``-D`` options: the weight type (``QT_Q4_K``, with its
-layout's numbers from layout.py), the tile or team shape, the element type of float kernels. Options
-are the only way code is specialised: no source text is edited. The header prepended to the source
-is generated from signatures.py (the kernels' parameters) and coverage.py (the op codes).
+layout's numbers: c_kernels.Dialect.quant_options), the tile or team shape, the element type of float
+kernels. Options are the only way code is specialised: no source text is edited. The header prepended to
+the source is generated from signatures.py (the kernels' parameters) and the skeleton's op codes
+(c_kernels.source).
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from pathlib import Path
 
 from ...backend import c_kernels
 from ...contract import caches, settings
-from . import layout
 from .coverage import MAX_HEAD
 from .options import MATMUL_ENV, MATVEC_ENV, cache_dir
-from .signatures import c_header
+from .signatures import KERNELS
 
 SOURCE = Path(__file__).with_name("kernels.cl")
 RWG = 128                # work-group of the row kernels (RMS norm, softmax)
@@ -33,8 +33,7 @@ SPLIT_ATTN_BELOW = 64    # query rows x heads under which attention splits its k
 
 @lru_cache(maxsize=1)
 def source() -> str:
-    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in c_kernels.OP_CODES.items())
-    return c_header() + codes + SOURCE.read_text()
+    return c_kernels.source(KERNELS, SOURCE)
 
 
 def _env(name: str) -> dict[str, int]:
@@ -45,14 +44,6 @@ def base_options(dev) -> dict[str, int]:
     opts = {"RWG": RWG, "AWG": AWG, "MAX_HEAD": MAX_HEAD}
     if dev.fp64:
         opts["HAS_FP64"] = 1
-    return opts
-
-
-def quant_options(dev, dtype: str) -> dict[str, int]:
-    opts = base_options(dev)
-    opts.update(layout.kernel_defines(dtype))
-    if dev.int_dot:
-        opts["HAS_DOT4"] = 1
     return opts
 
 

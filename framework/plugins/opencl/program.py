@@ -16,8 +16,8 @@ from a pool each run. Host values handed in (tokens, positions, masks) are copie
 program keeps, without waiting.
 
 A program run twice in a row with the same buffers (decode) enqueues its next run ahead, behind a user
-event, which the next run opens once its host values are written (preenqueue.py says how, and why a run
-ahead that is not taken is safe to release).
+event, which the next run opens once its host values are written (the skeleton's ahead.py says how, and
+why a run ahead that is not taken is safe to release; preenqueue.py holds the OpenCL side).
 
 FRAMEWORK_OPENCL_PROFILE=1 (read when the device opens its queue): every launch's device time, from
 OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run then waits for them).
@@ -26,17 +26,18 @@ OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
-from ...backend import Program, StagedTensor
-from . import preenqueue
+from ...backend import AheadProgram, KernelTable, Pending, Program
+from . import fused, preenqueue
 from .enqueue import Launches
 from .kernels import build
-from .lowering import TABLE
+from .lowering import DIALECT
 from .signatures import TENSOR_KINDS, params
 
+# the kernel table the skeleton's lowering asks: the shared C kernels' ops (lowering.py), the fused groups
+TABLE = KernelTable(DIALECT.ops(), fused.lower_group, fused.plan)
 FLUSH_FIRST = 2          # kernels enqueued before the first flush
 FLUSH_EVERY = 8          # kernels between two flushes after it (one costs about 1.3 us on the H200)
 FLUSH_LAST = (4, 2)      # kernels before the end at which the queue is flushed too
@@ -78,7 +79,7 @@ def _scalar(kind: str, value):
     return cltypes.make_uint4(*(int(v) for v in value))
 
 
-class ClProgram(Program):
+class ClProgram(AheadProgram, Program):
     def __init__(self, dev, fragment):
         super().__init__(dev, fragment, TABLE)
         self.tables: list = []             # buffers of the tables made here (kept alive with the kernels)
@@ -90,10 +91,8 @@ class ClProgram(Program):
         # the kernel arguments that are fragment outputs: rebound alone when only the output buffers change
         self.out_args = [(st.kernel, pos, what.idx) for st in self.cl_steps for pos, what in st.dynamic
                          if getattr(what, "kind", None) == "val" and val_out[what.idx] >= 0]
-        self.ahead_ok = (preenqueue.replayable(self.steps, self.written_args) and
-                         4 * sum(self.val_sizes[v] for v in range(len(self.val_sizes)) if val_out[v] >= 0)
-                         <= preenqueue.STAGE_MAX)
-        self.last_sig, self.stage = None, None
+        self.stage = None
+        self.init_ahead()
 
     # -- building ---------------------------------------------------------------------------
     def _step(self, step) -> ClStep:
@@ -142,11 +141,9 @@ class ClProgram(Program):
         slots = self.scratch_buffers()
         chunks = [c.buffer for w in a.weights.values() for c in w.chunks]
         sig = (tuple(map(id, a.bufs)), tuple(a.offs), tuple(map(id, slots)), tuple(map(id, chunks)))
-        ahead = dev.pending
-        if ahead is not None and ahead.program() is self and ahead.fixed == sig:
-            dev.pending = None                  # taken: this run was enqueued ahead, behind its gate
-            dev.ahead_taken += 1
-            ahead.start(dev.values_queue, uploads)
+        ahead = self.take_ahead(sig)
+        if ahead is not None:
+            ahead.start(preenqueue.write_values(dev.values_queue, uploads, ahead.marker))
             outs = ahead.outs
         else:
             queue = dev.queue                   # a run ahead of another program or buffers is released here
@@ -160,15 +157,7 @@ class ClProgram(Program):
             else:
                 self._run_profiled(queue)
             dev.enqueued += len(self.steps)
-        dev.runs += 1
-        again = dev.ahead and self.ahead_ok and dev.last_run is self and self.last_sig == sig
-        dev.last_run, self.last_sig = self, sig
-        if not again:
-            return self.results(args, a.bufs, outs)
-        run = self._copy_back(outs)
-        results = self.results(args, a.bufs, outs, _staged_handle(self.stage, run))
-        self._enqueue_next(sig)
-        return results
+        return self.finish(args, a, outs, sig)
 
     def _bind_for(self, sig, a, outs, slots, chunks) -> None:
         """Every kernel argument set where the buffers changed; only the outputs' where only they did."""
@@ -184,15 +173,17 @@ class ClProgram(Program):
             kernel.set_arg(pos, outs[v][0])
         self.bound_outs = tuple(id(b) for b, _ in outs.values())
 
-    # -- the next run, enqueued ahead (preenqueue.py) -----------------------------------------------
-    def _copy_back(self, outs) -> int:
+    # -- the next run, enqueued ahead (the skeleton's ahead.py) -------------------------------------------
+    def copy_back(self, outs) -> tuple:
         """This run's value outputs copied to pinned host memory without waiting, ahead of the next run."""
         if self.stage is None:
             self.stage = preenqueue.Stage(self.dev, {v: self.val_sizes[v] for v in outs})
-        return self.stage.copy(self.dev.raw_queue, outs)
+        return self.stage, self.stage.copy(self.dev.raw_queue, outs)
 
-    def _enqueue_next(self, sig) -> None:
-        """The next run's kernels behind a user event, with output buffers of their own (the pool's)."""
+    def enqueue_next(self, sig) -> None:
+        """The next run's kernels behind a user event, with output buffers of their own (the pool's); on the
+        worker, flushed on the run's own cadence (the gate may open while it still enqueues), inline not
+        before the end (nothing runs behind the gate before the next run opens it)."""
         import pyopencl as cl
         dev = self.dev
         queue = dev.raw_queue
@@ -200,17 +191,10 @@ class ClProgram(Program):
         outs = self.output_buffers()
         self._bind_outs(outs)
         gate = cl.UserEvent(dev.context)
-        pending = preenqueue.Pending(self, sig, gate, marker, outs, self.bound)
+        pending = Pending(self, sig, gate, preenqueue.open_gate, marker, outs, self.bound)
         dev.enqueued += len(self.steps)
-        if preenqueue.mode(dev) == "thread":    # the caller goes on; whatever needs it whole waits for the worker
-            dev.pending = pending
-            dev.worker.submit(pending, _enqueue_job(self.launches, queue, self.flush_at, gate))
-            return
-        # inline: no flush before the end (nothing runs behind the gate before the next run opens it)
-        pending.enqueue_with(_enqueue_job(self.launches, queue, frozenset(), gate))
-        if pending.error is not None:
-            pending.release()                   # what was enqueued of it replays the run before: harmless; raises
-        dev.pending = pending
+        self.hand_ahead(pending, _enqueue_job(self.launches, queue, frozenset(), gate),
+                        _enqueue_job(self.launches, queue, self.flush_at, gate))
 
     def _bind(self, a, outs, slots) -> None:
         for st in self.cl_steps:
@@ -228,11 +212,3 @@ class ClProgram(Program):
         events = [cl.enqueue_nd_range_kernel(queue, st.kernel, st.gsize, st.lsize) for st in self.cl_steps]
         cl.wait_for_events(events)
         self.profiled((e.profile.end - e.profile.start) * 1e-9 for e in events)
-
-
-def _staged_handle(stage, run: int):
-    """The handles of the value outputs this run copied back ahead of the next (preenqueue.Stage)."""
-    def wrap(i, r, buf, lease):
-        return StagedTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease,
-                            readback=partial(stage.values, run, r.idx, r.off, r.shape, r.strides))
-    return wrap

@@ -48,10 +48,5 @@ _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
 
 
-_SIGNATURES = Signatures("opencl", SIGNATURES, _C, (*TENSOR_KINDS, "w"))
-params, c_header, arguments = _SIGNATURES.params, _SIGNATURES.c_header, _SIGNATURES.arguments
-
-
-def arg_count(kind: str) -> int:
-    """OpenCL kernel arguments a parameter of this kind takes."""
-    return 2 if kind in TENSOR_KINDS or kind == "w" else 1
+KERNELS = Signatures("opencl", SIGNATURES, _C, (*TENSOR_KINDS, "w"))
+params = KERNELS.params
