@@ -203,6 +203,9 @@ __device__ inline void attend(const float* __restrict__ q, uint qb, const float*
   float m = NEG_BIG, l = 0.0f;
 #pragma unroll 4
   for (uint s = s_begin + w; s < s_end; s += ANW) {
+    // a masked key (the cells past the context in the padded window, a causal row's future) would add
+    // exp(NEG_BIG - max) = 0: its row of k and v is not read (the same for the whole warp: no divergence)
+    if (has_mask && mk[mb + s] <= NEG_BIG) continue;
     uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
     float dot = 0.0f;
 #pragma unroll
@@ -251,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_attn(ARGS_flash_attn) {
 #pragma unroll
     for (uint j = 0; j < ADIMS; j++) {
       uint d = lane + 32u * j;
-      if (d < D) o[ob + d] = acc[j] / l;
+      if (d < D) o[ob + d] = l > 0.0f ? acc[j] / l : 0.0f;   // a row that sees no key: 0, as ggml
     }
   }
 }
@@ -297,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_combine(ARGS_flash_combi
   }
   for (uint j = 0; j < CDIMS; j++) {
     uint d = li + AWG * j;
-    if (d < D) o[o_off + id * D + d] = acc[j] / l;
+    if (d < D) o[o_off + id * D + d] = l > 0.0f ? acc[j] / l : 0.0f;
   }
 }
 
