@@ -80,7 +80,7 @@ def prompted_session(args, n_ctx: int = 1024):
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     rng = np.random.default_rng(0)
     model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf", rng))
-    s = Session(model, [dev], n_ctx=n_ctx, n_batch=args.prompt)
+    s = Session(model, [dev], n_ctx=n_ctx, n_batch=max(args.prompt, getattr(args, "rows", 1)))
     s.eval([int(t) for t in rng.integers(0, model.hp.n_vocab, size=args.prompt)])
     return dev, s
 

@@ -186,6 +186,30 @@ extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
 #define ANW (AWG / 32)
 #define ADIMS (MAX_HEAD / 32)
 
+// The keys [s_begin, s_end) narrowed to those from the first the mask lets the row see to the last: a key
+// outside adds exp(NEG_BIG - max) = 0 (the cells past the context in the padded window, a causal row's
+// future, a part of the keys that is all masked), so its rows of k and v are not read. The mask is read
+// once by the whole block (a float a key, against a row of k and of v a key), and the loop over the keys
+// keeps no branch a key (one would stop the loads of the next keys being issued ahead).
+__device__ inline void visible(const float* __restrict__ mk, uint mb, uint has_mask, uint* s_begin, uint* s_end) {
+  if (!has_mask) return;
+  __shared__ uint lim[2 * ANW];
+  uint li = get_local_id(0), lane = li & 31u, w = li >> 5;
+  uint lo = *s_end, hi = *s_begin;
+  for (uint s = *s_begin + li; s < *s_end; s += AWG)
+    if (mk[mb + s] > NEG_BIG) { lo = min(lo, s); hi = s + 1u; }
+#pragma unroll
+  for (uint o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  if (lane == 0) { lim[w] = lo; lim[ANW + w] = hi; }
+  __syncthreads();
+  for (uint u = 0; u < ANW; u++) { lo = min(lo, lim[u]); hi = max(hi, lim[ANW + u]); }
+  *s_begin = lo;
+  *s_end = hi;       // none visible: lo = the end, hi = the beginning (no key; m stays NEG_BIG, l 0)
+}
+
 // keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised),
 // each warp's own, then merged in a fixed order (every warp gets the merge; acc: this lane's dims)
 __device__ inline void attend(const float* __restrict__ q, uint qb, const float* __restrict__ k, uint kb,
@@ -201,11 +225,9 @@ __device__ inline void attend(const float* __restrict__ q, uint qb, const float*
     a[j] = 0.0f;
   }
   float m = NEG_BIG, l = 0.0f;
+  visible(mk, mb, has_mask, &s_begin, &s_end);
 #pragma unroll 4
   for (uint s = s_begin + w; s < s_end; s += ANW) {
-    // a masked key (the cells past the context in the padded window, a causal row's future) would add
-    // exp(NEG_BIG - max) = 0: its row of k and v is not read (the same for the whole warp: no divergence)
-    if (has_mask && mk[mb + s] <= NEG_BIG) continue;
     uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
     float dot = 0.0f;
 #pragma unroll
