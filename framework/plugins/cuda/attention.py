@@ -21,4 +21,8 @@ def attention(lw, name: str, q, k, v, mk, o, t: int, h: int, hkv: int, d: int, s
         # keys to overlap), one block per (row, head, part), about MATVEC_MIN_BLOCKS blocks; then a combine
         nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, t * h))
         return c_kernels.split_attention(launch, lw, name, opts, awg, nc, 32, common, o)
+    if t >= kernels.ROWS_ATTN_FROM:     # prefill: a warp a row, a block's warps rows of one head
+        rows = awg // 32
+        return launch(lw, f"FLASH_ATTN_EXT[rows] {name}", "flash_attn_rows", opts, _ceil(t, rows) * h * awg, awg,
+                      o=o, **common)
     launch(lw, f"FLASH_ATTN_EXT {name}", "flash_attn", opts, t * h * awg, awg, o=o, **common)

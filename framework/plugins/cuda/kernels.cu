@@ -186,30 +186,6 @@ extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
 #define ANW (AWG / 32)
 #define ADIMS (MAX_HEAD / 32)
 
-// The keys [s_begin, s_end) narrowed to those from the first the mask lets the row see to the last: a key
-// outside adds exp(NEG_BIG - max) = 0 (the cells past the context in the padded window, a causal row's
-// future, a part of the keys that is all masked), so its rows of k and v are not read. The mask is read
-// once by the whole block (a float a key, against a row of k and of v a key), and the loop over the keys
-// keeps no branch a key (one would stop the loads of the next keys being issued ahead).
-__device__ inline void visible(const float* __restrict__ mk, uint mb, uint has_mask, uint* s_begin, uint* s_end) {
-  if (!has_mask) return;
-  __shared__ uint lim[2 * ANW];
-  uint li = get_local_id(0), lane = li & 31u, w = li >> 5;
-  uint lo = *s_end, hi = *s_begin;
-  for (uint s = *s_begin + li; s < *s_end; s += AWG)
-    if (mk[mb + s] > NEG_BIG) { lo = min(lo, s); hi = s + 1u; }
-#pragma unroll
-  for (uint o = 16; o > 0; o >>= 1) {
-    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-  }
-  if (lane == 0) { lim[w] = lo; lim[ANW + w] = hi; }
-  __syncthreads();
-  for (uint u = 0; u < ANW; u++) { lo = min(lo, lim[u]); hi = max(hi, lim[ANW + u]); }
-  *s_begin = lo;
-  *s_end = hi;       // none visible: lo = the end, hi = the beginning (no key; m stays NEG_BIG, l 0)
-}
-
 // keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised),
 // each warp's own, then merged in a fixed order (every warp gets the merge; acc: this lane's dims)
 __device__ inline void attend(const float* __restrict__ q, uint qb, const float* __restrict__ k, uint kb,
@@ -225,7 +201,6 @@ __device__ inline void attend(const float* __restrict__ q, uint qb, const float*
     a[j] = 0.0f;
   }
   float m = NEG_BIG, l = 0.0f;
-  visible(mk, mb, has_mask, &s_begin, &s_end);
 #pragma unroll 4
   for (uint s = s_begin + w; s < s_end; s += ANW) {
     uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
@@ -276,8 +251,66 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_attn(ARGS_flash_attn) {
 #pragma unroll
     for (uint j = 0; j < ADIMS; j++) {
       uint d = lane + 32u * j;
-      if (d < D) o[ob + d] = l > 0.0f ? acc[j] / l : 0.0f;   // a row that sees no key: 0, as ggml
+      if (d < D) o[ob + d] = acc[j] / l;
     }
+  }
+}
+
+// Many query rows (prefill): a warp a row, the ANW warps of a block ANW consecutive rows of one head, each
+// warp over its row's keys alone (no block-wide merge). The warps of a block read the same rows of k and v
+// at about the same time, so three of four reads are served by the SM's cache, where a block a row read
+// every key's rows from L2 for each row. A row's keys are narrowed to those from the first its mask lets
+// it see to the last (a causal row's future and the padded window's empty cells add exp(NEG_BIG - max) =
+// 0): the warp reads its mask row once, 32 keys a load, and the loop over the keys keeps no branch a key.
+extern "C" __global__ void __launch_bounds__(AWG) flash_attn_rows(ARGS_flash_attn_rows) {
+  uint lane = get_local_id(0) & 31u, w = get_local_id(0) >> 5;
+  uint id = get_group_id(0), h = id % H, t = (id / H) * ANW + w, hk = h / (H / Hkv);
+  if (t >= T) return;
+  uint mb = mk_off + t * S, s0 = S, s1 = 0;
+  if (has_mask) {
+    for (uint s = lane; s < S; s += 32u)
+      if (mk[mb + s] > NEG_BIG) { s0 = min(s0, s); s1 = s + 1u; }
+#pragma unroll
+    for (uint o = 16; o > 0; o >>= 1) {
+      s0 = min(s0, __shfl_xor_sync(0xffffffffu, s0, o));
+      s1 = max(s1, __shfl_xor_sync(0xffffffffu, s1, o));
+    }
+  } else {
+    s0 = 0;
+    s1 = S;
+  }
+  uint qb = q_off + (t * H + h) * D, kb = k_off + hk * D, vb = v_off + hk * D, kstride = Hkv * D;
+  float qr[ADIMS], a[ADIMS];
+#pragma unroll
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = lane + 32u * j;
+    qr[j] = d < D ? q[qb + d] : 0.0f;
+    a[j] = 0.0f;
+  }
+  float m = NEG_BIG, l = 0.0f;
+#pragma unroll 4
+  for (uint s = s0; s < s1; s++) {
+    uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
+    float dot = 0.0f;
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++)
+      if (lane + 32u * j < D) dot += qr[j] * k[kr + 32u * j];
+#pragma unroll
+    for (uint o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    dot = __shfl_sync(0xffffffffu, dot, 0);
+    float sc = dot * scale + (has_mask ? max(mk[mb + s], NEG_BIG) : 0.0f);
+    float mn = max(m, sc), alpha = exp(m - mn), p = exp(sc - mn);
+    l = l * alpha + p;
+#pragma unroll
+    for (uint j = 0; j < ADIMS; j++)
+      if (lane + 32u * j < D) a[j] = a[j] * alpha + p * v[vr + 32u * j];
+    m = mn;
+  }
+  uint ob = o_off + (t * H + h) * D;
+#pragma unroll
+  for (uint j = 0; j < ADIMS; j++) {
+    uint d = lane + 32u * j;
+    if (d < D) o[ob + d] = l > 0.0f ? a[j] / l : 0.0f;   // a row that sees no key: 0, as ggml's
   }
 }
 
@@ -322,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_combine(ARGS_flash_combi
   }
   for (uint j = 0; j < CDIMS; j++) {
     uint d = li + AWG * j;
-    if (d < D) o[o_off + id * D + d] = l > 0.0f ? acc[j] / l : 0.0f;
+    if (d < D) o[o_off + id * D + d] = acc[j] / l;
   }
 }
 
