@@ -21,7 +21,7 @@ from framework.core.scheduler.errors import CapabilityError
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.cuda import coverage, kernels, options, signatures
 from framework.plugins.cuda.device import CudaDevice, devices
-from framework.plugins.cuda.lowering import TABLE
+from framework.plugins.cuda.program import TABLE
 
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
