@@ -53,7 +53,10 @@ class Target:
 
 
 def plan(lw, fragment) -> fusion.FusionPlan:
-    return fusion.plan(Target(lw.dev), fragment, settings.read(UNFUSE_ENV) | NOT_TAKEN)
+    """The fused groups of a fragment; the fusions turned off read once a lowering (rms_mul is the
+    lowering's own: the skeleton's c_kernels.Dialect.rms_norm)."""
+    lw.fusions_off = settings.read(UNFUSE_ENV)
+    return fusion.plan(Target(lw.dev), fragment, lw.fusions_off | NOT_TAKEN)
 
 
 def lower_group(lw, g) -> None:
