@@ -1,15 +1,15 @@
 """The fused decode products of a CUDA device: which runs of nodes become one kernel is the core's
 decision (framework.backend.fusion, asked here with this device's limits; FRAMEWORK_CUDA_UNFUSE turns
-fusions off by name), and each product group becomes one launch of kernels.cu's rowvec a weight chunk (the skeleton's
-c_kernels.rowvec, with this device's team shape): x made by its prologue in shared memory (the norm, with
-the residual add, post-norm or scale before it), one weight or gate and up, the residual add or GLU in the
-epilogue.
+fusions off by name), and each product group becomes one launch of kernels.cu's rowvec a weight chunk
+(the skeleton's c_kernels.rowvec, with this device's team shape): x made by its prologue in shared memory
+(the norm, with the residual add, post-norm or scale before it), one weight or gate and up, the residual
+add or GLU in the epilogue.
 
 An attention group (``attn``: Q, K and V of one x, their head norms, rope, q's scale, the two cache writes
 and the attention) becomes three launches where its nodes were ten: rowvec3 (the prologue, then the three
 products, each weight of its own type), rope_kv (norms, rope and scale; k and v into the caches) and the
-attention (lowering.py's: split in parts for decode, then combined). ``combine`` (the partials combined in the output
-projection's prologue) is not taken: rowvec has no such prologue."""
+attention (lowering.py's: split in parts for decode, then combined). ``combine`` (the partials combined
+in the output projection's prologue) is not taken: rowvec has no such prologue."""
 
 from __future__ import annotations
 
