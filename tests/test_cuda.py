@@ -21,7 +21,7 @@ from framework.core.scheduler.errors import CapabilityError
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.cuda import coverage, kernels, options, signatures
 from framework.plugins.cuda.device import CudaDevice, devices
-from framework.plugins.cuda.lowering import TABLE
+from framework.plugins.cuda.program import TABLE
 
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
@@ -144,7 +144,7 @@ def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
     """The DECODE cases lowered with the core's product groups (fused.py): the norm in the prologue of the
     product that reads it alone, gate and up with the GLU in one launch, the residual add in the epilogue,
     the attention block as rowvec3 (norm, Q, K, V), rope_kv and the attention; with FRAMEWORK_CUDA_UNFUSE=attn
-    the block's nodes one by one, with all, every node."""
+    the block's nodes one by one, with all, every node (the norm's gain MUL too: rms_mul)."""
     dev = CudaDevice(0, reason="lowering only")
     cases = {c.id: c for c in all_cases() if c.id.startswith("DECODE-")}
 
@@ -162,6 +162,7 @@ def test_decode_products_take_the_cores_fusion_groups(monkeypatch):
     monkeypatch.setenv(options.UNFUSE_ENV, "all")
     plain = names(one)
     assert not any(n.startswith(("NORM+", "MUL_MAT+")) for n in plain) and "GLU" in plain, plain
+    assert "RMS_NORM" in plain and "RMS_NORM+MUL" not in plain, plain        # rms_mul is among all
     assert len(plain) >= len(fused) + 3, (plain, fused)
 
 

@@ -2,10 +2,11 @@
 options, and the shapes of the kernels chosen per device and matrix.
 
 A module is the whole kernels.cu built with ``-D`` options: the weight type (``QT_Q4_K`` with its
-layout's numbers), the matrix-vector or tile shape, the element type of float kernels. Options are the
-only way code is specialised: no source text is edited. The header prepended to the source is generated
-from signatures.py (the kernels' parameters) and coverage.py (the op codes). CuPy keeps compiled
-modules in its cache, which discovery.py points under the project's (the "cuda" cache)."""
+layout's numbers: the skeleton's c_kernels.Dialect.quant_options), the matrix-vector or tile shape, the
+element type of float kernels. Options are the only way code is specialised: no source text is edited. The
+header prepended to the source is generated from signatures.py (the kernels' parameters) and the
+skeleton's op codes (c_kernels.source). CuPy keeps compiled modules in its cache, which discovery.py
+points under the project's (the "cuda" cache)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from ...backend import c_kernels, weight_words
+from ...backend import c_kernels
 from .coverage import MAX_HEAD
-from .signatures import c_header
+from .signatures import KERNELS
 
 SOURCE = Path(__file__).with_name("kernels.cu")
 RWG = 128                # block of the row kernels (RMS norm, softmax)
@@ -35,8 +36,7 @@ DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?
 
 @lru_cache(maxsize=1)
 def source() -> str:
-    codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in c_kernels.OP_CODES.items())
-    return c_header() + codes + SOURCE.read_text()
+    return c_kernels.source(KERNELS, SOURCE)
 
 
 def defined_kernels(text: str | None = None) -> dict[str, str]:
@@ -46,17 +46,6 @@ def defined_kernels(text: str | None = None) -> dict[str, str]:
 
 def base_options() -> dict[str, int]:
     return {"RWG": RWG, "AWG": AWG, "MAX_HEAD": MAX_HEAD, "HAS_FP64": 1}
-
-
-def quant_options(dtype: str) -> dict[str, int]:
-    lay = weight_words.layout(dtype)
-    return {**base_options(), "QT_" + dtype: 1, "QT_WPB": lay.words_per_block,
-            "QT_GPB": lay.block_elems // weight_words.GROUP}
-
-
-def float_options(dtype: str) -> dict[str, int]:
-    """The build of a float kernel reading elements of dtype (F32, or F16's bits)."""
-    return {**base_options(), **({"ELEM": "half", "ELEM_HALF": 1} if dtype == "F16" else {})}
 
 
 def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """A compiled fragment: its steps (the skeleton's Program, framework/backend/program.py, lowered through
-lowering.py's kernel table) as CuPy kernel functions, launched in order on the device's stream with no
-host synchronisation between them (nor after: only reading a result back waits).
+the kernel table TABLE: lowering.py's ops and fused.py's groups) as CuPy kernel functions, launched in
+order on the device's stream with no host synchronisation between them (nor after: only reading a result
+back waits).
 
 The host values of a run (tokens, positions, masks) are packed into one pinned host array and copied
 in one transfer into one small device buffer the program keeps (their arguments point into it), so that
@@ -16,10 +17,13 @@ import ctypes
 
 import numpy as np
 
-from ...backend import ChunkArg, Program, Ref, RopeArg
+from ...backend import ChunkArg, KernelTable, Program, Ref, RopeArg
+from . import fused
 from .kernels import build
-from .lowering import TABLE
+from .lowering import DIALECT
 from .signatures import TENSOR_KINDS, params
+
+TABLE = KernelTable(DIALECT.ops(), fused.lower_group, fused.plan)
 
 
 class CudaProgram(Program):

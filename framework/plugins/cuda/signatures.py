@@ -38,5 +38,5 @@ _C = {"in": "const float* __restrict__ {n}, const uint {n}_off",
       "u4": "const uint {n}_x, const uint {n}_y, const uint {n}_z, const uint {n}_w"}
 
 
-_SIGNATURES = Signatures("cuda", SIGNATURES, _C, TENSOR_KINDS)
-params, c_header, arguments = _SIGNATURES.params, _SIGNATURES.c_header, _SIGNATURES.arguments
+KERNELS = Signatures("cuda", SIGNATURES, _C, TENSOR_KINDS)
+params, c_header = KERNELS.params, KERNELS.c_header
