@@ -310,7 +310,8 @@ def events(args) -> None:
     dev.synchronize()
     sweep = f", {' '.join(args.set)}" if args.set else ""
     print(f"{args.model}: {args.prompt} prompt tokens, n_ctx {args.ctx}{sweep}"
-          + (f"; steps of {args.rows} rows with every row's logits (a verification step)" if args.rows > 1 else ""))
+          + (f"; steps of {args.rows} rows with every row's logits (a verification step)"
+             if args.rows > 1 and not args.prefill else ""))
     base, rows = s.n_past, list(range(100, 100 + args.rows))
 
     def step():
