@@ -285,24 +285,6 @@ def test_tiled_products_on_cuda0_with_and_without_tensor_cores(cuda0, monkeypatc
     assert ran >= 4
 
 
-def test_attention_a_warp_a_row_on_cuda0(cuda0, monkeypatch):
-    """Prefill's attention kernel (flash_attn_rows: a warp a query row, its keys narrowed by the mask) on every
-    attention case, here of a few rows each: masks, none, a sliding window, unwritten cache rows, heads of
-    16 to 256."""
-    monkeypatch.setattr(kernels, "ROWS_ATTN_FROM", 1)
-    cases = [c for c in all_cases() if c.id.startswith("FLASH_ATTN_EXT")]
-    for case in cases:
-        b = case.build()
-        ref = Executor([CpuDevice()], b.weight_bytes).run(make_plan(b.graph, [CpuDevice()]), b.fresh_inputs())
-        ex = Executor([cuda0], b.weight_bytes)
-        outs = ex.run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
-        kinds = {st.kernel.kernel for p in ex.programs.values() for st in p.steps}
-        assert "flash_attn_rows" in kinds, case.id
-        for o, r in zip(outs, ref):
-            assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
-    assert len(cases) >= 9
-
-
 def test_qwen2_decode_with_biased_attention_groups_matches_the_cpu_plugin(cuda0, monkeypatch, tmp_path):
     from framework.runtime.session import Session
     model = _quantized_qwen2(tmp_path, monkeypatch)

@@ -186,12 +186,36 @@ extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
 #define ANW (AWG / 32)
 #define ADIMS (MAX_HEAD / 32)
 
-// keys [s_begin, s_end) of query row t, head h: the running max m, sum l and output acc (unnormalised),
+// The keys [s_begin, s_end) narrowed to those from the first the mask lets the row see to the last: a key
+// outside adds exp(NEG_BIG - max) = 0 (the padded window's empty cells, a causal row's future), so its rows
+// of k and v are not read. The mask is read once by the whole block (a float a key, against a row of k
+// and of v a key), and the loop over the keys keeps no branch a key (one would stop the next keys' loads
+// being issued ahead). Prefill's attention only: decode's parts are a few keys a warp, bound by latency,
+// and the extra pass made them slower.
+__device__ inline void visible(const float* __restrict__ mk, uint mb, uint* s_begin, uint* s_end) {
+  __shared__ uint lim[2 * ANW];
+  uint li = get_local_id(0), lane = li & 31u, w = li >> 5;
+  uint lo = *s_end, hi = *s_begin;
+  for (uint s = *s_begin + li; s < *s_end; s += AWG)
+    if (mk[mb + s] > NEG_BIG) { lo = min(lo, s); hi = s + 1u; }
+#pragma unroll
+  for (uint o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  if (lane == 0) { lim[w] = lo; lim[ANW + w] = hi; }
+  __syncthreads();
+  for (uint u = 0; u < ANW; u++) { lo = min(lo, lim[u]); hi = max(hi, lim[ANW + u]); }
+  *s_begin = lo;
+  *s_end = hi;       // none visible: lo = the end, hi = the beginning (no key: m stays NEG_BIG, l 0)
+}
+
+// keys [s_begin, s_end) of query row t, head h (narrowed by the mask where `narrow`): the running max m, sum l and output acc (unnormalised),
 // each warp's own, then merged in a fixed order (every warp gets the merge; acc: this lane's dims)
 __device__ inline void attend(const float* __restrict__ q, uint qb, const float* __restrict__ k, uint kb,
                    const float* __restrict__ v, uint vb, const float* __restrict__ mk, uint mb,
                    uint kstride, uint D, uint s_begin, uint s_end, uint has_mask, float scale,
-                   float* sm, float* m_out, float* l_out, float acc[ADIMS]) {
+                   float* sm, float* m_out, float* l_out, float acc[ADIMS], bool narrow) {
   uint li = get_local_id(0), lane = li & 31u, w = li >> 5;
   float qr[ADIMS], a[ADIMS];
 #pragma unroll
@@ -201,6 +225,7 @@ __device__ inline void attend(const float* __restrict__ q, uint qb, const float*
     a[j] = 0.0f;
   }
   float m = NEG_BIG, l = 0.0f;
+  if (narrow && has_mask) visible(mk, mb, &s_begin, &s_end);
 #pragma unroll 4
   for (uint s = s_begin + w; s < s_end; s += ANW) {
     uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
@@ -245,72 +270,14 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_attn(ARGS_flash_attn) {
   uint t = id / H, h = id % H, hk = h / (H / Hkv);
   float acc[ADIMS], m, l;
   attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, 0, S,
-         has_mask, scale, sm, &m, &l, acc);
+         has_mask, scale, sm, &m, &l, acc, true);
   uint ob = o_off + (t * H + h) * D;
   if (get_local_id(0) < 32u) {
 #pragma unroll
     for (uint j = 0; j < ADIMS; j++) {
       uint d = lane + 32u * j;
-      if (d < D) o[ob + d] = acc[j] / l;
+      if (d < D) o[ob + d] = l > 0.0f ? acc[j] / l : 0.0f;   // a row that sees no key: 0, as ggml's
     }
-  }
-}
-
-// Many query rows (prefill): a warp a row, the ANW warps of a block ANW consecutive rows of one head, each
-// warp over its row's keys alone (no block-wide merge). The warps of a block read the same rows of k and v
-// at about the same time, so three of four reads are served by the SM's cache, where a block a row read
-// every key's rows from L2 for each row. A row's keys are narrowed to those from the first its mask lets
-// it see to the last (a causal row's future and the padded window's empty cells add exp(NEG_BIG - max) =
-// 0): the warp reads its mask row once, 32 keys a load, and the loop over the keys keeps no branch a key.
-extern "C" __global__ void __launch_bounds__(AWG) flash_attn_rows(ARGS_flash_attn_rows) {
-  uint lane = get_local_id(0) & 31u, w = get_local_id(0) >> 5;
-  uint id = get_group_id(0), h = id % H, t = (id / H) * ANW + w, hk = h / (H / Hkv);
-  if (t >= T) return;
-  uint mb = mk_off + t * S, s0 = S, s1 = 0;
-  if (has_mask) {
-    for (uint s = lane; s < S; s += 32u)
-      if (mk[mb + s] > NEG_BIG) { s0 = min(s0, s); s1 = s + 1u; }
-#pragma unroll
-    for (uint o = 16; o > 0; o >>= 1) {
-      s0 = min(s0, __shfl_xor_sync(0xffffffffu, s0, o));
-      s1 = max(s1, __shfl_xor_sync(0xffffffffu, s1, o));
-    }
-  } else {
-    s0 = 0;
-    s1 = S;
-  }
-  uint qb = q_off + (t * H + h) * D, kb = k_off + hk * D, vb = v_off + hk * D, kstride = Hkv * D;
-  float qr[ADIMS], a[ADIMS];
-#pragma unroll
-  for (uint j = 0; j < ADIMS; j++) {
-    uint d = lane + 32u * j;
-    qr[j] = d < D ? q[qb + d] : 0.0f;
-    a[j] = 0.0f;
-  }
-  float m = NEG_BIG, l = 0.0f;
-#pragma unroll 4
-  for (uint s = s0; s < s1; s++) {
-    uint kr = kb + s * kstride + lane, vr = vb + s * kstride + lane;
-    float dot = 0.0f;
-#pragma unroll
-    for (uint j = 0; j < ADIMS; j++)
-      if (lane + 32u * j < D) dot += qr[j] * k[kr + 32u * j];
-#pragma unroll
-    for (uint o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    dot = __shfl_sync(0xffffffffu, dot, 0);
-    float sc = dot * scale + (has_mask ? max(mk[mb + s], NEG_BIG) : 0.0f);
-    float mn = max(m, sc), alpha = exp(m - mn), p = exp(sc - mn);
-    l = l * alpha + p;
-#pragma unroll
-    for (uint j = 0; j < ADIMS; j++)
-      if (lane + 32u * j < D) a[j] = a[j] * alpha + p * v[vr + 32u * j];
-    m = mn;
-  }
-  uint ob = o_off + (t * H + h) * D;
-#pragma unroll
-  for (uint j = 0; j < ADIMS; j++) {
-    uint d = lane + 32u * j;
-    if (d < D) o[ob + d] = l > 0.0f ? a[j] / l : 0.0f;   // a row that sees no key: 0, as ggml's
   }
 }
 
@@ -324,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_attn_part(ARGS_flash_att
   uint s0 = c * per, s1 = min(S, s0 + per);
   float acc[ADIMS], m, l;
   attend(q, q_off + (t * H + h) * D, k, k_off + hk * D, v, v_off + hk * D, mk, mk_off + t * S, Hkv * D, D, s0, s1,
-         has_mask, scale, sm, &m, &l, acc);
+         has_mask, scale, sm, &m, &l, acc, false);
   uint pb = p_off + idc * (D + 2);
   if (get_local_id(0) < 32u) {
 #pragma unroll

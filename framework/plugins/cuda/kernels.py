@@ -28,7 +28,6 @@ MATVEC_WIDE_FROM = 128   # groups a row beyond which a team spans several warps 
 ROWVEC2_MAX_R = 2        # rows a team of a fused product of two weights (gate and up) at most
 MATVEC_XL_BYTES = 44 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
 SPLIT_ATTN_KEYS = 32     # the fewest keys a part of decode attention's keys (8 a warp)
-ROWS_ATTN_FROM = 16      # query rows from which attention takes a warp a row (flash_attn_rows: prefill)
 MATMUL_KG = 2            # 32-element groups of K a tiled product stages between two barriers
 MATMUL_BIG_BLOCKS = 264  # blocks a tiled product's 64 x 64 tiles must make, else it takes 32 x 32 ones
 DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(ARGS_(\w+)\)')

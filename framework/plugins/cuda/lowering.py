@@ -46,15 +46,11 @@ class CudaLowering(c_kernels.Dialect):
     def attention(self, lw, name: str, common: dict, o) -> None:
         """For few rows and heads, flash decoding: the keys in parts (of at least SPLIT_ATTN_KEYS, so that
         each warp has several keys to overlap), one block a (row, head, part), about MATVEC_MIN_BLOCKS
-        blocks, then a combine; for many rows (prefill), a warp a row, a block's warps rows of one head
-        (flash_attn_rows); else one block a (row, head)."""
-        t, h, s = common["T"], common["H"], common["S"]
-        if t * h < kernels.MATVEC_MIN_BLOCKS and s > 2 * kernels.SPLIT_ATTN_KEYS:
-            nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, t * h))
+        blocks, then a combine; else one block a (row, head)."""
+        th, s = common["T"] * common["H"], common["S"]
+        if th < kernels.MATVEC_MIN_BLOCKS and s > 2 * kernels.SPLIT_ATTN_KEYS:
+            nc = min(_ceil(s, kernels.SPLIT_ATTN_KEYS), _ceil(kernels.MATVEC_MIN_BLOCKS, th))
             c_kernels.split_attention(self.launch, lw, name, self.base_options(lw.dev), self.awg, nc, 32, common, o)
-        elif t >= kernels.ROWS_ATTN_FROM:
-            self.launch(lw, f"FLASH_ATTN_EXT[rows] {name}", "flash_attn_rows", self.base_options(lw.dev),
-                        _ceil(t, self.awg // 32) * h * self.awg, self.awg, o=o, **common)
         else:
             super().attention(lw, name, common, o)
 

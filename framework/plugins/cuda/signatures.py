@@ -18,7 +18,6 @@ from ...backend import Signatures, c_kernels
 
 SIGNATURES = {
     **c_kernels.SIGNATURES,
-    "flash_attn_rows": c_kernels.SIGNATURES["flash_attn"],
     "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
     "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, out o0, out o1, out o2, in bq, in bk, in bv, "
