@@ -102,7 +102,8 @@ def matmul_shape(m: int, n: int, mma: bool = True) -> dict[str, int]:
 
 
 def matmul_threads(shape: dict[str, int]) -> int:
-    """A tiled product's block: a warp a 32 x ... tile part with tensor cores, else a thread a TM x TN part."""
+    """A tiled product's threads a block: with tensor cores, a warp for each of the WM x WN parts of the tile;
+    without, a thread for each TM x TN outputs."""
     if shape["MM_MMA"]:
         return 32 * shape["MM_WM"] * shape["MM_WN"]
     return (shape["MM_BM"] // shape["MM_TM"]) * (shape["MM_BN"] // shape["MM_TN"])
