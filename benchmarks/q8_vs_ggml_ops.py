@@ -13,7 +13,8 @@ FRAMEWORK_CPU_MATMUL=f32), each node's value matched to llama.cpp's tensor of th
 NMSE is sum((ours - ggml)^2) / sum(ggml^2), as ggml's test-backend-ops computes it. Where llama.cpp's last
 layer keeps only the rows that give logits, the framework's last rows are compared. At the top, the logits'
 top two; at the end, per op, the largest local NMSE on each path, the first node over --noise on q8, and
-the first node where the chained q8 path is farther from llama.cpp than the chained f32 path.
+each layer's output on the two chained paths (all rows, and the last row alone), then node by node the
+first layer where the q8 path's last row is farther from llama.cpp than the f32 path's.
 
 --emulate gelu,attention runs the q8 path (and f32's GELU) with ggml-cpu's arithmetic for those two ops
 instead of the plugin's, to measure what each accounts for: gelu, GGML_GELU_FP16's table (x rounded to
@@ -105,6 +106,22 @@ def read_dump(folder: Path) -> tuple[list[dict], list[int]]:
     return tensors, ids
 
 
+def check_printout(folder: Path, tensors: list[dict]) -> str:
+    """llama-eval-callback's printout of the same prompt (a prefill; the script writes it beside the dump)
+    against the dump: the same tensors in the same order, and each printed sum (float32) near the dump's."""
+    path = folder / "eval-callback.txt"
+    if not path.is_file():
+        return "no llama-eval-callback printout beside the dump"
+    text = path.read_text()
+    heads = re.findall(r"common_debug_cb_eval:\s+(.+?) = \(\w+\)\s+(\w+)\(", text)
+    sums = [float(x) for x in re.findall(r"sum = (\S+)", text)]
+    if [(n.strip(), op) for n, op in heads] != [(t["name"], t["op"]) for t in tensors]:
+        return f"llama-eval-callback printed other tensors than the dump holds ({len(heads)} against {len(tensors)})"
+    worst = max(abs(GgmlTensors.value(t).sum(dtype=np.float64) - s) / max(1.0, abs(s)) for t, s in zip(tensors, sums))
+    return (f"llama-eval-callback printed the dump's {len(tensors)} tensors in its order, "
+            f"their sums within {worst:.1e} (relative)")
+
+
 class GgmlTensors:
     """llama.cpp's tensor for a framework node, by the names both graphs give (the framework's builder
     follows llama.cpp's naming; the few nodes ggml leaves unnamed are found next to a named one)."""
@@ -192,7 +209,9 @@ class Recorder:
         ours = aligned(value, theirs)
         if ours is None:
             return value
-        self.rows.append((node.name, node.op, t["name"], t["op"], nmse(ours, theirs)))
+        row = value.size // value.shape[0]          # the last row: the one whose logits are read
+        self.rows.append((node.name, node.op, t["name"], t["op"], nmse(ours, theirs),
+                          nmse(ours[-row:], theirs[-row:])))
         if not self.local:
             return value
         replaced = np.array(value, dtype=np.float32, copy=True).reshape(-1)
@@ -241,6 +260,8 @@ def main():
         raise SystemExit(f"{args.dump}: no result_output tensor: not a complete ggml_dump folder")
     theirs = GgmlTensors.value(tensors[ggml.first[("result_output", "MUL_MAT")]])
     print(f"prompt: {len(ids)} tokens {ids}")
+    if args.prefill is None:
+        print(check_printout(args.dump, tensors))
     print(f"llama.cpp: {top2(theirs)}")
     paths = args.paths.split(",")
     table = {}
@@ -276,10 +297,21 @@ def report(names, table, noise):
         k = over[0]
         print(f"the first: {names[k][0]} ({names[k][1]}, ggml's {names[k][2]}): q8 {q8[k][4]:.3e}, f32 {f32[k][4]:.3e}")
     chained_q8, chained_f32 = table[("q8", False)], table[("f32", False)]
-    past = [k for k in ops if chained_q8[k][4] > chained_f32[k][4]]
-    print(f"chained, nodes where q8 is farther from llama.cpp than f32: {len(past)} of {len(ops)}"
-          + (f", the first {names[past[0]][0]} ({names[past[0]][1]}): q8 {chained_q8[past[0]][4]:.3e}, "
-             f"f32 {chained_f32[past[0]][4]:.3e}" if past else ""))
+    print("chained, each layer's output (l_out), all rows and the last row (the one whose logits are read; "
+          "llama.cpp's last layer keeps it alone): q8, f32")
+    first = None
+    for k in (k for k in ops if names[k][0].startswith("l_out-")):
+        (a, a1), (b, b1) = chained_q8[k][4:6], chained_f32[k][4:6]
+        far = "  q8 farther (last row)" if a1 > b1 else ""
+        first = first or (names[k][0] if far else None)
+        print(f"  {names[k][0]:<10} all rows {a:.3e} {b:.3e}  last row {a1:.3e} {b1:.3e}{far}")
+    if first:
+        layer = first.split("-")[1]
+        print(f"layer {layer}, the first where the q8 path's last row is farther from llama.cpp than f32's, node by "
+              "node (last row, chained q8, chained f32, local q8):")
+        for k in (k for k in ops if re.search(f"-{layer}(_rms)?$", names[k][0])):
+            cells = f"{chained_q8[k][5]:.3e} {chained_f32[k][5]:.3e} {q8[k][4]:.3e}"
+            print(f"  {names[k][0]:<22} {names[k][1]:<15} {cells}")
 
 
 if __name__ == "__main__":
