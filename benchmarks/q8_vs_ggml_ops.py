@@ -27,6 +27,7 @@ float16 at each new maximum, divided by the sum of weights at the end).
     .venv/bin/python benchmarks/q8_vs_ggml_ops.py MODEL.gguf DUMP [--paths q8,f32]
     PREFILL=6 benchmarks/ggml_intermediates.sh MODEL.gguf "PROMPT" DUMP   # the last of several decode steps
     .venv/bin/python benchmarks/q8_vs_ggml_ops.py MODEL.gguf DUMP --prefill 6
+    .venv/bin/python benchmarks/q8_vs_ggml_ops.py MODEL.gguf DUMP --against OTHER   # llama.cpp against itself
 """
 
 from __future__ import annotations
@@ -248,10 +249,14 @@ def main():
     ap.add_argument("--paths", default="q8,f32")
     ap.add_argument("--prefill", type=int, help="as the dump's PREFILL: that many tokens in one prefill, then "
                     "a decode step each (default: the whole prompt in one prefill)")
+    ap.add_argument("--against", type=Path, help="another dump of the same tokens (PREFILL=N): llama.cpp's "
+                    "last rows against each other, no framework run")
     ap.add_argument("--emulate", default="", help="gelu,attention: ggml-cpu's arithmetic for those ops (above)")
     ap.add_argument("--noise", type=float, default=1e-9,
                     help="local NMSE taken as float noise (default 1e-9: summation order alone)")
     args = ap.parse_args()
+    if args.against:
+        return against(args.dump, args.against)
     emulate(args.emulate)
     tensors, ids = read_dump(args.dump)
     ggml = GgmlTensors(tensors)
@@ -279,6 +284,28 @@ def main():
         print(f"{name:<22} {op:<14} {gname + ' ' + gop:<26}{cells}")
     if "q8" in paths and "f32" in paths:
         report(names, table, args.noise)
+
+
+def against(dump: Path, other: Path, shown: int = 8) -> None:
+    """llama.cpp against itself: each tensor's last row in `dump` and in `other`, the same tokens taken in
+    other steps (a prefill and decode steps), in graph order; the first that differ, and the logits."""
+    a, _ = read_dump(dump)
+    b, _ = read_dump(other)
+    differ = []
+    for x, y in zip(a, b):
+        if (x["name"], x["op"]) != (y["name"], y["op"]):
+            raise SystemExit(f"{dump} and {other} hold other graphs: {x['name']} against {y['name']}")
+        if x["op"] in ("SET_ROWS", "VIEW", "PERMUTE"):       # caches and views of them: other rows by design
+            continue
+        u, v = GgmlTensors.value(x), GgmlTensors.value(y)
+        row = min(u.size, v.size)
+        if u.size % row == 0 and v.size % row == 0 and (e := nmse(u[-row:], v[-row:])) > 0:
+            differ.append((x["name"], x["op"], e))
+    print(f"llama.cpp, {dump} against {other}, the last row: {len(differ)} tensors differ; the first:")
+    for name, op, e in differ[:shown]:
+        print(f"  {name:<24} {op:<15} {e:.3e}")
+    if differ:
+        print(f"  ... the logits (result_output): {differ[-1][2]:.3e}")
 
 
 def report(names, table, noise):
