@@ -1,11 +1,12 @@
-// Every intermediate tensor of one llama.cpp prefill, whole, in float32: what llama-eval-callback prints
+// Every intermediate tensor of one llama.cpp step, whole, in float32: what llama-eval-callback prints
 // (name, op, shape, a few values, the sum) but all the values, for benchmarks/q8_vs_ggml_ops.py to
 // compare with this framework's nodes. Built and run by benchmarks/ggml_intermediates.sh.
 //   usage: ggml_dump MODEL.gguf PROMPT OUTDIR [THREADS] [PREFILL]
-// With PREFILL, the first PREFILL tokens go in one prefill and the others one decode step each, as a
-// generation feeds them; only the last step's tensors are written. The prompt is tokenized as llama-eval-callback does (BOS where the vocabulary adds it, special tokens
-// parsed); OUTDIR/tokens.txt holds the ids. OUTDIR/index.tsv: one line per tensor (order, name, op, type, ne0..ne3, the .f32 file); the files hold
-// ne0*ne1*ne2*ne3 floats, ne0 fastest, as ggml lays a contiguous tensor out.
+// The prompt is tokenized as llama-eval-callback does (BOS where the vocabulary adds it, special tokens
+// parsed) and goes in one prefill; with PREFILL, its first PREFILL tokens go in one prefill and the others
+// one decode step each, as a generation feeds them. Only the last step's tensors are written:
+// OUTDIR/index.tsv, one line per tensor (order, name, op, type, ne0..ne3, its .f32 file), each file
+// ne0*ne1*ne2*ne3 floats, ne0 fastest, as ggml lays a contiguous tensor out; OUTDIR/tokens.txt, the ids.
 #include "ggml.h"
 #include "ggml-backend.h"
 #include "llama.h"
@@ -92,6 +93,10 @@ int main(int argc, char ** argv) {
     }
     tokens.resize(n);
     FILE * ids = fopen((st.dir + "/tokens.txt").c_str(), "w");
+    if (!ids) {
+        fprintf(stderr, "ggml_dump: cannot write %s/tokens.txt (does the folder exist?)\n", argv[3]);
+        return 1;
+    }
     for (llama_token t : tokens) {
         fprintf(ids, "%d\n", t);
     }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama.cpp's intermediate tensors of one prefill on the CPU backend, for benchmarks/q8_vs_ggml_ops.py to
+# llama.cpp's intermediate tensors of one step on the CPU backend, for benchmarks/q8_vs_ggml_ops.py to
 # compare op by op with the cpu plugin's nodes. Uses the llama.cpp build of benchmarks/build_llama_tools.sh
 # (llama-cpp-python 0.3.36's vendored llama.cpp, the instruction sets of /proc/cpuinfo, AMX off) and adds
 # two things to it when missing: llama.cpp's own llama-eval-callback (its one target, built in that
@@ -30,7 +30,10 @@ if [ ! -x "$DUMP" ] || [ "$HERE/ggml_dump.cpp" -nt "$DUMP" ]; then
 fi
 
 mkdir -p "$OUT"
+# llama-eval-callback prints the prompt's prefill (its printout is checked against a prefill's dump)
 "$BUILD/bin/llama-eval-callback" -m "$MODEL" -p "$PROMPT" -t "$THREADS" -c 512 \
-  > "$OUT/eval-callback.txt" 2> "$OUT/eval-callback.err"
-"$DUMP" "$MODEL" "$PROMPT" "$OUT" "$THREADS" ${PREFILL:+"$PREFILL"} 2> "$OUT/ggml_dump.err"
+  > "$OUT/eval-callback.txt" 2> "$OUT/eval-callback.err" \
+  || { echo "llama-eval-callback failed: its messages are in $OUT/eval-callback.err" >&2; exit 1; }
+"$DUMP" "$MODEL" "$PROMPT" "$OUT" "$THREADS" ${PREFILL:+"$PREFILL"} 2> "$OUT/ggml_dump.err" \
+  || { echo "ggml_dump failed: its messages are in $OUT/ggml_dump.err" >&2; exit 1; }
 echo "llama-eval-callback's printout: $OUT/eval-callback.txt; every tensor whole: $OUT/index.tsv"
