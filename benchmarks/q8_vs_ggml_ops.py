@@ -178,18 +178,22 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.sum((a.astype(np.float64) - b) ** 2) / den) if den else float("nan")
 
 
+PROGRAM_INIT = cpu.CpuProgram.__init__
+
+
 class Recorder:
-    """CpuProgram.run node by node, each matched node's NMSE kept; local: llama.cpp's value goes on."""
+    """CpuProgram.run node by node (the loop of ReferenceProgram.run, one node at a time), each matched
+    node's NMSE kept; local: llama.cpp's value goes on in the framework's place."""
 
     def __init__(self, ggml: GgmlTensors, local: bool):
         self.ggml, self.local, self.rows = ggml, local, []
         self.on = False           # only the step that llama.cpp's dump holds is compared
 
     def install(self):
-        recorder, original = self, cpu.CpuProgram.__init__
+        recorder = self
 
         def init(program, fragment, fast):
-            original(program, fragment, fast)
+            PROGRAM_INIT(program, fragment, fast)
             program.nodes = list(fragment.nodes)
 
         def run(program, args):
