@@ -1,7 +1,8 @@
 // Every intermediate tensor of one llama.cpp step, whole, in float32: what llama-eval-callback prints
 // (name, op, shape, a few values, the sum) but all the values, for benchmarks/q8_vs_ggml_ops.py to
 // compare with this framework's nodes. Built and run by benchmarks/ggml_intermediates.sh.
-//   usage: ggml_dump MODEL.gguf PROMPT OUTDIR [THREADS] [PREFILL]
+//   usage: ggml_dump MODEL.gguf PROMPT OUTDIR [THREADS] [PREFILL] [FLASH_ATTN]
+// FLASH_ATTN: on, off or auto (llama.cpp's tools' default, on for the CPU; llama-cpp-python's is off).
 // The prompt is tokenized as llama-eval-callback does (BOS where the vocabulary adds it, special tokens
 // parsed) and goes in one prefill; with PREFILL, its first PREFILL tokens go in one prefill and the others
 // one decode step each, as a generation feeds them. Only the last step's tensors are written:
@@ -70,7 +71,12 @@ static bool on_tensor(ggml_tensor * t, bool ask, void * user_data) {
 
 int main(int argc, char ** argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL.gguf PROMPT OUTDIR [THREADS] [PREFILL]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf PROMPT OUTDIR [THREADS] [PREFILL] [FLASH_ATTN]\n", argv[0]);
+        return 2;
+    }
+    const std::string fa = argc > 6 ? argv[6] : "auto";
+    if (fa != "on" && fa != "off" && fa != "auto") {
+        fprintf(stderr, "ggml_dump: FLASH_ATTN is '%s': use on, off or auto\n", fa.c_str());
         return 2;
     }
     dump_state st;
@@ -105,6 +111,9 @@ int main(int argc, char ** argv) {
     cp.n_ctx = 512;
     cp.n_batch = cp.n_ubatch = 512;
     cp.n_threads = cp.n_threads_batch = argc > 4 ? atoi(argv[4]) : 2;
+    cp.flash_attn_type = fa == "on"  ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                       : fa == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                     : LLAMA_FLASH_ATTN_TYPE_AUTO;
     cp.cb_eval = on_tensor;
     cp.cb_eval_user_data = &st;
     llama_context * ctx = llama_init_from_model(model, cp);
@@ -113,7 +122,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
     // the steps: one prefill of `first` tokens, then one token a step; the last step is the one written
-    const int first = argc > 5 ? atoi(argv[5]) : n;
+    const int first = argc > 5 && atoi(argv[5]) > 0 ? atoi(argv[5]) : n;   // 0: the whole prompt
     if (first < 1 || first > n) {
         fprintf(stderr, "ggml_dump: PREFILL %d is not within 1..%d (the prompt's tokens)\n", first, n);
         return 2;
@@ -134,8 +143,8 @@ int main(int argc, char ** argv) {
         at += len;
     }
     fclose(st.index);
-    printf("ggml_dump: %d tensors of the last step (%s) in %s\n", st.count,
-           first == n ? "one prefill" : "a decode step", argv[3]);
+    printf("ggml_dump: %d tensors of the last step (%s, flash attention %s) in %s\n", st.count,
+           first == n ? "one prefill" : "a decode step", fa.c_str(), argv[3]);
     llama_free(ctx);
     llama_model_free(model);
     llama_backend_free();

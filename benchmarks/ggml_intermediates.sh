@@ -8,8 +8,10 @@
 # (OUTDIR/index.tsv, OUTDIR/N.f32) and the prompt's token ids (OUTDIR/tokens.txt).
 #   usage: [PREFILL=N] benchmarks/ggml_intermediates.sh MODEL.gguf PROMPT OUTDIR [THREADS]
 # PREFILL=N: the first N tokens in one prefill, the others a decode step each, the last step written.
+# FLASH_ATTN=on|off|auto: llama.cpp's attention (default auto, its tools' default: on for the CPU;
+# llama-cpp-python's Llama, which made tests/reference, defaults to off).
 set -euo pipefail
-MODEL=$1 PROMPT=$2 OUT=$3 THREADS=${4:-2} PREFILL=${PREFILL:-}
+MODEL=$1 PROMPT=$2 OUT=$3 THREADS=${4:-2} PREFILL=${PREFILL:-0} FLASH_ATTN=${FLASH_ATTN:-auto}
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 ROOT=${LLAMA_TOOLS_DIR:-$HOME/.cache/framework/llama.cpp}
 SRC=$ROOT/llama_cpp_python-$VERSION/vendor/llama.cpp
@@ -31,9 +33,9 @@ fi
 
 mkdir -p "$OUT"
 # llama-eval-callback prints the prompt's prefill (its printout is checked against a prefill's dump)
-"$BUILD/bin/llama-eval-callback" -m "$MODEL" -p "$PROMPT" -t "$THREADS" -c 512 \
+"$BUILD/bin/llama-eval-callback" -m "$MODEL" -p "$PROMPT" -t "$THREADS" -c 512 -fa "$FLASH_ATTN" \
   > "$OUT/eval-callback.txt" 2> "$OUT/eval-callback.err" \
   || { echo "llama-eval-callback failed: its messages are in $OUT/eval-callback.err" >&2; exit 1; }
-"$DUMP" "$MODEL" "$PROMPT" "$OUT" "$THREADS" ${PREFILL:+"$PREFILL"} 2> "$OUT/ggml_dump.err" \
+"$DUMP" "$MODEL" "$PROMPT" "$OUT" "$THREADS" "$PREFILL" "$FLASH_ATTN" 2> "$OUT/ggml_dump.err" \
   || { echo "ggml_dump failed: its messages are in $OUT/ggml_dump.err" >&2; exit 1; }
 echo "llama-eval-callback's printout: $OUT/eval-callback.txt; every tensor whole: $OUT/index.tsv"

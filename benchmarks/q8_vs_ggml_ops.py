@@ -21,7 +21,9 @@ instead of the plugin's, to measure what each accounts for: gelu, GGML_GELU_FP16
 float16, its GELU rounded to float16, times the up value in float32; 0 below -10, x above 10); attention,
 ggml_compute_forward_flash_attn_ext_f16 over llama.cpp's float16 cache (q, k and v rounded to float16,
 the keys in order with an online softmax, the weighted values summed in a float16 accumulator, rescaled in
-float16 at each new maximum, divided by the sum of weights at the end).
+float16 at each new maximum, divided by the sum of weights at the end), or where the dump was taken
+without flash attention (FLASH_ATTN=off), its two products over the float16 cache (q and the softmax's
+weights rounded to float16).
 
     benchmarks/ggml_intermediates.sh MODEL.gguf "PROMPT" DUMP
     .venv/bin/python benchmarks/q8_vs_ggml_ops.py MODEL.gguf DUMP [--paths q8,f32]
@@ -88,12 +90,29 @@ def ggml_flash_attn(q, k, v, mask=None, *, scale):
     return (acc * inv[..., None]).astype(np.float32)
 
 
-def emulate(names: str):
-    """Swap the plugin's GELU (both paths) and fast-path attention for ggml-cpu's arithmetic."""
+def ggml_attention_products(q, k, v, mask=None, *, scale):
+    """ggml-cpu's attention without flash attention over a float16 cache: KQ a product of the float16
+    keys by q rounded to float16, the softmax in float32 (its sum in double), KQV a product of the float16
+    values by the weights rounded to float16 (a float16 matrix's product rounds its other side so)."""
+    group = q.shape[1] // k.shape[1]
+    kh = np.repeat(f16(k), group, axis=1).astype(np.float64)
+    vh = np.repeat(f16(v), group, axis=1).astype(np.float64)
+    scores = np.einsum("thd,shd->hts", f16(q).astype(np.float64), kh).astype(np.float32) * np.float32(scale)
+    if mask is not None:
+        scores = scores + np.asarray(mask, np.float32)[None]
+    top = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - top).astype(np.float32)
+    w = e * (np.float32(1) / e.sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32))
+    return np.einsum("hts,shd->thd", f16(w).astype(np.float64), vh).astype(np.float32)
+
+
+def emulate(names: str, flash: bool):
+    """Swap the plugin's GELU (both paths) and fast-path attention for ggml-cpu's arithmetic (its flash
+    attention's or its products', as the dump was taken)."""
     if "gelu" in names:
         kernels.GLU["geglu"] = ggml_gelu_table
     if "attention" in names:
-        attention.flash_attn_ext = ggml_flash_attn
+        attention.flash_attn_ext = ggml_flash_attn if flash else ggml_attention_products
 
 
 def read_dump(folder: Path) -> tuple[list[dict], list[int]]:
@@ -127,21 +146,25 @@ class GgmlTensors:
     """llama.cpp's tensor for a framework node, by the names both graphs give (the framework's builder
     follows llama.cpp's naming; the few nodes ggml leaves unnamed are found next to a named one)."""
 
-    # framework name (layer stripped) -> ggml's (name, op), or (name, op, offset) from a named neighbour
+    # framework name (layer stripped) -> ggml's (name, op), or (name, op, offset) from a named neighbour;
+    # op None: whatever op ggml gave that name (kqv_out is a RESHAPE with flash attention, a CONT without)
     RENAMED = {"inp_embd": ("embd", "GET_ROWS"),
                "Qcur_3d": ("Qcur", "RESHAPE"), "Kcur_3d": ("Kcur", "RESHAPE"), "Vcur_3d": ("Vcur", "RESHAPE"),
                "Qcur_rope": ("Qcur", "ROPE"), "Kcur_rope": ("Kcur", "ROPE"),
                "Qcur_scaled": ("Qcur", "ROPE", 1),
-               "kqv": ("kqv_out", "RESHAPE", -1), "kqv_merged": ("kqv_out", "RESHAPE"),
-               "attn_out": ("kqv_out", "RESHAPE", 1), "ffn_geglu": ("ffn_geglu", "GEGLU")}
-    # the caches after this step's rows are written: llama.cpp's whole float16 cache (its n_ctx rows)
-    CACHES = {"k_cache_write": "cache_k_l{} (view)", "v_cache_write": "cache_v_l{} (view)"}
+               "kqv": ("kqv_out", None, -1), "kqv_merged": ("kqv_out", None),
+               "attn_out": ("kqv_out", None, 1), "ffn_geglu": ("ffn_geglu", "GEGLU")}
+    # the caches after this step's rows are written: llama.cpp's whole float16 cache (its n_ctx rows);
+    # without flash attention llama.cpp keeps V transposed (a value's dimensions by position)
+    CACHES = {"k_cache_write": ["cache_k_l{} (view)"],
+              "v_cache_write": ["cache_v_l{} (view)", "cache_v_l{} (reshaped) (view)"]}
 
     def __init__(self, tensors: list[dict]):
         self.tensors = tensors
         self.first = {}
         for t in tensors:
             self.first.setdefault((t["name"], t["op"]), t["i"])
+            self.first.setdefault((t["name"], None), t["i"])
 
     def find(self, name: str, op: str) -> dict | None:
         m = re.fullmatch(r"(.*?)(-\d+)?(_rms)?", name)
@@ -149,9 +172,12 @@ class GgmlTensors:
         if rms:                        # the RMS_NORM just before the MUL by the norm's weight
             return self._at((name[:-4], "MUL"), -1)
         if base in self.CACHES and layer:
-            return self._at((self.CACHES[base].format(layer[1:]), "SET_ROWS"), 0)
+            found = (self._at((n.format(layer[1:]), "SET_ROWS"), 0) for n in self.CACHES[base])
+            return next((t for t in found if t is not None), None)
         gname, gop, *offset = self.RENAMED.get(base, (base, op))
-        return self._at((gname + layer, gop), offset[0] if offset else 0)
+        t = self._at((gname + layer, gop), offset[0] if offset else 0)
+        # the framework's attention is one FLASH_ATTN_EXT; without flash attention ggml has no such tensor
+        return None if t is None or (op == "FLASH_ATTN_EXT" and t["op"] != op) else t
 
     def _at(self, key, offset: int) -> dict | None:
         i = self.first.get(key)
@@ -211,6 +237,8 @@ class Recorder:
         if t is None or not isinstance(value, np.ndarray):
             return value
         theirs = GgmlTensors.value(t)
+        if t["name"].endswith("(reshaped) (view)"):       # the transposed V cache, back to (position, value)
+            theirs = theirs.reshape(value.shape[::-1]).T.reshape(-1)
         ours = aligned(value, theirs)
         if ours is None:
             return value
@@ -261,14 +289,15 @@ def main():
     args = ap.parse_args()
     if args.against:
         return against(args.dump, args.against)
-    emulate(args.emulate)
     tensors, ids = read_dump(args.dump)
+    flash = any(t["op"] == "FLASH_ATTN_EXT" for t in tensors)
+    emulate(args.emulate, flash)
     ggml = GgmlTensors(tensors)
     model = Model(args.model)
     if ggml.first.get(("result_output", "MUL_MAT")) is None:
         raise SystemExit(f"{args.dump}: no result_output tensor: not a complete ggml_dump folder")
     theirs = GgmlTensors.value(tensors[ggml.first[("result_output", "MUL_MAT")]])
-    print(f"prompt: {len(ids)} tokens {ids}")
+    print(f"prompt: {len(ids)} tokens {ids}; llama.cpp's flash attention {'on' if flash else 'off'}")
     if args.prefill is None:
         print(check_printout(args.dump, tensors))
     print(f"llama.cpp: {top2(theirs)}")
@@ -310,6 +339,8 @@ def against(dump: Path, other: Path, shown: int = 8) -> None:
         print(f"  {name:<24} {op:<15} {e:.3e}")
     if differ:
         print(f"  ... the logits (result_output): {differ[-1][2]:.3e}")
+    for folder, tensors in ((dump, a), (other, b)):
+        print(f"  {folder}: {top2(GgmlTensors.value(tensors[-1]))}")
 
 
 def report(names, table, noise):
@@ -318,12 +349,16 @@ def report(names, table, noise):
     # a cache holds the earlier steps' rows as each path wrote them: not one op's own difference
     ops = [k for k in range(len(names)) if names[k][1] != "SET_ROWS"]
     print(f"\nlocal NMSE by op, largest over the nodes (caches aside): {'op':<16} {'nodes':>5} {'q8':>10} {'f32':>10}")
-    for op in dict.fromkeys(names[k][1] for k in ops):
-        of = [k for k in ops if names[k][1] == op]
+    def kind(k):
+        op, gop = names[k][1], names[k][3]
+        return op if op == gop or op == "GLU" else f"{op} ({gop})"
+
+    for op in dict.fromkeys(kind(k) for k in ops):
+        of = [k for k in ops if kind(k) == op]
         print(f"{'':<58}{op:<16} {len(of):>5} {max(q8[k][4] for k in of):>10.3e} {max(f32[k][4] for k in of):>10.3e}")
     over = [k for k in ops if q8[k][4] > noise]
     print(f"nodes over {noise:.0e} on q8: {len(over)} of {len(ops)}, by op "
-          f"{dict(collections.Counter(names[k][1] for k in over))}")
+          f"{dict(collections.Counter(kind(k) for k in over))}")
     if over:
         k = over[0]
         print(f"the first: {names[k][0]} ({names[k][1]}, ggml's {names[k][2]}): q8 {q8[k][4]:.3e}, f32 {f32[k][4]:.3e}")
