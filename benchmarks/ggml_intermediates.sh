@@ -6,7 +6,7 @@
 # folder), whose printout (name, op, shape, a few values, the sum of every tensor) goes to
 # OUTDIR/eval-callback.txt, and benchmarks/ggml_dump.cpp, which writes every tensor whole in float32
 # (OUTDIR/index.tsv, OUTDIR/N.f32) and the prompt's token ids (OUTDIR/tokens.txt).
-#   usage: [PREFILL=N] benchmarks/ggml_intermediates.sh MODEL.gguf PROMPT OUTDIR [THREADS]
+#   usage: [PREFILL=N] [FLASH_ATTN=on|off|auto] benchmarks/ggml_intermediates.sh MODEL.gguf PROMPT OUTDIR [THREADS]
 # PREFILL=N: the first N tokens in one prefill, the others a decode step each, the last step written.
 # FLASH_ATTN=on|off|auto: llama.cpp's attention (default auto, its tools' default: on for the CPU;
 # llama-cpp-python's Llama, which made tests/reference, defaults to off).

@@ -350,7 +350,8 @@ def report(names, table, noise):
     # a cache holds the earlier steps' rows as each path wrote them: not one op's own difference
     ops = [k for k in range(len(names)) if names[k][1] != "SET_ROWS"]
     print(f"\nlocal NMSE by op, largest over the nodes (caches aside): {'op':<16} {'nodes':>5} {'q8':>10} {'f32':>10}")
-    def kind(k):
+
+    def kind(k):        # the framework's op, and ggml's where it differs (kqv_merged: CONT without flash attention)
         op, gop = names[k][1], names[k][3]
         return op if op == gop or op == "GLU" else f"{op} ({gop})"
 
