@@ -421,6 +421,21 @@ def take_turns(args, ports: dict[str, int]) -> dict[str, dict[int, list[Phase]]]
     return turns
 
 
+def beside_llama_server(args, port: int, log_path: Path) -> tuple[dict, int]:
+    """llama-server started and warmed beside the running `framework serve`, the two taking turns, then
+    llama-server stopped: (the turns, its exit status after SIGTERM)."""
+    llama_port = free_port()
+    with log_path.open("w") as log:
+        llama = start_llama_server(args, llama_port, log)
+        try:
+            run_phase(llama_port, args, "warm-up", args.parallel, args.parallel, together=True)
+            turns = take_turns(args, {"framework serve": port, "llama-server": llama_port})
+        finally:
+            llama.send_signal(signal.SIGTERM)
+            code = llama.wait(timeout=120)
+    return turns, code
+
+
 def report_turns(turns: dict[str, dict[int, list[Phase]]], args) -> None:
     """Each engine's table, then the ratios between the engines and to each one's single client."""
     ms = lambda s: f"{s * 1000:.0f}"     # noqa: E731
@@ -484,23 +499,18 @@ def main() -> int:
         warm_baseline(args, warm_pre, warm_dec)
     port = free_port()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load_{port}.log"
-    turns, llama, llama_code = None, None, None
+    turns, llama_code = None, None
     with log_path.open("w") as log:
         proc = start_server(args, port, log)
         try:
             run_phase(port, args, "warm-up", args.parallel, args.parallel, together=True)
             phases = []
             if args.llama_server:
-                llama_port = free_port()
-                llama_log = log_path.with_name(f"llama_server_{llama_port}.log").open("w")
-                llama = start_llama_server(args, llama_port, llama_log)
-                run_phase(llama_port, args, "warm-up", args.parallel, args.parallel, together=True)
-                turns = take_turns(args, {"framework serve": port, "llama-server": llama_port})
-                llama.send_signal(signal.SIGTERM)
-                llama_code = llama.wait(timeout=120)
-            for c in (int(x) for x in args.clients.split(",") if x and not args.llama_server):
-                say(f"{c} clients, {args.requests} requests")
-                phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
+                turns, llama_code = beside_llama_server(args, port, log_path.with_name("llama_server.log"))
+            else:
+                for c in (int(x) for x in args.clients.split(",") if x):
+                    say(f"{c} clients, {args.requests} requests")
+                    phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
             memory = [("before the bursts", rss_mib(proc.pid))]
             for round_ in range(1, args.burst_rounds + 1 if args.burst else 1):
                 at_once = args.burst_at_once or args.burst
@@ -514,8 +524,6 @@ def main() -> int:
                                         args.json_schema, send=structured_request))
                 memory.append(("after the json_schema requests", rss_mib(proc.pid)))
         finally:
-            if llama is not None and llama.poll() is None:
-                llama.kill()
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=120)
     base = None
@@ -532,7 +540,7 @@ def main() -> int:
               f"{args.threads} threads as framework serve; exited with {llama_code} after SIGTERM")
         report_turns(turns, args)
         phases = [p for by in turns.values() for ps in by.values() for p in ps] + phases
-    return report(phases, base, args) or (1 if code else 0)
+    return report(phases, base, args) or (1 if code or llama_code else 0)
 
 
 if __name__ == "__main__":
