@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/serve_load.py [--model smollm2] [--backends cpu] [--parallel 2]
         [--clients 1,2,4] [--requests 8] [--max-tokens 32] [--burst 8] [--burst-at-once N]
-        [--burst-rounds 1] [--json-schema N] [--repeats 3]
+        [--burst-rounds 1] [--json-schema N] [--repeats 3] [--threads N] [--llama-server PATH] [--turns 3]
 
 1. `framework run` --repeats times on the prompt (chat template, greedy), and --repeats times again
    after the server has stopped: the medians of its own prefill time and decode time per token, as
@@ -19,6 +19,14 @@
 5. --json-schema N: N requests (--parallel at a time, not streamed, sampled with a seed each) whose
    response_format is a JSON schema; the share of answers that parse and validate (jsonschema).
 6. SIGTERM; the server must exit 0.
+
+--llama-server PATH (benchmarks/build_llama_tools.sh builds it): llama.cpp's server beside ours, on another
+free loopback port, with the same GGUF file, --parallel slots, --ctx cells per slot (its -c is the total,
+so --ctx times --parallel) and --threads. Both warmed as in 2; then for each count of clients the two engines
+take turns, --turns times each (the first engine alternating), with the same requests as 3. Printed: each
+engine's table (tok/s the median of its turns, with the range), and at each client count the ratio of our
+aggregate tok/s to llama-server's and each engine's own ratio to its one-client figure. Bursts and
+structured requests (4, 5) run on `framework serve` alone, after the turns.
 
 Every request ends as answered (a finish_reason and [DONE]), refused (an HTTP status, counted by code)
 or lost (anything else: a reset, a cut stream). Lost must be zero, and every refusal must be one
@@ -163,12 +171,26 @@ def free_port() -> int:
 def start_server(args, port: int, log) -> subprocess.Popen:
     cmd = FRAMEWORK + ["serve", "-m", args.model, "--backends", args.backends,
            "--host", "127.0.0.1", "--port", str(port), "--parallel", str(args.parallel), "--queue", str(args.queue),
-           "--ctx", str(args.ctx)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=_env())
+           "--ctx", str(args.ctx)] + (["--threads", str(args.threads)] if args.threads else [])
+    return wait_ready(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=_env()), port, log,
+                      "framework serve")
+
+
+def start_llama_server(args, port: int, log) -> subprocess.Popen:
+    """llama.cpp's server on the same file: --parallel slots of --ctx cells each (its -c is all slots' cells
+    together), --threads for decode and prompt alike, no web UI."""
+    cmd = [args.llama_server, "-m", str(model_file(args.model)), "--host", "127.0.0.1", "--port", str(port),
+           "--parallel", str(args.parallel), "-c", str(args.ctx * args.parallel), "--threads", str(args.threads),
+           "--threads-batch", str(args.threads), "--no-webui"]
+    return wait_ready(subprocess.Popen(cmd, stdout=log, stderr=log, env=_env()), port, log, "llama-server")
+
+
+def wait_ready(proc: subprocess.Popen, port: int, log, name: str) -> subprocess.Popen:
+    """The server once its /health answers 200 (llama-server answers 503 while it loads)."""
     end = time.monotonic() + 600
     while time.monotonic() < end:
         if proc.poll() is not None:
-            sys.exit(f"framework serve exited with {proc.returncode}; its log: {log.name}")
+            sys.exit(f"{name} exited with {proc.returncode}; its log: {log.name}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
@@ -178,7 +200,7 @@ def start_server(args, port: int, log) -> subprocess.Popen:
             pass
         time.sleep(0.2)
     proc.kill()
-    sys.exit("framework serve was not ready within 600 s")
+    sys.exit(f"{name} was not ready within 600 s; its log: {log.name}")
 
 
 def model_file(spec: str) -> Path:
@@ -385,6 +407,63 @@ def _report_against(phases: list[Phase], base: dict, args) -> int:
     return summary(phases)
 
 
+# -- llama-server beside framework serve ------------------------------------------------------------------
+def take_turns(args, ports: dict[str, int]) -> dict[str, dict[int, list[Phase]]]:
+    """For each count of clients, --turns phases of each engine, one engine after the other (the first one
+    alternating): a shared host's drift falls on both alike. {engine: {clients: [phase per turn]}}."""
+    turns: dict[str, dict[int, list[Phase]]] = {engine: {} for engine in ports}
+    for c in (int(x) for x in args.clients.split(",") if x):
+        for t in range(args.turns):
+            for engine in (list(ports) if t % 2 == 0 else list(ports)[::-1]):
+                say(f"{engine}: {c} clients, {args.requests} requests, turn {t + 1} of {args.turns}")
+                name = f"{engine}, {c} client{'s' if c > 1 else ''}, turn {t + 1}"
+                turns[engine].setdefault(c, []).append(run_phase(ports[engine], args, name, c, args.requests))
+    return turns
+
+
+def beside_llama_server(args, port: int, log_path: Path) -> tuple[dict, int]:
+    """llama-server started and warmed beside the running `framework serve`, the two taking turns, then
+    llama-server stopped: (the turns, its exit status after SIGTERM)."""
+    llama_port = free_port()
+    with log_path.open("w") as log:
+        llama = start_llama_server(args, llama_port, log)
+        try:
+            run_phase(llama_port, args, "warm-up", args.parallel, args.parallel, together=True)
+            turns = take_turns(args, {"framework serve": port, "llama-server": llama_port})
+        finally:
+            llama.send_signal(signal.SIGTERM)
+            code = llama.wait(timeout=120)
+    return turns, code
+
+
+def report_turns(turns: dict[str, dict[int, list[Phase]]], args) -> None:
+    """Each engine's table, then the ratios between the engines and to each one's single client."""
+    ms = lambda s: f"{s * 1000:.0f}"     # noqa: E731
+    median_tps = {e: {c: statistics.median(p.tokens_per_second() for p in ps) for c, ps in by.items()}
+                  for e, by in turns.items()}
+    for engine, by in turns.items():
+        print(f"\n{engine} (tok/s: the median of {args.turns} turns, with the range; TTFT and TPOT over every "
+              f"request of the turns)\n")
+        print("| clients | answered | lost | tokens a request | tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for c, phases in by.items():
+            ok = [r for p in phases for r in p.answered()]
+            ttft, tpot = [r.ttft for r in ok if r.ttft is not None], [r.tpot for r in ok if r.tpot is not None]
+            tps = [p.tokens_per_second() for p in phases]
+            tokens = statistics.mean(r.tokens for r in ok) if ok else 0.0
+            print(f"| {c} | {len(ok)} | {sum(len(p.lost()) for p in phases)} | {tokens:.1f} | "
+                  f"{median_tps[engine][c]:.1f} ({min(tps):.1f} to {max(tps):.1f}) | {ms(pct(ttft, 50))} ms | "
+                  f"{ms(pct(ttft, 99))} ms | {ms(pct(tpot, 50))} ms | {ms(pct(tpot, 99))} ms |")
+    ours, theirs = median_tps["framework serve"], median_tps["llama-server"]
+    first = min(ours)
+    print(f"\n| clients | framework serve tok/s | llama-server tok/s | framework / llama-server | framework, against "
+          f"{first} client | llama-server, against {first} client |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for c in ours:
+        print(f"| {c} | {ours[c]:.1f} | {theirs[c]:.1f} | {ours[c] / theirs[c]:.2f}x | "
+              f"{ours[c] / ours[first]:.2f}x | {theirs[c] / theirs[first]:.2f}x |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -403,7 +482,15 @@ def main() -> int:
     ap.add_argument("--json-schema", type=int, default=0, help="structured requests after the bursts (0: none)")
     ap.add_argument("--schema-tokens", type=int, default=64, help="max_tokens of a structured request")
     ap.add_argument("--repeats", type=int, default=3, help="runs of `framework run` for its medians")
+    ap.add_argument("--threads", type=int, help="threads of framework serve (-t) and of llama-server (default: "
+                    "framework serve's own; with --llama-server, this machine's CPUs for both)")
+    ap.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server binary, to run beside "
+                    "framework serve on the client phases (benchmarks/build_llama_tools.sh builds it)")
+    ap.add_argument("--turns", type=int, default=3, help="with --llama-server: phases of each engine per client "
+                    "count, taking turns (default 3)")
     args = ap.parse_args()
+    if args.llama_server and not args.threads:
+        args.threads = os.cpu_count()      # both engines the same threads, said in the output
 
     prefill, decode, warm_pre, warm_dec = [], [], [], []
     if args.repeats:
@@ -412,14 +499,18 @@ def main() -> int:
         warm_baseline(args, warm_pre, warm_dec)
     port = free_port()
     log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load_{port}.log"
+    turns, llama_code = None, None
     with log_path.open("w") as log:
         proc = start_server(args, port, log)
         try:
             run_phase(port, args, "warm-up", args.parallel, args.parallel, together=True)
             phases = []
-            for c in (int(x) for x in args.clients.split(",") if x):
-                say(f"{c} clients, {args.requests} requests")
-                phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
+            if args.llama_server:
+                turns, llama_code = beside_llama_server(args, port, log_path.with_name("llama_server.log"))
+            else:
+                for c in (int(x) for x in args.clients.split(",") if x):
+                    say(f"{c} clients, {args.requests} requests")
+                    phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
             memory = [("before the bursts", rss_mib(proc.pid))]
             for round_ in range(1, args.burst_rounds + 1 if args.burst else 1):
                 at_once = args.burst_at_once or args.burst
@@ -444,7 +535,12 @@ def main() -> int:
     print(f"server: --parallel {args.parallel} --queue {args.queue} --ctx {args.ctx}, {args.max_tokens} tokens a "
           f"request, greedy; exited with {code} after SIGTERM")
     print("server's resident memory (VmRSS): " + ", ".join(f"{what} {mib:.0f} MiB" for what, mib in memory))
-    return report(phases, base, args) or (1 if code else 0)
+    if turns is not None:
+        print(f"llama-server {args.llama_server}: --parallel {args.parallel} -c {args.ctx * args.parallel}, "
+              f"{args.threads} threads as framework serve; exited with {llama_code} after SIGTERM")
+        report_turns(turns, args)
+        phases = [p for by in turns.values() for ps in by.values() for p in ps] + phases
+    return report(phases, base, args) or (1 if code or llama_code else 0)
 
 
 if __name__ == "__main__":
