@@ -210,8 +210,9 @@ __device__ inline void visible(const float* __restrict__ mk, uint mb, uint* s_be
   *s_end = hi;       // none visible: lo = the end, hi = the beginning (no key: m stays NEG_BIG, l 0)
 }
 
-// keys [s_begin, s_end) of query row t, head h (narrowed by the mask where `narrow`): the running max m, sum l and output acc (unnormalised),
-// each warp's own, then merged in a fixed order (every warp gets the merge; acc: this lane's dims)
+// keys [s_begin, s_end) of query row t, head h (narrowed by the mask where `narrow`): the running max m,
+// sum l and output acc (unnormalised), each warp's own, then merged in a fixed order (every warp gets the
+// merge; acc: this lane's dims)
 __device__ inline void attend(const float* __restrict__ q, uint qb, const float* __restrict__ k, uint kb,
                    const float* __restrict__ v, uint vb, const float* __restrict__ mk, uint mb,
                    uint kstride, uint D, uint s_begin, uint s_end, uint has_mask, float scale,
