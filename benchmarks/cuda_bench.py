@@ -180,9 +180,11 @@ def set_constants(pairs) -> None:
     """--set NAME=VALUE: a kernel shape's constant for this run (a sweep of what kernels.py chooses)."""
     from framework.plugins.cuda import kernels
     for kv in pairs:
-        name, value = kv.split("=")
+        name, _, value = kv.partition("=")
         if not hasattr(kernels, name):
             raise SystemExit(f"--set {kv}: framework.plugins.cuda.kernels has no constant {name}")
+        if not value.lstrip("-").isdigit():
+            raise SystemExit(f"--set {kv}: {name} takes a whole number (NAME=VALUE)")
         setattr(kernels, name, int(value))
 
 

@@ -297,12 +297,8 @@ def events(args) -> None:
     import cupy
 
     import vulkan_bench as vb
-    from framework.plugins.cuda import kernels
-    for kv in args.set:                       # a sweep of the kernel shapes' constants (not a user setting)
-        name, value = kv.split("=")
-        if not hasattr(kernels, name):
-            raise SystemExit(f"--set {kv}: framework.plugins.cuda.kernels has no constant {name}")
-        setattr(kernels, name, int(value))
+    from cuda_bench import set_constants
+    set_constants(args.set)                   # a sweep of the kernel shapes' constants (not a user setting)
     dev, s = prompted_session(args, args.ctx)
     tok = 1
     for _ in range(8):
