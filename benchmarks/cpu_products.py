@@ -100,7 +100,7 @@ def main() -> None:
 
 
 def cold(name: str) -> None:
-    reader = gguf.GGUFReader(model_path(name))
+    reader = gguf.GGUFReader(resolve_model(os.path.expanduser(name)))
     weights = [QuantizedWeight(np.array(t.data), DType[t.tensor_type.name], (int(t.shape[1]), int(t.shape[0])))
                for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2
                and t.tensor_type.name not in ("F32", "F16", "BF16")]

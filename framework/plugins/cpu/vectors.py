@@ -514,7 +514,9 @@ def _prefetch_next(b, row0, row_bytes, blk, block_bytes: int):
     """Ask the memory for the bytes the product will read PREFETCH_CHUNKS chunks of eight rows later, as far
     into them as this chunk has come (block blk of each row): eight rows are contiguous, so that is one
     stretch of 8 x block_bytes a block. A decode step reads each weight byte once, from memory: the
-    hardware's own prefetch, which follows eight streams a row apart, stays too close behind."""
+    hardware's own prefetch, which follows eight streams a row apart, stays too close behind (worst on short
+    rows: the 1.5B's K-quant rows of 864 bytes read 5.3-5.8 GB/s cold without it, 7.7-8.4 with it, one
+    thread; benchmarks/results/cpu_cold_prefetch_kquants-2026-12-06.log)."""
     fn = _declare(b, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
     ahead = b.add(b.mul(row_bytes, _i64(PREFETCH_CHUNKS * TILE_R)), b.mul(blk, _i64(TILE_R * block_bytes)))
     for line in range(0, TILE_R * block_bytes, 64):
@@ -719,8 +721,7 @@ def _rows_codegen(layout: Layout, n_x: int):
             blk = loop.index
             offset = b.mul(blk, _i64(layout.block_bytes))
             per_row = [layout.emit(e, offset) for e in es]       # (their values unused on the paired path)
-            if layout.groups == 1:
-                _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
+            _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
             pairs = _pairs_unpacked(es, layout.pair, offset) if layout.pair is not None else None
             if layout.head is not None:
                 head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
@@ -851,8 +852,7 @@ def _lanes_codegen(layout: Layout, n_x: int):
             blk = loop.index
             offset = b.mul(blk, _i64(layout.block_bytes))
             words = [layout.emit(e, offset) for e in es]          # words[q][group]
-            if layout.groups == 1:
-                _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
+            _prefetch_next(b, rows.row0, rows.row_bytes, blk, layout.block_bytes)
             if layout.head is not None:
                 head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
             else:
