@@ -8,6 +8,8 @@ regular expression on node names; the rest it refuses with a verdict), and makes
   q8-scale    a product with a Q8_0 weight reads every other block's scale 1/4 too large: finite, plausible,
               wrong (only --verify or the conformance suite notices)
   too-few     the program returns one output fewer than the fragment has
+  cache-later from its third run on, a program returns each cache write (SET_ROWS) one column short (its
+              first two gave back the caches' own handles, which the executor checks once)
   bool        supports_op answers True instead of a Verdict
   raise       supports_op raises
   buffer      supports_buffer raises
@@ -27,7 +29,7 @@ import numpy as np
 from framework.contract import Device, DeviceType, ReferenceProgram, Verdict, hookimpl
 
 FRAMEWORK_CONTRACT = 1
-MISTAKES = ("none", "shape", "nan", "too-few", "bool", "raise", "buffer", "q8-scale")
+MISTAKES = ("none", "shape", "nan", "too-few", "cache-later", "bool", "raise", "buffer", "q8-scale")
 SCALE_ERROR = 1 / 4
 
 
@@ -35,6 +37,8 @@ class BuggyProgram(ReferenceProgram):
     def __init__(self, device: BuggyDevice, fragment):
         super().__init__(fragment.nodes, fragment.inputs, fragment.outputs)
         self.mistake = device.mistake
+        self.writes = [t.op == "SET_ROWS" for t in fragment.outputs]
+        self.runs = 0
         self.wrong = {i for i, n in enumerate(fragment.nodes) if device.take.search(n.name)}
         self.steps = [(self._wrong(fn, fragment.nodes[i]) if i in self.wrong else fn, out, ins)
                       for i, (fn, out, ins) in enumerate(self.steps)]
@@ -57,6 +61,9 @@ class BuggyProgram(ReferenceProgram):
 
     def run(self, args):
         out = super().run(args)
+        self.runs += 1
+        if self.mistake == "cache-later" and self.runs > 2:
+            return [o[..., :-1] if w else o for o, w in zip(out, self.writes)]
         return out[:-1] if self.mistake == "too-few" else out
 
 

@@ -188,6 +188,22 @@ def test_one_output_too_few_is_named_instead_of_a_key_error():
                  "handle per fragment.outputs", "plugin buggy (buggy-plugin 0.1)")
 
 
+def test_a_cache_write_gone_wrong_after_steps_that_wrote_in_place_is_still_named():
+    """Steps whose program gave back the caches' own handles skip their checks (a decode step returns one a
+    cache); a later step whose cache write comes back otherwise is checked again, and stopped."""
+    _, devices = registered("cache-later", take=".")        # every node: one fragment on buggy:0
+    s = session(devices)
+    s.eval(PROMPT)
+    s.eval([1])                                             # the decode program's first run: checked in full
+    second = s.eval([2])                                    # its second: the caches' own handles again
+    assert np.isfinite(second).all() and s.n_past == len(PROMPT) + 2
+    with pytest.raises(DeviceRunError) as info:
+        s.eval([3])
+    e = info.value
+    assert e.device == "buggy:0" and e.node.startswith(("k_cache_write", "v_cache_write"))
+    assert_names(str(e), "expected shape", "fix: the kernel for SET_ROWS in BuggyDevice")
+
+
 def test_nans_from_a_plugin_outside_the_distribution_stop_the_run_at_their_source():
     _, devices = registered("nan", take="^ffn_(gate|up|swiglu)-0$")     # with products: not smoothed away
     s = session(devices)

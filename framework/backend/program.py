@@ -63,6 +63,15 @@ class Program:
         self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
         self.weights_seen = 0      # counts the sets of weight handles taken: the weights' part of the keys
         self.rope_tabs: list = [None] * len(self.ropes)
+        # the caches are the same handles step after step too (written in place): their places and the
+        # outputs that are them whole are kept from the last run that had them (a decode step has 60)
+        self.cache_idx = [i for i in self.other_idx if self.inputs[i].is_leaf and self.inputs[i].kind == LeafKind.CACHE]
+        self.rest_idx = [i for i in self.other_idx if i not in set(self.cache_idx)]
+        self.pick_caches = _picker(self.cache_idx)
+        cache_outs = {k for k, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg))
+                      if whole and r.idx in set(self.cache_idx)}
+        self.rest_outs = [k for k in range(len(self.out_refs)) if k not in cache_outs]
+        self.last_caches, self.cache_places, self.cache_results, self.same_caches = None, None, None, False
 
     # -- before a run ---------------------------------------------------------------------------
     def arguments(self, args) -> Arguments:
@@ -70,15 +79,19 @@ class Program:
         or for host values (and views a kernel cannot read in place) values for the plugin to upload (a
         cache handed over as values gets a buffer of its own: it lives on here from now)."""
         dev = self.dev
-        offs: list = [0] * len(args)
         host_vals: dict[int, np.ndarray] = {}
         staged: list[tuple[int, np.ndarray]] = []
         held = self.pick_weights(args)
         if held != self.last_weights or len(self.weight_bufs) != len(args):      # weights compared by identity
             self._take_weights(held, len(args))
-        bufs: list = list(self.weight_bufs)
+        caches = self.pick_caches(args)
+        self.same_caches = self.weights_ok and bool(self.cache_idx) and caches == self.last_caches
+        if self.same_caches:                    # compared by identity: the same device handles as last run
+            bufs, offs = list(self.cache_places[0]), list(self.cache_places[1])
+        else:
+            bufs, offs = list(self.weight_bufs), [0] * len(args)
         extra: dict[int, DeviceWeight] = {}     # weights among the other arguments (a program of other weights)
-        for i in (self.other_idx if self.weights_ok else range(len(args))):
+        for i in (self.rest_idx if self.same_caches else self.other_idx if self.weights_ok else range(len(args))):
             h = args[i]
             if isinstance(h, DeviceWeight):
                 extra[i] = h
@@ -95,14 +108,27 @@ class Program:
                     staged.append((i, data))
             else:
                 bufs[i], offs[i] = h.buffer, h.offset
+        if not self.same_caches:
+            self._keep_cache_places(caches, bufs, offs, host_vals, extra)
         if not extra:
             return Arguments(bufs, offs, host_vals, staged, self.weight_map, self.weights_seen)
         return Arguments(bufs, offs, host_vals, staged, {**self.weight_map, **extra},
                          (self.weights_seen, tuple(extra.items())))
 
+    def _keep_cache_places(self, caches: tuple, bufs: list, offs: list, host_vals: dict, extra: dict) -> None:
+        """The weights' and caches' places of this run, for the next run with the same handles: where every
+        cache is in device memory as it is (no values to upload, no weight among them)."""
+        plain = self.weights_ok and self.cache_idx and not any(i in host_vals or i in extra for i in self.cache_idx)
+        self.last_caches, self.cache_results = (caches, None) if plain else (None, None)
+        if plain:
+            kept_bufs, kept_offs = list(self.weight_bufs), [0] * len(bufs)
+            for i in self.cache_idx:
+                kept_bufs[i], kept_offs[i] = bufs[i], offs[i]
+            self.cache_places = (kept_bufs, kept_offs)
+
     def _take_weights(self, held: tuple, n_args: int) -> None:
         """This run's weights (the same handles as last run's in decode), and their first chunks' buffers."""
-        self.last_weights = held
+        self.last_weights, self.last_caches = held, None
         self.weights_seen += 1
         self.weights_ok = all(isinstance(h, DeviceWeight) for h in held)
         self.weight_map = dict(zip(self.weight_idx, held)) if self.weights_ok else {}
@@ -152,22 +178,30 @@ class Program:
         """The fragment's outputs as handles: a value's own buffer (``wrap(output index, ref, buffer, lease)``
         may make its handle), or (an argument, a written cache) the argument's buffer seen through the
         output's view."""
-        results = []
-        for i, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)):
-            if whole:
-                h = args[r.idx]
-                if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
-                    results.append(h)
-                    continue
-            if r.kind == "arg":
-                results.append(self._arg_result(r, args[r.idx], bufs))
-                continue
-            buf, lease = outs[r.idx]
-            made = wrap(i, r, buf, lease) if wrap is not None else None
-            results.append(made if made is not None else
-                           DeviceTensor(buf, r.off, r.shape, np.float32, None if r.contiguous else r.strides,
-                                        lease=lease))
+        if self.same_caches and self.cache_results is not None:     # the caches' handles: as last run
+            results = list(self.cache_results)
+            for i in self.rest_outs:
+                results[i] = self._result(i, args, bufs, outs, wrap)
+            return results
+        results = [self._result(i, args, bufs, outs, wrap) for i in range(len(self.out_refs))]
+        if self.last_caches is not None:        # kept by arguments(): these caches are the handles next run too
+            self.cache_results = list(results)
+            for i in self.rest_outs:
+                self.cache_results[i] = None
         return results
+
+    def _result(self, i: int, args, bufs, outs: dict, wrap):
+        r = self.out_refs[i]
+        if self.whole_arg[i]:
+            h = args[r.idx]
+            if not isinstance(h, np.ndarray) and h.host is None and h.strides is None:
+                return h
+        if r.kind == "arg":
+            return self._arg_result(r, args[r.idx], bufs)
+        buf, lease = outs[r.idx]
+        made = wrap(i, r, buf, lease) if wrap is not None else None
+        return made if made is not None else DeviceTensor(buf, r.off, r.shape, np.float32,
+                                                          None if r.contiguous else r.strides, lease=lease)
 
     def _arg_result(self, r: Ref, h, bufs):
         if isinstance(h, np.ndarray):

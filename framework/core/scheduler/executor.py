@@ -13,9 +13,11 @@ same inputs (verify.py)."""
 
 from __future__ import annotations
 
+import operator
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Callable
 
 import numpy as np
@@ -48,6 +50,22 @@ class _Bound:
     fetched: list[tuple[int, Tensor, int, int]]         # (place, tensor, id of tensor, _INPUT | _CACHE | _VALUE)
     outputs: list[tuple[Tensor, tuple, Any, int | None, bool]]
     # ... (tensor, shape, numpy dtype or None, id of the cache it writes or None, whether its values are checked)
+    in_place: _InPlace | None   # the outputs that write a cache it reads, of the cache's shape and dtype
+
+
+@dataclass(eq=False)
+class _InPlace:
+    """A fragment's outputs that write a cache the fragment reads whole, of the cache's own shape and dtype (a
+    decode step's k and v rows written into the caches): when the program returns the cache's own handles
+    for them, as a device writing in place does, they need no shape check and the caches no update. A
+    decode step of a 30-layer model returns 60 such handles; checking them one by one cost more host time
+    than the rest of the executor's work (benchmarks/results/executor_host_split-2026-12-06.log)."""
+
+    outputs: Callable                       # results -> those outputs' handles, as a tuple
+    args: Callable                          # args -> the caches' handles, as a tuple, in the same order
+    ids: tuple[int, ...]                    # id() of those outputs' tensors (the keys of a run's values)
+    others: list[tuple[int, tuple]]         # (output index, b.outputs entry) of every other output
+    checked: tuple = ()                     # the caches' handles last checked in full
 
 
 class Executor:
@@ -128,7 +146,8 @@ class Executor:
         checked = f.device in self.value_checked
         outputs = [(t, tuple(t.shape), _numpy_dtype(t), id(t.storage) if ops.writes_source(t.op) else None,
                     checked and not ops.writes_source(t.op) and not t.storage.is_leaf) for t in f.outputs]
-        return _Bound(self.devices[f.device], self.programs[(f.device, f.program)], args, fetched, outputs)
+        return _Bound(self.devices[f.device], self.programs[(f.device, f.program)], args, fetched, outputs,
+                      _in_place(f, outputs))
 
     def forget(self, plan: Plan) -> None:
         """The plan will not run again (its weights and programs stay: other plans use them)."""
@@ -147,26 +166,36 @@ class Executor:
         for f, b in zip(plan.fragments, self._bound[id(plan)]):
             dev_name = f.device
             args = list(b.args)
+            copied = False                      # a cache read from another device's handle, through a copy
             for i, t, key, kind in b.fetched:
                 if kind == _INPUT:
                     args[i] = b.device.from_host(inputs[key])
                     continue
                 held = caches[key] if kind == _CACHE else values[key]
-                args[i] = held[1] if held[0] == dev_name else self._arg(t, dev_name, values, inputs, hosted, made_by)
+                if held[0] == dev_name:
+                    args[i] = held[1]
+                else:
+                    args[i], copied = self._arg(t, dev_name, values, inputs, hosted, made_by), True
             # what the fragment reads, as it is before the run (a cache it writes in place changes)
             read = self._host_args(f, b, args, inputs) if verifying and self.verifier.covers(f) else None
             t0 = time.perf_counter()
             results = self._device_call(dev_name, "running", f.describe(), b.program.run, args)
             t1 = time.perf_counter()
             # the handles' shapes need no values: checked before the wait, while the device works
-            self._check_shapes(f, b, results)
+            self._check_count(f, results)
+            ip = None if copied else self._written_in_place(f, b, results, args)
+            self._check_shapes(f, b, results, ip)
             t2 = time.perf_counter()
             self._device_call(dev_name, "finishing", f.describe(), b.device.synchronize)
             seconds = (t1 - t0) + (time.perf_counter() - t2)
             for st in (self.stats[dev_name], self.fragment_stats[(id(plan), f.index)]):
                 st["seconds"] += seconds
                 st["runs"] += 1
-            for (t, _, _, written, checked), h in zip(b.outputs, results):
+            if ip is not None:                  # the caches' own handles came back: the caches are as they were
+                values.update(zip(ip.ids, zip(repeat(dev_name), ip.outputs(results))))
+                made_by.update(dict.fromkeys(ip.ids, f))
+            for (t, _, _, written, checked), h in (zip(b.outputs, results) if ip is None else
+                                                   ((entry, results[k]) for k, entry in ip.others)):
                 held = values[id(t)] = (dev_name, h)
                 made_by[id(t)] = f
                 if written is not None:         # the written tensor's latest value is this handle
@@ -220,9 +249,8 @@ class Executor:
         return handle
 
     # -- the checks at fragment boundaries ------------------------------------------------------------
-    def _check_shapes(self, f, b: _Bound, results) -> None:
-        """What a program returned against what its fragment holds: the count, every shape and dtype (the
-        values of a value-checked device's outputs are checked once they are there, in run)."""
+    def _check_count(self, f, results) -> None:
+        """A program returns one handle per fragment output, in a list."""
         if not isinstance(results, (list, tuple)) or len(results) != len(f.outputs):
             got = f"{len(results)} outputs" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
             missing = f.outputs[len(results)] if isinstance(results, (list, tuple)) and len(results) < len(f.outputs) \
@@ -230,8 +258,28 @@ class Executor:
             raise self._boundary_error(f, missing, f"program.run returned {got}; the fragment has "
                                        f"{len(f.outputs)} ({', '.join(t.name for t in f.outputs)})",
                                        "Program.run returns a list with one handle per fragment.outputs, in order")
+
+    def _written_in_place(self, f, b: _Bound, results, args) -> _InPlace | None:
+        """b.in_place where the program gave back the caches' own handles for those outputs (C loops: no
+        Python step an output). Handles not seen before are checked in full once."""
+        ip = b.in_place
+        if ip is None:
+            return None
+        got = ip.outputs(results)
+        if not all(map(operator.is_, got, ip.args(args))):
+            return None
+        if got != ip.checked:
+            self._check_shapes(f, b, results, None)
+            ip.checked = got
+        return ip
+
+    def _check_shapes(self, f, b: _Bound, results, ip: _InPlace | None) -> None:
+        """What a program returned against what its fragment holds: every shape and dtype (the values of a
+        value-checked device's outputs are checked once they are there, in run), but for the caches' own
+        handles given back (ip), which are the caches' shape and dtype."""
         handle_shape = b.device.handle_shape
-        for (t, want_shape, want, _, _), h in zip(b.outputs, results):
+        for (t, want_shape, want, _, _), h in (zip(b.outputs, results) if ip is None else
+                                               ((entry, results[k]) for k, entry in ip.others)):
             try:
                 shape, dtype = handle_shape(h)
             except Exception as e:
@@ -298,6 +346,28 @@ class Executor:
             dev = self.devices[dev_name]
             raise DeviceRunError(f"device {dev_name} failed while {doing} {what}: {type(e).__name__}: {e} "
                                  f"(plugin {plugin_of(dev)})", device=dev_name, plugin=plugin_of(dev)) from e
+
+
+def _in_place(f, outputs: list) -> _InPlace | None:
+    """The outputs of f that write a cache f reads as an argument of its own, of that cache's shape and dtype
+    (_InPlace), or None where there are none."""
+    arg_of = {id(t): i for i, t in enumerate(f.inputs) if t.is_leaf and t.kind == LeafKind.CACHE}
+    pairs = [(k, arg_of[written]) for k, (t, shape, _, written, _) in enumerate(outputs)
+             if written is not None and written in arg_of and shape == tuple(f.inputs[arg_of[written]].shape)
+             and t.dtype == f.inputs[arg_of[written]].dtype]
+    if not pairs:
+        return None
+    taken = {k for k, _ in pairs}
+    return _InPlace(_picker([k for k, _ in pairs]), _picker([i for _, i in pairs]),
+                    tuple(id(outputs[k][0]) for k, _ in pairs),
+                    [(k, entry) for k, entry in enumerate(outputs) if k not in taken])
+
+
+def _picker(idx: list[int]) -> Callable:
+    """A function of a list that returns its elements at idx, as a tuple."""
+    if len(idx) == 1:
+        return lambda xs: (xs[idx[0]],)
+    return operator.itemgetter(*idx)
 
 
 def _where(dev: Device) -> str:
