@@ -58,8 +58,8 @@ class _InPlace:
     """A fragment's outputs that write a cache the fragment reads whole, of the cache's own shape and dtype (a
     decode step's k and v rows written into the caches): when the program returns the cache's own handles
     for them, as a device writing in place does, they need no shape check and the caches no update. A
-    decode step of a 30-layer model returns 60 such handles; checking them one by one cost more host time
-    than the rest of the executor's work (benchmarks/results/executor_host_split-2026-12-06.log)."""
+    decode step of a 30-layer model returns 60 such handles, and checking them one by one was most of the
+    executor's own host time a step."""
 
     outputs: Callable                       # results -> those outputs' handles, as a tuple
     args: Callable                          # args -> the caches' handles, as a tuple, in the same order
