@@ -248,8 +248,7 @@ class AheadProgram:
     handed to the worker."""
 
     def init_ahead(self) -> None:
-        val_out = self.memory.val_out
-        out_bytes = 4 * sum(self.val_sizes[v] for v in range(len(self.val_sizes)) if val_out[v] >= 0)
+        out_bytes = 4 * sum(self.val_sizes[v] for v in self.out_vals)
         self.ahead_ok = replayable(self.steps, self.written_args) and out_bytes <= STAGE_MAX
         self.last_sig = None
 

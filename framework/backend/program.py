@@ -53,6 +53,7 @@ class Program:
         self.val_sizes, self.written_args, self.align4 = lowered.val_sizes, lowered.written_args, lowered.align4
         self.out_refs = [self.refs[id(t)] for t in self.outputs]
         self.memory = memory.assign(self.steps, self.val_sizes, self.out_refs)
+        self.out_vals = [v for v in range(len(self.val_sizes)) if self.memory.val_out[v] >= 0]     # the outputs
         # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
         self.whole_arg = [r.kind == "arg" and r.off == 0 and r.contiguous and r.shape == tuple(self.inputs[r.idx].shape)
                           for r in self.out_refs]
@@ -149,9 +150,7 @@ class Program:
 
     def output_buffers(self) -> dict:
         """(buffer, lease) of every value that is an output, from the device's pool."""
-        mem = self.memory
-        return {v: self.dev.output_buffer(4 * self.val_sizes[v]) for v in range(len(self.val_sizes))
-                if mem.val_out[v] >= 0}
+        return {v: self.dev.output_buffer(4 * self.val_sizes[v]) for v in self.out_vals}
 
     def scratch_buffers(self) -> list:
         return [self.dev.scratch(s, nb) for s, nb in enumerate(self.memory.slot_bytes)]

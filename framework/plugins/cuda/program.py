@@ -96,8 +96,7 @@ class CudaProgram(Program):
         import cupy
         dev = self.dev
         if sig != self.graph_sig and sig == self.last_sig:
-            self.graph_outs = {v: (dev.new_buffer(4 * self.val_sizes[v]), None) for v in range(len(self.val_sizes))
-                               if self.memory.val_out[v] >= 0}
+            self.graph_outs = {v: (dev.new_buffer(4 * self.val_sizes[v]), None) for v in self.out_vals}
             dev.stream.begin_capture()
             try:
                 self._launch_all(a, self.graph_outs, slots)
