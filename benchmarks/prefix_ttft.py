@@ -2,7 +2,7 @@
 request computed cold (`cache_prompt: false`), through `framework serve` on loopback (issue goal: the cached
 figure at most 15% of the cold one).
 
-    .venv/bin/python benchmarks/prefix_ttft.py [--model smollm2] [--backends cpu] [--prefix-tokens 1000]
+    .venv/bin/python benchmarks/prefix_ttft.py [--model smollm2] [--backends cpu] [--prefix-tokens 1000] [--threads N]
 
 The prompt: the first --prefix-tokens tokens of a license text (/usr/share/common-licenses/Apache-2.0) and a
 question that differs per request, so only the prefix can be reused. Turns: cold and cached take turns
@@ -66,6 +66,7 @@ def main() -> int:
     ap.add_argument("--backends", default="cpu")
     ap.add_argument("--prefix-tokens", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, help="threads of framework serve (-t; default: its own)")
     args = ap.parse_args()
     args.parallel, args.queue, args.ctx = 1, 4, 2048
     prefix = prefix_text(args.model, args.prefix_tokens)

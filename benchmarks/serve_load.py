@@ -12,7 +12,10 @@
    request per session (it plans the prompt's shape, which `framework run` also does before its clock).
 3. For each count of clients: --requests streamed chat requests in all, each client sending its next
    when the last one ends. Per request: time to first token (request sent to first text), time per
-   output token (first text to last, over the tokens after the first), tokens (the usage chunk).
+   output token (first text to last, over the tokens after the first), tokens (the usage chunk). Per
+   phase, from /metrics before and after it: the seconds the server's devices spent on its steps
+   (framework_device_seconds_total), and the phase's time outside them per generated token (the server's
+   own work and the client's: at most what the server adds to a token).
 4. A burst, --burst-rounds times: --burst requests, --burst-at-once of them in flight (default all),
    more than the sessions and queue hold, to show refusals counted. The server's resident memory
    (VmRSS) is printed before the first round and after each: flat after, when nothing leaks.
@@ -78,6 +81,7 @@ class Phase:
     name: str
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0
+    device_s: float | None = None      # framework serve: its devices' seconds on the phase's steps (/metrics)
 
     def answered(self) -> list[Result]:
         return [r for r in self.results if r.status == 200 and r.lost is None]
@@ -304,6 +308,38 @@ def structured_request(port: int, args, seed: int) -> Result:
     return res
 
 
+def device_seconds(port: int) -> float:
+    """framework serve's framework_device_seconds_total summed over models and devices: the time its devices
+    spent in the model's steps (docs/serve.md, /metrics)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("framework_device_seconds_total{"))
+
+
+def serve_phase(port: int, args, name: str, clients: int, requests: int) -> Phase:
+    """run_phase on framework serve, with the seconds its devices spent on the phase's steps (step_share)."""
+    before = device_seconds(port)
+    phase = run_phase(port, args, name, clients, requests)
+    phase.device_s = device_seconds(port) - before
+    return phase
+
+
+def step_share(phases: list[Phase]) -> str:
+    """How much of these phases' wall time the devices spent on steps, and the time outside the steps per
+    generated token: the server's own work (HTTP, tokenizing, scheduling, sampling, the hand-off to the
+    event loop, the stream) and the client's, an upper bound of the server's cost."""
+    tokens = sum(r.tokens for p in phases for r in p.answered())
+    wall, device = sum(p.seconds for p in phases), sum(p.device_s for p in phases)
+    outside = (wall - device) / tokens * 1000 if tokens else float("nan")
+    return (f"the devices' steps {device:.2f} s of {wall:.2f} s ({100 * device / wall:.0f}%, "
+            f"framework_device_seconds_total); outside them {outside:.2f} ms a generated token")
+
+
 def rss_mib(pid: int) -> float:
     """A process's resident memory (Linux's /proc/PID/status VmRSS), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -376,6 +412,9 @@ def summary(phases: list[Phase]) -> int:
             cut = sum(r.finish == "length" for r in checked)
             print(f"{p.name}: {valid} of {len(checked)} answers valid against the schema "
                   f"({100 * valid / len(checked):.1f}%); {cut} cut by max_tokens")
+    for p in phases:
+        if p.device_s is not None and not p.name.startswith("framework serve"):     # turns: report_turns says it
+            print(f"{p.name}: {step_share([p])}")
     print(f"lost requests: {lost}; refusals not as documented: {len(odd)}")
     return 1 if lost or odd else 0
 
@@ -417,7 +456,9 @@ def take_turns(args, ports: dict[str, int]) -> dict[str, dict[int, list[Phase]]]
             for engine in (list(ports) if t % 2 == 0 else list(ports)[::-1]):
                 say(f"{engine}: {c} clients, {args.requests} requests, turn {t + 1} of {args.turns}")
                 name = f"{engine}, {c} client{'s' if c > 1 else ''}, turn {t + 1}"
-                turns[engine].setdefault(c, []).append(run_phase(ports[engine], args, name, c, args.requests))
+                phase = (serve_phase if engine == "framework serve" else run_phase)(ports[engine], args, name, c,
+                                                                                    args.requests)
+                turns[engine].setdefault(c, []).append(phase)
     return turns
 
 
@@ -454,6 +495,9 @@ def report_turns(turns: dict[str, dict[int, list[Phase]]], args) -> None:
             print(f"| {c} | {len(ok)} | {sum(len(p.lost()) for p in phases)} | {tokens:.1f} | "
                   f"{median_tps[engine][c]:.1f} ({min(tps):.1f} to {max(tps):.1f}) | {ms(pct(ttft, 50))} ms | "
                   f"{ms(pct(ttft, 99))} ms | {ms(pct(tpot, 50))} ms | {ms(pct(tpot, 99))} ms |")
+    print()
+    for c, phases in turns["framework serve"].items():
+        print(f"framework serve, {c} client{'s' if c > 1 else ''}: {step_share(phases)}")
     ours, theirs = median_tps["framework serve"], median_tps["llama-server"]
     first = min(ours)
     print(f"\n| clients | framework serve tok/s | llama-server tok/s | framework / llama-server | framework, against "
@@ -510,7 +554,7 @@ def main() -> int:
             else:
                 for c in (int(x) for x in args.clients.split(",") if x):
                     say(f"{c} clients, {args.requests} requests")
-                    phases.append(run_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
+                    phases.append(serve_phase(port, args, f"{c} client{'s' if c > 1 else ''}", c, args.requests))
             memory = [("before the bursts", rss_mib(proc.pid))]
             for round_ in range(1, args.burst_rounds + 1 if args.burst else 1):
                 at_once = args.burst_at_once or args.burst

@@ -222,6 +222,25 @@ def test_a_reused_prefix_gives_the_logits_of_a_cold_prompt_and_lru_eviction_free
     assert cache.held() == 32 and cache.reuse(5, other) == 0 and cache.reuse(6, list(range(100, 150))) == 32
 
 
+def test_a_prompt_sent_again_reuses_every_matching_token_past_its_last_whole_block(tiny_llama):
+    """As llama-server's cache_prompt: the kept cells go on past the prompt's last whole block as far as the
+    tokens match, all but the prompt's last token, with the logits of a cold prompt."""
+    device = CpuDevice("q8")
+    if not device.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
+    b = Batch(Session(tiny_llama, [device], n_ctx=128))
+    cache = PrefixCache(b.cells)
+    fed = LONG + [61, 62, 63, 64, 65, 66, 67, 68]          # 48 tokens: three whole blocks kept
+    b.step([Part(1, fed)])
+    cache.retire(1, fed)
+    again = LONG + [61, 62, 99]                             # 43 tokens, all but the last as kept
+    assert cache.reuse(2, again) == 42                     # 32 by whole blocks, then 10 token by token
+    warm = b.step([Part(2, again[42:])])[0]
+    cold, _ = alone(tiny_llama, device, again, 0)
+    assert np.array_equal(warm, cold[0])
+    assert cache.reuse(3, LONG[:37] + [5, 6]) == 37 and cache.reused == 42 + 37    # parts at the first mismatch
+
+
 # -- perplexity: several windows a step ----------------------------------------------------------------
 def test_perplexity_scores_several_windows_a_step_as_it_does_one_by_one(tiny_llama):
     device = CpuDevice("q8")

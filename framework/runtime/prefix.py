@@ -4,8 +4,11 @@ As vLLM's automatic prefix caching: a prompt is cut into blocks of BLOCK tokens,
 block i and every block before it (a chain), so one hash names a whole prefix. When a sequence ends, the
 cells of its whole blocks are kept by a keeper (a sequence of its own, negative ids, that only holds cells);
 a new sequence whose prompt starts with a kept prefix shares those cells (runtime/cells.py: nothing is
-copied) and computes only the rest. Keepers are evicted least recently used: when the cells they hold pass
-the budget, and when a step needs cells that only they hold.
+copied) and computes only the rest. The prefix found by its whole blocks then goes on token by token as far
+as the keeper's tokens match the prompt (as llama-server's cache_prompt reuses every matching token), so a
+prompt sent again computes its last token only, not the tail after its last whole block. Keepers are
+evicted least recently used: when the cells they hold pass the budget, and when a step needs cells that
+only they hold.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class PrefixCache:
         self.budget = cells.n_cells if budget is None else budget     # cells keepers may hold
         self.index: dict[int, tuple[int, int]] = {}     # block hash -> (keeper, tokens of the prefix it names)
         self.keepers: OrderedDict[int, list[int]] = OrderedDict()     # keeper -> its hashes, least recent first
+        self.tokens: dict[int, list[int]] = {}          # keeper -> the tokens its cells hold
         self._next = 0
         self.hits, self.reused = 0, 0                    # requests that reused a prefix, and the tokens they did
 
@@ -44,21 +48,30 @@ class PrefixCache:
         for h in reversed(block_hashes(tokens[:limit * self.block], self.block)):
             if h in self.index:
                 keeper, n = self.index[h]
+                n = self._matching(self.tokens[keeper], tokens, n)
                 self.cells.share(keeper, seq, n)
                 self.keepers.move_to_end(keeper)
                 self.hits, self.reused = self.hits + 1, self.reused + n
                 return n
         return 0
 
+    @staticmethod
+    def _matching(kept: list[int], tokens: list[int], n: int) -> int:
+        """How many leading tokens the keeper's and the prompt's share, from n on (the blocks' hashes say the
+        first n match), leaving the prompt's last token to compute."""
+        while n < min(len(kept), len(tokens) - 1) and kept[n] == tokens[n]:
+            n += 1
+        return n
+
     def retire(self, seq: int, tokens: list[int]) -> None:
         """A sequence ends: keep the cells of its whole blocks of these tokens (those it fed), free the rest."""
         hashes = block_hashes(tokens[:self.cells.n_past(seq)], self.block)
         if hashes:
-            self._keep(seq, hashes)
+            self._keep(seq, hashes, tokens)
         self.cells.free(seq)
         self.evict(0)
 
-    def _keep(self, seq: int, hashes: list[int]) -> None:
+    def _keep(self, seq: int, hashes: list[int], tokens: list[int]) -> None:
         self._next -= 1
         keeper = self._next
         self.cells.share(seq, keeper, len(hashes) * self.block)
@@ -67,6 +80,7 @@ class PrefixCache:
             replaced.add(self.index.get(h, (keeper,))[0])
             self.index[h] = (keeper, (i + 1) * self.block)
         self.keepers[keeper] = hashes
+        self.tokens[keeper] = tokens[:len(hashes) * self.block]
         for old in replaced - {keeper}:          # a keeper none of whose prefixes is found through it any more
             if not any(self.index.get(h, (None,))[0] == old for h in self.keepers[old]):
                 self._drop(old)
@@ -88,4 +102,5 @@ class PrefixCache:
         for h in self.keepers.pop(keeper):
             if self.index.get(h, (None,))[0] == keeper:
                 del self.index[h]
+        del self.tokens[keeper]
         self.cells.free(keeper)
