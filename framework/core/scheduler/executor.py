@@ -2,7 +2,9 @@
 copies between devices, and the time each device took.
 
 Every fragment boundary is checked: a program returns one handle per fragment output, each of its
-tensor's shape and dtype (always; ``Device.handle_shape`` reads them without a copy), and the graph's
+tensor's shape and dtype (always; ``Device.handle_shape`` reads them without a copy; a cache written in
+place and given back as the handle the program received is checked the first time, then compared by
+identity), and the graph's
 outputs (the logits) hold finite values (always). The values of every output are checked to be
 finite too for devices of plugins outside this distribution, and for every device with
 ``check_values`` (``--check-values``). A violation is a DeviceRunError naming the plugin, the device,
