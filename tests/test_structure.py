@@ -25,8 +25,10 @@ PLUGINS = PACKAGE / "plugins"
 # shutdown, structured output, logprobs, metrics: about 1,000 lines); 27,600 with /v1/embeddings, exact
 # verification rows and serve --draft; 27,900 with the CUDA attention groups, the cpu plugin's few-row
 # products with the weight's rows in the lanes, and adaptive draft lengths; each raise a commit of its own;
-# 27,750 once the CUDA plugin took the skeleton's c_kernels.Dialect (27,694 then)
-FRAMEWORK_LINES = 27_750
+# 27,750 once the CUDA plugin took the skeleton's c_kernels.Dialect (27,694 then); 27,850 with the caches
+# written in place kept as they were (executor and backend Program: about 70 lines) and the prefix cache
+# going on token by token (about 20)
+FRAMEWORK_LINES = 27_850
 BACKEND_LINES = 1_500
 # the goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
 # (cuda: 960, then 1,020 when it took the core's attention groups: rowvec3, rope_kv, attention.py; 1,040 with
