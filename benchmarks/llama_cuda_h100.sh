@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # llama.cpp's own CUDA backend on the lent GPU machine (nvidia-h100-x1 or nvidia-h200), beside the framework's
 # cuda:0, vulkan:0 and opencl:0, taking turns in one machine's session: llama-bench built there from
-# llama-cpp-python's source distribution (benchmarks/llama_cuda_pack.sh), on random-weight GGUF files of the
+# llama-cpp-python's source distribution (benchmarks/llama_source_pack.sh cuda .llamacu), on random-weight GGUF files of the
 # three models' shapes and tensor types (benchmarks/vulkan_models.json: SmolLM2-135M Q4_1, Gemma 3 270M Q4_K_M,
 # Qwen2.5-Coder 1.5B Q4_K_M, with a placeholder vocabulary: benchmarks/llama_vulkan_models.py), and the same
 # files given to benchmarks/cuda_bench.py.
 #
 # Here, once, in the repo's root: the carried Vulkan loaders and wheels (benchmarks/vulkan_h200.sh's header)
-# and `bash benchmarks/llama_cuda_pack.sh` (.llamacu/, 2 MB). Then, through the device tool:
+# and `bash benchmarks/llama_source_pack.sh cuda .llamacu` (.llamacu/, 2 MB). Then, through the device tool:
 #   run(command='bash benchmarks/llama_cuda_h100.sh build', carry=[".gl", ".whl", ".llamacu"], timeout_s=600)
 #   run(command='bash benchmarks/llama_cuda_h100.sh bench', carry=[".gl", ".whl", ".llamacu"], timeout_s=600)
 # The build (nvcc, one architecture: the GPU's, about 100 CUDA files) may take more than one call: `build` is
@@ -38,7 +38,7 @@ stage() { echo; echo "=== [$(( $(date +%s) - T0 )) s] $*"; }
 die() { echo "llama_cuda_h100.sh: $*" >&2; exit 1; }
 
 setup() {
-    [ -f .llamacu/llama.cpp-cuda.tar.xz ] || die "no .llamacu/llama.cpp-cuda.tar.xz: run benchmarks/llama_cuda_pack.sh here and carry .llamacu"
+    [ -f .llamacu/llama.cpp-cuda.tar.xz ] || die "no .llamacu/llama.cpp-cuda.tar.xz: run benchmarks/llama_source_pack.sh cuda .llamacu here and carry .llamacu"
     if [ "${LLAMACU_LOCAL:-0}" != 1 ]; then
         for f in .gl/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" /; fi; done
         ldconfig
