@@ -67,10 +67,10 @@ class Program:
         # the caches are the same handles step after step too (written in place): their places and the
         # outputs that are them whole are kept from the last run that had them (a decode step has 60)
         self.cache_idx = [i for i in self.other_idx if self.inputs[i].is_leaf and self.inputs[i].kind == LeafKind.CACHE]
-        self.rest_idx = [i for i in self.other_idx if i not in set(self.cache_idx)]
+        caches = set(self.cache_idx)
+        self.rest_idx = [i for i in self.other_idx if i not in caches]
         self.pick_caches = _picker(self.cache_idx)
-        cache_outs = {k for k, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg))
-                      if whole and r.idx in set(self.cache_idx)}
+        cache_outs = {k for k, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)) if whole and r.idx in caches}
         self.rest_outs = [k for k in range(len(self.out_refs)) if k not in cache_outs]
         self.last_caches, self.cache_places, self.cache_results, self.same_caches = None, None, None, False
 
