@@ -7,11 +7,10 @@ back as handles, and the profile added up. The plugin's subclass encodes the ste
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 
 import numpy as np
 
-from ..core.device_buffers import DeviceTensor, DeviceWeight, contiguous_strides
+from ..core.device_buffers import DeviceTensor, DeviceWeight, contiguous_strides, picker
 from ..core.graph import LeafKind
 from . import memory
 from .lowering import Lowering
@@ -60,7 +59,7 @@ class Program:
         # weights are the same handles run after run: taken as a block (see arguments)
         self.weight_idx = [i for i, t in enumerate(self.inputs) if t.is_leaf and t.kind == LeafKind.WEIGHT]
         self.other_idx = [i for i, t in enumerate(self.inputs) if not (t.is_leaf and t.kind == LeafKind.WEIGHT)]
-        self.pick_weights = _picker(self.weight_idx)
+        self.pick_weights = picker(self.weight_idx)
         self.last_weights, self.weights_ok, self.weight_bufs, self.weight_map = None, False, [], {}
         self.weights_seen = 0      # counts the sets of weight handles taken: the weights' part of the keys
         self.rope_tabs: list = [None] * len(self.ropes)
@@ -69,7 +68,7 @@ class Program:
         self.cache_idx = [i for i in self.other_idx if self.inputs[i].is_leaf and self.inputs[i].kind == LeafKind.CACHE]
         caches = set(self.cache_idx)
         self.rest_idx = [i for i in self.other_idx if i not in caches]
-        self.pick_caches = _picker(self.cache_idx)
+        self.pick_caches = picker(self.cache_idx)
         cache_outs = {k for k, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)) if whole and r.idx in caches}
         self.rest_outs = [k for k in range(len(self.out_refs)) if k not in cache_outs]
         self.last_caches, self.cache_places, self.cache_results, self.same_caches = None, None, None, False
@@ -224,12 +223,3 @@ class Program:
             tot = self.dev.profile.setdefault(st.name.split(" ")[0], [0.0, 0])
             tot[0] += seconds
             tot[1] += 1
-
-
-def _picker(idx: list[int]):
-    """A function of a run's arguments that returns those at idx, as a tuple."""
-    if not idx:
-        return lambda args: ()
-    if len(idx) == 1:
-        return lambda args: (args[idx[0]],)
-    return itemgetter(*idx)

@@ -9,6 +9,8 @@ kernels read scale planes in word pairs, ``even_chunks = True``."""
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import math
 import weakref
 from dataclasses import dataclass
@@ -177,3 +179,13 @@ class BufferPools:
         if handle.strides is None:
             return np.array(flat[:math.prod(shape)].reshape(shape), copy=True)
         return np.array(np.lib.stride_tricks.as_strided(flat, shape, tuple(s * 4 for s in strides)), copy=True)
+
+
+def picker(idx: list[int]):
+    """A function of a run's arguments (or a program's results) that returns those at idx, as a tuple: the
+    handles a run compares by identity with the last run's (weights, caches)."""
+    if not idx:
+        return lambda args: ()
+    if len(idx) == 1:
+        return lambda args: (args[idx[0]],)
+    return itemgetter(*idx)

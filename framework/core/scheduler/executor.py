@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...contract import Device
+from ..device_buffers import picker
 from ..graph import LeafKind, Tensor, ops
 from ..graph.dtypes import NUMPY_TYPES
 from .errors import DeviceRunError
@@ -360,16 +361,9 @@ def _in_place(f, outputs: list) -> _InPlace | None:
     if not pairs:
         return None
     taken = {k for k, _ in pairs}
-    return _InPlace(_picker([k for k, _ in pairs]), _picker([i for _, i in pairs]),
+    return _InPlace(picker([k for k, _ in pairs]), picker([i for _, i in pairs]),
                     tuple(id(outputs[k][0]) for k, _ in pairs),
                     [(k, entry) for k, entry in enumerate(outputs) if k not in taken])
-
-
-def _picker(idx: list[int]) -> Callable:
-    """A function of a list that returns its elements at idx, as a tuple."""
-    if len(idx) == 1:
-        return lambda xs: (xs[idx[0]],)
-    return operator.itemgetter(*idx)
 
 
 def _where(dev: Device) -> str:
