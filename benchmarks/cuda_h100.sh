@@ -45,17 +45,7 @@ if [ "${1:-}" = local ]; then
   exec python3 benchmarks/cuda_bench.py --stand-in opencl:0 --models smollm2 --prompt 16 --decode 4 --runs 1 \
     --skip-conformance "$@"
 fi
-for f in .gl/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" /; fi; done
-ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-if [ -f "$ICD" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then export VK_DRIVER_FILES="$ICD"; fi
-has_nvidia='import sys, pyopencl as cl; sys.exit(0 if any("NVIDIA" in p.name for p in cl.get_platforms()) else 1)'
-if ! python3 -c "$has_nvidia" 2>/dev/null; then
-  mkdir -p /etc/OpenCL/vendors && echo libnvidia-opencl.so.1 >/etc/OpenCL/vendors/nvidia.icd
-fi
-export PYTHONUNBUFFERED=1
+source benchmarks/gpu_machine_setup.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 -c 'import cupy; print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion())' || true
 out="${OUT:-/tmp}"

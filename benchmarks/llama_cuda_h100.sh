@@ -40,18 +40,32 @@ die() { echo "llama_cuda_h100.sh: $*" >&2; exit 1; }
 setup() {
     [ -f .llamacu/llama.cpp-cuda.tar.xz ] || die "no .llamacu/llama.cpp-cuda.tar.xz: run benchmarks/llama_source_pack.sh cuda .llamacu here and carry .llamacu"
     if [ "${LLAMACU_LOCAL:-0}" != 1 ]; then
-        for f in .gl/*.deb; do if [ -e "$f" ]; then dpkg -x "$f" /; fi; done
-        ldconfig
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-        ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-        if [ -f "$ICD" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then export VK_DRIVER_FILES="$ICD"; fi
-        has_nvidia='import sys, pyopencl as cl; sys.exit(0 if any("NVIDIA" in p.name for p in cl.get_platforms()) else 1)'
-        if ! "$PY" -c "$has_nvidia" 2>/dev/null; then
-            mkdir -p /etc/OpenCL/vendors && echo libnvidia-opencl.so.1 >/etc/OpenCL/vendors/nvidia.icd
-        fi
+        source benchmarks/gpu_machine_setup.sh || die "the GPU machine's set-up failed (above)"
     fi
     export PYTHONUNBUFFERED=1
+    local lib
+    lib="$(cublas_dir)"
+    if [ -n "$lib" ]; then export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
+}
+
+cublas_dir() {    # where libcublas lies when the CUDA toolkit beside nvcc has none (pip's nvidia-cublas)
+    local tk
+    tk="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+    if ls "$tk"/lib64/libcublas.so* "$tk"/targets/*/lib/libcublas.so* >/dev/null 2>&1; then return 0; fi
+    local roots="${LLAMACU_CUBLAS_SEARCH:-$("$PY" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)}"
+    # shellcheck disable=SC2086
+    find $roots -path '*nvidia*' -name 'libcublas.so*' 2>/dev/null | head -1 | xargs -r dirname
+}
+
+cublas_args() {   # the cmake arguments that name pip's cuBLAS, or none where the toolkit has it
+    local lib inc
+    lib="$(cublas_dir)"
+    [ -n "$lib" ] || return 0
+    inc="$(dirname "$lib")/include"
+    echo "cuBLAS from $lib (the toolkit beside nvcc has none), headers $inc" >&2
+    [ -f "$inc/cublas_v2.h" ] || echo "no cublas_v2.h in $inc" >&2
+    echo "-DCUDA_cublas_LIBRARY=$(ls "$lib"/libcublas.so* | head -1) -DCUDA_cublasLt_LIBRARY=$(ls "$lib"/libcublasLt.so* | head -1)"
+    echo "-DCMAKE_CUDA_FLAGS=-I$inc -DCMAKE_CXX_FLAGS=-I$inc"
 }
 
 build() {
@@ -67,7 +81,7 @@ build() {
         cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" \
             -DGGML_CUDA=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON \
-            -DLLAMA_BUILD_COMMON=ON -DBUILD_SHARED_LIBS=OFF || die "cmake could not configure llama.cpp (above)"
+            -DLLAMA_BUILD_COMMON=ON -DBUILD_SHARED_LIBS=OFF $(cublas_args | tr '\n' ' ') || die "cmake could not configure llama.cpp (above)"
     else
         stage "going on with the build in $BUILD"
     fi

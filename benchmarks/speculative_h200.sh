@@ -10,13 +10,7 @@
 # It prints the figures and leaves $OUT/speculative_h200.json (a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-if [ -f "$ICD" ] && [ -z "${VK_DRIVER_FILES:-}" ]; then export VK_DRIVER_FILES="$ICD"; fi
-export PYTHONUNBUFFERED=1
+source benchmarks/gpu_machine_setup.sh
 echo "loader: $(ldconfig -p | grep -m1 libvulkan.so.1 || echo 'libvulkan.so.1 missing')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 python3 benchmarks/speculative_bench.py --random-weights --backends vulkan:0,cpu --backends cpu \
