@@ -276,17 +276,18 @@ def test_kernels_cached_under_framework_cache():
     assert not beside, f"numba cache files beside the sources: {beside}"
 
 
-@pytest.mark.parametrize("t, h, hkv, d, s", [(1, 9, 3, 64, 40), (7, 9, 3, 64, 64), (33, 4, 1, 256, 96)])
+@pytest.mark.parametrize("t, h, hkv, d, s", [(1, 9, 3, 64, 40), (7, 9, 3, 64, 64), (33, 4, 1, 256, 96),
+                                             (1, 9, 3, 64, 320)])
 def test_fast_attention_equals_reference_and_rows_alone(t, h, hkv, d, s):
     """The fast path's FLASH_ATTN_EXT (attention.py) against the reference kernel, with grouped heads and a
     causal mask over a cache longer than the keys any query sees; each query row alone gives the same bits
     (so a prefill chunk of any size, and a decode step, see the same attention). (33, 4, 1, 256, 96) runs
-    the threaded build."""
+    the threaded build, (1, 9, 3, 64, 320) a decode step's heads over the threads (312 keys seen)."""
     from framework.core.graph import reference
-    from framework.plugins.cpu.attention import THREADED_FROM, flash_attn_ext
+    from framework.plugins.cpu.attention import BY_KEY_THREADED_FROM, BY_KEY_UNTIL, THREADED_FROM, flash_attn_ext
     rng = np.random.default_rng(t)
     q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((t, h, d), (s, hkv, d), (s, hkv, d)))
-    start = 5
+    start = s - t - 7 if s > 300 else 5
     mask = np.where(np.arange(s)[None, :] <= start + np.arange(t)[:, None], 0.0, -np.inf).astype(np.float32)
     want = reference.flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
     got = flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
@@ -295,6 +296,23 @@ def test_fast_attention_equals_reference_and_rows_alone(t, h, hkv, d, s):
     for i in range(t):
         np.testing.assert_array_equal(flash_attn_ext(q[i:i + 1], k, v, mask[i:i + 1], scale=d ** -0.5)[0], got[i])
     assert (t * h * s * d >= THREADED_FROM) == (t == 33)
+    assert (t <= BY_KEY_UNTIL and t * h * (start + t) * d >= BY_KEY_THREADED_FROM) == (s == 320)
+
+
+@pytest.mark.parametrize("shape, n_dims, mode", [((1, 9, 64), 64, "neox"), ((5, 3, 64), 64, "normal"),
+                                                 ((300, 4, 128), 96, "neox")])
+def test_fast_rope_is_the_reference_bits(shape, n_dims, mode):
+    """The fast path's ROPE (rope.py) gives the reference kernel's bits, the pass-through dimensions past
+    n_dims and a strided input included; (300, 4, 128) runs the threaded build."""
+    from framework.core.graph import reference
+    from framework.plugins.cpu.rope import THREADED_FROM, rope
+    rng = np.random.default_rng(shape[0])
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    pos = rng.integers(0, 8000, shape[0]).astype(np.int32)
+    for a in (x, x.transpose(1, 0, 2).copy().transpose(1, 0, 2)):
+        kw = dict(n_dims=n_dims, mode=mode, freq_base=10000.0, freq_scale=0.5)
+        np.testing.assert_array_equal(rope(a, pos, **kw), reference.rope(a, pos, **kw))
+    assert (x.size >= THREADED_FROM) == (shape[0] == 300)
 
 
 @pytest.mark.parametrize("shape", [(1, 576), (11, 640), (3, 4, 256), (300, 576)])

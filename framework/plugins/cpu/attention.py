@@ -98,7 +98,7 @@ def _attend_keys(q, k, v, mask, has_mask, scale, out):
     n_keys = k.shape[0]
     group = h // k.shape[1]
     d8 = d // 8 * 8
-    for job in range(t * h):
+    for job in prange(t * h):
         i = job // h
         head = job - i * h
         g = head // group
@@ -113,8 +113,12 @@ def _attend_keys(q, k, v, mask, has_mask, scale, out):
         _weigh(scores, seen, mask, i, has_mask, scale, v, g, out, head)
 
 
-_attend_by_key = kernel()(_attend_keys)
+_by_key_one = kernel()(_attend_keys)
+_by_key_threads = kernel(parallel=True)(_attend_keys)
 BY_KEY_UNTIL = 4             # queries up to which the keys are read as the cache holds them (not transposed)
+# a decode step's heads go over the threads from a window of a few hundred keys (SmolLM2's 9 heads of 64: 228
+# keys): there the attention is a tenth of a small model's step, which one thread left the other waiting for
+BY_KEY_THREADED_FROM = 1 << 17
 
 
 # Two builds of one loop: a decode step's few (query, head) pairs do not pay for waking the threads (on a
@@ -136,7 +140,8 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     mm = np.ascontiguousarray(m[:, :n]) if mask is not None else m
     qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
     if q.shape[0] <= BY_KEY_UNTIL:
-        _attend_by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale),
+        by_key = _by_key_threads if q.shape[0] * q.shape[1] * n * q.shape[2] >= BY_KEY_THREADED_FROM else _by_key_one
+        by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale),
                        out)
         return out
     kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))

@@ -452,6 +452,9 @@ def bind(node, fn, shared: SharedActivations | None = None):
     if node.op == "RMS_NORM":
         from .norm import rms_norm
         return functools.partial(rms_norm, eps=node.params["eps"])
+    if node.op == "ROPE":
+        from .rope import rope
+        return functools.partial(rope, **{k: node.params[k] for k in ("n_dims", "mode", "freq_base", "freq_scale")})
     if node.op == "FLASH_ATTN_EXT":
         from .attention import flash_attn_ext
         return functools.partial(flash_attn_ext, scale=node.params["scale"])
