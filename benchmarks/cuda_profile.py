@@ -400,7 +400,7 @@ def listing(dev, prog, run, copy: float, graph_ms: float | None) -> None:
 
 
 def verify(args) -> None:
-    from lookup_bench import verify_costs
+    from lookup_bench import step_costs
 
     import vulkan_bench as vb
     from framework.model.model import Model
@@ -414,7 +414,7 @@ def verify(args) -> None:
             print(f"{dev.name}: unavailable: {dev.unavailable_reason}")
             continue
         print(f"{args.model} on {dev.describe()[:90]}: verification of T rows over a decode step: "
-              f"{verify_costs(model, [dev])}")
+              f"{step_costs(model, [dev])}")
 
 
 def summarize(args) -> None:

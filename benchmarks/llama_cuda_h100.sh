@@ -123,12 +123,12 @@ ours_round() {    # ROUND
     stage "cuda_bench.py on the same files, round $1"
     mkdir -p "$WORK"
     for name in ${MODEL_NAMES//,/ }; do ln -sf "$MODELS/$name-random-vocab.gguf" "$WORK/$name-random.gguf"; done
+    mkdir -p "$OUT/ours_$1"
     check=(--skip-check)
     [ "$1" = 1 ] && check=()
     timeout -k 10 "${LLAMACU_OURS_TIMEOUT:-240}" "$PY" benchmarks/cuda_bench.py --skip-conformance --keep-models \
         --work "$WORK" --models "$MODEL_NAMES" --devices cuda,vulkan,opencl --runs "$REPS" "${check[@]}" \
         --out "$OUT/ours_$1" 2>&1 | grep -v -E "CompilerWarning|lambda: self._prg.build"
-    mkdir -p "$OUT/ours_$1"
 }
 
 summary() {
