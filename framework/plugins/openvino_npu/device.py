@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from .translate import Translation
 
 OV_WEIGHT_BUFFER = BufferType("openvino_compressed_weights", host=True)
-# the ops translate.py translates (declared here: this module imports without OpenVINO)
+# the ops translate_ops.TRANSLATE translates (declared here: this module imports without OpenVINO)
 SUPPORTED_OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
                           "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT",
                           "CONCAT")
@@ -467,7 +467,7 @@ class OvProgram:
             raise RuntimeError(f"{dev.name}{emu} already holds {dev.live_programs()} live compiled models in this "
                                f"process, its budget is {budget}: reservation should have refused this plan")
         t0 = time.perf_counter()
-        from .translate import translate       # OpenVINO's opsets: imported once a model is built
+        from .translator import translate      # OpenVINO's opsets: imported once a model is built
         self.translation = translate(self.fragment, weights)
         t1 = time.perf_counter()
         blobs = dev.blob_cache()
