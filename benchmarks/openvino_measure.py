@@ -604,7 +604,8 @@ def dynquant(models: dict | None = None, rounds: int = 3) -> None:
 
     from framework.model.default import model_path
     from framework.model.model import Model
-    from framework.plugins.openvino_npu.device import OpenVinoDevice, cpu_isa
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.plugins.openvino_npu.options import cpu_isa
     from framework.runtime.session import Session
     c = ov.Core()
     default = c.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
@@ -1092,7 +1093,8 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
     sessions = {}
     for dq in dqs:
         dev = make("CPU", threads=1, dynamic_quantization=dq)
-        sessions[f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dev.dynamic_quantization}"] = Session(model, [dev], n_ctx=KV_PAD)
+        name = f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dev.compiling.dynamic_quantization}"
+        sessions[name] = Session(model, [dev], n_ctx=KV_PAD)
     child = subprocess.Popen([sys.executable, "-c", _LLAMA_CHILD, path, str(KV_PAD)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
 
