@@ -143,6 +143,14 @@ def run_on(dev, b: GraphBuilder, outputs, inputs, weights=None):
     return ex.run(plan, inputs), ex
 
 
+def test_every_supported_op_has_a_translation():
+    """device.py declares the ops it accepts without importing OpenVINO; translate_ops.TRANSLATE, the dispatch by op
+    name, translates exactly those, so no accepted op fails at translation and no translation goes unused."""
+    from framework.plugins.openvino_npu.device import SUPPORTED_OPS
+    from framework.plugins.openvino_npu.translate_ops import TRANSLATE
+    assert set(TRANSLATE) == set(SUPPORTED_OPS)
+
+
 @pytest.mark.parametrize("name", T.DEVICE_OPS)
 def test_op_matches_the_float64_reference(ov_cpu, name):
     b, outputs, inputs, ref, tol = T._device_case(name, np.random.default_rng(1234))
