@@ -80,18 +80,14 @@ def op_scale(tr, n):
     return ops.multiply(tr.out(n.src[0]), const(n.params["scale"])).output(0)
 
 
+ACTIVATIONS = {"gelu": lambda x: ops.gelu(x, "tanh"), "silu": ops.swish, "tanh": ops.tanh, "sigmoid": ops.sigmoid,
+               "softplus": ops.softplus}
+
+
 def _act(x, op):
-    if op == "gelu":
-        return ops.gelu(x, "tanh").output(0)
-    if op == "silu":
-        return ops.swish(x).output(0)
-    if op == "tanh":
-        return ops.tanh(x).output(0)
-    if op == "sigmoid":
-        return ops.sigmoid(x).output(0)
-    if op == "softplus":
-        return ops.softplus(x).output(0)
-    raise TranslationError(f"unknown activation {op}")
+    if op not in ACTIVATIONS:
+        raise TranslationError(f"unknown activation {op}")
+    return ACTIVATIONS[op](x).output(0)
 
 
 def op_unary(tr, n):
