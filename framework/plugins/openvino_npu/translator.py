@@ -40,7 +40,7 @@ class Translator:
 
     def __init__(self, fragment: Fragment, weights: dict[int, OvWeight], full: frozenset = frozenset()):
         self.f = fragment
-        self.full = full
+        self.full = full               # id of every cache bound with all its rows (translate: FullWindow)
         self.weights = weights
         self.values: dict[int, object] = {}
         self.params: list[ov.Node] = []
