@@ -188,7 +188,7 @@ def rope(t: int = 1, h: int = 9, d: int = 64, layers: int = 60) -> None:
     import openvino as ov
     from openvino import opset13 as ops
 
-    from framework.plugins.openvino_npu.translate import rope_partner
+    from framework.plugins.openvino_npu.rope import rope_partner
 
     def i64(v):
         return ops.constant(np.array(v, dtype=np.int64))
@@ -336,21 +336,23 @@ def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: in
     DYNAMIC_QUANTIZATION_GROUP_SIZE instead."""
     from framework.bench import FrameworkEngine, LlamaCppEngine, interleave, llama_cpp_installed
     from framework.model.default import model_path
-    from framework.plugins.openvino_npu import translate
+    from framework.plugins.openvino_npu import translate, translate_attention
     from framework.plugins.openvino_npu.device import OpenVinoDevice
 
     device_setting = setting == "DYNAMIC_QUANTIZATION"     # the device's, not the translation's
-    first = None if device_setting else getattr(translate, setting)
+    # the attention's settings (ROW_ATTENTION, OWN_BY_GATHER, ROW_ATTENTION_MAX_T) are translate_attention's
+    module = translate_attention if hasattr(translate_attention, setting) else translate
+    first = None if device_setting else getattr(module, setting)
     for name in names:
         engines = {}
         for v in values:
             kwargs = {"dynamic_quantization": v} if device_setting else {}
             if not device_setting:
-                setattr(translate, setting, v)
+                setattr(module, setting, v)
             engines[f"{setting}={v}"] = FrameworkEngine(
                 model_path(name), [OpenVinoDevice("CPU", threads=threads, **kwargs)], 256, 32)
         if not device_setting:
-            setattr(translate, setting, first)
+            setattr(module, setting, first)
         logits = {k: e.session.eval(e.ids) for k, e in engines.items()}
         runs = {k: e.run for k, e in engines.items()}
         peer = None
@@ -602,7 +604,8 @@ def dynquant(models: dict | None = None, rounds: int = 3) -> None:
 
     from framework.model.default import model_path
     from framework.model.model import Model
-    from framework.plugins.openvino_npu.device import OpenVinoDevice, cpu_isa
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.plugins.openvino_npu.options import cpu_isa
     from framework.runtime.session import Session
     c = ov.Core()
     default = c.get_property("CPU", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
@@ -956,17 +959,19 @@ def row_parts(layers: int = 16, rounds: int = 9) -> None:
 
 
 def own_head(rows: int = 288, rounds: int = 40) -> None:
-    """Attention over cache rows (translate._attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads of 64),
-    30 layers, 1 thread: each kv head's group of query heads against its own rows in one batched product
-    (translate.ROW_ATTENTION "grouped"), or every query head against every kv head's rows with its own picked by one
-    Gather (translate.OWN_BY_GATHER) or by a product with a one-hot mask and its sum; CPU time of the 30 layers,
-    medians, for 1 and 5 queries a step. ``own-head profile`` adds OpenVINO's per-kernel times for each form."""
+    """Attention over cache rows (translate_attention.attend_rows) with SmolLM2's heads (9 query heads, 3 kv heads
+    of 64), 30 layers, 1 thread: each kv head's group of query heads against its own rows in one batched product
+    (translate_attention.ROW_ATTENTION "grouped"), or every query head against every kv head's rows with its own
+    picked by one Gather (translate_attention.OWN_BY_GATHER) or by a product with a one-hot mask and its sum; CPU
+    time of the 30 layers, medians, for 1 and 5 queries a step. ``own-head profile`` adds OpenVINO's per-kernel times
+    for each form."""
     import collections
 
     import openvino as ov
     from openvino import opset13 as ops
 
     from framework.plugins.openvino_npu import translate as TR
+    from framework.plugins.openvino_npu import translate_attention as TA
     hkv, g, d, layers = 3, 3, 64, 30
     h = hkv * g
     profile = "profile" in sys.argv[2:]
@@ -975,7 +980,7 @@ def own_head(rows: int = 288, rounds: int = 40) -> None:
     forms = {"grouped": ("grouped", True), "Gather": ("all", True), "one-hot product and sum": ("all", False)}
     for t in (1, 5):
         def build(form: str):
-            TR.ROW_ATTENTION, TR.OWN_BY_GATHER = forms[form]
+            TA.ROW_ATTENTION, TA.OWN_BY_GATHER = forms[form]
             TR._SHARED = {}
             q = ops.parameter([t, h, d], ov.Type.f32, name="q")
             m = ops.parameter([t, rows], ov.Type.f32, name="m")
@@ -986,8 +991,8 @@ def own_head(rows: int = 288, rounds: int = 40) -> None:
             for i in range(layers):
                 parts = [(kv[2 * i].output(0), kv[2 * i + 1].output(0), m.output(0), rows),
                          (new.output(0), new.output(0), m_new.output(0), t)]
-                x = ops.add(x, TR._attend_rows(x, parts, 0.125, hkv)).output(0)
-            TR._SHARED, TR.ROW_ATTENTION, TR.OWN_BY_GATHER = None, "auto", True
+                x = ops.add(x, TA.attend_rows(x, parts, 0.125, hkv)).output(0)
+            TR._SHARED, TA.ROW_ATTENTION, TA.OWN_BY_GATHER = None, "auto", True
             return ov.Model([ops.result(x)], [q, m, *kv, new, m_new])
 
         feeds = [rng.standard_normal((t, h, d)).astype(np.float32), np.zeros((t, rows), np.float32),
@@ -1088,7 +1093,8 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
     sessions = {}
     for dq in dqs:
         dev = make("CPU", threads=1, dynamic_quantization=dq)
-        sessions[f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dev.dynamic_quantization}"] = Session(model, [dev], n_ctx=KV_PAD)
+        name = f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dev.compiling.dynamic_quantization}"
+        sessions[name] = Session(model, [dev], n_ctx=KV_PAD)
     child = subprocess.Popen([sys.executable, "-c", _LLAMA_CHILD, path, str(KV_PAD)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
 

@@ -46,7 +46,8 @@ def numerics_report() -> tuple[str, ...]:
     instruction sets, and OpenVINO's defaults against the settings the plugin requests and a compiled
     model reports."""
     from framework.plugins.cpu.device import CpuDevice
-    from framework.plugins.openvino_npu.device import cpu_isa, settings_report
+    from framework.plugins.openvino_npu.device import settings_report
+    from framework.plugins.openvino_npu.options import cpu_isa
     lines = [f"cpu instruction sets: {cpu_isa() or 'none of avx2, avx512*, amx* in /proc/cpuinfo'}",
              f"cpu plugin, as the tests' registry makes it: {CpuDevice().description}; "
              f"with CpuDevice('q8'): {CpuDevice('q8').description}"]

@@ -214,7 +214,7 @@ def test_a_read_only_openvino_cache_folder_is_reported_once(cache, ov_cpu, tmp_p
         _ov_matmul(dev)
     err = capfd.readouterr().err
     assert err.count("cannot be written") == 1 and "without an on-disk cache" in err
-    assert dev.cache_dir is None and "the on-disk cache is off" in dev.compile_summary()
+    assert dev.compiling.cache_dir is None and "the on-disk cache is off" in dev.compile_summary()
     assert "cannot be written" in dev.compile_summary()
 
 

@@ -370,7 +370,7 @@ def test_threads_reach_the_cpu_kernels_and_openvinos_cpu_device(capsys, monkeypa
         code, out, _ = run_cli(capsys, "run", "Hi", "-m", "smollm2", "-n", "2", "--ctx", "64", "-t", "1")
         assert code == 0 and out.startswith("Hi") and numba.get_num_threads() == 1
         (ov,) = select_devices("openvino:CPU", threads=1)
-        assert ov.threads == 1 and ov.compile_config()["INFERENCE_NUM_THREADS"] == 1
+        assert ov.compiling.threads == 1 and ov.compile_config()["INFERENCE_NUM_THREADS"] == 1
         assert "FRAMEWORK_OPENVINO_THREADS" not in os.environ
     finally:
         numba.set_num_threads(before)

@@ -44,13 +44,12 @@ from framework.core.scheduler.verdicts import ask
 from framework.plugins.cpu.device import CpuDevice
 from framework.plugins.openvino_npu import translate as TR
 from framework.plugins.openvino_npu import weights as W
-from framework.plugins.openvino_npu.device import (
+from framework.plugins.openvino_npu.device import OpenVinoDevice, discover
+from framework.plugins.openvino_npu.options import (
     DYNQUANT_ENV,
     THREADS_ENV,
-    OpenVinoDevice,
     OpenVinoSettingError,
     cpu_isa,
-    discover,
     dot_product_isa,
 )
 from framework.plugins.openvino_npu.profiles import (
@@ -142,6 +141,14 @@ def run_on(dev, b: GraphBuilder, outputs, inputs, weights=None):
     weights = weights or {}
     ex = Executor([dev], lambda t: weights[t.name])
     return ex.run(plan, inputs), ex
+
+
+def test_every_supported_op_has_a_translation():
+    """device.py declares the ops it accepts without importing OpenVINO; translate_ops.TRANSLATE, the dispatch by op
+    name, translates exactly those, so no accepted op fails at translation and no translation goes unused."""
+    from framework.plugins.openvino_npu.device import SUPPORTED_OPS
+    from framework.plugins.openvino_npu.translate_ops import TRANSLATE
+    assert set(TRANSLATE) == set(SUPPORTED_OPS)
 
 
 @pytest.mark.parametrize("name", T.DEVICE_OPS)
@@ -368,9 +375,9 @@ def test_requested_settings_are_the_effective_ones(ov_cpu):
     """The plugin requests INFERENCE_PRECISION_HINT and DYNAMIC_QUANTIZATION_GROUP_SIZE itself (OpenVINO's own
     choice differs between CPUs: a group of 32 with AVX-512 VNNI, none on AVX2), and every compiled model
     reports them; the report of the test run prints both beside the CPU's instruction sets."""
-    requested = ov_cpu.requested_settings()
-    assert requested == {"INFERENCE_PRECISION_HINT": ov_cpu.precision,
-                         "DYNAMIC_QUANTIZATION_GROUP_SIZE": ov_cpu.group_size()}
+    requested = ov_cpu.compiling.requested()
+    assert requested == {"INFERENCE_PRECISION_HINT": ov_cpu.compiling.precision,
+                         "DYNAMIC_QUANTIZATION_GROUP_SIZE": ov_cpu.compiling.group_size()}
     assert ov_cpu.compile_config().items() >= requested.items()
     _, program = _compressed_product(ov_cpu)
     assert {k: program.effective[k] for k in requested} == requested
@@ -384,7 +391,8 @@ def test_a_compiled_model_with_other_settings_is_an_error(ov_cpu):
     results would change without a word: the device refuses the program, naming the setting and both values."""
     class Overridden(OpenVinoDevice):
         def compile_config(self):
-            return {**super().compile_config(), "DYNAMIC_QUANTIZATION_GROUP_SIZE": self.dynamic_quantization + 16}
+            group = self.compiling.dynamic_quantization + 16
+            return {**super().compile_config(), "DYNAMIC_QUANTIZATION_GROUP_SIZE": group}
 
     dev = Overridden("CPU", cache_dir=None, dynamic_quantization=0)
     with pytest.raises(DeviceRunError) as err:
@@ -403,13 +411,14 @@ def test_backends_lists_the_settings(capsys):
 
 def test_dynamic_quantization_environment_override(monkeypatch):
     monkeypatch.delenv(DYNQUANT_ENV, raising=False)
-    assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == "auto"  # the plugin's choice, not OpenVINO's
+    # the plugin's choice, not OpenVINO's
+    assert OpenVinoDevice("CPU", cache_dir=None).compiling.dynamic_quantization == "auto"
     gpu = OpenVinoDevice("GPU", available=False, cache_dir=None)    # auto is 0 there, and it says so
-    assert gpu.requested_settings()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
+    assert gpu.compiling.requested()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == 0
     assert "(DYNAMIC_QUANTIZATION_GROUP_SIZE auto: 0, not measured on an OpenVINO GPU)" in gpu.description
     for value, want in (("32", 32), ("off", 0), ("0", 0), (" 64 ", 64), ("auto", "auto"), (" Auto", "auto")):
         monkeypatch.setenv(DYNQUANT_ENV, value)
-        assert OpenVinoDevice("CPU", cache_dir=None).dynamic_quantization == want
+        assert OpenVinoDevice("CPU", cache_dir=None).compiling.dynamic_quantization == want
     for bad in ("yes", "-1", "3.5"):
         monkeypatch.setenv(DYNQUANT_ENV, bad)
         with pytest.raises(OpenVinoSettingError) as err:
@@ -423,7 +432,7 @@ def test_auto_group_size_reaches_every_product_of_a_model(ov_cpu):
     or of 16 where it holds a weight in groups of 16 (Q6_K's), since OpenVINO quantizes a product's activations only
     where the group size divides its weight's group; the device's description says so, and every compiled model
     reports its own size back."""
-    from framework.plugins.openvino_npu.device import group_size_for
+    from framework.plugins.openvino_npu.options import group_size_for
 
     q4_1, q8_0, q6_k = (W.load("w", qt, (64, 256), raw_weight(qt, (64, 256))) for qt in (Q.Q4_1, Q.Q8_0, Q.Q6_K))
     assert (q4_1.group, q8_0.group, q6_k.group) == (32, 32, 16)
@@ -431,10 +440,10 @@ def test_auto_group_size_reaches_every_product_of_a_model(ov_cpu):
     dev = ov_cpu.with_options(dynamic_quantization="auto")
     # auto quantizes only where the CPU has an 8-bit dot product (test_auto_is_0_without_an_8bit_dot_product
     # checks the other side on every CPU)
-    want = 32 if dev.dot_product else 0
-    if dev.dot_product:
+    want = 32 if dev.compiling.dot_product else 0
+    if dev.compiling.dot_product:
         assert "groups of 32, or 16 where" in dev.description
-        assert f"(DYNAMIC_QUANTIZATION_GROUP_SIZE auto: this CPU has {dev.dot_product})" in dev.description
+        assert f"(DYNAMIC_QUANTIZATION_GROUP_SIZE auto: this CPU has {dev.compiling.dot_product})" in dev.description
     s = Session(load_model("smollm2"), [dev], n_ctx=512)       # Q4_1 products and a Q8_0 output head: 32
     s.eval([1, 2, 3])
     s.eval([4])
@@ -443,9 +452,11 @@ def test_auto_group_size_reaches_every_product_of_a_model(ov_cpu):
 
 
 AUTO_WITHOUT_DOT_PRODUCT = """
-from framework.plugins.openvino_npu.device import OpenVinoDevice, dot_product_isa
+from framework.plugins.openvino_npu.device import OpenVinoDevice
+from framework.plugins.openvino_npu.options import dot_product_isa
 dev = OpenVinoDevice("CPU", cache_dir=None)
-print(dev.dynamic_quantization, dot_product_isa(), dev.requested_settings()["DYNAMIC_QUANTIZATION_GROUP_SIZE"])
+c = dev.compiling
+print(c.dynamic_quantization, dot_product_isa(), c.requested()["DYNAMIC_QUANTIZATION_GROUP_SIZE"])
 print(dev.description)
 """
 
@@ -475,7 +486,7 @@ def test_thread_count_setting_reaches_the_compiled_model(monkeypatch, capsys):
     llama.cpp gets); a value it does not accept makes the devices unavailable with the reason."""
     monkeypatch.setenv(THREADS_ENV, "1")
     dev = OpenVinoDevice("CPU", cache_dir=None)
-    assert dev.threads == 1 and "1 thread (INFERENCE_NUM_THREADS)" in dev.description
+    assert dev.compiling.threads == 1 and "1 thread (INFERENCE_NUM_THREADS)" in dev.description
     assert dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
     assert _plain_program(dev).effective["INFERENCE_NUM_THREADS"] == 1
     monkeypatch.delenv(THREADS_ENV)
@@ -502,7 +513,7 @@ def test_bench_gives_openvino_the_thread_count_of_its_peer(monkeypatch, capsys):
     monkeypatch.delenv(THREADS_ENV, raising=False)
     assert main(["bench", "--reservation-only", "--threads", "1", "--backends", "openvino:CPU", "-m", "smollm2"]) == 0
     (dev,) = made
-    assert dev.threads == 1 and dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
+    assert dev.compiling.threads == 1 and dev.compile_config()["INFERENCE_NUM_THREADS"] == 1
     assert THREADS_ENV not in os.environ
     err = capsys.readouterr().err
     assert "OpenVINO's CPU device" in err

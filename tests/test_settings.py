@@ -119,7 +119,7 @@ def test_framework_cache_setting(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert settings.cache_root() == tmp_path / "relative" / "cache"       # absolute, said as such
     monkeypatch.setenv("FRAMEWORK_OPENVINO_CACHE_DIR", "off")
-    from framework.plugins.openvino_npu.device import default_cache_dir
+    from framework.plugins.openvino_npu.options import default_cache_dir
     assert default_cache_dir() is None
     monkeypatch.delenv("FRAMEWORK_OPENVINO_CACHE_DIR")
     assert default_cache_dir() == tmp_path / "relative" / "cache" / "openvino"   # under FRAMEWORK_CACHE
@@ -169,6 +169,7 @@ def test_a_bad_ray_timeout_is_named(monkeypatch, value):
 ENVIRONMENT_OUTSIDE_SETTINGS = {
     "framework/plugins/cpu/jit.py",              # NUMBA_CACHE_DIR: numba's own cache folder
     "framework/plugins/openvino_npu/device.py",  # ONEDNN_MAX_CPU_ISA: oneDNN's cap on OpenVINO's kernels
+    "framework/plugins/openvino_npu/options.py",  # ONEDNN_MAX_CPU_ISA too (what "auto" finds on this CPU)
     "framework/plugins/xdna/xrt.py",             # XILINX_XRT: where XRT installs pyxrt
     "framework/plugins/ray/cluster.py",          # RAY_ADDRESS: Ray's own (the cluster to join)
     "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_*

@@ -27,8 +27,10 @@ PLUGINS = PACKAGE / "plugins"
 # products with the weight's rows in the lanes, and adaptive draft lengths; each raise a commit of its own;
 # 27,750 once the CUDA plugin took the skeleton's c_kernels.Dialect (27,694 then); 27,850 with the caches
 # written in place kept as they were (executor and backend Program: about 70 lines) and the prefix cache
-# going on token by token (about 20)
-FRAMEWORK_LINES = 27_850
+# going on token by token (about 20); 27,940 with the OpenVINO plugin's Translator split by what it holds
+# (translator.py, translate_ops.py, translate_attention.py: about 85 lines of module headers and ops as functions),
+# which also holds OpenVinoDevice's settings split into options.py (about 45 more)
+FRAMEWORK_LINES = 27_940
 BACKEND_LINES = 1_500
 # the goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
 # (cuda: 960, then 1,020 when it took the core's attention groups: rowvec3, rope_kv, attention.py; 1,040 with
@@ -38,9 +40,6 @@ PLUGIN_LINES = {"vulkan": 1_650, "opencl": 1_600, "cuda": 860}
 # Python files that are kernel sources, counted apart until they are .wgsl files of their own
 KERNEL_SOURCES = {"framework/plugins/vulkan/wgsl.py", "framework/plugins/vulkan/wgsl_fused.py"}
 MAX_CLASS_LINES = 200
-# classes over MAX_CLASS_LINES before the rule, at most their size then (split them, then drop them here)
-LARGE_CLASSES = {"framework/plugins/openvino_npu/device.py:OpenVinoDevice": 235,
-                 "framework/plugins/openvino_npu/translate.py:Translator": 369}
 
 
 def _python(folder: Path) -> list[Path]:
@@ -76,6 +75,6 @@ def test_no_class_over_200_lines_in_the_plugins():
             if not isinstance(node, ast.ClassDef):
                 continue
             n, where = node.end_lineno - node.lineno + 1, f"{p.relative_to(ROOT)}:{node.name}"
-            if n > LARGE_CLASSES.get(where, MAX_CLASS_LINES):
+            if n > MAX_CLASS_LINES:
                 big.append(f"{where} (line {node.lineno}): {n} lines")
     assert not big, f"classes over {MAX_CLASS_LINES} lines (split them by what they hold):\n" + "\n".join(big)
