@@ -13,6 +13,14 @@ NSYS="$(command -v nsys || find /opt /usr/local /usr/lib /usr/bin /root -maxdept
 if [ -z "$NSYS" ]; then echo "nsys not found (PATH, /opt, /usr/local, /usr/lib, /usr/bin, /root)"; exit 1; fi
 work=/tmp/cuda_profile
 mkdir -p "$work"
+# nsys's importer needs libdw.so.1, which the lent machine's image lacks (2026-12-06): elfutils' libdw1 and
+# libelf1, carried in .gl/nsys (here: `mkdir -p .gl/nsys && cd .gl/nsys && apt-get download libdw1 libelf1`),
+# unpacked apart from the system's libraries and put on the loader's path of nsys and its importer alone
+if ! ldconfig -p | grep -q "libdw.so.1" && ls .gl/nsys/libdw1_*.deb >/dev/null 2>&1; then
+  for f in .gl/nsys/*.deb; do dpkg -x "$f" /tmp/nsys_libs; done
+  NSYS_LIBS=/tmp/nsys_libs/usr/lib/x86_64-linux-gnu
+fi
+nsys_env=(env ${NSYS_LIBS:+LD_LIBRARY_PATH=$NSYS_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}})
 log="$out/cuda_profile.log"
 {
   "$NSYS" --version
@@ -27,7 +35,7 @@ log="$out/cuda_profile.log"
       extra=()
       if [ -z "$copy" ]; then extra=(--copy); copy="$work/$tag.json"; fi
       echo "=== $tag (FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse)"
-      FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse "$NSYS" profile --force-overwrite true --trace cuda \
+      FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse "${nsys_env[@]}" "$NSYS" profile --force-overwrite true --trace cuda \
         --cuda-graph-trace node --capture-range cudaProfilerApi --capture-range-end stop -o "$work/$tag" \
         python3 benchmarks/cuda_profile.py run "$model" --meta "$work/$tag.json" --work "$work" "${extra[@]}"
       if [ ! -f "$work/$tag.nsys-rep" ] && [ -f "$work/$tag.qdstrm" ]; then
@@ -35,10 +43,10 @@ log="$out/cuda_profile.log"
         # unknown error occurred"): the importer's own words, its missing libraries, and the raw capture kept
         imp="$(find "$(dirname "$(readlink -f "$NSYS")")/.." -maxdepth 3 -name QdstrmImporter -type f | head -1)"
         echo "importing $tag.qdstrm by hand: $imp"
-        if [ -n "$imp" ]; then ldd "$imp" | grep "not found"; "$imp" -i "$work/$tag.qdstrm" 2>&1 | tail -5; fi
+        if [ -n "$imp" ]; then "${nsys_env[@]}" ldd "$imp" | grep "not found"; "${nsys_env[@]}" "$imp" -i "$work/$tag.qdstrm" 2>&1 | tail -5; fi
         cp "$work/$tag.qdstrm" "$out/" 2>/dev/null
       fi
-      "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
+      "${nsys_env[@]}" "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
         "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
       "$NSYS" stats --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
       trace="$(ls "$work/${tag}"_*cuda_gpu_trace*.csv 2>/dev/null | head -1)"
