@@ -107,20 +107,15 @@ class Session:
         """Plans of these step shapes (kept ones, or new ones), not yet checked or kept."""
         out = {}
         for k in dict.fromkeys(keys):
-            if k in self.plans:
-                out[k] = self.plans[k][0]
-            else:
-                if k not in self._unchecked:
-                    self._unchecked[k] = make_plan(self.context.graph(k)[0], self.devices, self.residence, self.fit)
-                out[k] = self._unchecked[k]
+            if k not in self.plans and k not in self._unchecked:
+                self._unchecked[k] = make_plan(self.context.graph(k)[0], self.devices, self.residence, self.fit)
+            out[k] = self.plans[k][0] if k in self.plans else self._unchecked[k]
         return out
 
     def reserve_keys(self, keys, partner_keys: dict | None = None) -> Reservation:
         """Plan these shapes (and partner_keys: {partner session: its shapes}) and check them with every plan
         this session and its partners keep, as the budgets of one process; keep them when the check passes."""
-        new = {self: self.make_plans(keys)}
-        for other, other_keys in (partner_keys or {}).items():
-            new[other] = other.make_plans(other_keys)
+        new = {self: self.make_plans(keys), **{o: o.make_plans(k) for o, k in (partner_keys or {}).items()}}
         groups, devices = [], {}
         for s in [self, *self.partners]:
             plans = {k: p for k, (p, _) in s.plans.items()}
@@ -142,15 +137,8 @@ class Session:
     def plan_key(self, key: tuple) -> tuple[Plan, object]:
         """The plan of a step shape (planned and checked on first use) and its input leaves, its programs
         loaded and compiled."""
-        if key not in self.plans and self.partners:
-            self.reserve_keys([key])
-        elif key not in self.plans:
-            graph, inp = self.context.graph(key)
-            plan = make_plan(graph, self.devices, self.residence, self.fit)
-            known = {phase_name(k): p for k, (p, _) in self.plans.items()}
-            reserve({**known, phase_name(key): plan}, self.devices, self.residence, self.strict,
-                    self.executor.programs_per_device())
-            self._remember(key, (plan, inp))
+        if key not in self.plans:
+            self.reserve_shapes([key])       # with the partners' plans where there are partners
         elif self.max_plans is not None:
             self._remember(key, self.plans[key])
         plan, inp = self.plans[key]
@@ -163,9 +151,8 @@ class Session:
         self.plans[key] = value
         while self.max_plans is not None and len(self.plans) > self.max_plans:
             old = next(iter(self.plans))
-            plan, _ = self.plans.pop(old)
             self.context.graphs.pop(old, None)
-            self.executor.forget(plan)
+            self.executor.forget(self.plans.pop(old)[0])
 
     # -- running --------------------------------------------------------------------------
     def eval(self, tokens: list[int], all_logits: bool = False, prompt: bool | None = None) -> np.ndarray:
