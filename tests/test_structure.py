@@ -79,3 +79,14 @@ def test_no_class_over_200_lines_in_the_plugins():
             if n > MAX_CLASS_LINES:
                 big.append(f"{where} (line {node.lineno}): {n} lines")
     assert not big, f"classes over {MAX_CLASS_LINES} lines (split them by what they hold):\n" + "\n".join(big)
+
+
+@pytest.mark.parametrize("where", ["framework/runtime/context.py:Context", "framework/runtime/session.py:Session"])
+def test_the_run_paths_context_and_stepper_stay_small(where):
+    """Session once held the memory fit, the caches' places, the plans and the draft partnership in 260 lines;
+    its successors, the context (what a run holds) and the session (its steps), stay under 150 each."""
+    path, name = where.split(":")
+    tree = ast.parse((ROOT / path).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    n = cls.end_lineno - cls.lineno + 1
+    assert n < 150, f"{where} has {n} lines: split what it holds rather than let it grow back into the hub"
