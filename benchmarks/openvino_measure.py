@@ -331,11 +331,12 @@ def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: in
     with each, in one process and interleaved rounds with llama.cpp on the same threads (a slow period of a shared
     machine hits all): prefill and decode tok/s as `framework bench` measures them (a 256-token prompt, 32 decoded),
     medians, decode ratios to the first value and to llama.cpp, CPU time a decoded token, and the largest logit
-    difference from the first value's translation. From the command line: ``ab SETTING=A,B [model ...]``, e.g.
+    difference from the first value's translation. From the command line: ``ab SETTING=A,B [model or GGUF path
+    ...] [rounds=N] [threads=N]``, e.g.
     ``ab OFFSETS=product,zero_point smollm2``; ``DYNAMIC_QUANTIZATION=0,32`` compares the device's
     DYNAMIC_QUANTIZATION_GROUP_SIZE instead."""
     from framework.bench import FrameworkEngine, LlamaCppEngine, interleave, llama_cpp_installed
-    from framework.model.default import model_path
+    from framework.model.default import resolve_model
     from framework.plugins.openvino_npu import translate, translate_attention
     from framework.plugins.openvino_npu.device import OpenVinoDevice
 
@@ -350,14 +351,14 @@ def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: in
             if not device_setting:
                 setattr(module, setting, v)
             engines[f"{setting}={v}"] = FrameworkEngine(
-                model_path(name), [OpenVinoDevice("CPU", threads=threads, **kwargs)], 256, 32)
+                resolve_model(name), [OpenVinoDevice("CPU", threads=threads, **kwargs)], 256, 32)
         if not device_setting:
             setattr(module, setting, first)
         logits = {k: e.session.eval(e.ids) for k, e in engines.items()}
         runs = {k: e.run for k, e in engines.items()}
         peer = None
         if llama and llama_cpp_installed():
-            peer = LlamaCppEngine(model_path(name), next(iter(engines.values())).ids, 32, threads or 2)
+            peer = LlamaCppEngine(resolve_model(name), next(iter(engines.values())).ids, 32, threads or 2)
             runs["llama.cpp"] = peer.run
         got = interleave(runs, rounds)
         base = next(iter(engines))
@@ -1165,9 +1166,11 @@ if __name__ == "__main__":
                    rounds=int(words.get("rounds", 5)), dqs=dqs)
         raise SystemExit(0)
     if what == "ab":
-        rounds = [int(w[7:]) for w in sys.argv[3:] if w.startswith("rounds=")]
-        names = tuple(w for w in sys.argv[3:] if not w.startswith("rounds="))
-        translation_ab(*_setting_values(sys.argv[2]), names=names or ("smollm2", "gemma3"), rounds=(rounds or [5])[0])
+        given = [w.partition("=") for w in sys.argv[3:]]
+        opts = {k: int(v) for k, _, v in given if k in ("rounds", "threads")}
+        names = tuple(w for w in sys.argv[3:] if w.partition("=")[0] not in ("rounds", "threads"))
+        translation_ab(*_setting_values(sys.argv[2]), names=names or ("smollm2", "gemma3"),
+                       rounds=opts.get("rounds", 5), threads=opts.get("threads", 1))
         raise SystemExit(0)
     {"threads": threads, "fc-forms": fc_forms, "offset-forms": offset_forms, "zero-points": zero_points,
      "decode-gap": decode_gap, "row-parts": row_parts, "own-head": own_head, "fc": fc, "cpu-time": cpu_time,
