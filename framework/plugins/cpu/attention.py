@@ -141,8 +141,7 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
     if q.shape[0] <= BY_KEY_UNTIL:
         by_key = _by_key_threads if q.shape[0] * q.shape[1] * n * q.shape[2] >= BY_KEY_THREADED_FROM else _by_key_one
-        by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale),
-                       out)
+        by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale), out)
         return out
     kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
     run(qc, kt, vc, mm, mask is not None, np.float32(scale), out)
