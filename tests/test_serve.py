@@ -498,3 +498,22 @@ def test_sigterm_stops_accepting_ends_what_runs_and_exits(server):
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
     assert "stopped by SIGTERM" in server.stderr()
+
+
+def test_a_long_start_says_how_many_step_shapes_are_ready(monkeypatch):
+    """A batched server compiles a program for each step shape it reserved before /health turns ready (on
+    openvino:CPU a --parallel 8 start took minutes): warm says how far it is, here every shape (the interval
+    set to 0), and nothing where the start is quick."""
+    from framework.serve import models
+    served = load_models(["smollm2"], [CpuDevice()], n_ctx=64, n_batch=16, parallel=2, max_queue=1)
+    n = sum(len(s.plans) for s in served[0].sessions())
+    lines: list[str] = []
+    monkeypatch.setattr(models, "WARM_REPORT_S", 0.0)
+    models.warm(served, lines.append)
+    assert n > 1 and len(lines) == n, lines
+    for i, line in enumerate(lines, 1):
+        assert line.startswith(f"smollm2: {i} of {n} step shapes loaded and compiled (") and line.endswith(" s)")
+    again: list[str] = []
+    monkeypatch.setattr(models, "WARM_REPORT_S", 3600.0)
+    models.warm(served, again.append)        # everything prepared already: a quick start says nothing
+    assert again == []

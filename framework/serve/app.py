@@ -92,14 +92,16 @@ class ServerState:
                            headers={"Retry-After": "2"})
 
 
-def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_failure=None) -> FastAPI:
+def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_failure=None,
+               on_progress=None) -> FastAPI:
     """The application; its start-up warms every model on the compute thread (/health is 503 until then).
-    on_ready() is called once all are warm; on_failure(message) if one cannot be loaded."""
+    on_ready() is called once all are warm; on_failure(message) if one cannot be loaded; on_progress(line)
+    as a long warm goes on (models.warm)."""
     state = ServerState({m.id: m for m in models}, settings, drain=Drain(settings.shutdown_grace),
                         metrics=Metrics({m.id: m.pool.state for m in models}, {m.id: m.sessions for m in models}))
 
     async def lifespan(app: FastAPI):
-        task = asyncio.create_task(_warm(state, on_ready, on_failure))
+        task = asyncio.create_task(_warm(state, on_ready, on_failure, on_progress))
         yield
         task.cancel()
         state.compute.shutdown()
@@ -172,9 +174,9 @@ def create_app(models: list[ServedModel], settings: Settings, on_ready=None, on_
     return app
 
 
-async def _warm(state: ServerState, on_ready, on_failure) -> None:
+async def _warm(state: ServerState, on_ready, on_failure, on_progress=None) -> None:
     try:
-        await state.compute.call(warm, list(state.models.values()))
+        await state.compute.call(warm, list(state.models.values()), on_progress)
     except Exception as e:       # /health says what failed, in the device's words, until the server stops
         state.load_error = f"{type(e).__name__}: {e}"
         if on_failure:

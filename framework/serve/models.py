@@ -4,6 +4,7 @@ opens, then warmed (weights loaded, programs compiled) while /health answers 503
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,10 +187,19 @@ def load_models(specs: list[str], devices: list[Device], *, n_ctx: int, n_batch:
     return served
 
 
-def warm(served: list[ServedModel]) -> None:
+WARM_REPORT_S = 5.0      # seconds between lines of a start's progress (a start that takes less says nothing)
+
+
+def warm(served: list[ServedModel], say: Callable[[str], None] | None = None) -> None:
     """Load every weight, compile every reserved program, allocate every session's KV cache (on the
-    compute thread: devices are driven from there only)."""
+    compute thread: devices are driven from there only). say: a line every WARM_REPORT_S seconds, and at the
+    end, where it takes that long (a batched server compiles a program for each of its step shapes)."""
     for m in served:
-        for session in m.sessions():
-            for plan, _ in session.plans.values():
-                session.executor.prepare(plan)
+        plans = [(s, plan) for s in m.sessions() for plan, _ in s.plans.values()]
+        start = last = time.monotonic()
+        for i, (session, plan) in enumerate(plans, 1):
+            session.executor.prepare(plan)
+            now = time.monotonic()
+            if say and (now - last >= WARM_REPORT_S or (i == len(plans) and now - start >= WARM_REPORT_S)):
+                say(f"{m.id}: {i} of {len(plans)} step shapes loaded and compiled ({now - start:.0f} s)")
+                last = now

@@ -52,7 +52,7 @@ def serve(args, devices, memory_caps: dict[str, int], say: Callable[[str], None]
         server.should_exit = True
 
     app = create_app(served, settings, on_ready=lambda: say(f"ready: {url} serves {', '.join(m.id for m in served)}"),
-                     on_failure=on_failure)
+                     on_failure=on_failure, on_progress=say)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         say(f"listening on {args.host}, not only this machine" + ("" if args.api_key else "; no --api-key is set"))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
