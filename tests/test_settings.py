@@ -168,8 +168,7 @@ def test_a_bad_ray_timeout_is_named(monkeypatch, value):
 # start or for devices they make. The test fails on an entry no longer needed, so it is deleted then.
 ENVIRONMENT_OUTSIDE_SETTINGS = {
     "framework/plugins/cpu/jit.py",              # NUMBA_CACHE_DIR: numba's own cache folder
-    "framework/plugins/openvino_npu/device.py",  # ONEDNN_MAX_CPU_ISA: oneDNN's cap on OpenVINO's kernels
-    "framework/plugins/openvino_npu/options.py",  # ONEDNN_MAX_CPU_ISA too (what "auto" finds on this CPU)
+    "framework/plugins/openvino_npu/options.py",  # ONEDNN_MAX_CPU_ISA: oneDNN's cap on OpenVINO's kernels
     "framework/plugins/xdna/xrt.py",             # XILINX_XRT: where XRT installs pyxrt
     "framework/plugins/ray/cluster.py",          # RAY_ADDRESS: Ray's own (the cluster to join)
     "framework/plugins/vulkan/discovery.py",     # the Vulkan loader's VK_* and XDG_*

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ...contract import DType, LeafKind, dequantize, reference
+from ...contract import DType, LeafKind, dequantize, ops, reference
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
 from .vectors import KINDS, LAYOUTS, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot, tile_dot, unpack_row
 
@@ -454,7 +454,7 @@ def bind(node, fn, shared: SharedActivations | None = None):
         return functools.partial(rms_norm, eps=node.params["eps"])
     if node.op == "ROPE":
         from .rope import rope
-        return functools.partial(rope, **{k: node.params[k] for k in ("n_dims", "mode", "freq_base", "freq_scale")})
+        return functools.partial(rope, **{k: node.params[k] for k in ops.spec("ROPE").param_names})
     if node.op == "FLASH_ATTN_EXT":
         from .attention import flash_attn_ext
         return functools.partial(flash_attn_ext, scale=node.params["scale"])

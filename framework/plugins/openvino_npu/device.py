@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 import weakref
@@ -49,7 +48,7 @@ from ...contract import (
 )
 from . import weights as W
 from .options import (AUTO, CACHE_MAX_ENV, DYNQUANT, DYNQUANT_ENV, PRECISION_ENV, PROFILE_ENV, CompileSettings,
-                      read_settings)
+                      onednn_cap, read_settings)
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .rope import rope_table
 
@@ -290,7 +289,7 @@ class OvProgram:
                 compiled = core().compile_model(self.translation.model, dev.ov_name, config)
         except RuntimeError as e:
             if self.requested.get(DYNQUANT) and "primitive descriptor" in str(e):
-                cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+                cap = onednn_cap()
                 raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
                                    f"{self.requested[DYNQUANT]} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
                                    f"not compile here"

@@ -104,10 +104,16 @@ def dynamic_quantization_words(group_size: int | str, dot_product: str | None = 
     return f"activations quantized to 8 bits in groups of {group_size} (DYNAMIC_QUANTIZATION_GROUP_SIZE {group_size})"
 
 
+def onednn_cap() -> str | None:
+    """oneDNN's own cap on the instruction sets of OpenVINO's CPU kernels (ONEDNN_MAX_CPU_ISA: oneDNN's
+    variable, not one of ours, so read here rather than through framework.settings), or None."""
+    return os.environ.get("ONEDNN_MAX_CPU_ISA") or None
+
+
 def dot_product_isa() -> str | None:
     """The CPU's 8-bit dot product that OpenVINO's quantized-activation kernels use (a /proc/cpuinfo flag), or None
     where it has none or oneDNN is capped below it (ONEDNN_MAX_CPU_ISA)."""
-    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in CAPS_WITHOUT_DOT_PRODUCT:
+    if (onednn_cap() or "").strip().upper() in CAPS_WITHOUT_DOT_PRODUCT:
         return None
     return next((f for f in DOT_PRODUCT_FLAGS if f in cpu_flags()), None)
 
@@ -152,7 +158,7 @@ def cpu_flags() -> tuple[str, ...]:
 def cpu_isa() -> str:
     """The instruction sets OpenVINO's CPU kernels choose from (/proc/cpuinfo), and oneDNN's cap if set."""
     found = " ".join(cpu_flags())
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    cap = onednn_cap()
     return found + (f"; ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
 
 
