@@ -46,10 +46,12 @@ from ...contract import (
     ops,
     settings,
 )
+from . import kv_programs
 from . import weights as W
 from .options import (AUTO, CACHE_MAX_ENV, DYNQUANT, DYNQUANT_ENV, PRECISION_ENV, PROFILE_ENV, CompileSettings,
                       onednn_cap, read_settings)
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
+from .kv_programs import Family, family_key, kv_length
 from .rope import rope_table
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ class CompileStats:
     from_cache: int = 0           # imported from the on-disk cache
     seconds: float = 0.0          # compile_model time, both kinds
     build_seconds: float = 0.0    # building the ov.Model (translation)
+    shared: int = 0               # programs run on a compiled model of their family (kv_programs.py)
     live: int = 0                 # compiled models alive now
 
 
@@ -127,6 +130,7 @@ class OpenVinoDevice(Device):
                                          threads)
         self.stats = CompileStats()
         self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
+        self.families: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # kv_programs: key -> Family
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         what = f"OpenVINO {ov_name}" + (f" ({full_name})" if full_name else "")
         if profile:
@@ -258,17 +262,49 @@ class OpenVinoDevice(Device):
 
 
 class OvProgram:
-    """A fragment as one compiled model, with the feeding of its inputs and the cache writes."""
+    """A fragment as one compiled model, with the feeding of its inputs and the cache writes. Fragments of one
+    family (kv_programs.py: the same step at other KV lengths) run on one compiled model, each feeding its own
+    window of the cache."""
 
     def __init__(self, device: OpenVinoDevice, fragment: Fragment):
         self.device = device
         self.fragment = fragment
-        self.translation: Translation | None = None
-        self.request = None
-        self.loaded_from_cache = False
+        self.family: Family | None = None
+        self.kv: int | None = None
         self.compile_seconds = 0.0
 
+    @property
+    def translation(self) -> Translation | None:
+        return self.family.translation if self.family else None
+
+    @property
+    def loaded_from_cache(self) -> bool:
+        return bool(self.family and self.family.loaded_from_cache)
+
+    # the compiled model, its request and settings: the family's (None before the first build)
+    compiled = property(lambda self: self.family and self.family.compiled)
+    request = property(lambda self: self.family and self.family.request)
+    effective = property(lambda self: self.family and self.family.effective)
+    requested = property(lambda self: self.family and self.family.requested)
+
     def build(self, weights: dict[int, W.OvWeight]) -> None:
+        dev = self.device
+        kv = kv_length(self.fragment) if kv_programs.enabled(dev.hardware == DeviceType.CPU,
+                                                             dev.limits.static_shapes) else None
+        key = None
+        if kv is not None:      # the weights' objects, not their names: two models may name theirs alike
+            key = (family_key(self.fragment, kv), tuple(id(weights[id(t)]) for t in self.fragment.inputs
+                                                        if id(t) in weights))
+        self.kv = kv
+        self.family = dev.families.get(key) if key else None
+        if self.family is not None:
+            dev.stats.shared += 1
+            return
+        self.family = self._compile(weights, kv)
+        if key:
+            dev.families[key] = self.family
+
+    def _compile(self, weights: dict[int, W.OvWeight], kv: int | None) -> Family:
         dev = self.device
         budget = dev.limits.max_live_programs
         if budget is not None and dev.live_programs() >= budget:
@@ -277,21 +313,21 @@ class OvProgram:
                                f"process, its budget is {budget}: reservation should have refused this plan")
         t0 = time.perf_counter()
         from .translator import translate      # OpenVINO's opsets: imported once a model is built
-        self.translation = translate(self.fragment, weights)
+        translation = translate(self.fragment, weights, kv)
         t1 = time.perf_counter()
         blobs = dev.compiling.blob_cache()
-        self.requested = dev.compiling.requested(weights.values())
+        requested = dev.compiling.requested(weights.values())
         config = dev.compile_config()
         if dev.compiling.dynamic_quantization == AUTO:       # this model's own group size
-            config[DYNQUANT] = self.requested[DYNQUANT]
+            config[DYNQUANT] = requested[DYNQUANT]
         try:
             with blobs.compiling() if blobs else contextlib.nullcontext():
-                compiled = core().compile_model(self.translation.model, dev.ov_name, config)
+                compiled = core().compile_model(translation.model, dev.ov_name, config)
         except RuntimeError as e:
-            if self.requested.get(DYNQUANT) and "primitive descriptor" in str(e):
+            if requested.get(DYNQUANT) and "primitive descriptor" in str(e):
                 cap = onednn_cap()
                 raise RuntimeError(f"{e}\n{dev.name} asked for DYNAMIC_QUANTIZATION_GROUP_SIZE "
-                                   f"{self.requested[DYNQUANT]} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
+                                   f"{requested[DYNQUANT]} ({DYNQUANT_ENV}), which OpenVINO {_version()} could "
                                    f"not compile here"
                                    + (f" with oneDNN capped at ONEDNN_MAX_CPU_ISA={cap}" if cap else "")
                                    + f"; {DYNQUANT_ENV}=0 compiles on every CPU") from e
@@ -300,76 +336,77 @@ class OvProgram:
         if dev.compiling.cache_dir is not None:
             trim_cache(dev.compiling.cache_dir)
         try:
-            self.loaded_from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
+            from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
         except Exception:   # noqa: BLE001 - a plugin without the property: not from a cache
-            self.loaded_from_cache = False
+            from_cache = False
         self.compile_seconds = t2 - t1
-        self.effective = effective_settings(compiled)
-        self._check_settings(compiled)
+        family = Family(translation, compiled, effective_settings(compiled), requested, from_cache,
+                        list(weights.values()))
+        self._check_settings(family)
         st = dev.stats
         st.build_seconds += t1 - t0
         st.seconds += t2 - t1
-        if self.loaded_from_cache:
+        if from_cache:
             st.from_cache += 1
         else:
             st.compiled += 1
         st.live += 1
         _LIVE[dev._live_key] = _LIVE.get(dev._live_key, 0) + 1
-        weakref.finalize(self, _dead, weakref.ref(dev), dev._live_key)
-        self.compiled = compiled
-        self.request = compiled.create_infer_request()
-        self.translation.model = None       # the compiled model keeps what it needs
-        self._n_out = len(compiled.outputs)
+        weakref.finalize(family, _dead, weakref.ref(dev), dev._live_key)
+        translation.model = None       # the compiled model keeps what it needs
+        return family
 
-    def _check_settings(self, compiled) -> None:
+    def _check_settings(self, family: Family) -> None:
         """Every requested setting must be the compiled model's (a model imported from the on-disk cache
         included): a CPU plugin that overrode one would change results without a word."""
         dev = self.device
         if dev.hardware != DeviceType.CPU:
             return
-        wrong = {k: (v, self.effective.get(k)) for k, v in self.requested.items()
-                 if str(self.effective.get(k)) != str(v)}
+        wrong = {k: (v, family.effective.get(k)) for k, v in family.requested.items()
+                 if str(family.effective.get(k)) != str(v)}
         if wrong:
             said = "; ".join(f"{k}: requested {want}, compiled model has {got}" for k, (want, got) in wrong.items())
             envs = " or ".join(SETTING_ENV[k] for k in wrong if k in SETTING_ENV)
-            cached = " (imported from the on-disk cache)" if self.loaded_from_cache else ""
+            cached = " (imported from the on-disk cache)" if family.loaded_from_cache else ""
             raise RuntimeError(f"{dev.name} compiled {self.fragment.describe()}{cached} with other settings than "
                                f"requested ({said}): OpenVINO {_version()} does not apply them on this CPU; set {envs} "
                                f"to a value it supports here")
 
     def run(self, args: list) -> list:
-        if self.request is None:
+        if self.family is None:
             weights = {id(t): a for t, a in zip(self.fragment.inputs, args)
                        if t.is_leaf and t.kind == LeafKind.WEIGHT}
             self.build(weights)
-        tr = self.translation
+        family = self.family
+        tr = family.translation
         feeds = []
         for f in tr.feeds:
             a = args[f.index]
             if f.kind == "arg":
                 feeds.append(np.ascontiguousarray(a))
-            elif f.kind == "window":
-                feeds.append(a[:f.rows])
+            elif f.kind in ("window", "kv_window"):
+                feeds.append(a[:f.rows if f.kind == "window" else self.kv])
             else:
                 cos, sin = self.device.rope(np.asarray(a), f.rope)
                 feeds.append(cos if f.kind == "rope_cos" else sin)
-        req = self.request
-        req.infer(feeds, share_inputs=True)
-        outs = [req.get_output_tensor(i).data for i in range(self._n_out)]
-        results = []
-        for o in tr.outputs:
-            if o[0] == "value":
-                results.append(np.array(outs[o[1]], copy=True))
-                continue
-            _, cache_arg, new_idx, rows_arg, rows_idx = o
-            cache = args[cache_arg]
-            rows = np.asarray(args[rows_arg] if rows_arg is not None else outs[rows_idx])
-            if rows.size and (rows.min() < 0 or rows.max() >= cache.shape[0]):
-                raise IndexError(f"cache rows {rows.min()}..{rows.max()} are outside the {cache.shape[0]} rows of "
-                                 f"'{self.fragment.inputs[cache_arg].name}'")
-            cache[rows] = outs[new_idx].reshape(rows.shape[0], -1)
-            results.append(cache)
-        return results
+        with family.lock:           # one infer request for the family: a run reads its outputs before the next
+            req = family.request
+            req.infer(feeds, share_inputs=True)
+            outs = [req.get_output_tensor(i).data for i in range(family.n_out)]
+            return [self._result(o, outs, args) for o in tr.outputs]
+
+    def _result(self, o: tuple, outs: list, args: list):
+        """A fragment output: a value copied out of the request, or the cache with the step's new rows written."""
+        if o[0] == "value":
+            return np.array(outs[o[1]], copy=True)
+        _, cache_arg, new_idx, rows_arg, rows_idx = o
+        cache = args[cache_arg]
+        rows = np.asarray(args[rows_arg] if rows_arg is not None else outs[rows_idx])
+        if rows.size and (rows.min() < 0 or rows.max() >= cache.shape[0]):
+            raise IndexError(f"cache rows {rows.min()}..{rows.max()} are outside the {cache.shape[0]} rows of "
+                             f"'{self.fragment.inputs[cache_arg].name}'")
+        cache[rows] = outs[new_idx].reshape(rows.shape[0], -1)
+        return cache
 
 
 SETTING_ENV = {"INFERENCE_PRECISION_HINT": PRECISION_ENV, "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNQUANT_ENV}

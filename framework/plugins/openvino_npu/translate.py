@@ -44,7 +44,8 @@ class TranslationError(RuntimeError):
 class Feed:
     """One model input: where its value comes from at run time."""
 
-    kind: str               # "arg": args[index]; "window": args[index][:rows]; "rope_cos"/"rope_sin": table
+    kind: str               # "arg": args[index]; "window": args[index][:rows]; "kv_window": args[index][:the
+                            # program's KV length] (kv_programs.py); "rope_cos"/"rope_sin": table
     index: int
     rows: int = 0
     rope: tuple = ()        # (n_dims, freq_base, freq_scale)

@@ -9,6 +9,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from ...contract import Tensor
+from .kv_programs import MAX_QUERIES
 from .translate import CacheView, const, i64, reshape
 
 OWN_BY_GATHER = True
@@ -18,7 +19,7 @@ OWN_BY_GATHER = True
 # rows' (S, Hkv, D) -> (Hkv, S, D) transpose into the product: the transposes cost what the Hkv times fewer
 # multiply-adds save at one query, and less than they save at five (benchmarks/openvino_measure.py own-head).
 ROW_ATTENTION = "auto"
-ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (attend_rows)
+ROW_ATTENTION_MAX_T = MAX_QUERIES     # up to this many queries, attention reads the cache rows in place (attend_rows)
 
 
 def split_mask(tr, rows_t: Tensor, rows, mask_t: Tensor, mv, s: int, tn: int):
@@ -30,11 +31,18 @@ def split_mask(tr, rows_t: Tensor, rows, mask_t: Tensor, mv, s: int, tn: int):
     key = (id(rows_t), id(mask_t), s)
     if key not in tr.mask_parts:
         ninf = const(-np.inf)
-        valid = ops.less(rows, const(s, np.int32)).output(0)                            # (tn,)
-        hit = ops.equal(reshape(rows, (tn, 1)), const(np.arange(s, dtype=np.int32).reshape(1, s), np.int32))
+        if tr.kv is None:
+            s_at, cols = const(s, np.int32), const(np.arange(s, dtype=np.int32).reshape(1, s), np.int32)
+            last = const(s - 1, np.int32)
+        else:                   # the window's rows are the mask's columns, whatever the program's KV length
+            s_at = ops.convert(ops.gather(ops.shape_of(mv), i64(1), i64(0)), ov.Type.i32).output(0)
+            cols = reshape(ops.range(const(0, np.int32), s_at, const(1, np.int32), ov.Type.i32), (1, -1))
+            last = ops.subtract(s_at, const(1, np.int32)).output(0)
+        valid = ops.less(rows, s_at).output(0)                                          # (tn,)
+        hit = ops.equal(reshape(rows, (tn, 1)), cols)
         rewritten = ops.reduce_logical_or(hit, i64([0]), True).output(0)              # (1, s)
         mask_c = ops.select(rewritten, ninf, mv).output(0)
-        at = ops.minimum(rows, const(s - 1, np.int32)).output(0)
+        at = ops.minimum(rows, last).output(0)
         mask_n = ops.select(reshape(valid, (1, tn)), ops.gather(mv, at, i64(1)), ninf).output(0)   # (t, tn)
         tr.mask_parts[key] = (reshape(valid, (tn, 1)), mask_c, mask_n)
     return tr.mask_parts[key]
@@ -76,8 +84,9 @@ def op_flash_attn_ext(tr, n):
         zero = const(0.0)
         kn = ops.select(keep, kw.new_rows, zero).output(0)
         vn = ops.select(keep, vw.new_rows, zero).output(0)
-        if t <= ROW_ATTENTION_MAX_T:
-            return attend_rows(qv, [(kw.window, vw.window, mask_c, s), (kn, vn, mask_n, tn)], scale, hkv)
+        if t <= ROW_ATTENTION_MAX_T:       # the window's rows: -1 where the KV length is left dynamic
+            rows = -1 if tr.kv is not None else s
+            return attend_rows(qv, [(kw.window, vw.window, mask_c, rows), (kn, vn, mask_n, tn)], scale, hkv)
         kc, vc, kn, vn = heads(kw.window, s), heads(vw.window, s), heads(kn, tn), heads(vn, tn)
         sc_c = ops.add(ops.multiply(ops.matmul(qh, kc, False, True), const(scale)), tiled(mask_c)).output(0)
         sc_n = ops.add(ops.multiply(ops.matmul(qh, kn, False, True), const(scale)), tiled(mask_n)).output(0)
@@ -93,7 +102,9 @@ def attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
     """Attention of a few queries q (T, H, D) over key/value rows kept as they are stored, (S, Hkv*D),
     in several parts [(K, V, mask (T, S), S), ...] with one softmax across the parts: no transpose or
     concatenation of the cache. With Hkv > 1 every query head meets every kv head's rows (Hkv times the
-    few multiply-adds a decode step needs) and keeps its own: cheaper than moving the cache."""
+    few multiply-adds a decode step needs) and keeps its own: cheaper than moving the cache. A part of -1 rows
+    has as many as its keys (a dynamic KV length): its scores keep their own head by a one-hot product and sum
+    (the same values as the Gather, whose indices would need the rows' count)."""
     t, h, d = (q.get_partial_shape()[i].get_length() for i in range(3))
     g = h // hkv
     if hkv > 1 and (ROW_ATTENTION == "grouped" or ROW_ATTENTION == "auto" and t > 1):
@@ -110,7 +121,7 @@ def attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
     def own(x, inner):      # (T*H, inner*Hkv) ordered (t, kh, g) x (inner, kh') -> keep kh == kh'
         if hkv == 1:
             return reshape(x, (t, 1, g, inner))
-        if OWN_BY_GATHER:   # one Gather of the kept entries, not a product by a one-hot mask and its sum
+        if OWN_BY_GATHER and inner >= 0:   # one Gather of the kept entries, not a product by a one-hot mask and its sum
             at = (row[:, None] * inner + np.arange(inner)[None, :]) * hkv + head[:, None]
             picked = ops.gather(reshape(x, (t * h * inner * hkv,)), const(at.astype(np.int32), np.int32), i64(0))
             return reshape(picked, (t, hkv, g, inner))
@@ -119,7 +130,8 @@ def attend_rows(q: ov.Output, parts, scale: float, hkv: int) -> ov.Output:
 
     scores = []
     for k, _, mask, rows in parts:
-        sc = own(ops.matmul(qf, reshape(k, (rows * hkv, d)), False, True).output(0), rows)    # (t, hkv, g, rows)
+        keys = reshape(k, (rows * hkv if rows >= 0 else -1, d))
+        sc = own(ops.matmul(qf, keys, False, True).output(0), rows)                          # (t, hkv, g, rows)
         sc = ops.add(ops.multiply(sc, const(scale)), reshape(mask, (t, 1, 1, rows))).output(0)
         scores.append(sc)
     top = _top_of(scores)

@@ -169,7 +169,10 @@ def op_set_rows(tr, n):
     if idx in tr.windows:
         raise TranslationError(f"{n.describe()}: the cache {dst.name} is written twice in one fragment")
     tr.windows[idx] = window
-    win = tr.param((window, width), OV_TYPES[dst.dtype.name], dst.name, Feed("window", idx, rows=window))
+    if tr.kv is not None and window == tr.kv:       # the rows the program's own KV length says, at run time
+        win = tr.param((-1, width), OV_TYPES[dst.dtype.name], dst.name, Feed("kv_window", idx))
+    else:
+        win = tr.param((window, width), OV_TYPES[dst.dtype.name], dst.name, Feed("window", idx, rows=window))
     new = reshape(tr.out(src), (rows.shape[0], width))
     return CacheWrite(n, win, window, new, tr.out(rows), width)
 

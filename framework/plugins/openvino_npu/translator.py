@@ -38,9 +38,12 @@ class Translator:
     """One fragment's translation: the value of every tensor, the model's Parameters and what feeds them,
     and what the ops' translations share across one model (rope tables, attention masks, fused products)."""
 
-    def __init__(self, fragment: Fragment, weights: dict[int, OvWeight], full: frozenset = frozenset()):
+    def __init__(self, fragment: Fragment, weights: dict[int, OvWeight], full: frozenset = frozenset(),
+                 kv: int | None = None):
         self.f = fragment
         self.full = full               # id of every cache bound with all its rows (translate: FullWindow)
+        self.kv = kv                   # the KV length left dynamic (kv_programs.py), or None: every shape fixed
+        self.kv_masks = {id(n.src[3]) for n in fragment.nodes if n.op == "FLASH_ATTN_EXT"} if kv else set()
         self.weights = weights
         self.values: dict[int, object] = {}
         self.params: list[ov.Node] = []
@@ -77,7 +80,8 @@ class Translator:
             else:
                 if t.dtype.name not in OV_TYPES:
                     raise TranslationError(f"input {t.describe()}: type {t.dtype.name} is not supported")
-                v = self.param(t.shape, OV_TYPES[t.dtype.name], t.name, Feed("arg", idx))
+                shape = (t.shape[0], -1) if key in self.kv_masks else t.shape     # (T, KV): any KV length
+                v = self.param(shape, OV_TYPES[t.dtype.name], t.name, Feed("arg", idx))
             self.values[key] = v
             return v
         raise TranslationError(f"{t.describe()} is neither computed in the fragment nor one of its inputs")
@@ -137,12 +141,13 @@ class Translator:
         return fn(self, n)
 
 
-def translate(fragment: Fragment, weights: dict[int, OvWeight]) -> Translation:
-    """The fragment's model; translated again binding every row of a cache whose write must be materialised."""
+def translate(fragment: Fragment, weights: dict[int, OvWeight], kv: int | None = None) -> Translation:
+    """The fragment's model; translated again binding every row of a cache whose write must be materialised.
+    kv: the fragment's KV length, left dynamic (kv_programs.kv_length checked that the fragment allows it)."""
     full: frozenset = frozenset()
     while True:
         with shared_constants():
             try:
-                return Translator(fragment, weights, full).build()
+                return Translator(fragment, weights, full, kv).build()
             except FullWindow as e:
                 full = full | {e.args[0]}

@@ -1,0 +1,87 @@
+"""openvino:CPU runs a step at every KV length on one compiled model (kv_programs.py): decode across a KV_PAD
+boundary compiles one decode model where one per KV length compiled two, with the same logits; a fragment whose
+KV length shows anywhere but its attentions' views and masks keeps a model per length; two models whose
+tensors are named alike never share one."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import tiny_models
+
+from framework.model.model import Model
+from framework.plugins.openvino_npu.device import OpenVinoDevice
+from framework.plugins.openvino_npu.kv_programs import KV_PROGRAMS_ENV, family_key, kv_length
+from framework.runtime.context import KV_PAD
+from framework.runtime.session import Session
+
+pytest.importorskip("openvino")
+PROMPT = KV_PAD - 4            # decode crosses from a KV length of KV_PAD to 2 * KV_PAD after 4 steps
+DECODE = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory) -> Model:
+    return Model(tiny_models.write("qwen2", tmp_path_factory.mktemp("kvprog") / "tiny-qwen2.gguf"))
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_models():
+    yield
+    gc.collect()
+
+
+def decode(model: Model, mode: str, monkeypatch, device: OpenVinoDevice | None = None):
+    """Logits of a prompt of PROMPT tokens and DECODE greedy steps, on a fresh openvino:CPU (its own stats)."""
+    monkeypatch.setenv(KV_PROGRAMS_ENV, mode)
+    dev = device or OpenVinoDevice("CPU", cache_dir=None)
+    s = Session(model, [dev], n_ctx=2 * KV_PAD)
+    rng = np.random.default_rng(5)
+    out = [s.eval([int(t) for t in rng.integers(20, 200, PROMPT)])]
+    for _ in range(DECODE):
+        out.append(s.eval([int(np.argmax(out[-1]))]))
+    return out, dev, s
+
+
+def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logits(tiny_qwen2, monkeypatch):
+    per_length, d1, _ = decode(tiny_qwen2, "per_length", monkeypatch)
+    shared, d2, s = decode(tiny_qwen2, "shared", monkeypatch)
+    assert d1.stats.compiled == 3 and d1.stats.shared == 0          # the prompt, decode at 256, decode at 512
+    assert d2.stats.compiled == 2 and d2.stats.shared == 1          # the prompt, decode at every KV length
+    decode_programs = [p for p in s.executor.programs.values() if p.kv is not None]
+    assert sorted(p.kv for p in decode_programs) == [KV_PAD, 2 * KV_PAD]
+    assert decode_programs[0].family is decode_programs[1].family
+    for a, b in zip(per_length, shared):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
+
+
+def test_a_family_is_the_step_with_its_kv_length_set_aside(tiny_qwen2):
+    s = Session(tiny_qwen2, [OpenVinoDevice("CPU", cache_dir=None)], n_ctx=4 * KV_PAD)
+    ctx = s.context
+
+    def fragment(rows: int, kv: int):
+        plan = s.make_plans([ctx.rows_key(rows, kv, rows)])[ctx.rows_key(rows, kv, rows)]
+        (f,) = plan.fragments
+        return f
+
+    one = [fragment(1, kv) for kv in (KV_PAD, 2 * KV_PAD, 3 * KV_PAD)]
+    assert [kv_length(f) for f in one] == [KV_PAD, 2 * KV_PAD, 3 * KV_PAD]
+    assert len({family_key(f, kv_length(f)) for f in one}) == 1
+    assert len({f.structure for f in one}) == 3                     # the core's keys: one a KV length
+    four = fragment(4, KV_PAD)
+    assert family_key(four, KV_PAD) != family_key(one[0], KV_PAD)   # other rows: another family
+    prompt = fragment(64, KV_PAD)                                   # more queries than attend_rows takes
+    assert kv_length(prompt) is None
+
+
+def test_models_named_alike_never_share_a_compiled_model(tmp_path, monkeypatch):
+    """Two files of one architecture and shapes (their tensors named alike) on one device: each decodes on a model
+    of its own weights."""
+    a = Model(tiny_models.write("qwen2", tmp_path / "a.gguf"))
+    b = Model(tiny_models.write("qwen2", tmp_path / "b.gguf"))
+    dev = OpenVinoDevice("CPU", cache_dir=None)
+    decode(a, "shared", monkeypatch, dev)
+    decode(b, "shared", monkeypatch, dev)
+    assert dev.stats.compiled == 4 and dev.stats.shared == 2
