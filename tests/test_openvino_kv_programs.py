@@ -53,6 +53,8 @@ def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logit
     decode_programs = [p for p in s.executor.programs.values() if p.kv is not None]
     assert sorted(p.kv for p in decode_programs) == [KV_PAD, 2 * KV_PAD]
     assert decode_programs[0].family is decode_programs[1].family
+    assert "1 more step shape ran on them (one model for every KV length)" in d2.compile_summary()
+    assert "more step shape" not in d1.compile_summary()
     for a, b in zip(per_length, shared):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
 

@@ -253,6 +253,9 @@ class CompileSettings:
         n = s.compiled + s.from_cache
         line = (f"{self.name}: {n} compiled model{'' if n == 1 else 's'} ({where}) in {s.seconds:.2f} s, graphs "
                 f"built in {s.build_seconds:.2f} s")
+        if s.shared:
+            line += (f"; {s.shared} more step shape{'' if s.shared == 1 else 's'} ran on them (one model for every KV "
+                     f"length)")
         if s.compiled == 0 and s.from_cache:
             line += "; this run compiled nothing"
         if W.CONVERTED:
