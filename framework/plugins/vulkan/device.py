@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from ...backend import BackendDevice
+from ...backend import BackendDevice, weight_words
 from ...contract import (
     HOST_CPU,
     BufferType,
@@ -18,7 +18,7 @@ from ...contract import (
     pci_physical_id,
     settings,
 )
-from . import options, quant
+from . import options
 from .fusion import fusions_off
 from .kernel_shapes import MATVEC_MAX_ROWS
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
@@ -55,7 +55,7 @@ class VulkanDevice(BackendDevice):
             self.type = DeviceType.GPU
             self.description = "Vulkan through wgpu (unavailable)"
             self.info, self.data = {}, {}
-            self.limits = Limits(dtypes=frozenset(quant.SUPPORTED))
+            self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
             return
         info = dict(adapter.info)
         self.info = info
@@ -106,7 +106,7 @@ class VulkanDevice(BackendDevice):
         # a CPU adapter (lavapipe) computes in host memory; wgpu reports no GPU's memory size
         # exact_rows: measured on lavapipe (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows
         # are not yet measured against its one-row steps, so it declares none
-        self.limits = Limits(dtypes=frozenset(quant.SUPPORTED),
+        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED),
                              memory_bytes=host_memory_limit() if self.cpu_adapter else None,
                              exact_rows=MATVEC_MAX_ROWS if self.cpu_adapter else 0)
         self._gpu = None

@@ -6,9 +6,9 @@ comma-separated list, or "all").
 
 from __future__ import annotations
 
-from ...backend import fusion
+from ...backend import fusion, weight_words
 from ...contract import settings
-from . import quant, wgsl_fused
+from . import wgsl_fused
 from .kernel_shapes import matvec_shape
 from .options import UNFUSE_ENV
 from .wgsl_fused import ATTN_WG
@@ -23,7 +23,7 @@ def shape_of(dev, g: fusion.ProductGroup) -> dict:
     """The matrix-vector shape of a product group (the first chunk's), as the unfused kernel would take."""
     w = g.muls[0].src[0]
     rows = dev.chunk_plan(w.dtype.name, w.shape)[0][1]
-    nbytes = max(rows * quant.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
+    nbytes = max(rows * weight_words.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
     return matvec_shape(dev, w.shape[1] // 32, 1, rows, nbytes)
 
 
@@ -52,7 +52,7 @@ def buffers_limit(dev) -> int:
 
 class _Target:
     """The core matcher's questions, answered for this adapter."""
-    weight_types = frozenset(quant.QUANT_TYPES)
+    weight_types = frozenset(weight_words.QUANT_TYPES)
 
     def __init__(self, lw):
         self.lw = lw

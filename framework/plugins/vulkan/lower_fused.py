@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...backend import ChunkArg, fusion
-from . import wgsl, wgsl_fused
+from . import wgsl_fused
 from .fusion import buffers_limit, rowvec_fits, shape_of
-from .kernel_shapes import SPLIT_ATTN_BELOW
+from .kernel_shapes import split_of
 from .steps import emit
 from .wgsl import GLU_CODE
 
@@ -80,19 +80,8 @@ def rowvec(lw, g: fusion.ProductGroup) -> None:
         step_params = params | {"n": rows, "col0": row0, "moff0": ChunkArg(args[0], ci)}
         if p.write_y:
             step_params["write_y"] = int(ci == 0)
-        emit(lw, f"{label} {g.out.name}", key,
-             lambda: wgsl_fused.rowvec(qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"]),
-                                       bool(sh["x8"])),
-             _rw(roles), [binds[r] for r in roles], step_params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])),
-             wgsl_fused.rowvec_params(p, pair, g.epilogue))
-
-
-def split_of(s: int, rows: int) -> tuple[int, int]:
-    """(chunks, keys per chunk) of flash decoding over s keys for `rows` query rows x heads."""
-    nc = min(-(-s // 64), max(2, SPLIT_ATTN_BELOW * 2 // rows))
-    per = -(-s // nc)
-    ch = -(-per // 64) * 64
-    return -(-s // ch), ch
+        emit(lw, f"{label} {g.out.name}", key, _rw(roles), [binds[r] for r in roles], step_params,
+             -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])), wgsl_fused.rowvec_params(p, pair, g.epilogue))
 
 
 def _qkv(g: fusion.AttnGroup) -> list:
@@ -144,9 +133,8 @@ def _products(lw, g: fusion.AttnGroup) -> dict:
         params |= {f"n{i}": rows, f"moff{i}": ChunkArg(a, 0)}
         groups += -(-rows // per)
     key = ("rowvec_stack", qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], sh["sg"])
-    emit(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key,
-         lambda: wgsl_fused.rowvec_stack(qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"])),
-         _rw(roles), [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
+    emit(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key, _rw(roles),
+         [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
     return {role: binds[f"O{i}"] for i, role in enumerate(("Qp", "Kp", "Vp"))}
 
 
@@ -194,14 +182,11 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     key = ("attn_block", qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None, mask)
     made = [] if own else ["NORM" if p.src == "norm" else "", "QKV"]
     label = "+".join(filter(None, made + ["ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
-    emit(lw, f"{label} {fa.name}", key,
-         lambda: wgsl_fused.attn_block(qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None,
-                                       mask),
-         _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
+    emit(lw, f"{label} {fa.name}", key, _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
          wgsl_fused.attn_params(p, g.q_norm is not None, g.k_norm is not None, mask))
     if g.combined:
         o = lw.new_val(fa)
-        emit(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
-             (False, True), [part, o], {"rows": h, "d": d, "nc": nc + 1}, h)
+        emit(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), None, [part, o],
+             {"rows": h, "d": d, "nc": nc + 1}, h)
     else:                # the product reading the attention combines the partials in its prologue
         lw.memo[("partials", id(fa))] = (part, nc + 1, d)
