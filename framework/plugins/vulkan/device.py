@@ -7,21 +7,13 @@ import threading
 import numpy as np
 
 from ...backend import BackendDevice, weight_words
-from ...contract import (
-    HOST_CPU,
-    BufferType,
-    DeviceType,
-    Limits,
-    Tensor,
-    Verdict,
-    host_memory_limit,
-    pci_physical_id,
-    settings,
-)
+from ...contract import (HOST_CPU, BufferType, DeviceType, Limits, Tensor, Verdict, host_memory_limit,
+                         pci_physical_id, settings)
 from . import options
 from .fusion import fusions_off
 from .kernel_shapes import MATVEC_MAX_ROWS
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
+from .steps import source
 from .submission import ENCODING, VkProgram, wait_for_queue
 from .verdicts import OPS, verdict
 
@@ -155,14 +147,14 @@ class VulkanDevice(BackendDevice):
         return buf
 
     # -- pipelines, made once and cached ------------------------------------------------------
-    def pipeline(self, key: tuple, source, rw: tuple[bool, ...]):
-        """(pipeline, bind group layout) for a kernel; `rw`: per storage binding, written or only read."""
+    def pipeline(self, key: tuple, rw: tuple[bool, ...]):
+        """(pipeline, bind group layout) for the kernel `key` names (steps.source); `rw`: per storage binding,
+        written or only read."""
         hit = self._pipelines.get(key)
         if hit is not None:
             return hit
         import wgpu
-        code = source() if callable(source) else source
-        module = self.gpu.create_shader_module(code=code, label=str(key[0]))
+        module = self.gpu.create_shader_module(code=source(key), label=str(key[0]))
         entries = [{"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
                     "buffer": {"type": wgpu.BufferBindingType.uniform}}]
         for i, w in enumerate(rw):

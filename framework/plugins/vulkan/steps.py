@@ -42,7 +42,7 @@ def emit(lw, name, key, rw, binds, params, n_groups, block=None) -> None:
     wgsl.PARAMS)."""
     rw = rw or (False,) * (len(binds) - 1) + (True,)
     words = (block or wgsl.PARAMS[key[0]]).pack(name, params)
-    pipe, bgl = lw.dev.pipeline(key, lambda: source(key), rw)
+    pipe, bgl = lw.dev.pipeline(key, rw)
     lw.emit(Step(name, Kernel(pipe, bgl, words), list(binds), tuple(rw), params, grid(n_groups)))
 
 
