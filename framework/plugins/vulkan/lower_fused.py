@@ -68,8 +68,7 @@ def rowvec(lw, g: fusion.ProductGroup) -> None:
         binds["R"] = lw.ref(g.residual)
     args = [lw.arg_of(w) for w in ws]
     if pair:
-        binds["W1"] = ChunkArg(args[1], 0)
-        params["moff1"] = ChunkArg(args[1], 0)
+        binds["W1"] = params["moff1"] = ChunkArg(args[1], 0)
     if g.epilogue == "glu":
         params["op"] = GLU_CODE[g.out.params["op"]]
     key = ("rowvec", qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
@@ -126,12 +125,10 @@ def _products(lw, g: fusion.AttnGroup) -> dict:
     per = sh["wg"] // sh["tpr"] * sh["r"]
     groups = 0
     for i, m in enumerate(muls):
-        a = lw.arg_of(m.src[0])
-        binds[f"W{i}"] = ChunkArg(a, 0)
+        binds[f"W{i}"] = params[f"moff{i}"] = ChunkArg(lw.arg_of(m.src[0]), 0)
         binds[f"O{i}"] = lw.new_val(m)
-        rows = m.src[0].shape[0]
-        params |= {f"n{i}": rows, f"moff{i}": ChunkArg(a, 0)}
-        groups += -(-rows // per)
+        params[f"n{i}"] = m.src[0].shape[0]
+        groups += -(-params[f"n{i}"] // per)
     key = ("rowvec_stack", qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], sh["sg"])
     emit(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key, _rw(roles),
          [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
@@ -159,21 +156,17 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     nc, ch = split_of(s, h)
     part = lw.scratch((h * (nc + 1) * (d + 4),))
     if not own:
-        args = [lw.arg_of(w) for w in (g.wq, g.wk, g.wv)]
-        binds |= {"Wq": ChunkArg(args[0], 0), "Wk": ChunkArg(args[1], 0), "Wv": ChunkArg(args[2], 0)}
-        params |= {"moffq": ChunkArg(args[0], 0), "moffk": ChunkArg(args[1], 0), "moffv": ChunkArg(args[2], 0)}
+        for x, w in zip("qkv", (g.wq, g.wk, g.wv)):     # a weight's binding and its scale plane's offset
+            binds[f"W{x}"] = params[f"moff{x}"] = ChunkArg(lw.arg_of(w), 0)
         if p.write_y:
             params["write_y"] = 1
     binds |= {"CS": lw.rope(g.rope, 1), "KR": lw.ref(g.k_set.src[2]),
               "Kc": caches[0], "Vc": caches[1], "PO": part}
     if mask:
         binds["Mk"] = lw.ref(fa.src[3])
-    if g.q_norm is not None:
-        binds["Gq"] = lw.ref(g.q_norm[0])
-        params["q_eps"] = g.q_norm[1]
-    if g.k_norm is not None:
-        binds["Gk"] = lw.ref(g.k_norm[0])
-        params["k_eps"] = g.k_norm[1]
+    for x, norm in (("q", g.q_norm), ("k", g.k_norm)):     # (gain, eps) of a head norm, if any
+        if norm is not None:
+            binds[f"G{x}"], params[f"{x}_eps"] = lw.ref(norm[0]), norm[1]
     params |= {"h": h, "hkv": hkv, "s": s, "nc": nc, "chunk": ch, "cache_rows": g.k_set.src[0].shape[0],
                "scale": float(fa.params["scale"]), "q_scale": g.q_scale}
     qtypes = None if own else tuple(w.dtype.name for w in (g.wq, g.wk, g.wv))
