@@ -6,22 +6,14 @@ import threading
 
 import numpy as np
 
-from ...backend import BackendDevice
-from ...contract import (
-    HOST_CPU,
-    BufferType,
-    DeviceType,
-    Limits,
-    Tensor,
-    Verdict,
-    host_memory_limit,
-    pci_physical_id,
-    settings,
-)
-from . import options, quant
+from ...backend import BackendDevice, weight_words
+from ...contract import (HOST_CPU, BufferType, DeviceType, Limits, Tensor, Verdict, host_memory_limit,
+                         pci_physical_id, settings)
+from . import options
 from .fusion import fusions_off
 from .kernel_shapes import MATVEC_MAX_ROWS
 from .options import DISABLE_OPS_ENV, F16_ENV, PROFILE_ENV, SUBGROUPS_ENV
+from .steps import source
 from .submission import ENCODING, VkProgram, wait_for_queue
 from .verdicts import OPS, verdict
 
@@ -29,6 +21,13 @@ options.declare(OPS)
 
 ADAPTER_TYPES = {"DiscreteGPU": DeviceType.GPU, "IntegratedGPU": DeviceType.GPU, "VirtualGPU": DeviceType.GPU,
                  "CPU": DeviceType.CPU}
+# the adapter's limits the device reports in its data (as max_buffer_size, ...), the workgroup size's after the third
+LIMITS = ("max-buffer-size", "max-storage-buffer-binding-size", "max-storage-buffers-per-shader-stage",
+          "max-compute-invocations-per-workgroup", "max-compute-workgroup-storage-size",
+          "max-compute-workgroups-per-dimension")
+# the data's entries taken from the adapter's info as they are
+INFO = {"adapter": "device", "vendor": "vendor", "driver": "description", "adapter_type": "adapter_type",
+        "backend": "backend_type", "vendor_id": "vendor_id", "device_id": "device_id"}
 
 
 class VulkanDevice(BackendDevice):
@@ -54,11 +53,10 @@ class VulkanDevice(BackendDevice):
             self.available, self.unavailable_reason = False, reason or "no Vulkan adapter"
             self.type = DeviceType.GPU
             self.description = "Vulkan through wgpu (unavailable)"
-            self.info, self.data = {}, {}
-            self.limits = Limits(dtypes=frozenset(quant.SUPPORTED))
+            self.data = {}
+            self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
             return
         info = dict(adapter.info)
-        self.info = info
         alim = dict(adapter.limits)
         feats = set(adapter.features)
         self.type = ADAPTER_TYPES.get(str(info.get("adapter_type")), DeviceType.GPU)
@@ -75,21 +73,11 @@ class VulkanDevice(BackendDevice):
             info.get("subgroup_min_size", info.get("stackgroup_min_size")) or 0)
         self.max_binding = int(min(alim.get("max-storage-buffer-binding-size", 1 << 27),
                                    alim.get("max-buffer-size", 1 << 28)))
-        self.max_buffer = int(alim.get("max-buffer-size", 1 << 28))
-        self.data = {
-            "adapter": info.get("device", ""), "vendor": info.get("vendor", ""),
-            "driver": info.get("description", ""), "adapter_type": info.get("adapter_type", ""),
-            "backend": info.get("backend_type", ""), "vendor_id": info.get("vendor_id"),
-            "device_id": info.get("device_id"),
-            "max_buffer_size": alim.get("max-buffer-size"),
-            "max_storage_buffer_binding_size": alim.get("max-storage-buffer-binding-size"),
-            "max_storage_buffers_per_shader_stage": alim.get("max-storage-buffers-per-shader-stage"),
-            "max_compute_workgroup_size": (alim.get("max-compute-workgroup-size-x"),
-                                           alim.get("max-compute-workgroup-size-y"),
-                                           alim.get("max-compute-workgroup-size-z")),
-            "max_compute_invocations_per_workgroup": alim.get("max-compute-invocations-per-workgroup"),
-            "max_compute_workgroup_storage_size": alim.get("max-compute-workgroup-storage-size"),
-            "max_compute_workgroups_per_dimension": alim.get("max-compute-workgroups-per-dimension"),
+        self.data = {key: info.get(name, None if key.endswith("_id") else "") for key, name in INFO.items()}
+        self.data |= {name.replace("-", "_"): alim.get(name) for name in LIMITS[:3]}
+        self.data["max_compute_workgroup_size"] = tuple(alim.get(f"max-compute-workgroup-size-{a}") for a in "xyz")
+        self.data |= {name.replace("-", "_"): alim.get(name) for name in LIMITS[3:]}
+        self.data |= {
             "shader_f16": "shader-f16" in feats, "f16_in_use": self.f16,
             "subgroups": "subgroup" in feats, "subgroups_in_use": self.subgroups,
             "subgroup_size": (info.get("subgroup_min_size", info.get("stackgroup_min_size")),
@@ -106,7 +94,7 @@ class VulkanDevice(BackendDevice):
         # a CPU adapter (lavapipe) computes in host memory; wgpu reports no GPU's memory size
         # exact_rows: measured on lavapipe (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows
         # are not yet measured against its one-row steps, so it declares none
-        self.limits = Limits(dtypes=frozenset(quant.SUPPORTED),
+        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED),
                              memory_bytes=host_memory_limit() if self.cpu_adapter else None,
                              exact_rows=MATVEC_MAX_ROWS if self.cpu_adapter else 0)
         self._gpu = None
@@ -159,14 +147,14 @@ class VulkanDevice(BackendDevice):
         return buf
 
     # -- pipelines, made once and cached ------------------------------------------------------
-    def pipeline(self, key: tuple, source, rw: tuple[bool, ...]):
-        """(pipeline, bind group layout) for a kernel; `rw`: per storage binding, written or only read."""
+    def pipeline(self, key: tuple, rw: tuple[bool, ...]):
+        """(pipeline, bind group layout) for the kernel `key` names (steps.source); `rw`: per storage binding,
+        written or only read."""
         hit = self._pipelines.get(key)
         if hit is not None:
             return hit
         import wgpu
-        code = source() if callable(source) else source
-        module = self.gpu.create_shader_module(code=code, label=str(key[0]))
+        module = self.gpu.create_shader_module(code=source(key), label=str(key[0]))
         entries = [{"binding": 0, "visibility": wgpu.ShaderStage.COMPUTE,
                     "buffer": {"type": wgpu.BufferBindingType.uniform}}]
         for i, w in enumerate(rw):

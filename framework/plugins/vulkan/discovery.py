@@ -12,6 +12,7 @@ import glob
 import os
 import sys
 import tempfile
+from typing import NamedTuple
 
 INSTALL_HINT = "pip install 'wgpu>=0.32'"
 LOADER_HINT = "Debian/Ubuntu: apt-get install libvulkan1"
@@ -67,13 +68,10 @@ def icd_manifests() -> list[str]:
     return sorted(set(out))
 
 
-class Discovery:
+class Discovery(NamedTuple):
     """The result: Vulkan adapters (wgpu GPUAdapter objects) or the reason there are none."""
-
-    def __init__(self, adapters: list, reason: str = "", other_backends: list[str] | None = None):
-        self.adapters = adapters
-        self.reason = reason
-        self.other_backends = other_backends or []
+    adapters: list
+    reason: str = ""
 
 
 _cached: Discovery | None = None
@@ -128,8 +126,8 @@ def _discover() -> Discovery:
     if not vulkan:
         if others:
             return Discovery([], f"wgpu offers only non-Vulkan adapters ({', '.join(others)}); the Vulkan plugin "
-                                 f"does not run on them", others)
+                                 f"does not run on them")
         listed = f" (driver manifests: {', '.join(os.path.basename(m) for m in manifests)})" if manifests else ""
         return Discovery([], f"wgpu found no Vulkan adapter: the Vulkan loader is installed, but no driver "
                              f"reported a usable device{listed}; {DRIVER_HINT}")
-    return Discovery(vulkan, "", others)
+    return Discovery(vulkan)

@@ -6,9 +6,9 @@ comma-separated list, or "all").
 
 from __future__ import annotations
 
-from ...backend import fusion
+from ...backend import fusion, weight_words
 from ...contract import settings
-from . import quant, wgsl_fused
+from . import wgsl_fused
 from .kernel_shapes import matvec_shape
 from .options import UNFUSE_ENV
 from .wgsl_fused import ATTN_WG
@@ -23,7 +23,7 @@ def shape_of(dev, g: fusion.ProductGroup) -> dict:
     """The matrix-vector shape of a product group (the first chunk's), as the unfused kernel would take."""
     w = g.muls[0].src[0]
     rows = dev.chunk_plan(w.dtype.name, w.shape)[0][1]
-    nbytes = max(rows * quant.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
+    nbytes = max(rows * weight_words.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
     return matvec_shape(dev, w.shape[1] // 32, 1, rows, nbytes)
 
 
@@ -34,15 +34,10 @@ def rowvec_fits(dev, g: fusion.ProductGroup) -> bool:
     accs = len(g.muls) * sh["r"]
     nbytes = 4 * k + (k // 32 * 48 if sh["x8"] else 0) + 4 * sh["wg"] + (0 if sh["sg"] else 4 * sh["wg"] * accs)
     roles = wgsl_fused.rowvec_roles(g.src.prologue, len(g.muls) == 2, g.epilogue)
-    return nbytes <= _shared_limit(dev) and len(roles) <= buffers_limit(dev) and sh["wg"] % sh["tpr"] == 0
+    return nbytes <= shared_limit(dev) and len(roles) <= buffers_limit(dev) and sh["wg"] % sh["tpr"] == 0
 
 
-def attn_fits(dev, k: int, d: int, n_roles: int) -> bool:
-    nbytes = 4 * k + 4 * wgsl_fused.ATTN_WG * 2 + 16 * wgsl_fused.ATTN_WG + 16 * d + 512
-    return nbytes <= _shared_limit(dev) and n_roles <= buffers_limit(dev)
-
-
-def _shared_limit(dev) -> int:
+def shared_limit(dev) -> int:
     return int(dev.data.get("max_compute_workgroup_storage_size") or 16384)
 
 
@@ -52,7 +47,7 @@ def buffers_limit(dev) -> int:
 
 class _Target:
     """The core matcher's questions, answered for this adapter."""
-    weight_types = frozenset(quant.QUANT_TYPES)
+    weight_types = frozenset(weight_words.QUANT_TYPES)
 
     def __init__(self, lw):
         self.lw = lw
@@ -64,8 +59,10 @@ class _Target:
         return rowvec_fits(self.lw.dev, g)
 
     def attn_fits(self, g: fusion.AttnGroup) -> bool:
+        """Workgroup memory (x, the scores, a head's q, k and v) and storage bindings within the limits."""
         roles = wgsl_fused.attn_roles(g.src.prologue, g.q_norm is not None, g.k_norm is not None, len(g.fa.src) > 3)
-        return attn_fits(self.lw.dev, g.wq.shape[1], g.fa.src[0].shape[2], len(roles))
+        nbytes = 4 * g.wq.shape[1] + 4 * ATTN_WG * 2 + 16 * ATTN_WG + 16 * g.fa.src[0].shape[2] + 512
+        return nbytes <= shared_limit(self.lw.dev) and len(roles) <= buffers_limit(self.lw.dev)
 
     def head_ok(self, d: int) -> bool:
         return ATTN_WG % d == 0

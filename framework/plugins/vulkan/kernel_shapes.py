@@ -62,6 +62,15 @@ def matmul_shape(dev, m: int, n: int, gpr: int) -> dict:
             "f16": int(dev.f16 and env.get("f16", MATMUL_F16))}
 
 
+def split_of(s: int, rows: int) -> tuple[int, int]:
+    """(chunks, keys per chunk) of flash decoding over s keys for `rows` query rows x heads: chunks of a
+    multiple of 64 keys, enough of them to fill the GPU (SPLIT_ATTN_BELOW), and no empty one."""
+    nc = min(-(-s // 64), max(2, SPLIT_ATTN_BELOW * 2 // rows))
+    per = -(-s // nc)
+    ch = -(-per // 64) * 64
+    return -(-s // ch), ch
+
+
 def tile_for(m: int, n: int = 1 << 30, gpu: bool = False) -> tuple[int, int]:
     """Outputs per thread (along M, along N) of the register-tiled product: 8 x 8 for prefill; for a
     few rows (a CPU adapter, which runs it instead of the cooperative matrix-vector kernel), fewer

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...backend import ChunkArg, fusion
-from . import wgsl, wgsl_fused
+from . import wgsl_fused
 from .fusion import buffers_limit, rowvec_fits, shape_of
-from .kernel_shapes import SPLIT_ATTN_BELOW
+from .kernel_shapes import split_of
 from .steps import emit
 from .wgsl import GLU_CODE
 
@@ -68,8 +68,7 @@ def rowvec(lw, g: fusion.ProductGroup) -> None:
         binds["R"] = lw.ref(g.residual)
     args = [lw.arg_of(w) for w in ws]
     if pair:
-        binds["W1"] = ChunkArg(args[1], 0)
-        params["moff1"] = ChunkArg(args[1], 0)
+        binds["W1"] = params["moff1"] = ChunkArg(args[1], 0)
     if g.epilogue == "glu":
         params["op"] = GLU_CODE[g.out.params["op"]]
     key = ("rowvec", qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], sh["sg"], sh["x8"])
@@ -80,19 +79,8 @@ def rowvec(lw, g: fusion.ProductGroup) -> None:
         step_params = params | {"n": rows, "col0": row0, "moff0": ChunkArg(args[0], ci)}
         if p.write_y:
             step_params["write_y"] = int(ci == 0)
-        emit(lw, f"{label} {g.out.name}", key,
-             lambda: wgsl_fused.rowvec(qtypes, k, p, g.epilogue, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"]),
-                                       bool(sh["x8"])),
-             _rw(roles), [binds[r] for r in roles], step_params, -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])),
-             wgsl_fused.rowvec_params(p, pair, g.epilogue))
-
-
-def split_of(s: int, rows: int) -> tuple[int, int]:
-    """(chunks, keys per chunk) of flash decoding over s keys for `rows` query rows x heads."""
-    nc = min(-(-s // 64), max(2, SPLIT_ATTN_BELOW * 2 // rows))
-    per = -(-s // nc)
-    ch = -(-per // 64) * 64
-    return -(-s // ch), ch
+        emit(lw, f"{label} {g.out.name}", key, _rw(roles), [binds[r] for r in roles], step_params,
+             -(-rows // (sh["wg"] // sh["tpr"] * sh["r"])), wgsl_fused.rowvec_params(p, pair, g.epilogue))
 
 
 def _qkv(g: fusion.AttnGroup) -> list:
@@ -137,16 +125,13 @@ def _products(lw, g: fusion.AttnGroup) -> dict:
     per = sh["wg"] // sh["tpr"] * sh["r"]
     groups = 0
     for i, m in enumerate(muls):
-        a = lw.arg_of(m.src[0])
-        binds[f"W{i}"] = ChunkArg(a, 0)
+        binds[f"W{i}"] = params[f"moff{i}"] = ChunkArg(lw.arg_of(m.src[0]), 0)
         binds[f"O{i}"] = lw.new_val(m)
-        rows = m.src[0].shape[0]
-        params |= {f"n{i}": rows, f"moff{i}": ChunkArg(a, 0)}
-        groups += -(-rows // per)
+        params[f"n{i}"] = m.src[0].shape[0]
+        groups += -(-params[f"n{i}"] // per)
     key = ("rowvec_stack", qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], sh["sg"])
-    emit(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key,
-         lambda: wgsl_fused.rowvec_stack(qtypes, k, p, sh["tpr"], sh["r"], sh["wg"], bool(sh["sg"])),
-         _rw(roles), [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
+    emit(lw, f"{'NORM+' if p.src == 'norm' else ''}MUL_MATx3 {muls[0].name}", key, _rw(roles),
+         [binds[r] for r in roles], params, groups, wgsl_fused.stack_params(p, 3))
     return {role: binds[f"O{i}"] for i, role in enumerate(("Qp", "Kp", "Vp"))}
 
 
@@ -171,21 +156,17 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     nc, ch = split_of(s, h)
     part = lw.scratch((h * (nc + 1) * (d + 4),))
     if not own:
-        args = [lw.arg_of(w) for w in (g.wq, g.wk, g.wv)]
-        binds |= {"Wq": ChunkArg(args[0], 0), "Wk": ChunkArg(args[1], 0), "Wv": ChunkArg(args[2], 0)}
-        params |= {"moffq": ChunkArg(args[0], 0), "moffk": ChunkArg(args[1], 0), "moffv": ChunkArg(args[2], 0)}
+        for x, w in zip("qkv", (g.wq, g.wk, g.wv)):     # a weight's binding and its scale plane's offset
+            binds[f"W{x}"] = params[f"moff{x}"] = ChunkArg(lw.arg_of(w), 0)
         if p.write_y:
             params["write_y"] = 1
     binds |= {"CS": lw.rope(g.rope, 1), "KR": lw.ref(g.k_set.src[2]),
               "Kc": caches[0], "Vc": caches[1], "PO": part}
     if mask:
         binds["Mk"] = lw.ref(fa.src[3])
-    if g.q_norm is not None:
-        binds["Gq"] = lw.ref(g.q_norm[0])
-        params["q_eps"] = g.q_norm[1]
-    if g.k_norm is not None:
-        binds["Gk"] = lw.ref(g.k_norm[0])
-        params["k_eps"] = g.k_norm[1]
+    for x, norm in (("q", g.q_norm), ("k", g.k_norm)):     # (gain, eps) of a head norm, if any
+        if norm is not None:
+            binds[f"G{x}"], params[f"{x}_eps"] = lw.ref(norm[0]), norm[1]
     params |= {"h": h, "hkv": hkv, "s": s, "nc": nc, "chunk": ch, "cache_rows": g.k_set.src[0].shape[0],
                "scale": float(fa.params["scale"]), "q_scale": g.q_scale}
     qtypes = None if own else tuple(w.dtype.name for w in (g.wq, g.wk, g.wv))
@@ -194,14 +175,11 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     key = ("attn_block", qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None, mask)
     made = [] if own else ["NORM" if p.src == "norm" else "", "QKV"]
     label = "+".join(filter(None, made + ["ROPE", "SET_ROWS", "FLASH_ATTN_EXT"]))
-    emit(lw, f"{label} {fa.name}", key,
-         lambda: wgsl_fused.attn_block(qtypes, k, d, n_dims, neox, p, g.q_norm is not None, g.k_norm is not None,
-                                       mask),
-         _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
+    emit(lw, f"{label} {fa.name}", key, _rw(roles), [binds[r] for r in roles], params, h * (nc + 1),
          wgsl_fused.attn_params(p, g.q_norm is not None, g.k_norm is not None, mask))
     if g.combined:
         o = lw.new_val(fa)
-        emit(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
-             (False, True), [part, o], {"rows": h, "d": d, "nc": nc + 1}, h)
+        emit(lw, f"FLASH_ATTN_EXT[combine] {fa.name}", ("flash_combine",), None, [part, o],
+             {"rows": h, "d": d, "nc": nc + 1}, h)
     else:                # the product reading the attention combines the partials in its prologue
         lw.memo[("partials", id(fa))] = (part, nc + 1, d)

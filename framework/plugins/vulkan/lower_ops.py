@@ -3,19 +3,13 @@ Parameters go by the names of the kernel's block (wgsl.py, ``*_PARAMS``)."""
 
 from __future__ import annotations
 
-from ...backend import ChunkArg, contiguous_strides, is_weight, pad4
+from ...backend import ChunkArg, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import Tensor
-from . import quant, wgsl
-from .kernel_shapes import SPLIT_ATTN_BELOW
-from .steps import emit, simple
+from .kernel_shapes import SPLIT_ATTN_BELOW, split_of
+from .steps import each, emit, simple
 from .wgsl import GLU_CODE, UNARY_CODE
 
-RW2, RW3, RW5 = (False, True), (False, False, True), (False, False, False, False, True)   # the last binding written
-
-
-def _each(n: int) -> int:
-    """Workgroups of the one-thread-per-element kernels (256 threads)."""
-    return -(-n // 256)
+BINARY_CODE = {"ADD": 0, "MUL": 1}
 
 
 def rms_norm(lw, n: Tensor, norm: Tensor, gain: Tensor | None):
@@ -24,8 +18,7 @@ def rms_norm(lw, n: Tensor, norm: Tensor, gain: Tensor | None):
     nrows = norm.nelements // ncols
     gb = lw.ref(gain) if gain is not None else None
     label = "RMS_NORM+MUL" if gain is not None else "RMS_NORM"
-    binds = [lw.ref(norm.src[0]), gb, lw.new_val(n)]
-    emit(lw, f"{label} {n.name}", ("rms_norm",), lambda: wgsl.simple("rms_norm"), RW3, binds,
+    emit(lw, f"{label} {n.name}", ("rms_norm",), None, [lw.ref(norm.src[0]), gb, lw.new_val(n)],
          {"ncols": ncols, "nrows": nrows, "eps": float(norm.params["eps"]), "has_gain": int(gain is not None),
           "gain_len": ncols}, nrows)
 
@@ -40,47 +33,31 @@ def op_rms_norm(lw, n):
     return None
 
 
-def op_add(lw, n):
-    _binary(lw, n, 0)
-
-
-def op_mul(lw, n):
-    _binary(lw, n, 1)
-
-
-def _binary(lw, n, code):
+def op_binary(lw, n):
     sa, sb = pad4(n.src[0].shape), pad4(n.src[1].shape)
-    params = {"n": n.nelements, "op": code} | {f"d{i}": sa[i] for i in range(4)} | {f"b{i}": sb[i] for i in range(4)}
-    binds = [lw.ref(n.src[0]), lw.ref(n.src[1]), lw.new_val(n)]
-    simple(lw, n, "binary", binds, RW3, params, _each(n.nelements))
-
-
-def op_scale(lw, n):
-    _unary(lw, n, 0, float(n.params["scale"]))
+    params = ({"n": n.nelements, "op": BINARY_CODE[n.op]} | {f"d{i}": sa[i] for i in range(4)}
+              | {f"b{i}": sb[i] for i in range(4)})
+    simple(lw, n, "binary", [lw.ref(n.src[0]), lw.ref(n.src[1]), lw.new_val(n)], params, each(n.nelements))
 
 
 def op_unary(lw, n):
-    _unary(lw, n, UNARY_CODE[n.params["op"]], 1.0)
-
-
-def _unary(lw, n, code, scale):
-    binds = [lw.ref(n.src[0]), lw.new_val(n)]
-    simple(lw, n, "unary", binds, RW2, {"n": n.nelements, "op": code, "scale": scale}, _each(n.nelements))
+    """UNARY, and SCALE (the unary kernel's op 0)."""
+    code, scale = (0, float(n.params["scale"])) if n.op == "SCALE" else (UNARY_CODE[n.params["op"]], 1.0)
+    simple(lw, n, "unary", [lw.ref(n.src[0]), lw.new_val(n)], {"n": n.nelements, "op": code, "scale": scale},
+           each(n.nelements))
 
 
 def op_glu(lw, n):
     binds = [lw.ref(n.src[0]), lw.ref(n.src[1]), lw.new_val(n)]
-    simple(lw, n, "glu", binds, RW3, {"n": n.nelements, "op": GLU_CODE[n.params["op"]]}, _each(n.nelements))
+    simple(lw, n, "glu", binds, {"n": n.nelements, "op": GLU_CODE[n.params["op"]]}, each(n.nelements))
 
 
 def op_soft_max(lw, n):
-    a = lw.ref(n.src[0])
     mask = lw.ref(n.src[1]) if len(n.src) > 1 else None
-    o = lw.new_val(n)
     s = n.shape[-1]
     rows = n.nelements // s
     t = n.shape[-2] if len(n.shape) > 1 else 1
-    simple(lw, n, "soft_max", [a, mask, o], RW3,
+    simple(lw, n, "soft_max", [lw.ref(n.src[0]), mask, lw.new_val(n)],
            {"ncols": s, "nrows": rows, "mask_rows": t, "has_mask": int(len(n.src) > 1),
             "scale": float(n.params["scale"])}, rows)
 
@@ -99,35 +76,29 @@ def op_flash_attn_ext(lw, n):
         lw.align4.update(r.idx for r in (q, k, v) if r.kind == "arg")
         if not lw.dev.cpu_adapter and t * h < SPLIT_ATTN_BELOW and s > 64:
             # flash decoding: keys in chunks, one workgroup per (row, head, chunk), then a combine
-            nc = min(-(-s // 64), max(2, SPLIT_ATTN_BELOW * 2 // (t * h)))
-            per = -(-s // nc)
-            ch = -(-per // 64) * 64
-            nc = -(-s // ch)
+            nc, ch = split_of(s, t * h)
             part = lw.scratch((t * h * nc * (d + 4),))
-            emit(lw, f"FLASH_ATTN_EXT[split] {n.name}", ("flash_attn_split",), lambda: wgsl.simple("flash_attn_split"),
-                 RW5, [q, k, v, mask, part], params | {"nc": nc, "chunk": ch},
-                 t * h * nc)
-            emit(lw, f"FLASH_ATTN_EXT[combine] {n.name}", ("flash_combine",), lambda: wgsl.simple("flash_combine"),
-                 RW2, [part, o], {"rows": t * h, "d": d, "nc": nc}, t * h)
+            emit(lw, f"FLASH_ATTN_EXT[split] {n.name}", ("flash_attn_split",), None, [q, k, v, mask, part],
+                 params | {"nc": nc, "chunk": ch}, t * h * nc)
+            emit(lw, f"FLASH_ATTN_EXT[combine] {n.name}", ("flash_combine",), None, [part, o],
+                 {"rows": t * h, "d": d, "nc": nc}, t * h)
             return
-    simple(lw, n, kernel, [q, k, v, mask, o], RW5, params, t * h)
+    simple(lw, n, kernel, [q, k, v, mask, o], params, t * h)
 
 
 def op_rope(lw, n):
     t, h, d = n.shape
     p = n.params
     binds = [lw.ref(n.src[0]), lw.rope(n, t), lw.new_val(n)]
-    simple(lw, n, "rope", binds, RW3, {"t": t, "h": h, "d": d, "n_dims": int(p["n_dims"]),
-                                   "neox": int(p["mode"] == "neox")}, _each(t * h * (d // 2)))
+    simple(lw, n, "rope", binds, {"t": t, "h": h, "d": d, "n_dims": int(p["n_dims"]), "neox": int(p["mode"] == "neox")},
+           each(t * h * (d // 2)))
 
 
 def op_set_rows(lw, n):
-    src, rows = lw.ref(n.src[1]), lw.ref(n.src[2])
-    dst = lw.in_place(n)
     w = n.shape[1]
     t = n.src[2].shape[0]
-    simple(lw, n, "set_rows", [src, rows, dst], RW3,
-           {"w": w, "t": t, "dst_rows": n.shape[0]}, _each(w * t))
+    simple(lw, n, "set_rows", [lw.ref(n.src[1]), lw.ref(n.src[2]), lw.in_place(n)],
+           {"w": w, "t": t, "dst_rows": n.shape[0]}, each(w * t))
 
 
 def cont_params(shape, strides) -> dict:
@@ -140,8 +111,8 @@ def cont_params(shape, strides) -> dict:
 
 def op_cont(lw, n):
     a = lw.ref(n.src[0])
-    simple(lw, n, "cont", [a, lw.new_val(n)], RW2, cont_params(n.shape, a.strides or contiguous_strides(a.shape)),
-           _each(n.nelements))
+    simple(lw, n, "cont", [a, lw.new_val(n)], cont_params(n.shape, a.strides or contiguous_strides(a.shape)),
+           each(n.nelements))
 
 
 def op_get_rows(lw, n):
@@ -151,23 +122,21 @@ def op_get_rows(lw, n):
     w = a.shape[1]
     t = rows.shape[0]
     if not is_weight(a):
-        emit(lw, f"GET_ROWS {n.name}", ("get_rows_f", "F32"), lambda: wgsl.get_rows_f("F32"), RW3,
-             [lw.ref(a), rr, o], {"w": w, "t": t, "row0": 0, "rows": a.shape[0]},
-             _each(w * t))
+        emit(lw, f"GET_ROWS {n.name}", ("get_rows_f", "F32"), None, [lw.ref(a), rr, o],
+             {"w": w, "t": t, "row0": 0, "rows": a.shape[0]}, each(w * t))
         return
     qt = a.dtype.name
     arg = lw.arg_of(a)
     for ci, (row0, nrows) in enumerate(lw.chunks(a)):
         binds = [ChunkArg(arg, ci), rr, o]
         params = {"w": w, "t": t, "row0": row0, "rows": nrows}
-        if qt in quant.FLOAT_TYPES:
-            emit(lw, f"GET_ROWS {n.name}", ("get_rows_f", qt), lambda qt=qt: wgsl.get_rows_f(qt), RW3, binds, params,
-                 _each(w * t))
+        if qt in weight_words.FLOAT_TYPES:
+            emit(lw, f"GET_ROWS {n.name}", ("get_rows_f", qt), None, binds, params, each(w * t))
         else:
-            emit(lw, f"GET_ROWS {n.name}", ("get_rows_q", qt), lambda qt=qt: wgsl.get_rows_q(qt), RW3, binds,
-                 params | {"gpr": w // 32, "moff": ChunkArg(arg, ci)}, _each(w // 8 * t))
+            emit(lw, f"GET_ROWS {n.name}", ("get_rows_q", qt), None, binds,
+                 params | {"gpr": w // 32, "moff": ChunkArg(arg, ci)}, each(w // 8 * t))
 
 
-LOWER = {"RMS_NORM": op_rms_norm, "ADD": op_add, "MUL": op_mul, "SCALE": op_scale, "UNARY": op_unary, "GLU": op_glu,
-         "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope, "SET_ROWS": op_set_rows,
-         "CONT": op_cont, "GET_ROWS": op_get_rows}
+LOWER = {"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_unary, "UNARY": op_unary,
+         "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope,
+         "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows}

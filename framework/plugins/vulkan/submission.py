@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from itertools import accumulate
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class VkProgram(Program):
         super().__init__(dev, fragment, TABLE)
         self.params = ParamBlocks(dev, self.steps)
         self.bg_cache: list[dict] = [{} for _ in self.steps]
-        self.host_buf, self.host_key, self.host_place, self.rope_at, self.rope_offs = None, None, {}, [], []
+        self.host_buf, self.host_key, self.host_at = None, None, []     # the host values' buffer (_upload)
         self.last_sig, self.last_cmds = None, None
         self.timer = None          # (query set, resolve buffer) of device.pass_times
         self.stage = None          # Stage: the read-back copies of the value outputs
@@ -155,29 +156,22 @@ class VkProgram(Program):
         one buffer, each at a 16-byte aligned place: one upload per run, and the places (the parameter blocks'
         offsets) the same from run to run while the sizes are. Returns each table's offset there, in (cos,
         sin) pairs."""
-        key = (tuple((i, data.nbytes) for i, data in staged), tuple(t.nbytes for t in tables))
+        arrays = [data for _, data in staged] + list(tables)
+        key = (tuple(i for i, _ in staged), tuple(a.nbytes for a in arrays))
         if key != self.host_key:
-            self.host_place, total = {}, 0
-            for i, data in staged:
-                self.host_place[i] = total
-                total += max(16, -(-data.nbytes // 16) * 16)
-            self.rope_at = []
-            for t in tables:
-                self.rope_at.append(total)
-                total += max(16, -(-t.nbytes // 16) * 16)
+            self.host_at = list(accumulate((max(16, -(-a.nbytes // 16) * 16) for a in arrays), initial=0))
+            total = self.host_at.pop()
             self.host_block = np.empty(total, np.uint8)     # written whole every run: write_buffer copies it
             if self.host_buf is None or self.host_buf.size < total:
                 self.host_buf = self.dev.new_buffer(total)
             self.host_key = key
         block = self.host_block
-        for i, data in staged:
-            at = self.host_place[i]
+        for at, data in zip(self.host_at, arrays):
             block[at:at + data.nbytes] = data.reshape(-1).view(np.uint8)
+        for (i, _), at in zip(staged, self.host_at):
             bufs[i], offs[i] = self.host_buf, at // 4
-        for at, t in zip(self.rope_at, tables):
-            block[at:at + t.nbytes] = t.reshape(-1).view(np.uint8)
         self.dev.gpu.queue.write_buffer(self.host_buf, 0, block)
-        return [at // 8 for at in self.rope_at]
+        return [at // 8 for at in self.host_at[len(staged):]]
 
     def _commands(self, a, out_of_val, slot_bufs) -> list:
         """(pipeline, bind group, workgroups, buffers) of every step; the same as last run's (no lookups)
@@ -264,21 +258,18 @@ class Stage:
                 self.buffer.map_sync(wgpu.MapMode.READ)
             self.mapped = True
 
-    def read(self, run: int, at: int, nbytes: int):
-        """The bytes a handle of run `run` was copied to (valid until the next run), or None where a later run
-        has copied over them."""
-        if run != self.runs:
+    def values(self, run: int, at: int, shape: tuple) -> np.ndarray | None:
+        """A contiguous float output of run `run` copied at `at`, or None where a later run has copied over it
+        (or it is empty)."""
+        n = math.prod(shape)
+        if run != self.runs or not n:
             return None
         self.wait()
         if self.native is not None:
-            return self.native.view[at:at + nbytes]
-        return self.buffer.read_mapped(at, nbytes, copy=False)      # a view of the mapping: copied at once
-
-    def values(self, run: int, at: int, shape: tuple) -> np.ndarray | None:
-        """A contiguous float output of run `run` copied at `at`, or None (see read)."""
-        n = math.prod(shape)
-        data = self.read(run, at, 4 * n) if n else None
-        return None if data is None else np.frombuffer(data, dtype=np.float32, count=n).reshape(shape).copy()
+            data = self.native.view[at:at + 4 * n]
+        else:
+            data = self.buffer.read_mapped(at, 4 * n, copy=False)      # a view of the mapping: copied at once
+        return np.frombuffer(data, dtype=np.float32, count=n).reshape(shape).copy()
 
 
 class NativeMap:

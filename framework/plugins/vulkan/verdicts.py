@@ -5,9 +5,8 @@ of weights, at most 4 axes, plain operands within one storage binding) are the s
 
 from __future__ import annotations
 
-from ...backend import is_weight
+from ...backend import is_weight, weight_words
 from ...contract import Tensor, Verdict, ops
-from . import quant
 from .wgsl import UNARY_CODE
 
 # the ops this plugin has kernels for (names checked against the op table)
@@ -39,7 +38,7 @@ def verdict(dev, n: Tensor) -> Verdict:
         if not n.src[1].is_leaf:
             return Verdict.no("unsupported_shape", f"{dev.name} takes ROPE positions from an input leaf only, not "
                               f"{n.src[1].describe()}")
-    if op == "GET_ROWS" and is_weight(n.src[0]) and n.src[0].dtype.name in quant.QUANT_TYPES and n.shape[1] % 8:
+    if op == "GET_ROWS" and is_weight(n.src[0]) and n.src[0].dtype.name in weight_words.QUANT_TYPES and n.shape[1] % 8:
         return Verdict.no("unsupported_shape", f"GET_ROWS of {n.src[0].describe()}")
     if op == "SET_ROWS" and n.src[0].dtype.name != "F32":
         return Verdict.no("unsupported_dtype", f"{dev.name} writes F32 caches only ({n.src[0].describe()})")
