@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ...contract import settings
 
@@ -28,9 +29,6 @@ class Discovery:
     reason: str = ""
 
 
-_cached: Discovery | None = None
-
-
 def _pocl_cache() -> None:
     """PoCL reads POCL_CACHE_DIR (and POCL_KERNEL_CACHE, 0: no cache) when the loader first opens it:
     before the first platform query."""
@@ -43,13 +41,6 @@ def _pocl_cache() -> None:
         os.environ.setdefault("POCL_KERNEL_CACHE", "0")
     else:
         os.environ.setdefault("POCL_CACHE_DIR", str(root / "pocl"))
-
-
-def discover() -> Discovery:
-    global _cached
-    if _cached is None:
-        _cached = _discover()
-    return _cached
 
 
 def icd_files() -> list[str]:
@@ -72,7 +63,9 @@ def _icd_summary(files: list[str]) -> str:
     return "; ".join(named)
 
 
-def _discover() -> Discovery:
+@lru_cache(maxsize=1)
+def discover() -> Discovery:
+    """The devices, found once a process."""
     _pocl_cache()
     try:
         import pyopencl as cl

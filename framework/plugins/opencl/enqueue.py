@@ -68,6 +68,15 @@ class Launches:
             if i in flush_at:
                 queue.flush()
 
+    def job(self, queue, flush_at, gate):
+        """A run ahead's enqueueing, holding neither the program nor the device (the worker outlives neither);
+        on the worker, flushed on the run's own cadence (the gate may open while it still enqueues, and the
+        device then runs what was flushed)."""
+        def job():
+            self.enqueue(queue, flush_at, gate)
+            queue.flush()
+        return job
+
     def _failed(self, i: int, rc: int):
         from pyopencl import status_code
         names = {v: k for k, v in vars(status_code).items() if isinstance(v, int)}
