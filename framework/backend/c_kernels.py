@@ -295,6 +295,18 @@ class Dialect:
 
 
 # -- fused groups: the rowvec kernels (a weight's rows by x made in their prologue) ------------------------
+class FusionTarget:
+    """The core matcher's questions (fusion.plan) that devices on these kernels answer alike; a plugin's
+    subclass adds its kernels' limits (product_fits, attn_fits, head_ok)."""
+    weight_types = frozenset(weight_words.QUANT_TYPES)
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def chunks(self, w) -> int:
+        return len(self.dev.chunk_plan(w.dtype.name, w.shape))
+
+
 # the prologue (how x is made) and the epilogue, as the build options F_PRO, F_PRE and F_EPI read them
 PROLOGUE = {"plain": 0, "norm": 1, "combine": 0}     # combine: x is the attention's result (it combined itself)
 PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}

@@ -7,27 +7,22 @@ calls are the same otherwise (the kernel objects, their arguments and the queue 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from functools import lru_cache
-from pathlib import Path
+
+from .discovery import library
 
 
 @lru_cache(maxsize=1)
 def _library():
     """(clEnqueueNDRangeKernel, where it was found), or (None, why not)."""
-    import pyopencl
-    libs = sorted((Path(pyopencl.__file__).parent / ".libs").glob("libOpenCL*.so*"))   # the wheel's loader
-    candidates = [str(p) for p in libs] + [n for n in [ctypes.util.find_library("OpenCL")] if n]
-    for name in candidates:
-        try:
-            fn = ctypes.CDLL(name).clEnqueueNDRangeKernel
-        except (OSError, AttributeError):
-            continue
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        return fn, name
-    return None, "no OpenCL library found beside pyopencl or on the loader path"
+    lib, where = library()
+    fn = getattr(lib, "clEnqueueNDRangeKernel", None)
+    if fn is None:
+        return None, where if lib is None else f"{where} has no clEnqueueNDRangeKernel"
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn, where
 
 
 def how() -> str:

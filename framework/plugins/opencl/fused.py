@@ -41,16 +41,8 @@ def product_shape(dev, g: fusion.ProductGroup, rows: int) -> dict:
     return _team(dev, k, rows, max(rows * weight_words.row_bytes(m.src[0].dtype.name, k) for m in g.muls))
 
 
-class Target:
+class Target(c_kernels.FusionTarget):
     """The core matcher's questions, answered for one OpenCL device."""
-    weight_types = frozenset(weight_words.QUANT_TYPES)
-
-    def __init__(self, dev):
-        self.dev = dev
-
-    def chunks(self, w) -> int:
-        return len(self.dev.chunk_plan(w.dtype.name, w.shape))
-
     def product_fits(self, g: fusion.ProductGroup) -> bool:
         w = g.muls[0].src[0]
         rows = self.dev.chunk_plan(w.dtype.name, w.shape)[0][1]

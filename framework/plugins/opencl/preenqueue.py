@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import contiguous_strides
+from ...backend import strided_copy
 
 
 class Stage:
@@ -44,9 +44,7 @@ class Stage:
         flat = self.arrays[v]
         if not int(np.prod(shape)):
             return np.zeros(shape, flat.dtype)
-        strides = strides or contiguous_strides(shape)
-        view = np.lib.stride_tricks.as_strided(flat[offset:], shape, tuple(s * flat.itemsize for s in strides))
-        return np.array(view, copy=True)
+        return strided_copy(flat, offset, shape, strides)
 
 
 def open_gate(gate) -> None:

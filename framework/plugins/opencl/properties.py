@@ -10,9 +10,9 @@ A CPU device is the host's CPU (PoCL, Intel's and AMD's CPU runtimes run on it).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 from ...contract import HOST_CPU, DeviceType, pci_address, pci_ids_at, pci_physical_id
+from .discovery import library
 
 CL_DEVICE_PCI_BUS_INFO_KHR = 0x410F
 
@@ -26,22 +26,9 @@ def device_type(d) -> DeviceType:
     return DeviceType.ACCEL
 
 
-def _loader():
-    """The ICD loader pyopencl itself loaded (its wheel brings one), else the system's."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libOpenCL" in line:
-                    return ctypes.CDLL(line.split()[-1])
-    except OSError:
-        pass
-    name = ctypes.util.find_library("OpenCL")
-    return ctypes.CDLL(name) if name else None
-
-
 def _khr_pci_address(d) -> str | None:
     try:
-        lib = _loader()
+        lib, _ = library()
         if lib is None:
             return None
         info = (ctypes.c_uint32 * 4)()
