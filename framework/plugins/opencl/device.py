@@ -12,6 +12,7 @@ from ...backend import AheadDevice, BackendDevice, c_kernels, weight_words
 from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
 from . import enqueue, kernels, options
 from .coverage import COVERED, MAX_HEAD
+from .discovery import discover
 from .options import DISABLE_OPS_ENV, MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: for the benchmark)
 from .program import ClProgram
 from .properties import device_data, device_type, physical_id
@@ -163,7 +164,6 @@ class OpenCLDevice(AheadDevice, BackendDevice):
 
 
 def devices() -> list[OpenCLDevice]:
-    from .discovery import discover
     bad = options.problem()
     if bad is not None:         # named, never taken as something else
         return [OpenCLDevice(0, reason=bad)]

@@ -14,7 +14,7 @@ import numpy as np
 from ...backend import ChunkArg, c_kernels, fusion, weight_words
 from ...contract import reference, settings
 from . import kernels
-from .lowering import launch
+from .lowering import DIALECT, launch
 from .options import UNFUSE_ENV
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
@@ -188,7 +188,7 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     launch(lw, f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG, **weights,
            qp=qkv[0], kp=qkv[1], vp=qkv[2],
            gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
-           pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
+           pos=lw.ref(g.rope.src[1]), inv=DIALECT.angles(lw.dev, inv),
            krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
            po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
            chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),

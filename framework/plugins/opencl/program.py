@@ -20,7 +20,7 @@ from . import fused, preenqueue
 from .enqueue import Launches
 from .kernels import build
 from .lowering import DIALECT
-from .signatures import TENSOR_KINDS, params
+from .signatures import KERNELS, params
 
 # the kernel table the skeleton's lowering asks: the shared C kernels' ops (lowering.py), the fused groups
 TABLE = KernelTable(DIALECT.ops(), fused.lower_group, fused.plan)
@@ -43,7 +43,7 @@ class ClStep:
     gsize: tuple
     lsize: tuple | None
     dynamic: list          # (argument position, operand): the tensors, set per run where their buffers change
-    vec4: tuple = ()       # (argument position, parameter) of the tensors read as float4
+    vec4: dict             # argument position -> parameter, of the tensors read as float4
 
 
 def _scalar(kind: str, value):
@@ -77,12 +77,12 @@ class ClProgram(AheadProgram, Program):
         launch = step.kernel
         kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
         binds = iter(step.binds)
-        dynamic, vec4, pos = [], [], 0
+        dynamic, vec4, pos = [], {}, 0
         for kind, name in params(launch.kernel):
-            if kind in TENSOR_KINDS or kind == "w":
+            if kind in KERNELS.buffers:
                 dynamic.append((pos, next(binds)))
                 if name in launch.vec4:
-                    vec4.append((pos, name))
+                    vec4[pos] = name
                 pos += 2
                 continue
             value = step.params[name]
@@ -94,7 +94,7 @@ class ClProgram(AheadProgram, Program):
                 kernel.set_arg(pos, _scalar(kind, value))
             pos += 1
         gsize, lsize = step.grid
-        return ClStep(step.name, kernel, (gsize,), (lsize,) if lsize else None, dynamic, tuple(vec4))
+        return ClStep(step.name, kernel, (gsize,), (lsize,) if lsize else None, dynamic, vec4)
 
     # -- running ----------------------------------------------------------------------------
     def _arguments(self, args):
@@ -176,10 +176,10 @@ class ClProgram(AheadProgram, Program):
         for st in self.cl_steps:
             for pos, what in st.dynamic:
                 buf, off = self.place(what, a, outs, slots)
-                for p, name in st.vec4:
-                    if p == pos and off % 4:
-                        raise ValueError(f"{st.name}: its kernel reads '{name}' as float4, so the tensor must start at "
-                                         f"a multiple of 4 elements, not at element {off}: hand it a whole buffer")
+                if pos in st.vec4 and off % 4:
+                    raise ValueError(f"{st.name}: its kernel reads '{st.vec4[pos]}' as float4, so the tensor must "
+                                     f"start at a multiple of 4 elements, not at element {off}: hand it a whole "
+                                     f"buffer")
                 st.kernel.set_arg(pos, buf)
                 st.kernel.set_arg(pos + 1, np.uint32(off))
 

@@ -27,7 +27,6 @@ SIGNATURES = {
                   "u write_y, u has_mask, f scale, f q_scale, f q_eps, f k_eps, f eps, f eps1, f ys",
 }
 
-TENSOR_KINDS = ("in", "ini", "el", "out")
 _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "ini": "__global const int* restrict {n}, const uint {n}_off",
       "el": "__global const ELEM* restrict {n}, const uint {n}_off",
@@ -38,5 +37,5 @@ _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
 
 
-KERNELS = Signatures("opencl", SIGNATURES, _C, (*TENSOR_KINDS, "w"))
+KERNELS = Signatures("opencl", SIGNATURES, _C, ("in", "ini", "el", "out", "w"))     # kinds bound as buffers
 params = KERNELS.params
