@@ -32,19 +32,17 @@ class OpenCLDevice(AheadDevice, BackendDevice):
     max_alloc = BackendDevice.max_chunk_bytes    # the largest allocation: the buffer types' max_size
 
     def __init__(self, index: int, platform=None, cl_device=None, reason: str = ""):
-        self.index = index
-        self.name = f"opencl:{index}"
-        self.buffer_type = BufferType(f"opencl:{index}")
-        self.weight_buffer_type = BufferType(f"opencl:{index}:weights")
-        self.disabled = settings.read(DISABLE_OPS_ENV) if cl_device is not None else frozenset()
-        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
+        self.index, self.name = index, f"opencl:{index}"
+        self.buffer_type = BufferType(self.name)
+        self.weight_buffer_type = BufferType(f"{self.name}:weights")
         self.cl_device = cl_device
         if cl_device is None:
             self.available, self.unavailable_reason = False, reason or "no OpenCL device"
-            self.type = DeviceType.GPU
+            self.type, self.data = DeviceType.GPU, {}
+            self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
             self.description = "OpenCL through pyopencl (unavailable)"
-            self.data = {}
             return
+        self.disabled = settings.read(DISABLE_OPS_ENV)
         self.data = device_data(platform, cl_device)
         self.type = DeviceType(self.data["type"])
         self.is_cpu = self.type == DeviceType.CPU

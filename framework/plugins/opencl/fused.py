@@ -99,8 +99,8 @@ def _qkv(g: fusion.AttnGroup) -> list:
 def _stack_shape(dev, g: fusion.AttnGroup) -> dict:
     """The team shape of Q, K and V stacked (rowvec3)."""
     ws, k = (g.wq, g.wk, g.wv), g.wq.shape[1]
-    return _team(dev, k, sum(w.shape[0] for w in ws), sum(w.shape[0] * weight_words.row_bytes(w.dtype.name, k)
-                                                           for w in ws))
+    nbytes = sum(w.shape[0] * weight_words.row_bytes(w.dtype.name, k) for w in ws)
+    return _team(dev, k, sum(w.shape[0] for w in ws), nbytes)
 
 
 def own_products(dev, g: fusion.AttnGroup) -> bool:
