@@ -71,14 +71,7 @@ def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int
         env = settings.read(MATVEC_ENV)
     except settings.SettingError as e:
         raise ValueError(f"{e} ({dev.name}); unset the variable for the plugin's choice") from None
-    mm = next(x for x in (1, 2, 4, 8) if x >= m)
-    tpr = min(32, 1 << max(0, gpr.bit_length() - 1))
-    wg = min(256, dev.max_wg)
-    r = max(1, 4 // mm)
-    while r > 1 and rows < r * (wg // tpr) * MATVEC_MIN_GROUPS:
-        r //= 2
-    while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_GROUPS:
-        wg //= 2
+    mm, tpr, r, wg = c_kernels.matvec_teams(gpr, m, rows, min(256, dev.max_wg), 4, MATVEC_MIN_GROUPS)
     v = env.get("v", 1)
     feats = ptx(dev) if v else {"dp4a": False, "shfl": False}
     shape = {"v": v, "tpr": tpr, "r": r, "wg": wg, "mm": mm, "dp4a": int(feats["dp4a"]), "shfl": int(feats["shfl"])}
