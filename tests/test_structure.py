@@ -36,9 +36,10 @@ BACKEND_LINES = 1_500
 # the issue's goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
 # (cuda: 960, then 1,020 when it took the core's attention groups: rowvec3, rope_kv, attention.py; 1,040 with
 # the rows of x staged a few at a time; 860 on the skeleton's c_kernels.Dialect, 841 then; opencl: 1,564 once
-# the skeleton took the shared C kernels' lowering and the run enqueued ahead; 1,490 once it shared the
-# skeleton's fusion target and read-back, found its OpenCL library once and dropped one-line wrappers, 1,472 then)
-PLUGIN_LINES = {"vulkan": 1_650, "opencl": 1_490, "cuda": 860}
+# the skeleton took the shared C kernels' lowering and the run enqueued ahead; 1,480 once it shared the
+# skeleton's fusion target, matrix-vector teams and read-back, found its OpenCL library once and dropped
+# one-line wrappers, 1,463 then)
+PLUGIN_LINES = {"vulkan": 1_650, "opencl": 1_480, "cuda": 860}
 # Python files that are kernel sources, counted apart until they are .wgsl files of their own
 KERNEL_SOURCES = {"framework/plugins/vulkan/wgsl.py", "framework/plugins/vulkan/wgsl_fused.py"}
 MAX_CLASS_LINES = 200
