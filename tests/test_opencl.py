@@ -49,7 +49,7 @@ import pytest
 from conftest import load_model, reference
 from reference_checks import assert_decode_equals_prefill, assert_teacher_forced
 
-from framework.contract import DeviceType, Verdict
+from framework.contract import DeviceType, Verdict, settings
 from framework.core.graph import F32, GraphBuilder, LeafKind, Tensor, leaf
 from framework.core.scheduler import Executor, make_plan
 from framework.core.scheduler.verdicts import ask
@@ -131,11 +131,11 @@ def _rediscover(monkeypatch, fail_import: str):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", fake)
-    monkeypatch.setattr(discovery, "_cached", None)
+    discovery.discover.cache_clear()
     try:
         return discovery.discover()
     finally:
-        discovery._cached = None
+        discovery.discover.cache_clear()
 
 
 def test_unavailable_without_pyopencl(monkeypatch):
@@ -766,11 +766,11 @@ def test_fused_attention_with_its_own_products(variant, monkeypatch):
 
 
 def test_unknown_fusion_names_are_refused(ocl, monkeypatch):
-    from framework.plugins.opencl import fused
+    from framework.plugins.opencl import options
     monkeypatch.setenv("FRAMEWORK_OPENCL_UNFUSE", "attn,gluu")
     with pytest.raises(Exception, match=r"FRAMEWORK_OPENCL_UNFUSE='attn,gluu': no fusion named 'gluu'; the fusions "
                                         r"are attn, combine, norm, add, glu, rms_mul"):
-        fused.fusions_off()
+        settings.read(options.UNFUSE_ENV)
 
 
 def test_gpu_decode_kernels_follow_llama_cpp(variant):

@@ -69,7 +69,7 @@ def test_bad_opencl_settings_are_named(monkeypatch, var, value, words):
 def test_opencl_tuning_settings_are_read_through_the_table(monkeypatch):
     from framework.plugins.opencl import kernels
     monkeypatch.setenv("FRAMEWORK_OPENCL_MATMUL", "bm=32, bn=64")
-    assert kernels._env("FRAMEWORK_OPENCL_MATMUL") == {"bm": 32, "bn": 64}
+    assert settings.read("FRAMEWORK_OPENCL_MATMUL") == {"bm": 32, "bn": 64}
     monkeypatch.setenv("FRAMEWORK_CACHE", "off")
     assert kernels._binary_cache() is None          # no pyopencl binaries written anywhere
 

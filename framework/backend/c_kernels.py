@@ -88,6 +88,20 @@ def split_attention(launch, lw, name: str, opts: dict, wg: int, nc: int, align: 
            D=d, nc=nc)
 
 
+def matvec_teams(gpr: int, m: int, rows: int, wg: int, max_r: int, min_groups: int) -> tuple[int, ...]:
+    """(mm, tpr, r, wg) of the matrix-vector kernels for m rows of x (mm: m rounded up to a power of two)
+    by `rows` weight rows of gpr 32-element groups: teams of tpr threads (a power of two up to a warp and
+    the row's groups) share r weight rows (max_r // mm at most), then r and the work-group's wg threads
+    (down to 64, or a team) are halved while the matrix would make fewer than min_groups work-groups."""
+    mm = next(x for x in (1, 2, 4, 8) if x >= m)
+    tpr, r = min(32, 1 << max(0, gpr.bit_length() - 1)), max(1, max_r // mm)
+    while r > 1 and rows < r * (wg // tpr) * min_groups:
+        r //= 2
+    while wg > max(64, tpr) and rows < (wg // tpr) * r * min_groups:
+        wg //= 2
+    return mm, tpr, r, wg
+
+
 MAX_ELEMENTS = 1 << 32          # the kernels index elements with 32-bit integers
 
 
@@ -295,6 +309,18 @@ class Dialect:
 
 
 # -- fused groups: the rowvec kernels (a weight's rows by x made in their prologue) ------------------------
+class FusionTarget:
+    """The core matcher's questions (fusion.plan) that devices on these kernels answer alike; a plugin's
+    subclass adds its kernels' limits (product_fits, attn_fits, head_ok)."""
+    weight_types = frozenset(weight_words.QUANT_TYPES)
+
+    def __init__(self, dev):
+        self.dev = dev
+
+    def chunks(self, w) -> int:
+        return len(self.dev.chunk_plan(w.dtype.name, w.shape))
+
+
 # the prologue (how x is made) and the epilogue, as the build options F_PRO, F_PRE and F_EPI read them
 PROLOGUE = {"plain": 0, "norm": 1, "combine": 0}     # combine: x is the attention's result (it combined itself)
 PRE = {"": 0, "add": 1, "prenorm": 2, "scale": 3}

@@ -29,6 +29,12 @@ class StagedTensor(DeviceTensor):
         self.readback = readback
 
 
+def strided_copy(flat: np.ndarray, offset: int, shape: tuple, strides: tuple | None) -> np.ndarray:
+    """The values a view (an element offset, strides in elements or None: contiguous) sees of a flat array."""
+    st = strides or contiguous_strides(shape)
+    return np.array(np.lib.stride_tricks.as_strided(flat[offset:], shape, tuple(s * flat.itemsize for s in st)))
+
+
 @dataclass
 class Arguments:
     """A run's arguments: each one's buffer and element offset, the host values among them (by argument),
@@ -210,9 +216,7 @@ class Program:
             return h
         if h.host is not None:
             flat = np.ascontiguousarray(h.host).reshape(-1)
-            st = r.strides or contiguous_strides(r.shape)
-            view = np.lib.stride_tricks.as_strided(flat[r.off:], r.shape, tuple(s * flat.itemsize for s in st))
-            return DeviceTensor(None, 0, r.shape, flat.dtype, host=np.array(view))
+            return DeviceTensor(None, 0, r.shape, flat.dtype, host=strided_copy(flat, r.off, r.shape, r.strides))
         return DeviceTensor(h.buffer, h.offset + r.off, r.shape, h.dtype, None if r.contiguous else r.strides,
                             lease=h.lease)
 

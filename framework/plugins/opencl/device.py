@@ -8,11 +8,12 @@ import threading
 
 import numpy as np
 
-from ...backend import AheadDevice, BackendDevice, weight_words
+from ...backend import AheadDevice, BackendDevice, c_kernels, weight_words
 from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
 from . import enqueue, kernels, options
-from .coverage import COVERED, DISABLE_OPS_ENV, disabled_ops, verdict
-from .options import MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: re-exported for the benchmark)
+from .coverage import COVERED, MAX_HEAD
+from .discovery import discover
+from .options import DISABLE_OPS_ENV, MAX_ALLOC_ENV, PROFILE_ENV  # noqa: F401 (PROFILE_ENV: for the benchmark)
 from .program import ClProgram
 from .properties import device_data, device_type, physical_id
 
@@ -31,23 +32,21 @@ class OpenCLDevice(AheadDevice, BackendDevice):
     max_alloc = BackendDevice.max_chunk_bytes    # the largest allocation: the buffer types' max_size
 
     def __init__(self, index: int, platform=None, cl_device=None, reason: str = ""):
-        self.index = index
-        self.name = f"opencl:{index}"
-        self.buffer_type = BufferType(f"opencl:{index}")
-        self.weight_buffer_type = BufferType(f"opencl:{index}:weights")
-        self.disabled = disabled_ops() if cl_device is not None else frozenset()
-        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
+        self.index, self.name = index, f"opencl:{index}"
+        self.buffer_type = BufferType(self.name)
+        self.weight_buffer_type = BufferType(f"{self.name}:weights")
         self.cl_device = cl_device
         if cl_device is None:
             self.available, self.unavailable_reason = False, reason or "no OpenCL device"
-            self.type = DeviceType.GPU
+            self.type, self.data = DeviceType.GPU, {}
+            self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
             self.description = "OpenCL through pyopencl (unavailable)"
-            self.data = {}
             return
+        self.disabled = settings.read(DISABLE_OPS_ENV)
         self.data = device_data(platform, cl_device)
-        self.type = device_type(cl_device)
+        self.type = DeviceType(self.data["type"])
         self.is_cpu = self.type == DeviceType.CPU
-        self.physical_id = physical_id(cl_device, index)
+        self.physical_id = physical_id(cl_device, self.data, index)
         self.max_alloc = settings.read(MAX_ALLOC_ENV) or self.data["max_alloc_bytes"]
         self.max_wg = self.data["max_work_group_size"]
         # exact_rows: measured on PoCL (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows are
@@ -130,7 +129,7 @@ class OpenCLDevice(AheadDevice, BackendDevice):
 
     # -- the contract --------------------------------------------------------------------------
     def kernel_verdict(self, node: Tensor) -> Verdict:
-        return verdict(self, node)
+        return c_kernels.verdict(self, node, "the OpenCL kernels", MAX_HEAD)
 
     def zeros(self, nbytes: int):
         import pyopencl as cl
@@ -154,11 +153,7 @@ class OpenCLDevice(AheadDevice, BackendDevice):
             self._queue.finish()
 
     def report_line(self) -> str:
-        return self.compile_summary()
-
-    def compile_summary(self) -> str:
-        """The report line: how kernels are enqueued (a fallback is said, never silent), and whether runs
-        are enqueued ahead."""
+        """How kernels are enqueued (a fallback is said, never silent), and whether runs are enqueued ahead."""
         where = {"thread": "on a worker thread", "inline": "inline"}.get(self.ahead_mode)
         ahead = (f"runs enqueued ahead behind a user event ({options.PREENQUEUE_ENV}={self.ahead_mode}, "
                  f"{where}): {self.ahead_taken} taken, {self.ahead_released} released"
@@ -167,7 +162,6 @@ class OpenCLDevice(AheadDevice, BackendDevice):
 
 
 def devices() -> list[OpenCLDevice]:
-    from .discovery import discover
     bad = options.problem()
     if bad is not None:         # named, never taken as something else
         return [OpenCLDevice(0, reason=bad)]

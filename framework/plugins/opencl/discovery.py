@@ -7,11 +7,16 @@ names a driver, or none of the drivers named loads); the platforms offer no devi
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import glob
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from ...contract import settings
+from .options import checked_cache_dir
 
 INSTALL_HINT = "pip install 'pyopencl>=2024.1'"
 LOADER_HINT = "Debian/Ubuntu: apt-get install ocl-icd-libopencl1"
@@ -28,13 +33,9 @@ class Discovery:
     reason: str = ""
 
 
-_cached: Discovery | None = None
-
-
 def _pocl_cache() -> None:
     """PoCL reads POCL_CACHE_DIR (and POCL_KERNEL_CACHE, 0: no cache) when the loader first opens it:
     before the first platform query."""
-    from .options import checked_cache_dir
     try:
         root = checked_cache_dir()
     except settings.SettingError:
@@ -43,13 +44,6 @@ def _pocl_cache() -> None:
         os.environ.setdefault("POCL_KERNEL_CACHE", "0")
     else:
         os.environ.setdefault("POCL_CACHE_DIR", str(root / "pocl"))
-
-
-def discover() -> Discovery:
-    global _cached
-    if _cached is None:
-        _cached = _discover()
-    return _cached
 
 
 def icd_files() -> list[str]:
@@ -72,7 +66,9 @@ def _icd_summary(files: list[str]) -> str:
     return "; ".join(named)
 
 
-def _discover() -> Discovery:
+@lru_cache(maxsize=1)
+def discover() -> Discovery:
+    """The devices, found once a process."""
     _pocl_cache()
     try:
         import pyopencl as cl
@@ -110,3 +106,18 @@ def _discover() -> Discovery:
     if not found:
         return Discovery([], f"the OpenCL platforms offer no device ({', '.join(empty)}); {DRIVER_HINT}")
     return Discovery(found)
+
+
+@lru_cache(maxsize=1)
+def library() -> tuple:
+    """(the OpenCL ICD loader pyopencl loaded, its wheel's or else the system's, as a ctypes library; its
+    path), or (None, why not): for the calls pyopencl has no name for (CL_DEVICE_PCI_BUS_INFO_KHR) or
+    wraps at a cost (clEnqueueNDRangeKernel, with an event a launch)."""
+    import pyopencl
+    libs = sorted((Path(pyopencl.__file__).parent / ".libs").glob("libOpenCL*.so*"))   # the wheel's loader
+    for name in [str(p) for p in libs] + [n for n in [ctypes.util.find_library("OpenCL")] if n]:
+        try:
+            return ctypes.CDLL(name), name
+        except OSError:
+            continue
+    return None, "no OpenCL library found beside pyopencl or on the loader path"

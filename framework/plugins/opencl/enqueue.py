@@ -7,27 +7,22 @@ calls are the same otherwise (the kernel objects, their arguments and the queue 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from functools import lru_cache
-from pathlib import Path
+
+from .discovery import library
 
 
 @lru_cache(maxsize=1)
 def _library():
     """(clEnqueueNDRangeKernel, where it was found), or (None, why not)."""
-    import pyopencl
-    libs = sorted((Path(pyopencl.__file__).parent / ".libs").glob("libOpenCL*.so*"))   # the wheel's loader
-    candidates = [str(p) for p in libs] + [n for n in [ctypes.util.find_library("OpenCL")] if n]
-    for name in candidates:
-        try:
-            fn = ctypes.CDLL(name).clEnqueueNDRangeKernel
-        except (OSError, AttributeError):
-            continue
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        return fn, name
-    return None, "no OpenCL library found beside pyopencl or on the loader path"
+    lib, where = library()
+    fn = getattr(lib, "clEnqueueNDRangeKernel", None)
+    if fn is None:
+        return None, where if lib is None else f"{where} has no clEnqueueNDRangeKernel"
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn, where
 
 
 def how() -> str:
@@ -67,6 +62,15 @@ class Launches:
                 self._failed(i - 1, rc)
             if i in flush_at:
                 queue.flush()
+
+    def job(self, queue, flush_at, gate):
+        """A run ahead's enqueueing, holding neither the program nor the device (the worker outlives neither);
+        on the worker, flushed on the run's own cadence (the gate may open while it still enqueues, and the
+        device then runs what was flushed)."""
+        def job():
+            self.enqueue(queue, flush_at, gate)
+            queue.flush()
+        return job
 
     def _failed(self, i: int, rc: int):
         from pyopencl import status_code

@@ -1,21 +1,10 @@
-"""The fused decode kernels of a GPU device: which runs of nodes become one kernel is the core's decision
-(framework.backend.fusion, asked here with this device's limits; FRAMEWORK_OPENCL_UNFUSE turns fusions off
-by name), and each group becomes launches of kernels.cl's rowvec or attn_block ("Fused decode kernels"):
-
-* a product group: one rowvec launch a weight chunk (the skeleton's c_kernels.rowvec, with this device's
-  team shape), x made by its prologue in local memory (the norm, with the residual add or post-norm before
-  it), one weight or gate and up, the residual add or GLU in the epilogue; a product whose prologue the
-  core has combine the split attention's partials reads the attention's result instead, which the
-  attention block combined itself;
-* an attention block: one attn_block launch (q, k and v projected per head, their norms, rope, the scale of
-  q, both cache writes and the split attention, its keys spread over work-groups enough to fill the device,
-  `split_of`), whose last work-group a head combines the head's partials (with the ``combine`` fusion
-  off, flash_combine does, one launch more). Where a head is large (its q rows times x's length at least
-  the core's fusion.ATTN_OWN_PRODUCTS, which the Vulkan plugin shares: Gemma 3's), Q, K and V are one
-  rowvec3 launch before it over the whole device (the norm in its prologue), and attn_block reads them
-  (`own_products`).
-
-None on a CPU device (PoCL runs barrier-free kernels best, as lavapipe does for the Vulkan plugin).
+"""The fused decode kernels of a GPU device (docs/opencl.md, "Fused decode kernels"): which runs of nodes
+become one kernel is the core's decision (framework.backend.fusion, asked here with this device's limits;
+FRAMEWORK_OPENCL_UNFUSE turns fusions off by name). A product group becomes one rowvec launch a weight
+chunk (the skeleton's c_kernels.rowvec, with this device's team shape); an attention block one attn_block
+launch, its keys split over work-groups enough to fill the device (`split_of`), after one rowvec3 launch of
+Q, K and V where the heads are large (`own_products`). None on a CPU device (PoCL runs barrier-free
+kernels best, as lavapipe does for the Vulkan plugin).
 """
 
 from __future__ import annotations
@@ -25,7 +14,7 @@ import numpy as np
 from ...backend import ChunkArg, c_kernels, fusion, weight_words
 from ...contract import reference, settings
 from . import kernels
-from .lowering import launch
+from .lowering import DIALECT, launch
 from .options import UNFUSE_ENV
 
 ATTN_WG = 256          # attn_block's work-group: a head of up to 256 values, a thread a value
@@ -33,45 +22,38 @@ ATTN_MAX_PARTS = 256   # partials a head at most (kernels.cl's AT_MAXP: the comb
 ATTN_GROUPS_PER_UNIT = 1   # attention work-groups to make at least per compute unit, where the keys allow
 
 
-def fusions_off() -> frozenset[str]:
-    return settings.read(UNFUSE_ENV)
+def _team(dev, k: int, rows: int, nbytes: int) -> dict:
+    """The matrix-vector kernel's team shape (tpr, r, wg, shfl) for `rows` weight rows of k values, nbytes
+    of weights in all (x stays f32 in local memory)."""
+    return kernels.matvec_shape(dev, k // weight_words.GROUP, 1, rows, nbytes)
 
 
-def _local_bytes(dev) -> int:
-    return int(dev.data.get("local_mem_bytes") or 32768)
+def _fits(dev, k: int, sh: dict, weights: int) -> bool:
+    """Whether x (k values, a group padded to 144 bytes) and the sums of `weights` weights' rows fit the
+    device's local memory, and the work-group holds whole teams."""
+    nbytes = k // weight_words.GROUP * 144 + 4 * sh["wg"] * weights * sh["r"]
+    return nbytes <= kernels.local_bytes(dev) and sh["wg"] % sh["tpr"] == 0
 
 
 def product_shape(dev, g: fusion.ProductGroup, rows: int) -> dict:
-    """The matrix-vector kernel's team shape for a chunk of `rows` rows (its tpr, r, wg and shfl; x stays
-    f32 in local memory)."""
-    w = g.muls[0].src[0]
-    gpr = w.shape[1] // weight_words.GROUP
-    nbytes = max(rows * weight_words.row_bytes(m.src[0].dtype.name, w.shape[1]) for m in g.muls)
-    return kernels.matvec_shape(dev, gpr, 1, rows, nbytes)
+    """The team shape of a product group's chunk of `rows` rows."""
+    k = g.muls[0].src[0].shape[1]
+    return _team(dev, k, rows, max(rows * weight_words.row_bytes(m.src[0].dtype.name, k) for m in g.muls))
 
 
-class Target:
+class Target(c_kernels.FusionTarget):
     """The core matcher's questions, answered for one OpenCL device."""
-    weight_types = frozenset(weight_words.QUANT_TYPES)
-
-    def __init__(self, dev):
-        self.dev = dev
-
-    def chunks(self, w) -> int:
-        return len(self.dev.chunk_plan(w.dtype.name, w.shape))
-
     def product_fits(self, g: fusion.ProductGroup) -> bool:
         w = g.muls[0].src[0]
-        sh = product_shape(self.dev, g, self.dev.chunk_plan(w.dtype.name, w.shape)[0][1])
-        nbytes = w.shape[1] // weight_words.GROUP * 144 + 4 * sh["wg"] * len(g.muls) * sh["r"]
-        return nbytes <= _local_bytes(self.dev) and sh["wg"] % sh["tpr"] == 0
+        rows = self.dev.chunk_plan(w.dtype.name, w.shape)[0][1]
+        return _fits(self.dev, w.shape[1], product_shape(self.dev, g, rows), len(g.muls))
 
     def attn_fits(self, g: fusion.AttnGroup) -> bool:
         d = g.fa.src[0].shape[2]
         kb = keys_a_block(d)
         nbytes = (g.wq.shape[1] // weight_words.GROUP * 144 + 4 * ATTN_WG + 12 * d + 8 * kb + 16 * ATTN_WG
                   + 8 * ATTN_MAX_PARTS + 16)
-        return self.dev.max_wg >= ATTN_WG and nbytes <= _local_bytes(self.dev)
+        return self.dev.max_wg >= ATTN_WG and nbytes <= kernels.local_bytes(self.dev)
 
     def head_ok(self, d: int) -> bool:
         return d % 4 == 0 and ATTN_WG % d == 0
@@ -80,7 +62,7 @@ class Target:
 def plan(lw, fragment) -> fusion.FusionPlan:
     """The fused groups of a fragment (none on a CPU device); the fusions turned off read once a lowering
     (rms_mul is the lowering's own: the skeleton's c_kernels.Dialect.rms_norm)."""
-    lw.fusions_off = fusions_off()
+    lw.fusions_off = settings.read(UNFUSE_ENV)
     if lw.dev.is_cpu:
         return fusion.FusionPlan([])
     return fusion.plan(Target(lw.dev), fragment, lw.fusions_off)
@@ -115,11 +97,10 @@ def _qkv(g: fusion.AttnGroup) -> list:
 
 
 def _stack_shape(dev, g: fusion.AttnGroup) -> dict:
-    ws = (g.wq, g.wk, g.wv)
-    k = g.wq.shape[1]
-    rows = sum(w.shape[0] for w in ws)
+    """The team shape of Q, K and V stacked (rowvec3)."""
+    ws, k = (g.wq, g.wk, g.wv), g.wq.shape[1]
     nbytes = sum(w.shape[0] * weight_words.row_bytes(w.dtype.name, k) for w in ws)
-    return kernels.matvec_shape(dev, k // weight_words.GROUP, 1, rows, nbytes)
+    return _team(dev, k, sum(w.shape[0] for w in ws), nbytes)
 
 
 def own_products(dev, g: fusion.AttnGroup) -> bool:
@@ -129,9 +110,7 @@ def own_products(dev, g: fusion.AttnGroup) -> bool:
         return False
     if any(len(dev.chunk_plan(w.dtype.name, w.shape)) > 1 for w in (g.wq, g.wk, g.wv)):
         return False
-    sh = _stack_shape(dev, g)
-    nbytes = g.wq.shape[1] // weight_words.GROUP * 144 + 4 * sh["wg"] * sh["r"]
-    return nbytes <= _local_bytes(dev) and sh["wg"] % sh["tpr"] == 0
+    return _fits(dev, g.wq.shape[1], _stack_shape(dev, g), 1)
 
 
 def _products(lw, g: fusion.AttnGroup) -> tuple:
@@ -209,7 +188,7 @@ def attn_block(lw, g: fusion.AttnGroup) -> None:
     launch(lw, f"{label} {fa.name}", "attn_block", build, h * (nc + 1) * ATTN_WG, ATTN_WG, **weights,
            qp=qkv[0], kp=qkv[1], vp=qkv[2],
            gq=lw.ref(g.q_norm[0]) if g.q_norm else None, gk=lw.ref(g.k_norm[0]) if g.k_norm else None,
-           pos=lw.ref(g.rope.src[1]), inv=inv if lw.dev.fp64 else inv.astype(np.float32),
+           pos=lw.ref(g.rope.src[1]), inv=DIALECT.angles(lw.dev, inv),
            krow=lw.ref(g.k_set.src[2]), kc=caches[0], vc=caches[1], mk=lw.ref(fa.src[3]) if mask else None,
            po=part, cnt=np.zeros(h, np.int32), o=out if itself else None, H=h, Hkv=hkv, S=s, nc1=nc + 1,
            chunk=chunk, cache_rows=g.k_set.src[0].shape[0], has_mask=int(mask), scale=float(fa.params["scale"]),

@@ -14,6 +14,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from ...backend import c_kernels
 from ...contract import caches, settings
 from .coverage import MAX_HEAD
@@ -36,10 +38,6 @@ def source() -> str:
     return c_kernels.source(KERNELS, SOURCE)
 
 
-def _env(name: str) -> dict[str, int]:
-    return settings.read(name)
-
-
 def base_options(dev) -> dict[str, int]:
     opts = {"RWG": RWG, "AWG": AWG, "MAX_HEAD": MAX_HEAD}
     if dev.fp64:
@@ -49,7 +47,7 @@ def base_options(dev) -> dict[str, int]:
 
 def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int]:
     """The matrix-vector kernel and its shape (kernels.cl, "Matrix-vector products"), what
-    FRAMEWORK_OPENCL_MATVEC may override (checked by matvec_settings):
+    FRAMEWORK_OPENCL_MATVEC may override (options.MATVEC_KEYS):
 
     * v: 1, the kernel of record (x loaded once a group for all of a thread's rows, sums in registers
       until one reduction at the end); 0, the first version (x re-read from global memory for every
@@ -67,16 +65,13 @@ def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int
       of groups padded to 36 floats, xg groups a row, a power of two from 32), so that a team's float4
       loads of x are free of bank conflicts instead of each touching 32 cache lines.
 
-    mm (rows of x, a power of two) is not a setting."""
-    env = matvec_settings(dev)
-    mm = next(x for x in (1, 2, 4, 8) if x >= m)
-    tpr = min(32, 1 << max(0, gpr.bit_length() - 1))
-    wg = min(256, dev.max_wg)
-    r = max(1, 4 // mm)
-    while r > 1 and rows < r * (wg // tpr) * MATVEC_MIN_GROUPS:
-        r //= 2
-    while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_GROUPS:
-        wg //= 2
+    mm (rows of x, a power of two) is not a setting. A bad setting is a ValueError naming the variable, the
+    item, what it may be and the device."""
+    try:
+        env = settings.read(MATVEC_ENV)
+    except settings.SettingError as e:
+        raise ValueError(f"{e} ({dev.name}); unset the variable for the plugin's choice") from None
+    mm, tpr, r, wg = c_kernels.matvec_teams(gpr, m, rows, min(256, dev.max_wg), 4, MATVEC_MIN_GROUPS)
     v = env.get("v", 1)
     feats = ptx(dev) if v else {"dp4a": False, "shfl": False}
     shape = {"v": v, "tpr": tpr, "r": r, "wg": wg, "mm": mm, "dp4a": int(feats["dp4a"]), "shfl": int(feats["shfl"])}
@@ -84,20 +79,11 @@ def matvec_shape(dev, gpr: int, m: int, rows: int, nbytes: int) -> dict[str, int
     shape["x8"] = env.get("x8", int((dev.int_dot or bool(shape["dp4a"])) and nbytes >= MATVEC_X8_BYTES))
     xg = max(32, 1 << (gpr - 1).bit_length())
     red = 0 if shape["shfl"] else 4 * shape["r"] * mm * shape["wg"]      # the tree's local memory
-    fits = mm * xg * 144 <= min(MATVEC_XL_BYTES, _local_bytes(dev) - red)
+    fits = mm * xg * 144 <= min(MATVEC_XL_BYTES, local_bytes(dev) - red)
     shape["xl"] = env.get("xl", int(v == 1 and not shape["x8"] and fits))
     shape["xg"] = xg if shape["xl"] else 0
     _check_matvec(dev, shape, fits, xg, red)
     return shape
-
-
-def matvec_settings(dev) -> dict[str, int]:
-    """FRAMEWORK_OPENCL_MATVEC's settings, each a known key with one of its values (options.MATVEC_KEYS; a
-    ValueError naming the variable, the item, what it may be and the device, otherwise)."""
-    try:
-        return settings.read(MATVEC_ENV)
-    except settings.SettingError as e:
-        raise ValueError(f"{e} ({dev.name}); unset the variable for the plugin's choice") from None
 
 
 def _check_matvec(dev, shape: dict, fits: bool, xg: int, red: int) -> None:
@@ -114,23 +100,24 @@ def _check_matvec(dev, shape: dict, fits: bool, xg: int, red: int) -> None:
         elif shape[key] and not feats.get(key):
             problems.append(f"{key}=1, but {dev.name} does not take PTX's {key} "
                             f"({dev.data.get('inline_ptx', 'not probed')})")
-    if red > _local_bytes(dev):
+    if red > local_bytes(dev):
         problems.append(f"the sums' tree in local memory (r x rows of x x wg x 4 = {red} bytes) is over "
-                        f"{dev.name}'s {_local_bytes(dev)} bytes")
+                        f"{dev.name}'s {local_bytes(dev)} bytes")
     if shape["shfl"] and shape["wg"] % 32:
         problems.append(f"shfl=1 needs work-groups of whole warps (wg={shape['wg']})")
     if shape["xl"] and (not shape["v"] or shape["x8"]):
         problems.append("xl=1 stages f32 x: it needs v=1 and x8=0")
     elif shape["xl"] and not fits:
         problems.append(f"xl=1: {shape['mm']} rows of x of {xg} padded groups ({shape['mm'] * xg * 144} bytes) do not "
-                        f"fit the {MATVEC_XL_BYTES}-byte budget and {dev.name}'s {_local_bytes(dev)} bytes of local "
+                        f"fit the {MATVEC_XL_BYTES}-byte budget and {dev.name}'s {local_bytes(dev)} bytes of local "
                         f"memory (less the reduction's, without shfl)")
     if problems:
         raise ValueError(f"{MATVEC_ENV}={settings.raw(MATVEC_ENV) or ''!r} ({dev.name}): {'; '.join(problems)}; "
                          f"change or unset the variable")
 
 
-def _local_bytes(dev) -> int:
+def local_bytes(dev) -> int:
+    """The device's local memory a work-group (32 KiB where it reports none)."""
     return int(dev.data.get("local_mem_bytes") or 32768)
 
 
@@ -173,7 +160,6 @@ def ptx_options(dev) -> dict[str, int]:
 
 def _probe(dev, feature: str, plain: int) -> str | None:
     """None where ptx_probe's `feature` builds, runs and gives the expected values; else what failed."""
-    import numpy as np
     import pyopencl as cl
     rng = np.random.default_rng(7)
     p = rng.integers(0, 2**32, size=64, dtype=np.uint64).astype(np.uint32)
@@ -200,7 +186,6 @@ def _probe(dev, feature: str, plain: int) -> str | None:
 def probe_expected(p, feature: str):
     """What ptx_probe must give for its inputs p (64 words): dp4a of p[i]'s unsigned and p[32 + i]'s
     signed bytes plus i; lane i ^ 5's own index (the fence's probe writes that too, after a fence)."""
-    import numpy as np
     if feature in ("shfl", "fence"):
         return np.arange(32) ^ 5
     shifts = np.arange(0, 32, 8, dtype=np.uint32)
@@ -215,14 +200,14 @@ def matmul_shape(dev, m: int, n: int) -> dict[str, int]:
     leave a GPU with fewer than MATVEC_MIN_GROUPS work-groups."""
     big = dev.max_wg >= 256 and (dev.is_cpu or -(-m // 64) * -(-n // 64) >= MATVEC_MIN_GROUPS)
     shape = {"bm": 64, "bn": 64, "tm": 4, "tn": 4} if big else {"bm": 32, "bn": 32, "tm": 4, "tn": 4}
-    shape.update(_env(MATMUL_ENV))
+    shape.update(settings.read(MATMUL_ENV))
     return shape
 
 
 def reg_shape(dev, m: int) -> dict[str, int] | None:
     """The register-tiled product's shape where it serves (CPU devices; ``reg=1`` in MATMUL_ENV forces
     it, ``reg=0`` keeps it off): rows of x by weight rows a work-item, and the work-group size."""
-    env = _env(MATMUL_ENV)
+    env = settings.read(MATMUL_ENV)
     if not env.get("reg", int(dev.is_cpu)):
         return None
     tm = 1 if m == 1 else 2 if m <= 2 else 4

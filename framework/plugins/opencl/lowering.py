@@ -1,11 +1,10 @@
 """The OpenCL plugin's lowering: the skeleton's over the shared C kernels (framework/backend/c_kernels.py,
-``Dialect``: element-wise ops, rows, rope, rows in and out, float products, attention), given this plugin's
-launch grid (global and local sizes), build options and work-groups, the attention a CPU device takes
-(sequential, float4 reads) and a GPU's (split over the keys for few rows), and its products by quantized
-weights, chunk by chunk: the register-tiled kernel (CPU devices), the matrix-vector kernels (a few rows of
-x; x in 8 bits for large weights, QUANT_X) or the tiled product, each writing the residual ADD that is the
-product's only reader as it stores (the skeleton's Lowering.residual_add). program.py's kernel table adds
-the fused groups (fused.py)."""
+``Dialect``), given this plugin's launch grid (global and local sizes), build options and work-groups,
+its attention (sequential with float4 reads on a CPU device; on a GPU split over the keys for few rows)
+and its products by quantized weights, chunk by chunk: the register-tiled kernel (CPU devices), the
+matrix-vector kernels (a few rows of x; x in 8 bits for large weights, QUANT_X) or the tiled product,
+each writing the residual ADD that is the product's only reader as it stores. program.py's kernel
+table adds the fused groups (fused.py)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,15 @@
 """The OpenCL side of a program's next run enqueued ahead (the skeleton's framework/backend/ahead.py says
-how and when, and why a run ahead that is not taken is safe to release): its gate is a user event the
-first kernel waits for, its marker an enqueued marker, its host values written on a second queue behind
-that marker, and its value outputs copied back to a Stage without waiting. Enqueueing costs the host 10-24
-us a kernel on NVIDIA (docs/opencl.md); ahead of time it runs while the device computes the run before.
-FRAMEWORK_OPENCL_PREENQUEUE says where the run ahead is enqueued: ``inline`` (the default, on the caller's
-thread), ``thread`` (the device's worker thread while the caller goes on: measured no faster on the H200,
-docs/opencl.md; FRAMEWORK_OPENCL_ENQUEUE_SWITCH_US is the interpreter's switch interval meanwhile) or
-``off``; profiling (FRAMEWORK_OPENCL_PROFILE) turns it off too.
+how and when, and why a run ahead that is not taken is safe to release; docs/opencl.md gives the
+figures): its gate is a user event the first kernel waits for, its marker an enqueued marker, its host
+values written on a second queue behind that marker, and its value outputs copied back to a Stage without
+waiting. FRAMEWORK_OPENCL_PREENQUEUE says where it is enqueued (inline, thread or off).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...backend import contiguous_strides
+from ...backend import strided_copy
 
 
 class Stage:
@@ -48,9 +44,7 @@ class Stage:
         flat = self.arrays[v]
         if not int(np.prod(shape)):
             return np.zeros(shape, flat.dtype)
-        strides = strides or contiguous_strides(shape)
-        view = np.lib.stride_tricks.as_strided(flat[offset:], shape, tuple(s * flat.itemsize for s in strides))
-        return np.array(view, copy=True)
+        return strided_copy(flat, offset, shape, strides)
 
 
 def open_gate(gate) -> None:

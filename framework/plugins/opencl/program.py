@@ -1,26 +1,12 @@
-"""A compiled fragment: its steps (the skeleton's Program, framework/backend/program.py, lowered through
-lowering.py's kernel table) as kernel objects of their own, enqueued in order on
-the device's in-order queue, with no host synchronisation between them (nor after: only reading a
-result back waits; enqueue.py says how they are enqueued). The queue is flushed after the first
-FLUSH_FIRST kernels, every FLUSH_EVERY after that, FLUSH_LAST kernels before the end and at the end of a
-run (a flush submits what is queued, it does not wait, but it costs the host time), so the device starts
-while the host is still enqueueing and has little left to run once the host is done (NVIDIA's driver
-holds enqueued kernels back until a flush: flushed every 64, the device waited for a decode step's first
-64 kernels, 1.4 ms of enqueueing).
-
-Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those whose
-buffer or offset changed since the last one (none, step after step of decode). Computed values live
-in scratch buffers shared by every program of the device (none outlives its run; a value's buffer is
-reused once its last reader has run), except the fragment's outputs, which get buffers of their own
-from a pool each run. Host values handed in (tokens, positions, masks) are copied into buffers the
-program keeps, without waiting.
-
-A program run twice in a row with the same buffers (decode) enqueues its next run ahead, behind a user
-event, which the next run opens once its host values are written (the skeleton's ahead.py says how, and
-why a run ahead that is not taken is safe to release; preenqueue.py holds the OpenCL side).
-
-FRAMEWORK_OPENCL_PROFILE=1 (read when the device opens its queue): every launch's device time, from
-OpenCL's profiling events, adds up per kernel in ``device.profile`` (the run then waits for them).
+"""A compiled fragment: its steps (the skeleton's Program, lowered through lowering.py's kernel table) as
+kernel objects of their own, enqueued in order on the device's in-order queue with no host
+synchronisation between them (enqueue.py says how). The queue is flushed on a cadence (flush_points):
+NVIDIA's driver holds enqueued kernels back until a flush, so the device starts while the host still
+enqueues. Each launch owns its cl.Kernel, so its arguments stay set between runs: a run sets only those
+whose buffer or offset changed (none, decode step after decode step). A program run twice in a row with
+the same buffers enqueues its next run ahead, behind a user event (the skeleton's ahead.py; preenqueue.py
+holds the OpenCL side). FRAMEWORK_OPENCL_PROFILE=1 adds up every launch's device time per kernel in
+``device.profile``. docs/opencl.md says more, with the figures.
 """
 
 from __future__ import annotations
@@ -34,7 +20,7 @@ from . import fused, preenqueue
 from .enqueue import Launches
 from .kernels import build
 from .lowering import DIALECT
-from .signatures import TENSOR_KINDS, params
+from .signatures import KERNELS, params
 
 # the kernel table the skeleton's lowering asks: the shared C kernels' ops (lowering.py), the fused groups
 TABLE = KernelTable(DIALECT.ops(), fused.lower_group, fused.plan)
@@ -49,16 +35,6 @@ def flush_points(n: int) -> frozenset[int]:
     return frozenset(i for i in at if 0 < i < n)
 
 
-def _enqueue_job(launches, queue, flush_at, gate):
-    """A run ahead's enqueueing, holding neither the program nor the device (the worker outlives neither).
-    On the worker, flushed on the run's own cadence: the gate may open while it still enqueues, and the
-    device then runs what was flushed."""
-    def job():
-        launches.enqueue(queue, flush_at, gate)
-        queue.flush()
-    return job
-
-
 @dataclass
 class ClStep:
     """A step as enqueued: its own cl.Kernel, whose arguments stay set between runs."""
@@ -67,7 +43,7 @@ class ClStep:
     gsize: tuple
     lsize: tuple | None
     dynamic: list          # (argument position, operand): the tensors, set per run where their buffers change
-    vec4: tuple = ()       # (argument position, parameter) of the tensors read as float4
+    vec4: dict             # argument position -> parameter, of the tensors read as float4
 
 
 def _scalar(kind: str, value):
@@ -101,12 +77,12 @@ class ClProgram(AheadProgram, Program):
         launch = step.kernel
         kernel = cl.Kernel(build(self.dev, launch.options), launch.kernel)
         binds = iter(step.binds)
-        dynamic, vec4, pos = [], [], 0
+        dynamic, vec4, pos = [], {}, 0
         for kind, name in params(launch.kernel):
-            if kind in TENSOR_KINDS or kind == "w":
+            if kind in KERNELS.buffers:
                 dynamic.append((pos, next(binds)))
                 if name in launch.vec4:
-                    vec4.append((pos, name))
+                    vec4[pos] = name
                 pos += 2
                 continue
             value = step.params[name]
@@ -118,7 +94,7 @@ class ClProgram(AheadProgram, Program):
                 kernel.set_arg(pos, _scalar(kind, value))
             pos += 1
         gsize, lsize = step.grid
-        return ClStep(step.name, kernel, (gsize,), (lsize,) if lsize else None, dynamic, tuple(vec4))
+        return ClStep(step.name, kernel, (gsize,), (lsize,) if lsize else None, dynamic, vec4)
 
     # -- running ----------------------------------------------------------------------------
     def _arguments(self, args):
@@ -164,9 +140,9 @@ class ClProgram(AheadProgram, Program):
         if sig != self.bound_sig:
             self._bind(a, outs, slots)
             self.bound_sig, self.bound = sig, (a.bufs, slots, chunks)
+            self.bound_outs = tuple(id(b) for b, _ in outs.values())
         elif tuple(id(b) for b, _ in outs.values()) != self.bound_outs:
             self._bind_outs(outs)
-        self.bound_outs = tuple(id(b) for b, _ in outs.values())
 
     def _bind_outs(self, outs) -> None:
         for kernel, pos, v in self.out_args:
@@ -193,17 +169,17 @@ class ClProgram(AheadProgram, Program):
         gate = cl.UserEvent(dev.context)
         pending = Pending(self, sig, gate, preenqueue.open_gate, marker, outs, self.bound)
         dev.enqueued += len(self.steps)
-        self.hand_ahead(pending, _enqueue_job(self.launches, queue, frozenset(), gate),
-                        _enqueue_job(self.launches, queue, self.flush_at, gate))
+        self.hand_ahead(pending, self.launches.job(queue, frozenset(), gate),
+                        self.launches.job(queue, self.flush_at, gate))
 
     def _bind(self, a, outs, slots) -> None:
         for st in self.cl_steps:
             for pos, what in st.dynamic:
                 buf, off = self.place(what, a, outs, slots)
-                for p, name in st.vec4:
-                    if p == pos and off % 4:
-                        raise ValueError(f"{st.name}: its kernel reads '{name}' as float4, so the tensor must start at "
-                                         f"a multiple of 4 elements, not at element {off}: hand it a whole buffer")
+                if pos in st.vec4 and off % 4:
+                    raise ValueError(f"{st.name}: its kernel reads '{st.vec4[pos]}' as float4, so the tensor must "
+                                     f"start at a multiple of 4 elements, not at element {off}: hand it a whole "
+                                     f"buffer")
                 st.kernel.set_arg(pos, buf)
                 st.kernel.set_arg(pos + 1, np.uint32(off))
 

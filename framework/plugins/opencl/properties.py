@@ -10,15 +10,11 @@ A CPU device is the host's CPU (PoCL, Intel's and AMD's CPU runtimes run on it).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 from ...contract import HOST_CPU, DeviceType, pci_address, pci_ids_at, pci_physical_id
+from .discovery import library
 
 CL_DEVICE_PCI_BUS_INFO_KHR = 0x410F
-
-
-def extensions(d) -> frozenset[str]:
-    return frozenset(str(d.extensions).split())
 
 
 def device_type(d) -> DeviceType:
@@ -30,22 +26,9 @@ def device_type(d) -> DeviceType:
     return DeviceType.ACCEL
 
 
-def _loader():
-    """The ICD loader pyopencl itself loaded (its wheel brings one), else the system's."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                if "libOpenCL" in line:
-                    return ctypes.CDLL(line.split()[-1])
-    except OSError:
-        pass
-    name = ctypes.util.find_library("OpenCL")
-    return ctypes.CDLL(name) if name else None
-
-
 def _khr_pci_address(d) -> str | None:
     try:
-        lib = _loader()
+        lib, _ = library()
         if lib is None:
             return None
         info = (ctypes.c_uint32 * 4)()
@@ -57,10 +40,9 @@ def _khr_pci_address(d) -> str | None:
     return pci_address(*info) if err == 0 and size.value == ctypes.sizeof(info) else None
 
 
-def pci_address_of(d) -> str | None:
-    """The device's PCI address as its driver reports it, or None."""
+def pci_address_of(d, ext: frozenset[str]) -> str | None:
+    """The device's PCI address as its driver reports it, or None (ext: its extensions)."""
     import pyopencl as cl
-    ext = extensions(d)
     if "cl_khr_pci_bus_info" in ext:
         found = _khr_pci_address(d)
         if found:
@@ -81,14 +63,14 @@ def pci_address_of(d) -> str | None:
     return None
 
 
-def physical_id(d, index: int) -> str:
-    """HOST_CPU for a CPU device; a GPU's or accelerator's PCI address (or ids); else a name of its own."""
-    if device_type(d) == DeviceType.CPU:
+def physical_id(d, data: dict, index: int) -> str:
+    """HOST_CPU for a CPU device; a GPU's or accelerator's PCI address (or ids); else a name of its own
+    (data: device_data's)."""
+    if data["type"] == DeviceType.CPU.value:
         return HOST_CPU
-    address = pci_address_of(d)
-    if address:
-        return pci_physical_id(address=address)
-    if "cl_amd_device_attribute_query" in extensions(d):
+    if data["pci_address"]:
+        return pci_physical_id(address=data["pci_address"])
+    if "cl_amd_device_attribute_query" in data["extensions"]:
         import pyopencl as cl
         try:
             return pci_physical_id(int(d.vendor_id), int(d.get_info(cl.device_info.PCIE_ID_AMD)))
@@ -98,8 +80,8 @@ def physical_id(d, index: int) -> str:
 
 
 def device_data(p, d) -> dict:
-    ext = extensions(d)
-    address = pci_address_of(d)
+    ext = frozenset(str(d.extensions).split())
+    address = pci_address_of(d, ext)
     return {
         "platform": p.name, "platform_vendor": p.vendor, "platform_version": p.version,
         "device": d.name.strip(), "vendor": d.vendor.strip(), "vendor_id": int(d.vendor_id),

@@ -1,19 +1,9 @@
 """Every kernel's parameters, named once: the C prototypes are generated from this table (as macros
-``ARGS_<kernel>`` that kernels.cl's definitions use) and the Python side binds arguments by these
-names, so the two cannot drift apart.
-
-Kinds of parameter, and what one becomes in C:
-
-| kind | C | bound from Python as |
-| --- | --- | --- |
-| ``in``  | ``__global const float* restrict NAME, const uint NAME_off`` | a tensor (buffer and element offset) |
-| ``ini`` | the same with ``int`` | an int32 tensor |
-| ``el``  | the same with ``ELEM`` (float or half, by build option) | a float weight or tensor |
-| ``out`` | ``__global float* restrict NAME, const uint NAME_off`` | a tensor written |
-| ``w``   | ``__global const uint* restrict NAME, const uint NAME_moff`` | a weight chunk (words, scale plane offset) |
-| ``tab`` | ``__global const TABLE_T* restrict NAME`` | a table made at compile time |
-| ``ctr`` | ``__global int* restrict NAME`` | counters the kernel keeps (zeros, the program's own) |
-| ``u``, ``f``, ``u4`` | ``const uint``, ``const float``, ``const uint4`` | a number, four numbers |
+``ARGS_<kernel>`` that kernels.cl's definitions use) and the Python side binds arguments by these names,
+so the two cannot drift apart. A parameter's kind (``_C`` says what each becomes in C): ``in``, ``ini``
+(int32), ``el`` (ELEM: float or half, by build option) and ``out`` a tensor, bound as its buffer and
+element offset; ``w`` a weight chunk (words, scale plane offset); ``tab`` a table made at compile time;
+``ctr`` counters the kernel keeps (zeros, the launch's own); ``u``, ``f``, ``u4`` numbers.
 """
 
 from __future__ import annotations
@@ -37,7 +27,6 @@ SIGNATURES = {
                   "u write_y, u has_mask, f scale, f q_scale, f q_eps, f k_eps, f eps, f eps1, f ys",
 }
 
-TENSOR_KINDS = ("in", "ini", "el", "out")
 _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "ini": "__global const int* restrict {n}, const uint {n}_off",
       "el": "__global const ELEM* restrict {n}, const uint {n}_off",
@@ -48,5 +37,5 @@ _C = {"in": "__global const float* restrict {n}, const uint {n}_off",
       "u": "const uint {n}", "f": "const float {n}", "u4": "const uint4 {n}"}
 
 
-KERNELS = Signatures("opencl", SIGNATURES, _C, (*TENSOR_KINDS, "w"))
+KERNELS = Signatures("opencl", SIGNATURES, _C, ("in", "ini", "el", "out", "w"))     # kinds bound as buffers
 params = KERNELS.params
