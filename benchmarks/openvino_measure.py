@@ -334,24 +334,38 @@ def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: in
     difference from the first value's translation. From the command line: ``ab SETTING=A,B [model or GGUF path
     ...] [rounds=N] [threads=N]``, e.g.
     ``ab OFFSETS=product,zero_point smollm2``; ``DYNAMIC_QUANTIZATION=0,32`` compares the device's
-    DYNAMIC_QUANTIZATION_GROUP_SIZE instead."""
+    DYNAMIC_QUANTIZATION_GROUP_SIZE instead, ``KV_PROGRAMS=per_length,shared`` FRAMEWORK_OPENVINO_KV_PROGRAMS (read
+    when each engine's steps are compiled, at its start)."""
     from framework.bench import FrameworkEngine, LlamaCppEngine, interleave, llama_cpp_installed
     from framework.model.default import resolve_model
     from framework.plugins.openvino_npu import translate, translate_attention
     from framework.plugins.openvino_npu.device import OpenVinoDevice
 
+    from framework.plugins.openvino_npu.kv_programs import KV_PROGRAMS_ENV
     device_setting = setting == "DYNAMIC_QUANTIZATION"     # the device's, not the translation's
+    env_setting = {"KV_PROGRAMS": KV_PROGRAMS_ENV}.get(setting)     # an environment setting of the plugin's
+    if env_setting:
+        device_setting, before = True, os.environ.get(env_setting)
     # the attention's settings (ROW_ATTENTION, OWN_BY_GATHER, ROW_ATTENTION_MAX_T) are translate_attention's
     module = translate_attention if hasattr(translate_attention, setting) else translate
     first = None if device_setting else getattr(module, setting)
     for name in names:
         engines = {}
         for v in values:
-            kwargs = {"dynamic_quantization": v} if device_setting else {}
-            if not device_setting:
+            kwargs = {"dynamic_quantization": v} if device_setting and not env_setting else {}
+            if env_setting:
+                os.environ[env_setting] = v
+            elif not device_setting:
                 setattr(module, setting, v)
             engines[f"{setting}={v}"] = FrameworkEngine(
                 resolve_model(name), [OpenVinoDevice("CPU", threads=threads, **kwargs)], 256, 32)
+            if env_setting:     # compiled now, while the setting holds (a run would compile them under another)
+                e = engines[f"{setting}={v}"]
+                for plan, _ in e.session.plans.values():
+                    e.session.executor.prepare(plan)
+                print(f"{name} {setting}={v}: {e.session.devices[0].compile_summary()}", flush=True)
+        if env_setting:
+            os.environ.pop(env_setting) if before is None else os.environ.__setitem__(env_setting, before)
         if not device_setting:
             setattr(module, setting, first)
         logits = {k: e.session.eval(e.ids) for k, e in engines.items()}

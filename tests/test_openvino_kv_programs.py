@@ -1,7 +1,8 @@
-"""openvino:CPU runs a step at every KV length on one compiled model (kv_programs.py): decode across a KV_PAD
-boundary compiles one decode model where one per KV length compiled two, with the same logits; a fragment whose
-KV length shows anywhere but its attentions' views and masks keeps a model per length; two models whose
-tensors are named alike never share one."""
+"""openvino:CPU runs a step at every KV length on one compiled model (kv_programs.py): the first KV length on a
+model of fixed shapes, and once a second is met, every length on one model whose KV length is dynamic (the first
+length's model freed), with the same logits as a model per length; a fragment whose KV length shows anywhere but
+its attentions' views and masks keeps a model per length; two models whose tensors are named alike never share
+one."""
 
 from __future__ import annotations
 
@@ -49,14 +50,31 @@ def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logit
     per_length, d1, _ = decode(tiny_qwen2, "per_length", monkeypatch)
     shared, d2, s = decode(tiny_qwen2, "shared", monkeypatch)
     assert d1.stats.compiled == 3 and d1.stats.shared == 0          # the prompt, decode at 256, decode at 512
-    assert d2.stats.compiled == 2 and d2.stats.shared == 1          # the prompt, decode at every KV length
+    # the prompt, decode at 256 (fixed shapes), then at 512 one model for every length, which 256's takes too
+    assert d2.stats.compiled == 3 and d2.stats.shared == 1
+    gc.collect()
+    assert d1.stats.live == 3 and d2.stats.live == 2                # the fixed model of 256 is freed
     decode_programs = [p for p in s.executor.programs.values() if p.kv is not None]
     assert sorted(p.kv for p in decode_programs) == [KV_PAD, 2 * KV_PAD]
     assert decode_programs[0].family is decode_programs[1].family
+    assert any(f.kind == "kv_window" for f in decode_programs[0].translation.feeds)
     assert "1 more step shape ran on them (one model for every KV length)" in d2.compile_summary()
     assert "more step shape" not in d1.compile_summary()
     for a, b in zip(per_length, shared):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
+
+
+def test_one_kv_length_runs_on_a_model_of_fixed_shapes(tiny_qwen2, monkeypatch):
+    """A run that decodes at one KV length keeps the fastest model, its shapes fixed."""
+    monkeypatch.setenv(KV_PROGRAMS_ENV, "shared")
+    dev = OpenVinoDevice("CPU", cache_dir=None)
+    s = Session(tiny_qwen2, [dev], n_ctx=2 * KV_PAD)
+    logits = s.eval(list(range(20, 40)))
+    for _ in range(4):
+        logits = s.eval([int(np.argmax(logits))])
+    (program,) = [p for p in s.executor.programs.values() if p.kv is not None]
+    assert program.kv == KV_PAD and dev.stats.compiled == 2 and dev.stats.shared == 0
+    assert not any(f.kind == "kv_window" for f in program.translation.feeds)
 
 
 def test_a_family_is_the_step_with_its_kv_length_set_aside(tiny_qwen2):
@@ -84,6 +102,8 @@ def test_models_named_alike_never_share_a_compiled_model(tmp_path, monkeypatch):
     a = Model(tiny_models.write("qwen2", tmp_path / "a.gguf"))
     b = Model(tiny_models.write("qwen2", tmp_path / "b.gguf"))
     dev = OpenVinoDevice("CPU", cache_dir=None)
-    decode(a, "shared", monkeypatch, dev)
-    decode(b, "shared", monkeypatch, dev)
-    assert dev.stats.compiled == 4 and dev.stats.shared == 2
+    _, _, sa = decode(a, "shared", monkeypatch, dev)
+    _, _, sb = decode(b, "shared", monkeypatch, dev)
+    assert dev.stats.compiled == 6 and dev.stats.shared == 2       # each: prompt, decode at 256, at every length
+    families = {id(p.family) for s in (sa, sb) for p in s.executor.programs.values() if p.kv is not None}
+    assert len(families) == 2

@@ -131,6 +131,7 @@ class OpenVinoDevice(Device):
         self.stats = CompileStats()
         self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
         self.families: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # kv_programs: key -> Family
+        self.first_length: dict = {}            # kv_programs: key -> (KV length, the programs on its fixed model)
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         what = f"OpenVINO {ov_name}" + (f" ({full_name})" if full_name else "")
         if profile:
@@ -264,7 +265,8 @@ class OpenVinoDevice(Device):
 class OvProgram:
     """A fragment as one compiled model, with the feeding of its inputs and the cache writes. Fragments of one
     family (kv_programs.py: the same step at other KV lengths) run on one compiled model, each feeding its own
-    window of the cache."""
+    window of the cache: the first KV length met on a model of fixed shapes, and from the second on, every
+    length (the first's programs too) on one model whose KV length is dynamic."""
 
     def __init__(self, device: OpenVinoDevice, fragment: Fragment):
         self.device = device
@@ -296,13 +298,28 @@ class OvProgram:
             key = (family_key(self.fragment, kv), tuple(id(weights[id(t)]) for t in self.fragment.inputs
                                                         if id(t) in weights))
         self.kv = kv
-        self.family = dev.families.get(key) if key else None
-        if self.family is not None:
+        if key is None:
+            self.family = self._compile(weights, None)
+            return
+        if key in dev.families:                 # the model of every KV length, made already
+            self.family = dev.families[key]
             dev.stats.shared += 1
             return
-        self.family = self._compile(weights, kv)
-        if key:
-            dev.families[key] = self.family
+        length, refs = dev.first_length.get(key, (None, []))
+        first = [p for r in refs if (p := r()) is not None]
+        if first and length == kv:              # the first KV length met again (another session's step)
+            self.family = first[0].family
+            refs.append(weakref.ref(self))
+            dev.stats.shared += 1
+        elif not first:                         # the family's first KV length: a model of fixed shapes, the fastest
+            self.family = self._compile(weights, None)
+            dev.first_length[key] = (kv, [weakref.ref(self)])
+        else:                                   # a second KV length: one model for every length, the first's too
+            self.family = dev.families[key] = self._compile(weights, kv)
+            for p in first:
+                p.family = self.family
+            dev.stats.shared += len(first)
+            del dev.first_length[key]
 
     def _compile(self, weights: dict[int, W.OvWeight], kv: int | None) -> Family:
         dev = self.device
