@@ -50,8 +50,8 @@ from . import kv_programs
 from . import weights as W
 from .options import (AUTO, CACHE_MAX_ENV, DYNQUANT, DYNQUANT_ENV, PRECISION_ENV, PROFILE_ENV, CompileSettings,
                       onednn_cap, read_settings)
-from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .kv_programs import Family, family_key, kv_length
+from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .rope import rope_table
 
 if TYPE_CHECKING:

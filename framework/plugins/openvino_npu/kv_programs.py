@@ -4,10 +4,11 @@ The core plans a step for each KV length it attends over (rounded up to KV_PAD),
 its own. On OpenVINO's CPU device every compiled model holds its own repacked copy of the weights, 1 to 3.5
 times their bytes (SmolLM2: 345 MB a model for 98 MB of weights; the 1.5B: 2.2 GB for 1.4 GB; docs/openvino.md,
 "One model for every KV length"), so a server's 8 row counts at 64 KV lengths needed hundreds of GB. A
-fragment whose only KV-length-shaped values are its attentions' cache views and masks is translated once with
-that length left dynamic (the window and mask inputs, the attention over them); every fragment of the same
-family (the same ops, shapes, parameters and wiring once the KV length is set aside) then runs on that one
-compiled model, with its own window rows fed at run time. Anything else keeps a model per KV length.
+fragment whose only KV-length-shaped values are its attentions' cache views and masks belongs to a family (the
+same ops, shapes, parameters, wiring and weights once the KV length is set aside). Its first KV length runs a
+model of fixed shapes (the fastest); from its second on, every length runs on one model translated with the KV
+length left dynamic (the window and mask inputs, the attention over them), each program feeding its own window
+rows at run time (device.py's OvProgram.build). Anything else keeps a model per KV length.
 """
 
 from __future__ import annotations
@@ -127,4 +128,3 @@ def enabled(hardware_is_cpu: bool, static_shapes: bool) -> bool:
     """Shared models on OpenVINO's CPU device, unless a profile fixes shapes or the setting asks for one per length
     (OpenVINO's GPU and NPU plugins are not here to test a dynamic KV length on)."""
     return hardware_is_cpu and not static_shapes and settings.read(KV_PROGRAMS_ENV) == SHARED
-
