@@ -46,6 +46,11 @@ def decode(model: Model, mode: str, monkeypatch, device: OpenVinoDevice | None =
     return out, dev, s
 
 
+def decoding(s: Session) -> list:
+    """The session's programs of one-token steps."""
+    return [p for p in s.executor.programs.values() if p.fragment.nodes[0].shape[0] == 1]
+
+
 def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logits(tiny_qwen2, monkeypatch):
     per_length, d1, _ = decode(tiny_qwen2, "per_length", monkeypatch)
     shared, d2, s = decode(tiny_qwen2, "shared", monkeypatch)
@@ -54,7 +59,7 @@ def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logit
     assert d2.stats.compiled == 3 and d2.stats.shared == 1
     gc.collect()
     assert d1.stats.live == 3 and d2.stats.live == 2                # the fixed model of 256 is freed
-    decode_programs = [p for p in s.executor.programs.values() if p.kv is not None]
+    decode_programs = decoding(s)
     assert sorted(p.kv for p in decode_programs) == [KV_PAD, 2 * KV_PAD]
     assert decode_programs[0].family is decode_programs[1].family
     assert any(f.kind == "kv_window" for f in decode_programs[0].translation.feeds)
@@ -72,7 +77,7 @@ def test_one_kv_length_runs_on_a_model_of_fixed_shapes(tiny_qwen2, monkeypatch):
     logits = s.eval(list(range(20, 40)))
     for _ in range(4):
         logits = s.eval([int(np.argmax(logits))])
-    (program,) = [p for p in s.executor.programs.values() if p.kv is not None]
+    (program,) = decoding(s)
     assert program.kv == KV_PAD and dev.stats.compiled == 2 and dev.stats.shared == 0
     assert not any(f.kind == "kv_window" for f in program.translation.feeds)
 
@@ -92,8 +97,34 @@ def test_a_family_is_the_step_with_its_kv_length_set_aside(tiny_qwen2):
     assert len({f.structure for f in one}) == 3                     # the core's keys: one a KV length
     four = fragment(4, KV_PAD)
     assert family_key(four, KV_PAD) != family_key(one[0], KV_PAD)   # other rows: another family
-    prompt = fragment(64, KV_PAD)                                   # more queries than attend_rows takes
-    assert kv_length(prompt) is None
+    prompt = [fragment(64, kv) for kv in (KV_PAD, 2 * KV_PAD)]      # more queries than attend_rows takes
+    assert [kv_length(f) for f in prompt] == [KV_PAD, 2 * KV_PAD]
+    assert family_key(prompt[0], KV_PAD) == family_key(prompt[1], 2 * KV_PAD) != family_key(one[0], KV_PAD)
+
+
+def test_chunks_of_several_tokens_at_three_kv_lengths_share_one_model(tiny_qwen2, monkeypatch):
+    """Steps of 12 tokens (more than attend_rows takes: the attention over the window and the new rows with one
+    softmax) at KV lengths 256, 512 and 768: a fixed model, then one dynamic model for the other two, the same
+    logits as a model per length."""
+    def run(mode):
+        monkeypatch.setenv(KV_PROGRAMS_ENV, mode)
+        dev = OpenVinoDevice("CPU", cache_dir=None)
+        s = Session(tiny_qwen2, [dev], n_ctx=3 * KV_PAD)
+        rng = np.random.default_rng(7)
+        chunk = lambda n: [int(t) for t in rng.integers(20, 200, n)]  # noqa: E731
+        out = [s.eval(chunk(KV_PAD - 16)), s.eval(chunk(12))]       # KV 256
+        out += [s.eval(chunk(KV_PAD - 19)), s.eval(chunk(12))]      # 489 tokens, then 501: KV 512
+        out += [s.eval(chunk(12))]                                  # 513: KV 768
+        twelve = [p for p in s.executor.programs.values() if p.fragment.nodes[0].shape[0] == 12]
+        return out, dev, twelve
+
+    per_length, d1, _ = run("per_length")
+    shared, d2, twelve = run("shared")
+    assert sorted(p.kv for p in twelve) == [KV_PAD, 2 * KV_PAD, 3 * KV_PAD]
+    assert len({id(p.family) for p in twelve}) == 1
+    assert d1.stats.compiled == 5 and d2.stats.compiled == 4 and d2.stats.shared == 2
+    for a, b in zip(per_length, shared):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
 
 
 def test_models_named_alike_never_share_a_compiled_model(tmp_path, monkeypatch):
@@ -105,5 +136,5 @@ def test_models_named_alike_never_share_a_compiled_model(tmp_path, monkeypatch):
     _, _, sa = decode(a, "shared", monkeypatch, dev)
     _, _, sb = decode(b, "shared", monkeypatch, dev)
     assert dev.stats.compiled == 6 and dev.stats.shared == 2       # each: prompt, decode at 256, at every length
-    families = {id(p.family) for s in (sa, sb) for p in s.executor.programs.values() if p.kv is not None}
+    families = {id(p.family) for s in (sa, sb) for p in decoding(s)}
     assert len(families) == 2

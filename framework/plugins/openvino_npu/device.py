@@ -50,7 +50,7 @@ from . import kv_programs
 from . import weights as W
 from .options import (AUTO, CACHE_MAX_ENV, DYNQUANT, DYNQUANT_ENV, PRECISION_ENV, PROFILE_ENV, CompileSettings,
                       onednn_cap, read_settings)
-from .kv_programs import Family, family_key, kv_length
+from .kv_programs import DynamicKVError, Family, family_key, kv_length
 from .profiles import PROFILES, Profile, get_profile, profile_for_architecture
 from .rope import rope_table
 
@@ -132,6 +132,7 @@ class OpenVinoDevice(Device):
         self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
         self.families: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # kv_programs: key -> Family
         self.first_length: dict = {}            # kv_programs: key -> (KV length, the programs on its fixed model)
+        self.fixed_only: set = set()            # kv_programs: keys whose translation refused a dynamic KV length
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         what = f"OpenVINO {ov_name}" + (f" ({full_name})" if full_name else "")
         if profile:
@@ -314,8 +315,15 @@ class OvProgram:
         elif not first:                         # the family's first KV length: a model of fixed shapes, the fastest
             self.family = self._compile(weights, None)
             dev.first_length[key] = (kv, [weakref.ref(self)])
+        elif key in dev.fixed_only:             # its translation keeps the window's rows: a model per length
+            self.family = self._compile(weights, None)
         else:                                   # a second KV length: one model for every length, the first's too
-            self.family = dev.families[key] = self._compile(weights, kv)
+            try:
+                self.family = dev.families[key] = self._compile(weights, kv)
+            except DynamicKVError:
+                dev.fixed_only.add(key)
+                self.family = self._compile(weights, None)
+                return
             for p in first:
                 p.family = self.family
             dev.stats.shared += len(first)

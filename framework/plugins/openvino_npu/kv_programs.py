@@ -20,9 +20,12 @@ from ...contract import Fragment, Tensor, settings
 
 KV_PROGRAMS_ENV = "FRAMEWORK_OPENVINO_KV_PROGRAMS"
 SHARED, PER_LENGTH = "shared", "per_length"
-# attention of at most this many queries reads the cache rows in place (translate_attention.ROW_ATTENTION_MAX_T):
-# the form that is translated with a dynamic KV length; a longer prompt chunk keeps a model per KV length
-MAX_QUERIES = 8
+
+
+class DynamicKVError(RuntimeError):
+    """A fragment the translation cannot leave its KV length dynamic in: it keeps a model of fixed shapes for
+    each KV length."""
+
 
 settings.declare(KV_PROGRAMS_ENV, "openvino", f"{SHARED} or {PER_LENGTH}", SHARED,
                  "openvino:CPU: one compiled model for a step shape at every KV length (shared), or one per KV "
@@ -30,15 +33,15 @@ settings.declare(KV_PROGRAMS_ENV, "openvino", f"{SHARED} or {PER_LENGTH}", SHARE
 
 
 def kv_length(fragment: Fragment) -> int | None:
-    """The KV length of a fragment that can be one model for every KV length: each FLASH_ATTN_EXT has at most
-    MAX_QUERIES queries, reads offset-0 views of caches written in this fragment, with a mask given to the
-    fragment, all over one length; those views and masks are read by the attentions alone, and the writes by
-    their views alone. None for any other fragment."""
+    """The KV length of a fragment that can be one model for every KV length: each FLASH_ATTN_EXT reads offset-0
+    views of caches written in this fragment, with a mask given to the fragment, all over one length; those views
+    and masks are read by the attentions alone, and the writes by their views alone. None for any other
+    fragment (the translation may still refuse one: DynamicKVError)."""
     attentions = [n for n in fragment.nodes if n.op == "FLASH_ATTN_EXT"]
     inside = {id(n) for n in fragment.nodes}
     lengths = set()
     for a in attentions:
-        if len(a.src) < 4 or a.src[0].shape[0] > MAX_QUERIES or id(a.src[3]) in inside:
+        if len(a.src) < 4 or id(a.src[3]) in inside:
             return None
         for kv in a.src[1:3]:
             if not (kv.op == "VIEW" and kv.params["offset"] == 0 and id(kv) in inside and kv.src[0].op == "SET_ROWS"):

@@ -9,7 +9,7 @@ import openvino as ov
 from openvino import opset13 as ops
 
 from ...contract import Tensor
-from .kv_programs import MAX_QUERIES
+from .kv_programs import DynamicKVError
 from .translate import CacheView, const, i64, reshape
 
 OWN_BY_GATHER = True
@@ -19,7 +19,7 @@ OWN_BY_GATHER = True
 # rows' (S, Hkv, D) -> (Hkv, S, D) transpose into the product: the transposes cost what the Hkv times fewer
 # multiply-adds save at one query, and less than they save at five (benchmarks/openvino_measure.py own-head).
 ROW_ATTENTION = "auto"
-ROW_ATTENTION_MAX_T = MAX_QUERIES     # up to this many queries, attention reads the cache rows in place (attend_rows)
+ROW_ATTENTION_MAX_T = 8     # up to this many queries, attention reads the cache rows in place (attend_rows)
 
 
 def split_mask(tr, rows_t: Tensor, rows, mask_t: Tensor, mv, s: int, tn: int):
@@ -70,6 +70,8 @@ def op_flash_attn_ext(tr, n):
     def tiled(m):             # (t, cols) -> (g*t, cols), query rows grouped as in qh
         return m if g == 1 else ops.tile(m, i64([g, 1])).output(0)
 
+    if not lazy and tr.kv is not None:       # the forms below fix the window's rows
+        raise DynamicKVError(f"{n.describe()} does not read the cache window just written in place")
     if not lazy:
         kh, vh = heads(tr.out(k), s), heads(tr.out(v), s)
         sc = ops.multiply(ops.matmul(qh, kh, False, True), const(scale)).output(0)
@@ -84,15 +86,15 @@ def op_flash_attn_ext(tr, n):
         zero = const(0.0)
         kn = ops.select(keep, kw.new_rows, zero).output(0)
         vn = ops.select(keep, vw.new_rows, zero).output(0)
-        if t <= ROW_ATTENTION_MAX_T:       # the window's rows: -1 where the KV length is left dynamic
-            rows = -1 if tr.kv is not None else s
+        rows = -1 if tr.kv is not None else s     # the window's rows: -1 where the KV length is left dynamic
+        if t <= ROW_ATTENTION_MAX_T:
             return attend_rows(qv, [(kw.window, vw.window, mask_c, rows), (kn, vn, mask_n, tn)], scale, hkv,
                                tr.mask_parts if rows < 0 else None)
-        kc, vc, kn, vn = heads(kw.window, s), heads(vw.window, s), heads(kn, tn), heads(vn, tn)
+        kc, vc, kn, vn = heads(kw.window, rows), heads(vw.window, rows), heads(kn, tn), heads(vn, tn)
         sc_c = ops.add(ops.multiply(ops.matmul(qh, kc, False, True), const(scale)), tiled(mask_c)).output(0)
         sc_n = ops.add(ops.multiply(ops.matmul(qh, kn, False, True), const(scale)), tiled(mask_n)).output(0)
         p = ops.softmax(ops.concat([sc_c, sc_n], 2), -1).output(0)
-        split = ops.variadic_split(p, i64(2), i64([s, tn]))
+        split = ops.variadic_split(p, i64(2), i64([rows, tn]))
         o = ops.add(ops.matmul(split.output(0), vc, False, False),
                     ops.matmul(split.output(1), vn, False, False)).output(0)
     o = reshape(o, (h, t, d))
