@@ -107,8 +107,8 @@ def attend_rows(q: ov.Output, parts, scale: float, hkv: int, shared: dict | None
     concatenation of the cache. With Hkv > 1 every query head meets every kv head's rows (Hkv times the
     few multiply-adds a decode step needs) and keeps its own: cheaper than moving the cache. A part of -1 rows
     has as many as its keys (a dynamic KV length): the Gather's indices are then made in the model from the
-    rows' count (a one-hot product and sum instead ran SmolLM2's decode at 0.74x; the grouped form at 0.82x), once
-    for every layer of the model (``shared``: the translator's, keyed by the mask they are made from)."""
+    rows' count (a one-hot product and sum instead ran SmolLM2's decode at 0.88x: docs/openvino.md), once for
+    every layer of the model (``shared``: the translator's, keyed by the mask they are made from)."""
     t, h, d = (q.get_partial_shape()[i].get_length() for i in range(3))
     g = h // hkv
     if hkv > 1 and (ROW_ATTENTION == "grouped" or ROW_ATTENTION == "auto" and t > 1):
