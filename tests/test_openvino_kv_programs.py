@@ -46,9 +46,9 @@ def decode(model: Model, mode: str, monkeypatch, device: OpenVinoDevice | None =
     return out, dev, s
 
 
-def decoding(s: Session) -> list:
-    """The session's programs of one-token steps."""
-    return [p for p in s.executor.programs.values() if p.fragment.nodes[0].shape[0] == 1]
+def decoding(s: Session, tokens: int = 1) -> list:
+    """The session's programs of steps of that many tokens (one: decode)."""
+    return [p for p in s.executor.programs.values() if p.fragment.nodes[0].shape[0] == tokens]
 
 
 def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logits(tiny_qwen2, monkeypatch):
@@ -115,8 +115,7 @@ def test_chunks_of_several_tokens_at_three_kv_lengths_share_one_model(tiny_qwen2
         out = [s.eval(chunk(KV_PAD - 16)), s.eval(chunk(12))]       # KV 256
         out += [s.eval(chunk(KV_PAD - 19)), s.eval(chunk(12))]      # 489 tokens, then 501: KV 512
         out += [s.eval(chunk(12))]                                  # 513: KV 768
-        twelve = [p for p in s.executor.programs.values() if p.fragment.nodes[0].shape[0] == 12]
-        return out, dev, twelve
+        return out, dev, decoding(s, 12)
 
     per_length, d1, _ = run("per_length")
     shared, d2, twelve = run("shared")
@@ -138,3 +137,22 @@ def test_models_named_alike_never_share_a_compiled_model(tmp_path, monkeypatch):
     assert dev.stats.compiled == 6 and dev.stats.shared == 2       # each: prompt, decode at 256, at every length
     families = {id(p.family) for s in (sa, sb) for p in decoding(s)}
     assert len(families) == 2
+
+
+def test_a_family_kept_per_length_is_said_with_its_reason(tiny_qwen2, monkeypatch):
+    """A family whose translation refuses a dynamic KV length (DynamicKVError, made to happen here) keeps a model
+    per length, and the device's compile summary says how many step shapes and why: no fallback unsaid."""
+    from framework.plugins.openvino_npu import translator
+    from framework.plugins.openvino_npu.kv_programs import DynamicKVError
+    real = translator.translate
+
+    def refusing(fragment, weights, kv=None):
+        if kv is not None:
+            raise DynamicKVError("FLASH_ATTN_EXT kqv-0 does not read the cache window just written in place")
+        return real(fragment, weights, kv)
+    monkeypatch.setattr(translator, "translate", refusing)
+    _, dev, s = decode(tiny_qwen2, "shared", monkeypatch)
+    assert dev.stats.compiled == 3 and dev.stats.shared == 0      # the prompt, decode at 256 and at 512, fixed
+    assert len({id(p.family) for p in decoding(s)}) == 2
+    assert ("1 step shape kept a model per KV length (FLASH_ATTN_EXT kqv-0 does not read the cache window just "
+            "written in place)") in dev.compile_summary()

@@ -26,7 +26,7 @@ import dataclasses
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,7 @@ class CompileStats:
     seconds: float = 0.0          # compile_model time, both kinds
     build_seconds: float = 0.0    # building the ov.Model (translation)
     shared: int = 0               # programs run on a compiled model of their family (kv_programs.py)
+    per_length: dict = field(default_factory=dict)   # why a family keeps a model per KV length -> programs
     live: int = 0                 # compiled models alive now
 
 
@@ -132,7 +133,7 @@ class OpenVinoDevice(Device):
         self._loaded: dict[int, tuple[str, Any]] = {}       # id(tensor) -> (name, weakref to OvWeight)
         self.families: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # kv_programs: key -> Family
         self.first_length: dict = {}            # kv_programs: key -> (KV length, the programs on its fixed model)
-        self.fixed_only: set = set()            # kv_programs: keys whose translation refused a dynamic KV length
+        self.fixed_only: dict = {}              # kv_programs: key -> why its translation refused a dynamic KV length
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         what = f"OpenVINO {ov_name}" + (f" ({full_name})" if full_name else "")
         if profile:
@@ -316,18 +317,24 @@ class OvProgram:
             self.family = self._compile(weights, None)
             dev.first_length[key] = (kv, [weakref.ref(self)])
         elif key in dev.fixed_only:             # its translation keeps the window's rows: a model per length
-            self.family = self._compile(weights, None)
+            self._per_length(weights, dev.fixed_only[key])
         else:                                   # a second KV length: one model for every length, the first's too
             try:
                 self.family = dev.families[key] = self._compile(weights, kv)
-            except DynamicKVError:
-                dev.fixed_only.add(key)
-                self.family = self._compile(weights, None)
+            except DynamicKVError as e:
+                dev.fixed_only[key] = str(e)
+                self._per_length(weights, str(e))
                 return
             for p in first:
                 p.family = self.family
             dev.stats.shared += len(first)
             del dev.first_length[key]
+
+    def _per_length(self, weights: dict[int, W.OvWeight], why: str) -> None:
+        """A model of fixed shapes for this KV length, counted with the reason (compile_summary says it)."""
+        self.family = self._compile(weights, None)
+        per = self.device.stats.per_length
+        per[why] = per.get(why, 0) + 1
 
     def _compile(self, weights: dict[int, W.OvWeight], kv: int | None) -> Family:
         dev = self.device

@@ -256,6 +256,10 @@ class CompileSettings:
         if s.shared:
             line += (f"; {s.shared} more step shape{'' if s.shared == 1 else 's'} ran on them (one model for every KV "
                      f"length)")
+        if s.per_length:
+            n, why = sum(s.per_length.values()), next(iter(s.per_length))
+            line += (f"; {n} step shape{'' if n == 1 else 's'} kept a model per KV length ({why}"
+                     + (f"; {len(s.per_length) - 1} other reasons)" if len(s.per_length) > 1 else ")"))
         if s.compiled == 0 and s.from_cache:
             line += "; this run compiled nothing"
         if W.CONVERTED:
