@@ -46,6 +46,10 @@
                                                       # attention over cache rows: each kv head's query group
                                                       # against its own rows (grouped), or every head against
                                                       # all rows with its own picked by a Gather or a one-hot sum
+    python benchmarks/openvino_measure.py model-memory [model or GGUF path ...]
+                                                      # resident memory a compiled decode model adds: one more
+                                                      # KV length with one model per length, and with one model
+                                                      # for every length (kv_programs.py)
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -392,6 +396,46 @@ def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: in
                   f"{rounds} interleaved rounds", flush=True)
             peer.close()
         del engines
+
+
+def _rss() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    raise SystemExit("model-memory reads /proc/self/status (Linux)")
+
+
+def model_memory(names=("smollm2",), lengths=(256, 512, 768)) -> None:
+    """The resident memory each decode step shape's compiled model adds, compiled in turn at KV lengths 256, 512
+    and 768, with FRAMEWORK_OPENVINO_KV_PROGRAMS per_length (a model per length) and shared (kv_programs.py), each
+    on a fresh device; and the weights' bytes as the plugin holds them. The first compile also loads the weights."""
+    from framework.core.graph import LeafKind
+    from framework.model.default import resolve_model
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.plugins.openvino_npu.kv_programs import KV_PROGRAMS_ENV
+    from framework.runtime.session import Session
+    for name in names:
+        model = Model(resolve_model(name))
+        for mode in ("per_length", "shared"):
+            os.environ[KV_PROGRAMS_ENV] = mode
+            dev = OpenVinoDevice("CPU", cache_dir=None)
+            s = Session(model, [dev], n_ctx=max(lengths) + 256, n_batch=64)
+            keys = [s.context.rows_key(1, kv, 1) for kv in lengths]
+            s.reserve_shapes(keys)
+            grew, before = [], _rss()
+            for k in keys:
+                s.executor.prepare(s.plans[k][0])
+                grew.append(_rss() - before)
+                before = _rss()
+            plan = s.plans[keys[0]][0]
+            weights = sum(dev.weight_nbytes(t) for f in plan.fragments for t in f.inputs
+                          if t.is_leaf and t.kind == LeafKind.WEIGHT)
+            print(f"{name} {KV_PROGRAMS_ENV}={mode}: weights {weights / 2**20:.0f} MiB; resident memory added by the "
+                  f"decode model at KV " + ", ".join(f"{kv} {g / 2**20:.0f} MiB" for kv, g in zip(lengths, grew))
+                  + f" (the first with the weights' load); {dev.compile_summary()}", flush=True)
+            del s, dev
+        os.environ.pop(KV_PROGRAMS_ENV)
 
 
 def _setting_values(word: str) -> tuple[str, tuple]:
@@ -1178,6 +1222,9 @@ if __name__ == "__main__":
         dqs = tuple(v if v == "auto" else int(v) for v in words["dq"].split(",")) if "dq" in words else (None,)
         big_decode(*[w for w in sys.argv[2:4] if "=" not in w], steps=int(words.get("steps", 32)),
                    rounds=int(words.get("rounds", 5)), dqs=dqs)
+        raise SystemExit(0)
+    if what == "model-memory":
+        model_memory(tuple(sys.argv[2:]) or ("smollm2",))
         raise SystemExit(0)
     if what == "ab":
         given = [w.partition("=") for w in sys.argv[3:]]

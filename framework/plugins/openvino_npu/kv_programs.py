@@ -1,9 +1,9 @@
 """One compiled model for a step at every KV length (openvino:CPU).
 
 The core plans a step for each KV length it attends over (rounded up to KV_PAD), and each is a fragment of
-its own. On OpenVINO's CPU device every compiled model holds its own repacked copy of the weights, 1 to 3.5
-times their bytes (SmolLM2: 345 MB a model for 98 MB of weights; the 1.5B: 2.2 GB for 1.4 GB; docs/openvino.md,
-"One model for every KV length"), so a server's 8 row counts at 64 KV lengths needed hundreds of GB. A
+its own. On OpenVINO's CPU device every compiled model holds its own repacked copy of the weights, 1 to 2.5
+times their bytes (SmolLM2: 241-253 MiB a model for 98 MiB of weights; the 1.5B: 2.2 GiB for 1.3 GiB;
+docs/openvino.md, "One model for every KV length"), so a server's 8 row counts at 64 KV lengths needed hundreds of GB. A
 fragment whose only KV-length-shaped values are its attentions' cache views and masks belongs to a family (the
 same ops, shapes, parameters, wiring and weights once the KV length is set aside). Its first KV length runs a
 model of fixed shapes (the fastest); from its second on, every length runs on one model translated with the KV
