@@ -115,9 +115,11 @@ def library() -> tuple:
     wraps at a cost (clEnqueueNDRangeKernel, with an event a launch)."""
     import pyopencl
     libs = sorted((Path(pyopencl.__file__).parent / ".libs").glob("libOpenCL*.so*"))   # the wheel's loader
+    failed = []
     for name in [str(p) for p in libs] + [n for n in [ctypes.util.find_library("OpenCL")] if n]:
         try:
             return ctypes.CDLL(name), name
-        except OSError:
-            continue
-    return None, "no OpenCL library found beside pyopencl or on the loader path"
+        except OSError as e:
+            failed.append(f"{name}: {e}")
+    return None, ("no OpenCL library found beside pyopencl or on the loader path" if not failed else
+                  "no OpenCL library could be loaded (" + "; ".join(failed) + ")")
