@@ -368,8 +368,10 @@ def translation_ab(setting: str, values, names=("smollm2", "gemma3"), rounds: in
                 for plan, _ in e.session.plans.values():
                     e.session.executor.prepare(plan)
                 print(f"{name} {setting}={v}: {e.session.devices[0].compile_summary()}", flush=True)
-        if env_setting:
-            os.environ.pop(env_setting) if before is None else os.environ.__setitem__(env_setting, before)
+        if env_setting and before is None:
+            os.environ.pop(env_setting)
+        elif env_setting:
+            os.environ[env_setting] = before
         if not device_setting:
             setattr(module, setting, first)
         logits = {k: e.session.eval(e.ids) for k, e in engines.items()}

@@ -275,7 +275,6 @@ class OvProgram:
         self.fragment = fragment
         self.family: Family | None = None
         self.kv: int | None = None
-        self.compile_seconds = 0.0
 
     @property
     def translation(self) -> Translation | None:
@@ -371,7 +370,6 @@ class OvProgram:
             from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
         except Exception:   # noqa: BLE001 - a plugin without the property: not from a cache
             from_cache = False
-        self.compile_seconds = t2 - t1
         family = Family(translation, compiled, effective_settings(compiled), requested, from_cache,
                         list(weights.values()))
         self._check_settings(family)
