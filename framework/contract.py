@@ -118,6 +118,10 @@ class Limits:
     max_live_programs: int | None = None
     max_chain: int | None = None          # commands (dispatches, runs) one submission may chain
     static_shapes: bool = False           # every program needs fixed shapes
+    # Each new step shape costs a compile (a program per shape, as OpenVINO's models): the runtime rounds a
+    # step's token rows and logits rows up to a few sizes (runtime/context.py's padded_rows), so that a
+    # server's ever-new mixes of prompt and decode rows meet a bounded set of programs.
+    padded_rows: bool = False
     dtypes: frozenset[str] | None = None  # weight dtypes accepted (names like "Q4_K"); None: all
     # The most rows a step may hold with every row's results bit for bit those a one-row step gives that row
     # (speculative verification relies on it: docs/speculative.md). Default 0: not declared, and speculative

@@ -2,6 +2,8 @@
 and batched rows giving each sequence the logits it gets alone, bit for bit on the cpu plugin (whose
 products and attention sums do not depend on the other rows of a step), within bounds on openvino:CPU."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tiny_models
@@ -11,7 +13,7 @@ from framework.model.model import Model
 from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.batch import Batch, BatchError, Part
 from framework.runtime.cells import Cells
-from framework.runtime.context import ContextFullError
+from framework.runtime.context import ContextFullError, padded_rows
 from framework.runtime.perplexity import perplexity, windows_per_step
 from framework.runtime.prefix import PrefixCache, block_hashes
 from framework.runtime.session import Session
@@ -88,9 +90,10 @@ def alone(model: Model, devices, prompt: list[int], n: int = DECODE) -> tuple[li
     return out, tokens
 
 
-def batched(model: Model, devices) -> dict[int, list[np.ndarray]]:
+def batched(model: Model, devices, keys: list | None = None) -> dict[int, list[np.ndarray]]:
     """Sequences 1 and 2 prefill together and decode together; 3 joins mid-generation with its prompt
-    beside their decode rows; one leaves early (its cells freed) while the others go on."""
+    beside their decode rows; one leaves early (its cells freed) while the others go on. keys: given a list,
+    the step shapes that ran are added to it."""
     b = Batch(Session(model, devices if isinstance(devices, list) else [devices], n_ctx=128))
     got = {1: [], 2: [], 3: []}
 
@@ -110,6 +113,8 @@ def batched(model: Model, devices) -> dict[int, list[np.ndarray]]:
     run([Part(1, next_token(1)), Part(3, next_token(3))])
     run([Part(3, next_token(3))])
     assert b.cells.sequences() == [1, 3]
+    if keys is not None:
+        keys += list(b.session.plans)
     return got
 
 
@@ -175,6 +180,53 @@ def test_batched_rows_on_openvino_cpu_are_within_bounds_of_alone(registry, tiny_
         ref, _ = alone(tiny_llama, devices, PROMPTS[seq], len(logits) - 1)
         for a, b in zip(ref, logits):
             assert nmse(a, b) < 5e-4, (seq, nmse(a, b))
+
+
+def with_padded_rows(device):
+    """The device as one that compiles a program per step shape declares itself (limits.padded_rows)."""
+    device.limits = dataclasses.replace(device.limits, padded_rows=True)
+    return device
+
+
+def test_padded_rows_are_the_next_power_of_two_within_the_batch():
+    assert [padded_rows(n, 512) for n in (1, 2, 3, 5, 8, 9, 100, 300, 512)] == [1, 2, 4, 8, 8, 16, 128, 512, 512]
+    assert padded_rows(70, 100) == 100
+
+
+def test_padded_rows_give_each_row_the_logits_it_gets_unpadded_bit_for_bit_on_cpu_q8(tiny_llama):
+    """Where a device compiles per shape, a step's token and logits rows are rounded up to a power of two: the
+    padding rows write scratch cache rows, see what the last real row sees, and are dropped. The cpu plugin's
+    rows do not depend on each other, so every logit equals the unpadded step's, alone and batched."""
+    plain, padded = CpuDevice("q8"), with_padded_rows(CpuDevice("q8"))
+    if not plain.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {plain.unavailable_reason}")
+    keys, plain_keys = [], []
+    got, want = batched(tiny_llama, padded, keys), batched(tiny_llama, plain, plain_keys)
+    for seq in want:
+        assert len(got[seq]) == len(want[seq])
+        for i, (a, b) in enumerate(zip(want[seq], got[seq])):
+            assert np.array_equal(a, b), f"sequence {seq}, step {i}: {np.abs(a - b).max()}"
+    powers = {1, 2, 4, 8, 16, 32}
+    assert all(t in powers and o in powers and o <= t for t, _, o in keys), keys
+    assert any(t not in powers for t, _, _ in plain_keys)          # the same steps unpadded: other shapes
+    (ref, ref_tokens), (out, tokens) = alone(tiny_llama, plain, PROMPTS[3]), alone(tiny_llama, padded, PROMPTS[3])
+    assert tokens == ref_tokens and all(np.array_equal(a, b) for a, b in zip(ref, out))
+
+
+def test_openvino_cpu_meets_new_row_counts_with_the_models_it_has(registry, tiny_llama):
+    """openvino:CPU compiles a model per step shape, so it declares padded rows: prompts of 5, 6 and 7 tokens run
+    on the model of 8 rows the first compiled, within the bounds of the cpu plugin's logits."""
+    ov = registry.select("openvino:CPU")[0]
+    assert ov.limits.padded_rows and not CpuDevice("f32").limits.padded_rows
+    b = Batch(Session(tiny_llama, [ov, CpuDevice("f32")], n_ctx=128))
+    b.step([Part(1, PROMPTS[2])])                                # 5 tokens: the model of 8 rows
+    compiled = ov.stats.compiled
+    for seq, n in ((2, 6), (3, 7), (4, 8)):
+        logits = b.step([Part(seq, PROMPTS[3][:n])])[0]
+        ref, _ = alone(tiny_llama, CpuDevice("f32"), PROMPTS[3][:n], 0)
+        assert nmse(ref[0], logits) < 5e-4, (n, nmse(ref[0], logits))
+    assert ov.stats.compiled == compiled
+    assert {k[0] for k in b.session.plans} == {8}
 
 
 def test_refusals_name_the_reason(tmp_path, tiny_llama):

@@ -15,7 +15,7 @@ import tiny_models
 from framework.model.model import Model
 from framework.plugins.openvino_npu.device import OpenVinoDevice
 from framework.plugins.openvino_npu.kv_programs import KV_PROGRAMS_ENV, family_key, kv_length
-from framework.runtime.context import KV_PAD
+from framework.runtime.context import KV_PAD, padded_rows
 from framework.runtime.session import Session
 
 pytest.importorskip("openvino")
@@ -103,9 +103,10 @@ def test_a_family_is_the_step_with_its_kv_length_set_aside(tiny_qwen2):
 
 
 def test_chunks_of_several_tokens_at_three_kv_lengths_share_one_model(tiny_qwen2, monkeypatch):
-    """Steps of 12 tokens (more than attend_rows takes: the attention over the window and the new rows with one
-    softmax) at KV lengths 256, 512 and 768: a fixed model, then one dynamic model for the other two, the same
-    logits as a model per length."""
+    """Steps of 12 tokens, run as 16 (padded rows; more than attend_rows takes: the attention over the window and the
+    new rows with one softmax) at KV lengths 256, 512 and 768: a fixed model, then one dynamic model for the other
+    two, the same logits as a model per length. The two prompt chunks (240 and 237 tokens, both run as 256) are one
+    family too."""
     def run(mode):
         monkeypatch.setenv(KV_PROGRAMS_ENV, mode)
         dev = OpenVinoDevice("CPU", cache_dir=None)
@@ -115,13 +116,13 @@ def test_chunks_of_several_tokens_at_three_kv_lengths_share_one_model(tiny_qwen2
         out = [s.eval(chunk(KV_PAD - 16)), s.eval(chunk(12))]       # KV 256
         out += [s.eval(chunk(KV_PAD - 19)), s.eval(chunk(12))]      # 489 tokens, then 501: KV 512
         out += [s.eval(chunk(12))]                                  # 513: KV 768
-        return out, dev, decoding(s, 12)
+        return out, dev, decoding(s, padded_rows(12, s.n_batch))
 
     per_length, d1, _ = run("per_length")
     shared, d2, twelve = run("shared")
     assert sorted(p.kv for p in twelve) == [KV_PAD, 2 * KV_PAD, 3 * KV_PAD]
     assert len({id(p.family) for p in twelve}) == 1
-    assert d1.stats.compiled == 5 and d2.stats.compiled == 4 and d2.stats.shared == 2
+    assert d1.stats.compiled == 5 and d2.stats.compiled == 4 and d2.stats.shared == 3
     for a, b in zip(per_length, shared):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
 

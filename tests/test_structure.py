@@ -31,8 +31,9 @@ PLUGINS = PACKAGE / "plugins"
 # (translator.py, translate_ops.py, translate_attention.py: about 85 lines of module headers and ops as functions),
 # which also holds OpenVinoDevice's settings split into options.py (about 45 more); 28,000 with the cpu plugin's
 # compiled ROPE (rope.py, about 50); 28,100 with OpenVINO's one model for every KV length (kv_programs.py and the
-# translation's dynamic window, about 170; the Vulkan and OpenCL plugins gave back about 180 before it)
-FRAMEWORK_LINES = 28_100
+# translation's dynamic window, about 170; the Vulkan and OpenCL plugins gave back about 180 before it); 28,150
+# with a step's rows padded for devices that compile per shape (Limits.padded_rows, about 20)
+FRAMEWORK_LINES = 28_150
 BACKEND_LINES = 1_500
 # the goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
 # (cuda: 960, then 1,020 when it took the core's attention groups: rowvec3, rope_kv, attention.py; 1,040 with

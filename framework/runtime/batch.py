@@ -4,7 +4,8 @@ A step's rows are the parts of several sequences: a decode token of one, a chunk
 Each row carries its sequence and position; the cells (runtime/cells.py) give the cache row its K and V
 are written to and the mask of what it sees. Only the rows whose logits are wanted (a part's last token)
 go through the output head. One graph and one plan per shape key (tokens, KV rows padded, logits rows),
-as a single sequence's steps; decode reads each weight once for every sequence of the step.
+as a single sequence's steps; decode reads each weight once for every sequence of the step. Where a device
+compiles per shape (limits.padded_rows), the rows come padded to a few sizes (context.padded_rows).
 
 Refused by name: architectures that keep recurrent state per sequence (their state is one tensor, not
 rows of cells), and devices that demand static shapes (a batch's row count changes every step).
@@ -120,9 +121,15 @@ class Batch:
             elif part.logits:
                 wanted[i] = len(out_ids)
                 out_ids.append(len(tokens) - 1)
-        key = ctx.rows_key(len(tokens), self.cells.high(), max(1, len(out_ids)))
+        out_ids = out_ids or [len(tokens) - 1]
+        key = ctx.rows_key(len(tokens), self.cells.high(), len(out_ids))
+        pad = key[0] - len(tokens)      # a device that compiles per shape: rows padded (context.padded_rows)
+        if pad:         # scratch cache rows after the real ones; each sees what the last real row sees
+            tokens, seqs, pos = tokens + [0] * pad, seqs + seqs[-1:] * pad, pos + pos[-1:] * pad
+            rows += range(ctx.n_ctx, ctx.n_ctx + pad)
+        out_ids += out_ids[-1:] * (key[2] - len(out_ids))
         values = {"tokens": np.array(tokens, np.int32), "seqs": np.array(seqs), "pos": np.array(pos, np.int32),
-                  "rows": np.array(rows, np.int32), "out_ids": np.array(out_ids or [len(tokens) - 1], np.int32)}
+                  "rows": np.array(rows, np.int32), "out_ids": np.array(out_ids, np.int32)}
         return values, key, wanted
 
     def _leaves(self, inp, v: dict) -> dict[int, np.ndarray]:

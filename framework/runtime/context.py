@@ -3,8 +3,11 @@ graph of every step shape. Each distinct step shape (``shape_key``) gets its gra
 a step attends over is rounded up to a multiple of KV_PAD (as llama.cpp pads n_kv), so decode reuses a
 handful of shapes. When a selected device demands static shapes (limits.static_shapes), every prefill
 chunk is padded to n_batch tokens and every step attends over all n_ctx cache rows: two shapes for a
-whole run. Padding tokens write their K and V to scratch rows after the n_ctx real ones, which no query
-reads, and their logits are never returned.
+whole run. When a selected device compiles a program per shape (limits.padded_rows), a step's token rows
+and logits rows are rounded up to a power of two (``padded_rows``): a server's ever-new mixes of prompt and
+decode rows then meet a bounded set of programs. Padding tokens write their K and V to scratch rows after the
+n_ctx real ones, which no query reads, see what the step's last real row sees, and their logits are never
+returned.
 
 The memory fit (which device runs each layer) is worked out once, over the largest steps; the cache is
 then placed layer by layer on a device that can write it. A draft's context made with
@@ -43,6 +46,7 @@ class Context:
         self.hidden = hidden                # graphs also return the hidden state the head reads
         self.out_rows = out_rows            # the most rows of logits a step returns (a batch: --parallel)
         self.static = any(d.limits.static_shapes for d in self.devices)
+        self.padded = not self.static and any(d.limits.padded_rows for d in self.devices)
         unknown = sorted(set(memory_caps or ()) - {d.name for d in self.devices})
         if unknown:
             raise ValueError(f"--device-memory names {', '.join(unknown)}, which is not among the selected devices "
@@ -57,7 +61,7 @@ class Context:
             self.n_ctx, self.cache, self.fit = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.fit
             self.residence = {k: replace(r, owner="the target") for k, r in share_kv_with.residence.items()}
         else:
-            self.n_ctx, self.cache = n_ctx, model.arch.make_cache(n_ctx, n_batch if self.static else 0)
+            self.n_ctx, self.cache = n_ctx, model.arch.make_cache(n_ctx, n_batch if self.static or self.padded else 0)
             self.fit = self._fit_memory(kv_device)
             self.residence = self._place_cache(kv_device)
 
@@ -108,6 +112,10 @@ class Context:
             n_out = 1               # the logits of every token of a one-token step are its last token's
         if self.static:
             return (1 if n_tokens == 1 else self.n_batch), self.n_ctx, (None if n_out is None else 1)
+        if self.padded and n_tokens > 1:
+            n_tokens = padded_rows(n_tokens, self.n_batch)
+            if n_out is not None:   # a batch's logits rows: at least as many as its sequences may bring
+                n_out = min(n_tokens, padded_rows(max(n_out, self.out_rows), self.n_batch))
         return n_tokens, min(self.n_ctx, -(-n_rows // KV_PAD) * KV_PAD), n_out
 
     def graph(self, key: tuple) -> tuple[Graph, object]:
@@ -158,11 +166,12 @@ class Context:
 
     def step_values(self, inp, chunk: list[int], n_past: int) -> dict[int, np.ndarray]:
         """The values of a step's input leaves for these tokens after n_past: padding tokens (a static shape
-        longer than the chunk) write scratch rows after the n_ctx real ones."""
+        longer than the chunk) write scratch rows after the n_ctx real ones and sit at the last real position."""
         n, (n_tokens, n_kv) = len(chunk), inp.mask.shape
         pos = np.arange(n_past, n_past + n_tokens, dtype=np.int32)
         rows = pos.copy()
         rows[n:] = self.n_ctx + np.arange(n_tokens - n, dtype=np.int32)
+        pos[n:] = n_past + n - 1
         tokens = np.zeros(n_tokens, dtype=np.int32)
         tokens[:n] = chunk
         values = {id(inp.tokens): tokens, id(inp.pos): pos, id(inp.kv_rows): rows,
@@ -173,6 +182,12 @@ class Context:
             values[id(inp.out_ids)] = np.array([n - 1], dtype=np.int32)
         values.update(self.model.arch.step_values(inp, n, n_past))
         return values
+
+
+def padded_rows(n: int, cap: int) -> int:
+    """The rows a step of n rows runs as where every shape is a compile: the next power of two, at most cap (10
+    sizes up to a --batch of 512; a step computes at most twice its rows, on devices bound by reading weights)."""
+    return min(cap, 1 << (n - 1).bit_length())
 
 
 def phase_name(key: tuple) -> str:

@@ -120,7 +120,9 @@ class OpenVinoDevice(Device):
         self.profile = profile
         self.emulation = profile.name if (profile and emulated) else None
         self.type = DeviceType.NPU if self.emulation else self.hardware   # every profile is an NPU's (alias npu)
-        self.limits = profile.limits if profile else Limits()
+        # a compiled model per step shape: without a profile's static shapes, a step's rows come padded to a
+        # few sizes (Limits.padded_rows), so new mixes of requests reuse models rather than compile more
+        self.limits = profile.limits if profile else Limits(padded_rows=True)
         if self.hardware in (DeviceType.CPU, DeviceType.NPU) and self.limits.memory_bytes is None:
             # the CPU, and Intel's NPUs, compute in host memory
             self.limits = dataclasses.replace(self.limits, memory_bytes=host_memory_limit())
