@@ -17,6 +17,7 @@ from framework.runtime.context import ContextFullError, padded_rows
 from framework.runtime.perplexity import perplexity, windows_per_step
 from framework.runtime.prefix import PrefixCache, block_hashes
 from framework.runtime.session import Session
+from framework.serve.models import batched_shapes
 
 PROMPTS = {1: [20, 31, 42, 53, 64, 75, 86], 2: [90, 91, 92, 93, 94], 3: [300, 17, 250, 9, 120, 33, 71, 45, 12, 8, 199]}
 DECODE = 4
@@ -227,6 +228,18 @@ def test_openvino_cpu_meets_new_row_counts_with_the_models_it_has(registry, tiny
         assert nmse(ref[0], logits) < 5e-4, (n, nmse(ref[0], logits))
     assert ov.stats.compiled == compiled
     assert {k[0] for k in b.session.plans} == {8}
+
+
+def test_a_server_on_openvino_cpu_reserves_every_padded_step_size(registry, tiny_llama):
+    """serve's batched session reserves (and its start compiles) every padded size of a step that joins a prompt to
+    the decode rows, at the first two KV lengths, so that a request never waits for openvino:CPU to compile one."""
+    ov = registry.select("openvino:CPU")[0]
+    keys = batched_shapes(Session(tiny_llama, [ov, CpuDevice("f32")], n_ctx=1024, n_batch=64, out_rows=4), 4)
+    assert {(t, o) for t, _, o in keys} == {(1, 1), (2, 2), (4, 4), (8, 4), (16, 4), (32, 4), (64, 4)}
+    assert {kv for t, kv, _ in keys if t == 1} == {256, 512, 768, 1024}
+    assert {kv for t, kv, _ in keys if t == 16} == {256, 512}
+    plain = batched_shapes(Session(tiny_llama, [CpuDevice("f32")], n_ctx=1024, n_batch=64, out_rows=4), 4)
+    assert {t for t, _, _ in plain} == {1, 2, 3, 4, 64}      # the cpu plugin compiles nothing per shape
 
 
 def test_refusals_name_the_reason(tmp_path, tiny_llama):

@@ -16,7 +16,7 @@ from ..model.chat import ChatTemplateError, chat_template_for
 from ..model.default import MODELS
 from ..model.model import Model
 from ..runtime.batch import batching_refusal
-from ..runtime.context import KV_PAD
+from ..runtime.context import KV_PAD, padded_rows
 from ..runtime.session import Session
 from ..runtime.lookup import is_lookup, parse_match
 from ..runtime.speculative import DEFAULT_DRAFT_N, SpeculationError, exact_rows_check
@@ -84,11 +84,17 @@ def reserve_session(session: Session):
 
 def batched_shapes(session: Session, parallel: int) -> list[tuple]:
     """Every shape a batched step can take: decode rows of 1 to `parallel` requests at every KV length, and
-    the largest step (a full --batch of rows: decode rows and a prompt chunk) over the whole cache."""
-    ctx = session.context
-    keys = [ctx.rows_key(min(session.n_batch, session.n_ctx), session.n_ctx, min(parallel, session.n_batch))]
-    keys += [ctx.rows_key(k, kv, k) for k in range(1, parallel + 1) for kv in range(KV_PAD, session.n_ctx + KV_PAD,
-                                                                                    KV_PAD)]
+    the largest step (a full --batch of rows: decode rows and a prompt chunk) over the whole cache. Where a
+    device compiles per shape (its rows padded to a few sizes), also every padded size of a step that joins a
+    prompt to the decode rows, at the first two KV lengths: the start compiles their models, which then serve
+    every KV length (openvino's KV-length families), where a request would otherwise wait for a compile."""
+    ctx, n = session.context, min(session.n_batch, session.n_ctx)
+    kvs = list(range(KV_PAD, session.n_ctx + KV_PAD, KV_PAD))
+    keys = [ctx.rows_key(n, session.n_ctx, min(parallel, n))]
+    keys += [ctx.rows_key(k, kv, k) for k in range(1, parallel + 1) for kv in kvs]
+    if ctx.padded:
+        sizes = sorted({padded_rows(k, n) for k in range(parallel + 1, n + 1)})
+        keys += [ctx.rows_key(t, kv, min(t, parallel)) for t in sizes for kv in kvs[:2]]
     return list(dict.fromkeys(keys))
 
 
