@@ -11,7 +11,10 @@
 2. `framework serve` on a free loopback port, --parallel sessions, a queue of --queue; one warm-up
    request per session (it plans the prompt's shape, which `framework run` also does before its clock).
 3. For each count of clients: --requests streamed chat requests in all, each client sending its next
-   when the last one ends. Per request: time to first token (request sent to first text), time per
+   when the last one ends. --distinct-prompts: each request of the run its own prompt (a numbered line of
+   1 to 97 words of a fixed text before --prompt), so prompts differ in length and share no prefix beyond
+   the chat template: steps mix a new prompt's tokens with the decode rows in ever-new counts.
+   Per request: time to first token (request sent to first text), time per
    output token (first text to last, over the tokens after the first), tokens (the usage chunk). Per
    phase, from /metrics before and after it: the seconds the server's devices spent on its steps
    (framework_device_seconds_total), and the phase's time outside them per generated token (the server's
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import re
@@ -54,6 +58,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PROMPT = "Why is the sky blue?"
+FILLER = ("the quick brown fox jumps over the lazy dog while a small bird sings in the old oak tree near the river "
+          "bank and children play with a red ball on the green grass under a bright summer sky full of white "
+          "clouds that drift slowly toward the distant blue mountains where snow still covers the highest peaks "
+          "and a narrow path winds between tall pine trees past a quiet lake and a wooden cabin").split()
+_serial = itertools.count()
+
+
+def prompt_of(args) -> str:
+    """The request's prompt: --prompt, or with --distinct-prompts one no other request of the run sends."""
+    if not args.distinct_prompts:
+        return args.prompt
+    n = next(_serial)
+    words = (FILLER * 2)[:(n * 37) % 97 + 1]
+    return f"Note {n}: {' '.join(words)}. {args.prompt}"
 FRAMEWORK = [sys.executable, "-c", "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
@@ -218,7 +236,7 @@ def model_id(spec: str) -> str:
 
 def one_request(port: int, args, _index: int = 0) -> Result:
     """One streamed chat request, read chunk by chunk with the clock running."""
-    body = json.dumps({"model": model_id(args.model), "messages": [{"role": "user", "content": args.prompt}],
+    body = json.dumps({"model": model_id(args.model), "messages": [{"role": "user", "content": prompt_of(args)}],
                        "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}})
     res = Result()
@@ -513,6 +531,8 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--backends", default="cpu")
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--distinct-prompts", action="store_true",
+                    help="every request its own prompt, of 1 to 97 words more than --prompt (no shared prefix)")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--queue", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
