@@ -60,6 +60,7 @@ class Context:
             # a draft that reads and writes the target's cache tensors where the target keeps them
             self.n_ctx, self.cache, self.fit = share_kv_with.n_ctx, share_kv_with.cache, share_kv_with.fit
             self.residence = {k: replace(r, owner="the target") for k, r in share_kv_with.residence.items()}
+            self.padded = self.padded and (share_kv_with.padded or share_kv_with.static)   # its scratch rows
         else:
             self.n_ctx, self.cache = n_ctx, model.arch.make_cache(n_ctx, n_batch if self.static or self.padded else 0)
             self.fit = self._fit_memory(kv_device)
