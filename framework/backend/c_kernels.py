@@ -88,13 +88,14 @@ def split_attention(launch, lw, name: str, opts: dict, wg: int, nc: int, align: 
            D=d, nc=nc)
 
 
-def matvec_teams(gpr: int, m: int, rows: int, wg: int, max_r: int, min_groups: int) -> tuple[int, ...]:
+def matvec_teams(gpr: int, m: int, rows: int, wg: int, max_r: int, min_groups: int,
+                 tpr: int | None = None) -> tuple[int, ...]:
     """(mm, tpr, r, wg) of the matrix-vector kernels for m rows of x (mm: m rounded up to a power of two)
-    by `rows` weight rows of gpr 32-element groups: teams of tpr threads (a power of two up to a warp and
-    the row's groups) share r weight rows (max_r // mm at most), then r and the work-group's wg threads
-    (down to 64, or a team) are halved while the matrix would make fewer than min_groups work-groups."""
+    by `rows` weight rows of gpr 32-element groups: teams of tpr threads (given, or a power of two up to a
+    warp and the row's groups) share r weight rows (max_r // mm at most), then r and the work-group's wg
+    threads (down to 64, or a team) are halved while the matrix would make fewer than min_groups work-groups."""
     mm = next(x for x in (1, 2, 4, 8) if x >= m)
-    tpr, r = min(32, 1 << max(0, gpr.bit_length() - 1)), max(1, max_r // mm)
+    tpr, r = tpr or min(32, 1 << max(0, gpr.bit_length() - 1)), max(1, max_r // mm)
     while r > 1 and rows < r * (wg // tpr) * min_groups:
         r //= 2
     while wg > max(64, tpr) and rows < (wg // tpr) * r * min_groups:

@@ -54,14 +54,8 @@ def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4) -> dict[str, int]:
     threads a block, halved (and r with it) while the matrix would make fewer than MATVEC_MIN_BLOCKS blocks; x staged in
     shared memory where it fits (xl, xg groups a row). max_r: the most rows a team (the fused products
     of two weights hold twice the registers a row, so they take ROWVEC2_MAX_R)."""
-    mm = next(x for x in (1, 2, 4, 8) if x >= m)
-    tpr, wg, r = min(32, 1 << max(0, gpr.bit_length() - 1)), 256, max(1, max_r // mm)
-    if gpr > MATVEC_WIDE_FROM:     # long rows: a team of several warps, a few groups a lane
-        tpr = min(256, 1 << ((gpr // 2).bit_length() - 1))
-    while r > 1 and rows < r * (wg // tpr) * MATVEC_MIN_BLOCKS:
-        r //= 2
-    while wg > max(64, tpr) and rows < (wg // tpr) * r * MATVEC_MIN_BLOCKS:
-        wg //= 2
+    wide = min(256, 1 << ((gpr // 2).bit_length() - 1)) if gpr > MATVEC_WIDE_FROM else None   # several warps
+    mm, tpr, r, wg = c_kernels.matvec_teams(gpr, m, rows, 256, max_r, MATVEC_MIN_BLOCKS, wide)
     xl = int(staged(gpr, mm))
     return {"MV_V": 1, "MV_WG": wg, "MV_TPR": tpr, "MV_R": r, "MV_MM": mm, "MV_X8": 0, "MV_XL": xl,
             "MV_XG": gpr if xl else 0, "PTX_SHFL": 1}
