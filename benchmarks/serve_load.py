@@ -72,6 +72,8 @@ def prompt_of(args) -> str:
     n = next(_serial)
     words = (FILLER * 2)[:(n * 37) % 97 + 1]
     return f"Note {n}: {' '.join(words)}. {args.prompt}"
+
+
 FRAMEWORK = [sys.executable, "-c", "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 

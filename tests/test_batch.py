@@ -215,8 +215,8 @@ def test_padded_rows_give_each_row_the_logits_it_gets_unpadded_bit_for_bit_on_cp
 
 
 def test_openvino_cpu_meets_new_row_counts_with_the_models_it_has(registry, tiny_llama):
-    """openvino:CPU compiles a model per step shape, so it declares padded rows: prompts of 5, 6 and 7 tokens run
-    on the model of 8 rows the first compiled, within the bounds of the cpu plugin's logits."""
+    """openvino:CPU compiles a model per step shape, so it declares padded rows: prompts of 6, 7 and 8 tokens run
+    on the model of 8 rows a 5-token prompt compiled, within the bounds of the cpu plugin's logits."""
     ov = registry.select("openvino:CPU")[0]
     assert ov.limits.padded_rows and not CpuDevice("f32").limits.padded_rows
     b = Batch(Session(tiny_llama, [ov, CpuDevice("f32")], n_ctx=128))
