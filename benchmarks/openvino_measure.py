@@ -417,6 +417,7 @@ def model_memory(names=("smollm2",), lengths=(256, 512, 768)) -> None:
     from framework.plugins.openvino_npu.device import OpenVinoDevice
     from framework.plugins.openvino_npu.kv_programs import KV_PROGRAMS_ENV
     from framework.runtime.session import Session
+    setting = os.environ.get(KV_PROGRAMS_ENV)
     for name in names:
         model = Model(resolve_model(name))
         for mode in ("per_length", "shared"):
@@ -437,7 +438,10 @@ def model_memory(names=("smollm2",), lengths=(256, 512, 768)) -> None:
                   f"decode model at KV " + ", ".join(f"{kv} {g / 2**20:.0f} MiB" for kv, g in zip(lengths, grew))
                   + f" (the first with the weights' load); {dev.compile_summary()}", flush=True)
             del s, dev
+    if setting is None:                 # the setting as it was before
         os.environ.pop(KV_PROGRAMS_ENV)
+    else:
+        os.environ[KV_PROGRAMS_ENV] = setting
 
 
 def _setting_values(word: str) -> tuple[str, tuple]:

@@ -39,6 +39,7 @@ PRODUCT_ROWS = 4096
 class TranslationError(RuntimeError):
     pass
 
+
 @dataclass
 class Feed:
     """One model input: where its value comes from at run time."""
