@@ -299,6 +299,29 @@ def test_fast_attention_equals_reference_and_rows_alone(t, h, hkv, d, s):
     assert (t <= BY_KEY_UNTIL and t * h * (start + t) * d >= BY_KEY_THREADED_FROM) == (s == 320)
 
 
+def test_fast_attention_of_several_sequences_scores_only_their_cells(monkeypatch):
+    """The decode rows of 8 sequences in one step, each seeing only its own cells of a shared cache (interleaved,
+    as a unified cache places them): the keys are read as the cache holds them and only the open ones scored,
+    and each row's output is the bits the window transposed first gives (every key scored) and the bits of
+    the row alone."""
+    from framework.core.graph import reference
+    from framework.plugins.cpu import attention as A
+    rng = np.random.default_rng(8)
+    t, h, hkv, d, s = 8, 4, 1, 256, 200
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((t, h, d), (s, hkv, d), (s, hkv, d)))
+    owner = rng.integers(0, t, s)
+    mask = np.where(owner[None, :] == np.arange(t)[:, None], 0.0, -np.inf).astype(np.float32)
+    assert np.isfinite(mask).sum() <= A.BY_KEY_SHARE * t * s
+    got = A.flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
+    want = reference.flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
+    assert float(((got - want) ** 2).sum() / (want ** 2).sum()) < 1e-10
+    for i in range(t):
+        np.testing.assert_array_equal(A.flash_attn_ext(q[i:i + 1], k, v, mask[i:i + 1], scale=d ** -0.5)[0], got[i])
+    monkeypatch.setattr(A, "BY_KEY_SHARE", 0.0)
+    monkeypatch.setattr(A, "BY_KEY_UNTIL", 0)
+    np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, mask, scale=d ** -0.5), got)
+
+
 @pytest.mark.parametrize("shape, n_dims, mode", [((1, 9, 64), 64, "neox"), ((5, 3, 64), 64, "normal"),
                                                  ((300, 4, 128), 96, "neox")])
 def test_fast_rope_is_the_reference_bits(shape, n_dims, mode):

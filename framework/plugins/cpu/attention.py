@@ -28,29 +28,31 @@ def _keys_seen(mask, i, n_keys, has_mask):
     return seen
 
 
-def _softmax_values(scores, seen, mask, i, has_mask, scale, v, g, out, head):
-    """Query i's raw scores of its first `seen` keys scaled and masked, their softmax (shifted by the largest),
-    and the values it weighs (kv head g) into out[i, head]: the one order both kernels below share."""
+def _softmax_values(scores, keys, n, mask, i, has_mask, scale, v, g, out, head):
+    """Query i's raw scores of its n keys at positions keys[:n] (ascending) scaled and masked, their softmax
+    (shifted by the largest), and the values they weigh (kv head g) into out[i, head]: the one order both
+    kernels below share. A key the mask hides weighs exactly 0, listed or not."""
     d = out.shape[2]
     neg_inf = np.float32(-np.inf)
     top = neg_inf
-    for s in range(seen):
-        m = mask[i, s] if has_mask else np.float32(0.0)
-        sc = scores[s] * scale + m if m != neg_inf else neg_inf
-        scores[s] = sc
+    for j in range(n):
+        m = mask[i, keys[j]] if has_mask else np.float32(0.0)
+        sc = scores[j] * scale + m if m != neg_inf else neg_inf
+        scores[j] = sc
         top = max(top, sc)
     acc = np.zeros(d, np.float32)
     total = np.float32(0.0)
-    for s in range(seen):
-        if scores[s] == neg_inf:
+    for j in range(n):
+        if scores[j] == neg_inf:
             continue
-        p = np.exp(scores[s] - top)
+        p = np.exp(scores[j] - top)
         total += p
-        for j in range(d):
-            acc[j] += p * v[s, g, j]
+        s = keys[j]
+        for c in range(d):
+            acc[c] += p * v[s, g, c]
     inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
-    for j in range(d):
-        out[i, head, j] = acc[j] * inv
+    for c in range(d):
+        out[i, head, c] = acc[c] * inv
 
 
 _weigh = kernel()(_softmax_values)
@@ -86,14 +88,15 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
         for s in range(seen):
             scores[s] = (((parts[0, s] + parts[1, s]) + (parts[2, s] + parts[3, s]))
                          + ((parts[4, s] + parts[5, s]) + (parts[6, s] + parts[7, s]))) + tail[s]
-        _weigh(scores, seen, mask, i, has_mask, scale, v, g, out, head)
+        _weigh(scores, np.arange(seen), seen, mask, i, has_mask, scale, v, g, out, head)
 
 
 def _attend_keys(q, k, v, mask, has_mask, scale, out):
-    """As _attend, with the keys as the cache holds them (S, Hkv, D), for a few queries (a decode step),
-    where transposing the whole window for every call cost more than the scores: each key's D products go
-    into its eight running sums in the same order (element j into sum j mod 8, j ascending, then the same
-    tree and tail), so each score, and the output, is the same bits as _attend's."""
+    """As _attend, with the keys as the cache holds them (S, Hkv, D), for a few queries (a decode step, or the
+    decode rows of several sequences, each seeing only its own cells): where transposing the whole window for
+    every call cost more than the scores. Only the keys a query's mask leaves open are scored; each key's D
+    products go into its eight running sums in the same order (element j into sum j mod 8, j ascending, then
+    the same tree and tail), so each score, and the output, is the same bits as _attend's."""
     t, h, d = q.shape
     n_keys = k.shape[0]
     group = h // k.shape[1]
@@ -102,20 +105,29 @@ def _attend_keys(q, k, v, mask, has_mask, scale, out):
         i = job // h
         head = job - i * h
         g = head // group
-        seen = _seen(mask, i, n_keys, has_mask)
-        scores = np.empty(seen, np.float32)
+        keys = np.empty(n_keys, np.int64)
+        n = 0
+        for s in range(n_keys):
+            if not has_mask or mask[i, s] != np.float32(-np.inf):
+                keys[n] = s
+                n += 1
+        scores = np.empty(n, np.float32)
         q_at = (i * h + head) * d
-        for s in range(seen):
+        for j in range(n):
+            s = keys[j]
             tail = np.float32(0.0)
-            for j in range(d8, d):
-                tail += q[i, head, j] * k[s, g, j]
-            scores[s] = lanes8_dot(q, q_at, k, (s * k.shape[1] + g) * d, d8) + tail
-        _weigh(scores, seen, mask, i, has_mask, scale, v, g, out, head)
+            for c in range(d8, d):
+                tail += q[i, head, c] * k[s, g, c]
+            scores[j] = lanes8_dot(q, q_at, k, (s * k.shape[1] + g) * d, d8) + tail
+        _weigh(scores, keys, n, mask, i, has_mask, scale, v, g, out, head)
 
 
 _by_key_one = kernel()(_attend_keys)
 _by_key_threads = kernel(parallel=True)(_attend_keys)
 BY_KEY_UNTIL = 4             # queries up to which the keys are read as the cache holds them (not transposed)
+# ... and beyond it, while the queries see at most this share of the window's (query, key) pairs: the rows of
+# several sequences in one step, each seeing its own cells of the shared cache
+BY_KEY_SHARE = 0.5
 # a decode step's heads go over the threads from a window of a few hundred keys (SmolLM2's 9 heads of 64: 228
 # keys): there the attention is a tenth of a small model's step, which one thread left the other waiting for
 BY_KEY_THREADED_FROM = 1 << 17
@@ -139,8 +151,10 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
         n = int(seen[-1]) + 1 if seen.size else 1
     mm = np.ascontiguousarray(m[:, :n]) if mask is not None else m
     qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
-    if q.shape[0] <= BY_KEY_UNTIL:
-        by_key = _by_key_threads if q.shape[0] * q.shape[1] * n * q.shape[2] >= BY_KEY_THREADED_FROM else _by_key_one
+    open_pairs = int(np.isfinite(mm).sum()) if mask is not None else q.shape[0] * n
+    if q.shape[0] <= BY_KEY_UNTIL or open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
+        work = open_pairs * q.shape[1] * q.shape[2]
+        by_key = _by_key_threads if work >= BY_KEY_THREADED_FROM else _by_key_one
         by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale), out)
         return out
     kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
