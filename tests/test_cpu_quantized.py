@@ -215,7 +215,8 @@ def _run_products(tmp_path, env_extra: dict, tag: str) -> tuple[list, dict]:
 def test_results_do_not_depend_on_the_instruction_set(tmp_path):
     """The kernels (each weight type's product, attention, RMS norm) compiled for a Haswell-class CPU (AVX2, one
     thread) and for this CPU (AVX-512 VNNI where it has it, all threads) give the same bits: CI's AVX2-only
-    and AVX-512 machines compute the same logits. On a CPU without VNNI both runs take the AVX2 path, for
+    and AVX-512 machines compute the same logits (VNNI's few-row products take the signed types biased to
+    unsigned, AVX2's their signs apart). On a CPU without VNNI both runs take the AVX2 path, for
     two CPU models."""
     if quantized.target()[1] == "":
         pytest.skip("this CPU has no AVX2: the fast path is off (test_no_avx2_means_float32_products checks it)")
@@ -224,7 +225,8 @@ def test_results_do_not_depend_on_the_instruction_set(tmp_path):
     assert generic == ["haswell", "avx2"]
     host, b = _run_products(tmp_path, {}, "host")
     assert host == list(quantized.target())
-    for what in (*quantized.FORMATS, *(f + " few" for f in quantized.FORMATS), "attention", "rms_norm"):
+    for what in (*quantized.FORMATS, *(f + k for f in quantized.FORMATS for k in (" few", " eight")), "attention",
+                 "rms_norm"):
         np.testing.assert_array_equal(a[what], b[what], err_msg=f"{what}: {generic} and {host} differ")
 
 

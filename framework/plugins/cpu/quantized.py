@@ -25,7 +25,8 @@ from numba import prange
 
 from ...contract import DType, LeafKind, dequantize, ops, reference
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
-from .vectors import KINDS, LAYOUTS, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot, tile_dot, unpack_row
+from .vectors import (KINDS, LAYOUTS, SIGNED, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot, tile_dot,
+                      unpack_row)
 
 QK = 32      # values per activation group (q8), and per block of the 32-value weight types
 
@@ -134,8 +135,16 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
+# the signed types, whose few-row products on VNNI take their values biased to unsigned (vectors._bias_of)
+BIASED = tuple(f in SIGNED and target()[1] == "vnni" for f in FORMATS)
 ROWS_AT_ONCE = (8, 4, 2, 1)  # activation rows a pass over eight weight rows multiplies, largest first
 _rows8, _rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n, lanes=n > 1) for n in ROWS_AT_ONCE)
+# Q4_K and Q5_K take eight activation rows as two passes of four: a block's words unpacked for eight rows' chains
+# at once ran 1.5-1.7x slower than two passes on a Zen 4; the other types run faster eight at a time
+# (`python benchmarks/cpu_products.py --few gemma3,smollm2 --base BASE --threads 2`,
+# benchmarks/results/cpu_few_rows_biased_vnni_2threads-2026-12-07.log: Gemma 3's Q4_K ffn_down at 8 rows 0.130
+# -> 0.088 ms)
+EIGHT_AT_ONCE = tuple(f not in ("Q4_K", "Q5_K") for f in FORMATS)
 
 
 @kernel()
@@ -163,20 +172,37 @@ def _dot1(fmt, row, xq, xd, xsum, m):
     return _q3_k_1(row, xq, xd, xsum, m)
 
 
+@kernel()
+def _bias_sums(xq):
+    """For a signed type's few-row products on VNNI (vectors._bias_of): 128 x the sum of each 16 activation
+    values, int32 (M, K / 16), as float32 bits (the place of the group sums, which these types do not read)."""
+    m_rows, halves = xq.shape[0], xq.shape[1] // 16
+    sums = np.empty((m_rows, halves), np.int32)
+    for m in range(m_rows):
+        for h in range(halves):
+            t = 0
+            for i in range(16):
+                t += xq[m, h * 16 + i]
+            sums[m, h] = 128 * t
+    return sums.view(np.float32)
+
+
 def _matmul(fmt, w, xq, xd, xsum, out):
     """out (M, N) = x (M, K) @ w^T for weight rows w (N, bytes per row) of format FORMATS[fmt], for a few
     activation rows (_matmul_tiled takes many): the weight's rows in blocks of eight over the threads (numba
     splits the blocks into one contiguous run a thread, so the head's 151,936 rows go half to each of two),
     each block read once and multiplied by every activation row, eight (then four, two, one) at a time."""
     m_rows, n_rows = xq.shape[0], w.shape[0]
+    if BIASED[fmt]:
+        xsum = _bias_sums(xq)
     n8 = n_rows // TILE_R
     for q in prange(n8):
         r = q * TILE_R
         m = 0
-        while m_rows - m >= 8:
+        while m_rows - m >= 8 and EIGHT_AT_ONCE[fmt]:
             _rows8(fmt, w, r, xq, xd, xsum, m, out)
             m += 8
-        if m_rows - m >= 4:
+        while m_rows - m >= 4:
             _rows4(fmt, w, r, xq, xd, xsum, m, out)
             m += 4
         if m_rows - m >= 2:

@@ -839,6 +839,24 @@ def _by_lanes(layout: Layout, n_x: int) -> bool:
     return (layout.head is not None or layout.scales8 is not None) and (n_x > 2 or layout.pair is None)
 
 
+# Signed values with VNNI: vpdpbusd multiplies unsigned bytes by signed ones, so the signed types' products
+# above take |w| and x with w's sign (psign), an instruction more a word for every activation row. With the
+# values biased to unsigned once a block (w + 128, one xor), a word takes only its product, and the integer
+# sum less 128 x (the activations' sum) is the same sum, exact: that correction, for each 16 values of each
+# activation row, is what _matmul hands the products in place of the group sums (which these types do not
+# read). Not on AVX2: its pair products saturate at 16 bits, which 255 x 127 twice would pass.
+def _bias_of(b, rows: _Rows, i: int, group, half: int, halves: int):
+    """<8 x i32>: 128 x the sum of activation row i's values 0-15 (half 0) or 16-31 (half 1) of a group, or of
+    all 32 (halves 1), from the int32 corrections _matmul passes as xsum (two a group: (M, 2 x groups))."""
+    ints = b.bitcast(rows.axs.data, I32.as_pointer())
+    at = b.add(b.mul(rows.s_base[i], _i64(2)), b.mul(group, _i64(2)))
+    if halves == 2:
+        value = b.load(b.gep(ints, [b.add(at, _i64(half))]))
+    else:
+        value = b.add(b.load(b.gep(ints, [at])), b.load(b.gep(ints, [b.add(at, _i64(1))])))
+    return _splat(b, value, TILE_R)
+
+
 def _lanes_codegen(layout: Layout, n_x: int):
     """The codegen of rows_dot for one layout with lanes: as _rows_codegen's (the same scales, the same float
     chain a row, so the same bits), the eight weight rows unpacked a row a lane (LanesEmitter) and each group
@@ -865,19 +883,24 @@ def _lanes_codegen(layout: Layout, n_x: int):
                 else:
                     scale, scale_hi, sum_factor = scales8[gi]
                 values = [words[q][gi].values for q in range(QK // 4)]
-                unsigned = [_psign(b, v, v) for v in values] if g0.signed else values
+                biased = g0.signed and rows.isa == "vnni"
+                if biased:
+                    unsigned = [b.xor(v, _const_vec(I8, [-128] * 32)) for v in values]
+                else:
+                    unsigned = [_psign(b, v, v) for v in values] if g0.signed else values
                 halves = (range(4), range(4, 8)) if scale_hi is not None else (range(8),)
                 for i in range(n_x):
                     at_x = b.add(rows.x_base[i], b.mul(group, _i64(QK)))
                     sums = []
-                    for qs in halves:
+                    for h, qs in enumerate(halves):
                         chains = [zero, zero]         # two running sums: half the latency of one chain
                         for q in qs:
                             word = es[0].load(rows.axq.data, b.add(at_x, _i64(4 * q)), I32)
                             xb = b.bitcast(_splat(b, word, TILE_R), V32I8)
                             chains[q % 2] = _dot_acc(es[0], chains[q % 2], unsigned[q],
-                                                     _psign(b, xb, values[q]) if g0.signed else xb)
-                        sums.append(b.add(chains[0], chains[1]))
+                                                     _psign(b, xb, values[q]) if g0.signed and not biased else xb)
+                        total = b.add(chains[0], chains[1])
+                        sums.append(b.sub(total, _bias_of(b, rows, i, group, h, len(halves))) if biased else total)
                     lo, hi = sums if len(sums) == 2 else (sums[0], zero)
                     _add_row_group(b, rows, i, group, lo, hi, scale, scale_hi, sum_factor)
         _store_rows(b, rows)
