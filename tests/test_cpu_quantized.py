@@ -354,6 +354,31 @@ def test_fast_rms_norm_equals_reference_and_rows_alone(shape):
         np.testing.assert_array_equal(rms_norm(rows[i:i + 1], eps=1e-6)[0], flat[i])
 
 
+def test_threaded_and_one_thread_builds_are_cached_apart(tmp_path):
+    """numba keys its cache by a function's name, code and signature, not by its options: a process that
+    compiled only a kernel's one-thread build must leave nothing a later process takes for its threaded build
+    (which then ran on one thread: a decode step's head at twice its time). The threaded build compiles (a
+    miss), and the next process loads it (a hit)."""
+    code = ("import sys, numpy as np\n"
+            "from framework.plugins.cpu import norm\n"
+            "x = np.ones((4, 64), np.float32)\n"
+            "k = getattr(norm, sys.argv[1])\n"
+            "k(x, np.float32(1e-6), np.empty_like(x))\n"
+            "print(sum(k.stats.cache_hits.values()), sum(k.stats.cache_misses.values()))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def hits_and_misses(name: str) -> tuple[int, ...]:
+        done = subprocess.run([sys.executable, "-c", code, name], env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return tuple(map(int, done.stdout.split()[-2:]))
+
+    assert hits_and_misses("_norm_one") == (0, 1)
+    assert hits_and_misses("_norm_threads") == (0, 1), "the threaded build came from the one-thread build's entry"
+    assert hits_and_misses("_norm_threads") == (1, 0)
+    assert hits_and_misses("_norm_one") == (1, 0)
+
+
 def test_framework_cache_off_caches_no_kernel(tmp_path):
     """FRAMEWORK_CACHE=off: the kernels are not cached anywhere, and no folder named 'off' appears where the
     process runs (as one once did, under the repository's root)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import types
 from pathlib import Path
 
 import numba
@@ -87,10 +88,22 @@ class _CompileSaid(numba.core.event.Listener):
 numba.core.event.register("numba:compile", _CompileSaid())
 
 
+def _twin(fn, suffix: str):
+    """fn under another name: numba's cache files a function by its name and keys it by its code and
+    signature, not by its options, so a threaded and a one-thread build of one function would share an
+    entry, and a later process would load whichever was compiled first for both (a decode step's head on
+    one thread: twice its time)."""
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+    twin.__qualname__, twin.__doc__ = fn.__qualname__ + suffix, fn.__doc__
+    return twin
+
+
 def kernel(parallel: bool = False):
     """numba's njit, compiled on first use and cached on disk (a later process loads it in milliseconds),
-    or not cached at all with FRAMEWORK_CACHE=off."""
+    or not cached at all with FRAMEWORK_CACHE=off. The threaded build of a function is cached apart from
+    its one-thread build (_twin)."""
     def wrap(fn):
+        fn = _twin(fn, "_threads") if parallel else fn
         folder = cache_dir()
         if folder is None:
             return numba.njit(cache=False, fastmath=False, parallel=parallel, nogil=True)(fn)
