@@ -319,3 +319,38 @@ def test_perplexity_scores_several_windows_a_step_as_it_does_one_by_one(tiny_lla
     assert np.array_equal(one.nll, many.nll) and np.array_equal(one.top1, many.top1)
     assert one.n_tokens == many.n_tokens == 70 and len(many.nll) == 4 * 15 + 5
     assert any(k[0] == 64 and k[2] == 64 for k in many_session.plans)      # the four windows ran as one step
+
+
+def test_requests_with_one_prompt_compute_it_once_and_answer_as_it_does_alone(tiny_llama):
+    """serve's scheduler: a request joining while another with the same prompt has not fed it yet waits for
+    that one's cells and takes them (computing only its last prompt token); one joining after it fed them
+    takes them at once. Every one answers (greedy) as the prompt does with nothing cached."""
+    from framework.runtime.sampling import SamplingParams
+    from framework.serve.engine import Job, Run, Scheduler
+    from framework.serve.pool import Slot
+    device = CpuDevice("q8")
+    if not device.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
+    sched = Scheduler(Session(tiny_llama, [device], n_ctx=256), ["cpu"])
+
+    def request(cache_prompt: bool = True) -> Run:
+        run = Run(Slot(sched, 256), Job(list(LONG), 6, SamplingParams(), [], cache_prompt=cache_prompt))
+        run.start()
+        return run
+
+    def finish(*runs: Run) -> None:
+        while any(r.finish is None for r in runs):
+            for r in runs:
+                if r.finish is None:
+                    r.step()
+
+    cold = request(cache_prompt=False)
+    finish(cold)
+    first, second = request(), request()
+    assert second.awaits is not None and second.awaits[0] is first and second.cached_tokens == 0
+    first.step()                                   # the step that feeds the first one's prompt
+    third = request()
+    assert third.awaits is None and third.cached_tokens == len(LONG) - 1       # fed: taken at once
+    finish(first, second, third)
+    assert second.cached_tokens == len(LONG) - 1 and sched.state()["prefix_cache"]["in_flight"] == 2
+    assert first.tokens == second.tokens == third.tokens == cold.tokens

@@ -29,6 +29,14 @@ def block_hashes(tokens: list[int], block: int = BLOCK) -> list[int]:
     return out
 
 
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens a and b share, at most limit."""
+    n, end = 0, min(len(a), len(b), limit)
+    while n < end and a[n] == b[n]:
+        n += 1
+    return n
+
+
 class PrefixCache:
     """The kept prefixes of one cache's cells: their block hashes, their keepers in order of last use."""
 

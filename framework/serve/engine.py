@@ -34,7 +34,7 @@ from ..core.scheduler import Plan
 from ..runtime.batch import Batch, Part
 from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
 from ..runtime.lookup import lookup
-from ..runtime.prefix import PrefixCache
+from ..runtime.prefix import PrefixCache, common_prefix
 from ..runtime.sampling import Observer, Sampler, SamplingParams, TokenMask
 from ..runtime.session import Session
 from ..runtime.speculative import Adaptive, accept_greedy, accept_sampled
@@ -108,20 +108,62 @@ class Scheduler:
         self._lock = threading.Lock()         # held while the cells change: a step, a join, a tidy
         self._seq = 0
         self.steps, self.widest = 0, 0        # batched steps run, and the most requests one step held
+        self.shared = 0                       # requests that took an active request's prompt cells
 
     def state(self) -> dict:
         return {"steps": self.steps, "widest": self.widest, "active": len(self.active),
-                "prefix_cache": {"hits": self.prefix.hits, "tokens": self.prefix.reused,
+                "prefix_cache": {"hits": self.prefix.hits, "tokens": self.prefix.reused, "in_flight": self.shared,
                                  "cells": self.prefix.held(), "budget": self.prefix.budget}}
 
     def join(self, run: "Run") -> tuple[int, int]:
-        """A new request's sequence id, and how many of its prompt tokens a cached prefix already holds."""
+        """A new request's sequence id, and how many of its prompt tokens a cached prefix already holds. Where
+        an active request's prompt starts with more of them, this one takes that request's cells for them
+        instead: now if it has fed them, else once it has (``run.awaits``; nothing computed twice)."""
         with self._lock:
             self._tidy()
             self._seq += 1
-            self.active.append(run)
             reused = self.prefix.reuse(self._seq, run.job.ids) if run.job.cache_prompt else 0
+            run.awaits = self._sharer(run.job.ids, reused) if run.job.cache_prompt else None
+            self.active.append(run)
+            if run.awaits is not None and self._fed(run.awaits):
+                reused = self._share(self._seq, run.awaits)
+                run.awaits = None
         return self._seq, reused
+
+    def _sharer(self, ids: list[int], reused: int) -> tuple["Run", int] | None:
+        """(the active request whose prompt shares the longest prefix with ids, its length) where that is at
+        least a block and more than ``reused``, all but the last token (whose logits the request needs)."""
+        best, most = None, max(reused, self.prefix.block - 1)
+        for other in self.active:
+            n = common_prefix(other.job.ids, ids, len(ids) - 1)
+            if n > most:
+                best, most = other, n
+        return (best, most) if best is not None else None
+
+    def _fed(self, awaits: tuple["Run", int]) -> bool:
+        other, n = awaits
+        return self.batch.n_past(other.seq) >= n
+
+    def _share(self, seq: int, awaits: tuple["Run", int]) -> int:
+        other, n = awaits
+        self.batch.cells.share(other.seq, seq, n)
+        self.prefix.hits, self.prefix.reused = self.prefix.hits + 1, self.prefix.reused + n
+        self.shared += 1
+        return n
+
+    def _caught_up(self, run: "Run") -> bool:
+        """Whether a request may step: one awaiting another's prompt takes its cells once they are fed; if
+        that request left first, the prefix cache may hold them (it kept them), else this one computes them."""
+        if run.awaits is None:
+            return True
+        other, _ = run.awaits
+        if other in self.active and not self._fed(run.awaits):
+            return False
+        n = self._share(run.seq, run.awaits) if other in self.active else self.prefix.reuse(run.seq, run.job.ids)
+        if n:                                 # (reuse finding none leaves the cells the request had)
+            run.cached_tokens, run.pending = n, run.tokens[n:]
+        run.awaits = None
+        return True
 
     def leave(self, run: "Run") -> None:
         """A request ends (finished, or its client gone): its cells are freed now, or, while a step runs,
@@ -152,7 +194,7 @@ class Scheduler:
             self._tidy()                      # those that left while the steps ran
 
     def _step(self) -> None:
-        ready = [r for r in self.active if r.generating and len(r.pieces) < AHEAD]
+        ready = [r for r in self.active if r.generating and len(r.pieces) < AHEAD and self._caught_up(r)]
         decoding = [r for r in ready if not r.pending]
         budget = self.session.n_batch - len(decoding)
         parts, who = [], []
@@ -190,6 +232,7 @@ class Run:
         self.n_out = 0
         self.finish: str | None = None     # "stop" or "length" once generation has ended
         self.cached_tokens = 0             # prompt tokens whose cells were reused, not computed
+        self.awaits: tuple[Run, int] | None = None   # an active request whose first n prompt tokens this one takes
         self.drafted = self.accepted = 0   # serve --draft: tokens proposed, and those the target agreed with
         self.adaptive = Adaptive()
         self.pieces: deque = deque()       # Piece, then the finish reason once generation ends
