@@ -324,7 +324,8 @@ def test_perplexity_scores_several_windows_a_step_as_it_does_one_by_one(tiny_lla
 def test_requests_with_one_prompt_compute_it_once_and_answer_as_it_does_alone(tiny_llama):
     """serve's scheduler: a request joining while another with the same prompt has not fed it yet waits for
     that one's cells and takes them (computing only its last prompt token); one joining after it fed them
-    takes them at once. Every one answers (greedy) as the prompt does with nothing cached."""
+    takes them at once. Every one answers (greedy) as the prompt does with nothing cached. A prompt shorter
+    than a block is shared too."""
     from framework.runtime.sampling import SamplingParams
     from framework.serve.engine import Job, Run, Scheduler
     from framework.serve.pool import Slot
@@ -333,8 +334,8 @@ def test_requests_with_one_prompt_compute_it_once_and_answer_as_it_does_alone(ti
         pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
     sched = Scheduler(Session(tiny_llama, [device], n_ctx=256), ["cpu"])
 
-    def request(cache_prompt: bool = True) -> Run:
-        run = Run(Slot(sched, 256), Job(list(LONG), 6, SamplingParams(), [], cache_prompt=cache_prompt))
+    def request(cache_prompt: bool = True, prompt: list[int] = LONG) -> Run:
+        run = Run(Slot(sched, 256), Job(list(prompt), 6, SamplingParams(), [], cache_prompt=cache_prompt))
         run.start()
         return run
 
@@ -354,3 +355,7 @@ def test_requests_with_one_prompt_compute_it_once_and_answer_as_it_does_alone(ti
     finish(first, second, third)
     assert second.cached_tokens == len(LONG) - 1 and sched.state()["prefix_cache"]["in_flight"] == 2
     assert first.tokens == second.tokens == third.tokens == cold.tokens
+    short = [request(prompt=LONG[:9]) for _ in range(2)]      # under a block: shared whole, but its last token
+    assert short[1].awaits is not None
+    finish(*short)
+    assert short[1].cached_tokens == 8 and short[0].tokens == short[1].tokens

@@ -131,9 +131,10 @@ class Scheduler:
         return self._seq, reused
 
     def _sharer(self, ids: list[int], reused: int) -> tuple["Run", int] | None:
-        """(the active request whose prompt shares the longest prefix with ids, its length) where that is at
-        least a block and more than ``reused``, all but the last token (whose logits the request needs)."""
-        best, most = None, max(reused, self.prefix.block - 1)
+        """(the active request whose prompt shares the longest prefix with ids, its length) where that is more
+        than ``reused`` and at least a block or all the prompt but its last token (whose logits the request
+        needs): a short prompt sent by several clients at once is computed once too."""
+        best, most = None, max(reused, min(self.prefix.block, len(ids) - 1) - 1)
         for other in self.active:
             n = common_prefix(other.job.ids, ids, len(ids) - 1)
             if n > most:
