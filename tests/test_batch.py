@@ -353,7 +353,8 @@ def test_requests_with_one_prompt_compute_it_once_and_answer_as_it_does_alone(ti
     third = request()
     assert third.awaits is None and third.cached_tokens == len(LONG) - 1       # fed: taken at once
     finish(first, second, third)
-    assert second.cached_tokens == len(LONG) - 1 and sched.state()["prefix_cache"]["in_flight"] == 2
+    assert second.cached_tokens == len(LONG) - 1
+    assert sched.state()["prefix_cache"]["in_flight"] == {"hits": 2, "tokens": 2 * (len(LONG) - 1)}
     assert first.tokens == second.tokens == third.tokens == cold.tokens
     short = [request(prompt=LONG[:9]) for _ in range(2)]      # under a block: shared whole, but its last token
     assert short[1].awaits is not None
