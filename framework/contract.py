@@ -230,6 +230,14 @@ class Device:
         (they are arguments of ``run``). A device that sets ``weights_in_programs`` may fold them in."""
         raise NotImplementedError
 
+    def programs_nbytes(self, fragments: list[Fragment]) -> int:
+        """Memory the compiled programs of these fragments (one each of distinct ``fragment.program``) hold
+        beyond the weights, caches and activations reservation counts already: a program that keeps its own
+        copy of the weights, as OpenVINO's compiled models do. Reservation adds it to the device's use in the
+        memory check (pass 5), so that many step shapes' programs are refused there, not killed later.
+        Default 0."""
+        return 0
+
     def live_programs(self) -> int:
         """Compiled programs alive on this device's hardware now, in this process, whoever holds them.
         Default 0. Reservation counts the ones other sessions hold against ``limits.max_live_programs``:

@@ -333,6 +333,27 @@ def test_memory_limit_fails_at_reservation(monkeypatch, smollm2, cpu, prompt):
 
 
 
+def test_programs_that_hold_memory_count_at_reservation(smollm2, prompt):
+    """A device whose compiled programs hold memory of their own (Device.programs_nbytes, as OpenVINO's models
+    keep a copy of their weights) has it counted in the memory check, once a distinct program: too many step
+    shapes for its memory are refused at reservation, naming the programs and a fix."""
+    each = 8 << 20
+
+    class Holding(ExampleDevice):
+        def programs_nbytes(self, fragments):
+            return each * len({f.program for f in fragments})
+
+    need = Session(smollm2, [Holding()], n_ctx=N_CTX).reserve(len(prompt[0]), 2).memory["example:0"]
+    assert need["programs"] >= 2 * each and need["programs"] % each == 0        # prefill's and decode's at least
+    assert need["total"] == need["weights"] + need["caches"] + need["activations"] + need["programs"]
+    session = Session(smollm2, [Holding(memory=need["total"] - each)], n_ctx=N_CTX)
+    with pytest.raises(CapabilityError) as info:
+        session.reserve(len(prompt[0]), 2)
+    e, text = error_of(info)
+    assert e.code == "out_of_memory" and f"compiled programs {need['programs'] / 2**20:.1f} MiB" in text
+    assert "--parallel" in e.fix and session.executor.weights == {}
+
+
 @pytest.mark.parametrize("short_of", ["caches", "weights"])
 def test_out_of_memory_names_what_drives_the_need_and_a_fix_that_works(smollm2, cpu, prompt, short_of):
     """The error names the largest weights and the caches; its fix, applied, makes the plans fit: a

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tiny_models
 
+from framework.contract import LeafKind
 from framework.model.model import Model
 from framework.plugins.openvino_npu.device import OpenVinoDevice
 from framework.plugins.openvino_npu.kv_programs import KV_PROGRAMS_ENV, family_key, kv_length
@@ -52,7 +53,7 @@ def decoding(s: Session, tokens: int = 1) -> list:
 
 
 def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logits(tiny_qwen2, monkeypatch):
-    per_length, d1, _ = decode(tiny_qwen2, "per_length", monkeypatch)
+    per_length, d1, s1 = decode(tiny_qwen2, "per_length", monkeypatch)
     shared, d2, s = decode(tiny_qwen2, "shared", monkeypatch)
     assert d1.stats.compiled == 3 and d1.stats.shared == 0          # the prompt, decode at 256, decode at 512
     # the prompt, decode at 256 (fixed shapes), then at 512 one model for every length, which 256's takes too
@@ -65,6 +66,13 @@ def test_decode_at_two_kv_lengths_runs_on_one_compiled_model_with_the_same_logit
     assert any(f.kind == "kv_window" for f in decode_programs[0].translation.feeds)
     assert "1 more step shape ran on them (one model for every KV length)" in d2.compile_summary()
     assert "more step shape" not in d1.compile_summary()
+    # reservation's count of the models' own memory (a copy of their weights each): the models compiled here
+    one = sum(d2.weight_nbytes(t) for t in decode_programs[0].fragment.inputs if t.kind == LeafKind.WEIGHT)
+    assert one > 0
+    for dev, sess, mode, models in ((d2, s, "shared", 2), (d1, s1, "per_length", 3)):
+        monkeypatch.setenv(KV_PROGRAMS_ENV, mode)
+        fragments = [p.fragment for p in sess.executor.programs.values()]
+        assert len(fragments) == 3 and dev.programs_nbytes(fragments) == models * one
     for a, b in zip(per_length, shared):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * float(np.abs(a).max()))
 

@@ -62,7 +62,8 @@ def render_text(view: PlanView) -> str:
                      f"{_limit(mem['total'], b['memory_bytes'], human_bytes)}"
                      + (f", {b['memory_source']}" if b.get("memory_source") else "")
                      + f" (weights {human_bytes(mem['weights'])}, "
-                     f"caches {human_bytes(mem['caches'])}, activations {human_bytes(mem['activations'])})"
+                     f"caches {human_bytes(mem['caches'])}, activations {human_bytes(mem['activations'])}"
+                     + (f", programs {human_bytes(mem['programs'])}" if mem.get("programs") else "") + ")"
                      + (f"; measured {view.device_seconds[dev]:.3f} s" if dev in view.device_seconds else "") + flag)
     for phase in view.plans:
         lines.append("")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...contract import Device
-from ..graph import VIEW_OPS, Graph, LeafKind, Tensor, ops
+from ..graph import VIEW_OPS, Fragment, Graph, LeafKind, Tensor, ops
 from .errors import CapabilityError
 from .fallbacks import MEMORY, count, group_fallbacks
 from .memory import Budget, Fit
@@ -55,7 +55,8 @@ class Reservation:
             lines.append(f"{dev}: {count(n, 'program')} over all phases, memory "
                          f"{memory_against(mem.get('total', 0), limits.get(dev))} "
                          f"(weights {mem.get('weights', 0) / 2**20:.1f}, caches {mem.get('caches', 0) / 2**20:.1f}, "
-                         f"activations {mem.get('activations', 0) / 2**20:.1f})")
+                         f"activations {mem.get('activations', 0) / 2**20:.1f}"
+                         + (f", compiled programs {mem['programs'] / 2**20:.1f}" if mem.get("programs") else "") + ")")
         fit = next((p.fit for p in self.plans.values() if p.fit is not None), None)
         return lines + (fit.lines() if fit is not None else [])
 
@@ -266,15 +267,18 @@ class _Use:
     weights: dict[int, tuple[Tensor, int]] = field(default_factory=dict)
     caches: dict[int, Tensor] = field(default_factory=dict)
     activations: tuple[int, str] = (0, "")
+    fragments: dict[str, Fragment] = field(default_factory=dict)     # one of each program key
 
     def add(self, other: "_Use") -> None:
         self.weights.update(other.weights)
         self.caches.update(other.caches)
+        self.fragments.update(other.fragments)
         self.activations = max(self.activations, other.activations, key=lambda a: a[0])
 
-    def totals(self) -> dict[str, int]:
+    def totals(self, device: Device) -> dict[str, int]:
         use = {"weights": sum(b for _, b in self.weights.values()),
-               "caches": sum(t.nbytes for t in self.caches.values()), "activations": self.activations[0]}
+               "caches": sum(t.nbytes for t in self.caches.values()), "activations": self.activations[0],
+               "programs": device.programs_nbytes(list(self.fragments.values()))}
         use["total"] = sum(use.values())
         return use
 
@@ -287,6 +291,7 @@ def _plan_memory(plan: Plan, phase: str, by_name: dict[str, Device],
         for t in f.inputs:
             if t.is_leaf and t.kind == LeafKind.WEIGHT:
                 use.weights[id(t)] = (t, by_name[f.device].weight_nbytes(t))
+        use.fragments.setdefault(f.program, f)
         live = sum(n.nbytes for n in f.nodes if ops.makes_memory(n.op))
         if live > use.activations[0]:
             use.activations = (live, f"{phase} fragment {f.index}")
@@ -315,17 +320,18 @@ def check_memory(plans: dict[str, Plan], by_name: dict[str, Device], residence: 
     total: dict[str, _Use] = {}
     for phase, plan in plans.items():
         per_plan = _plan_memory(plan, phase, by_name, residence)
-        plan.memory = {dev: use.totals() for dev, use in per_plan.items()}
+        plan.memory = {dev: use.totals(by_name[dev]) for dev, use in per_plan.items()}
         for dev, use in per_plan.items():
             total.setdefault(dev, _Use()).add(use)
     limits = memory_limits(plans)
     out = {}
     for name, use in total.items():
-        out[name] = use.totals()
+        out[name] = use.totals(by_name[name])
         limit = limits.get(name)
         if enforce and limit is not None and out[name]["total"] > limit.nbytes:
             raise _out_of_memory(name, limit, out[name], list(use.weights.values()), list(use.caches.values()),
-                                 use.activations[1], [p.fit for p in plans.values() if p.fit is not None])
+                                 use.activations[1], [p.fit for p in plans.values() if p.fit is not None],
+                                 len(use.fragments))
     return out
 
 
@@ -342,7 +348,7 @@ def _large(n: float) -> str:
 
 
 def _out_of_memory(device: str, budget: Budget, use: dict[str, int], weights: list[tuple[Tensor, int]],
-                   caches: list[Tensor], biggest_fragment: str, fits: list[Fit]) -> CapabilityError:
+                   caches: list[Tensor], biggest_fragment: str, fits: list[Fit], n_programs: int) -> CapabilityError:
     """The error names what drives the need (the largest weights, the caches and their rows, the
     fragment with the most activations), what the memory fit already moved, and a fix that would make
     the plans fit."""
@@ -355,9 +361,15 @@ def _out_of_memory(device: str, budget: Budget, use: dict[str, int], weights: li
         parts.append(f"caches {_mib(use['caches'])}{_large(use['caches'])} ({len(caches)} tensors of {rows} rows, e.g. "
                      f"{caches[0].name})")
     parts.append(f"activations {_mib(use['activations'])}" + (f" ({biggest_fragment})" if biggest_fragment else ""))
+    if use["programs"]:
+        parts.append(f"compiled programs {_mib(use['programs'])} ({n_programs} step fragments' programs, which "
+                     f"hold memory of their own)")
     over = use["total"] - limit
-    room = limit - use["weights"] - use["activations"]       # what the caches may take
-    if caches and use["caches"] >= over and room > 0:
+    room = limit - use["weights"] - use["activations"] - use["programs"]       # what the caches may take
+    if use["programs"] >= over and use["programs"] > use["caches"]:
+        fix = (f"plan fewer step shapes on {device}: lower --parallel (a server plans steps of up to --parallel "
+               f"rows) or --ctx, or put another device before it in --backends")
+    elif caches and use["caches"] >= over and room > 0:
         fit = int(rows * room / use["caches"])
         ctx = fit - fit % 256 if fit >= 256 else fit          # a multiple of the KV padding where it can be
         fix = (f"lower --ctx: the caches take {use['caches'] / rows / 1024:.1f} KiB per row of context, and at most "
@@ -382,14 +394,15 @@ def check_together(reservations: dict[str, tuple[Reservation, int]], by_name: di
     """3 and 5 over several models held by one process at once, each with ``n`` sessions that share its
     weights and programs and own a KV cache each: {model: (reservation, n)}. Programs are counted once per
     model, plus those already live on the device; memory counts weights once, caches n times and the
-    largest activations once (the sessions' steps run one at a time). Returns per device
+    largest activations once (the sessions' steps run one at a time), and programs' own memory once per model.
+    Returns per device
     {"programs": int, "memory": int}."""
     out: dict[str, dict] = {}
     for name, dev in by_name.items():
         programs = {m: r.programs.get(name, 0) for m, (r, _) in reservations.items()}
         mem = {m: r.memory.get(name, {}) for m, (r, _) in reservations.items()}
-        memory = (sum(u.get("weights", 0) + n * u.get("caches", 0) for (_, n), u in zip(reservations.values(),
-                                                                                        mem.values()))
+        memory = (sum(u.get("weights", 0) + u.get("programs", 0) + n * u.get("caches", 0)
+                      for (_, n), u in zip(reservations.values(), mem.values()))
                   + max((u.get("activations", 0) for u in mem.values()), default=0))
         out[name] = {"programs": sum(programs.values()), "memory": memory}
         emu = f" (EMULATION of {dev.emulation})" if dev.emulation else ""

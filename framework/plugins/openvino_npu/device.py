@@ -249,6 +249,19 @@ class OpenVinoDevice(Device):
             table = self._rope_cache[key] = rope_table(pos, rope)
         return table
 
+    def programs_nbytes(self, fragments: list[Fragment]) -> int:
+        """Each compiled model holds its own repacked copy of the weights it reads: 1.05-2.5x the weights as this
+        plugin holds them, measured (docs/openvino.md, "One model for every KV length"); counted here at 1x,
+        once a model: the fragments of one KV family (kv_programs) share a model, any other fragment has one."""
+        shared = kv_programs.enabled(self.hardware == DeviceType.CPU, self.limits.static_shapes)
+        models: dict[tuple, int] = {}
+        for f in fragments:
+            weights = [t for t in f.inputs if t.is_leaf and t.kind == LeafKind.WEIGHT]
+            kv = kv_length(f) if shared else None
+            key = (family_key(f, kv), tuple(id(t) for t in weights)) if kv is not None else (f.program,)
+            models.setdefault(key, sum(self.weight_nbytes(t) for t in weights))
+        return sum(models.values())
+
     def live_programs(self) -> int:
         return _LIVE.get(self._live_key, 0)
 
