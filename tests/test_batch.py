@@ -279,12 +279,31 @@ def test_a_reused_prefix_gives_the_logits_of_a_cold_prompt_and_lru_eviction_free
     warm = b.step([Part(2, other[32:])])[0]
     cold, _ = alone(tiny_llama, device, other, 0)
     assert np.array_equal(warm, cold[0])
-    assert cache.reuse(3, LONG[:16]) == 0          # a prompt of one block keeps its last token to compute
+    assert cache.reuse(3, LONG[:16]) == 15         # a prompt of one block: all but its last token, found whole
+    b.free(3)
     cache.retire(2, other)                         # its blocks are the same prefix: the older keeper goes
     assert len(cache.keepers) == 1 and cache.held() == 32
     b.step([Part(4, list(range(100, 140)))])
     cache.retire(4, list(range(100, 140)))         # 64 kept cells pass the budget of 40: the older one goes
     assert cache.held() == 32 and cache.reuse(5, other) == 0 and cache.reuse(6, list(range(100, 150))) == 32
+
+
+def test_a_prompt_under_a_block_is_found_whole_in_a_kept_prefix(tiny_llama):
+    """A prompt shorter than a block (no hash names it) reuses a keeper that holds all of it but its last token,
+    with the logits of a cold prompt; one that a keeper holds only in part is computed."""
+    device = CpuDevice("q8")
+    if not device.available:
+        pytest.skip(f"cpu plugin's q8 path unavailable: {device.unavailable_reason}")
+    b = Batch(Session(tiny_llama, [device], n_ctx=128))
+    cache = PrefixCache(b.cells)
+    fed = LONG[:9] + list(range(300, 320))          # a 9-token prompt and 20 tokens after it: one block kept
+    b.step([Part(1, fed)])
+    cache.retire(1, fed)
+    assert cache.reuse(2, LONG[:9]) == 8 and cache.hits == 1
+    warm = b.step([Part(2, LONG[8:9])])[0]
+    cold, _ = alone(tiny_llama, device, LONG[:9], 0)
+    assert np.array_equal(warm, cold[0])
+    assert cache.reuse(3, LONG[:4] + [5, 6, 7]) == 0 and cache.hits == 1
 
 
 def test_a_prompt_sent_again_reuses_every_matching_token_past_its_last_whole_block(tiny_llama):
@@ -356,7 +375,7 @@ def test_requests_with_one_prompt_compute_it_once_and_answer_as_it_does_alone(ti
     assert second.cached_tokens == len(LONG) - 1
     assert sched.state()["prefix_cache"]["in_flight"] == {"hits": 2, "tokens": 2 * (len(LONG) - 1)}
     assert first.tokens == second.tokens == third.tokens == cold.tokens
-    short = [request(prompt=LONG[:9]) for _ in range(2)]      # under a block: shared whole, but its last token
+    short = [request(prompt=list(range(500, 509))) for _ in range(2)]      # under a block, kept nowhere yet
     assert short[1].awaits is not None
     finish(*short)
     assert short[1].cached_tokens == 8 and short[0].tokens == short[1].tokens

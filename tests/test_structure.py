@@ -35,8 +35,9 @@ PLUGINS = PACKAGE / "plugins"
 # with a step's rows padded for devices that compile per shape (Limits.padded_rows, about 20); 28,260 with
 # serve's prompts shared in flight (about 50), the cpu plugin's biased few-row products (about 35), its attention
 # over the open keys and its threaded kernels cached apart (about 20); 28,290 with compiled programs' own memory
-# counted at reservation (Device.programs_nbytes, OpenVINO's estimate: about 30)
-FRAMEWORK_LINES = 28_290
+# counted at reservation (Device.programs_nbytes, OpenVINO's estimate: about 30); 28,300 with a prompt under a
+# block found whole in the kept prefixes (about 10)
+FRAMEWORK_LINES = 28_300
 BACKEND_LINES = 1_500
 # the issue's goal for a GPU plugin is 700 lines; these are where the plugins stand on the skeleton today
 # (cuda: 960, then 1,020 when it took the core's attention groups: rowvec3, rope_kv, attention.py; 1,040 with

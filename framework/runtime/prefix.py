@@ -6,7 +6,8 @@ cells of its whole blocks are kept by a keeper (a sequence of its own, negative 
 a new sequence whose prompt starts with a kept prefix shares those cells (runtime/cells.py: nothing is
 copied) and computes only the rest. The prefix found by its whole blocks then goes on token by token as far
 as the keeper's tokens match the prompt (as llama-server's cache_prompt reuses every matching token), so a
-prompt sent again computes its last token only, not the tail after its last whole block. Keepers are
+prompt sent again computes its last token only, not the tail after its last whole block; a prompt under a
+block, which no hash names, is found whole in a keeper's tokens. Keepers are
 evicted least recently used: when the cells they hold pass the budget, and when a step needs cells that
 only they hold.
 """
@@ -56,12 +57,18 @@ class PrefixCache:
         for h in reversed(block_hashes(tokens[:limit * self.block], self.block)):
             if h in self.index:
                 keeper, n = self.index[h]
-                n = self._matching(self.tokens[keeper], tokens, n)
-                self.cells.share(keeper, seq, n)
-                self.keepers.move_to_end(keeper)
-                self.hits, self.reused = self.hits + 1, self.reused + n
-                return n
+                return self._take(keeper, seq, self._matching(self.tokens[keeper], tokens, n))
+        whole = len(tokens) - 1
+        for keeper, kept in self.tokens.items() if limit == 0 else ():    # under a block (no hash names it)
+            if whole > 0 and common_prefix(kept, tokens, whole) == whole:  # a keeper holding all but its last token
+                return self._take(keeper, seq, whole)
         return 0
+
+    def _take(self, keeper: int, seq: int, n: int) -> int:
+        self.cells.share(keeper, seq, n)
+        self.keepers.move_to_end(keeper)
+        self.hits, self.reused = self.hits + 1, self.reused + n
+        return n
 
     @staticmethod
     def _matching(kept: list[int], tokens: list[int], n: int) -> int:
