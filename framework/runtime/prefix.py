@@ -55,9 +55,9 @@ class PrefixCache:
         token to compute, whose logits the sequence needs); return how many tokens it reused."""
         limit = (len(tokens) - 1) // self.block
         for h in reversed(block_hashes(tokens[:limit * self.block], self.block)):
-            if h in self.index:
-                keeper, n = self.index[h]
-                return self._take(keeper, seq, self._matching(self.tokens[keeper], tokens, n))
+            if h in self.index:                # as many tokens as match (whole blocks and on), but the last
+                keeper = self.index[h][0]
+                return self._take(keeper, seq, common_prefix(self.tokens[keeper], tokens, len(tokens) - 1))
         whole = len(tokens) - 1
         for keeper, kept in self.tokens.items() if limit == 0 else ():    # under a block (no hash names it)
             if whole > 0 and common_prefix(kept, tokens, whole) == whole:  # a keeper holding all but its last token
@@ -68,14 +68,6 @@ class PrefixCache:
         self.cells.share(keeper, seq, n)
         self.keepers.move_to_end(keeper)
         self.hits, self.reused = self.hits + 1, self.reused + n
-        return n
-
-    @staticmethod
-    def _matching(kept: list[int], tokens: list[int], n: int) -> int:
-        """How many leading tokens the keeper's and the prompt's share, from n on (the blocks' hashes say the
-        first n match), leaving the prompt's last token to compute."""
-        while n < min(len(kept), len(tokens) - 1) and kept[n] == tokens[n]:
-            n += 1
         return n
 
     def retire(self, seq: int, tokens: list[int]) -> None:
