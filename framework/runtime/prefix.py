@@ -44,7 +44,7 @@ class PrefixCache:
     def __init__(self, cells: Cells, budget: int | None = None, block: int = BLOCK):
         self.cells, self.block = cells, block
         self.budget = cells.n_cells if budget is None else budget     # cells keepers may hold
-        self.index: dict[int, tuple[int, int]] = {}     # block hash -> (keeper, tokens of the prefix it names)
+        self.index: dict[int, int] = {}                 # block hash -> the keeper of the prefix it names
         self.keepers: OrderedDict[int, list[int]] = OrderedDict()     # keeper -> its hashes, least recent first
         self.tokens: dict[int, list[int]] = {}          # keeper -> the tokens its cells hold
         self._next = 0
@@ -56,7 +56,7 @@ class PrefixCache:
         limit = (len(tokens) - 1) // self.block
         for h in reversed(block_hashes(tokens[:limit * self.block], self.block)):
             if h in self.index:                # as many tokens as match (whole blocks and on), but the last
-                keeper = self.index[h][0]
+                keeper = self.index[h]
                 return self._take(keeper, seq, common_prefix(self.tokens[keeper], tokens, len(tokens) - 1))
         whole = len(tokens) - 1
         for keeper, kept in self.tokens.items() if limit == 0 else ():    # under a block (no hash names it)
@@ -83,13 +83,13 @@ class PrefixCache:
         keeper = self._next
         self.cells.share(seq, keeper, len(hashes) * self.block)
         replaced = set()
-        for i, h in enumerate(hashes):
-            replaced.add(self.index.get(h, (keeper,))[0])
-            self.index[h] = (keeper, (i + 1) * self.block)
+        for h in hashes:
+            replaced.add(self.index.get(h, keeper))
+            self.index[h] = keeper
         self.keepers[keeper] = hashes
         self.tokens[keeper] = tokens[:len(hashes) * self.block]
         for old in replaced - {keeper}:          # a keeper none of whose prefixes is found through it any more
-            if not any(self.index.get(h, (None,))[0] == old for h in self.keepers[old]):
+            if not any(self.index.get(h) == old for h in self.keepers[old]):
                 self._drop(old)
 
     def held(self) -> int:
@@ -107,7 +107,7 @@ class PrefixCache:
 
     def _drop(self, keeper: int) -> None:
         for h in self.keepers.pop(keeper):
-            if self.index.get(h, (None,))[0] == keeper:
+            if self.index.get(h) == keeper:
                 del self.index[h]
         del self.tokens[keeper]
         self.cells.free(keeper)

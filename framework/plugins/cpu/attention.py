@@ -146,12 +146,14 @@ def flash_attn_ext(q, k, v, mask=None, *, scale):
     m = _NO_MASK if mask is None else np.ascontiguousarray(mask, dtype=np.float32)
     run = _attend_threads if q.shape[0] * q.shape[1] * k.shape[0] * q.shape[2] >= THREADED_FROM else _attend_one
     n = k.shape[0]
+    open_pairs = q.shape[0] * n
     if mask is not None:           # keys past the last one any query sees are not transposed
-        seen = np.flatnonzero(np.isfinite(m).any(axis=0))
+        finite = np.isfinite(m)
+        seen = np.flatnonzero(finite.any(axis=0))
         n = int(seen[-1]) + 1 if seen.size else 1
+        open_pairs = int(np.count_nonzero(finite))
     mm = np.ascontiguousarray(m[:, :n]) if mask is not None else m
     qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
-    open_pairs = int(np.isfinite(mm).sum()) if mask is not None else q.shape[0] * n
     if q.shape[0] <= BY_KEY_UNTIL or open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
         work = open_pairs * q.shape[1] * q.shape[2]
         by_key = _by_key_threads if work >= BY_KEY_THREADED_FROM else _by_key_one

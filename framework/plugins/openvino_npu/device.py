@@ -136,6 +136,7 @@ class OpenVinoDevice(Device):
         self.families: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # kv_programs: key -> Family
         self.first_length: dict = {}            # kv_programs: key -> (KV length, the programs on its fixed model)
         self.fixed_only: dict = {}              # kv_programs: key -> why its translation refused a dynamic KV length
+        self._model_of: dict = {}               # programs_nbytes: (program, weights, shared) -> (model key, bytes)
         self._rope_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         what = f"OpenVINO {ov_name}" + (f" ({full_name})" if full_name else "")
         if profile:
@@ -254,13 +255,19 @@ class OpenVinoDevice(Device):
         plugin holds them, measured (docs/openvino.md, "One model for every KV length"); counted here at 1x,
         once a model: the fragments of one KV family (kv_programs) share a model, any other fragment has one."""
         shared = kv_programs.enabled(self.hardware == DeviceType.CPU, self.limits.static_shapes)
-        models: dict[tuple, int] = {}
-        for f in fragments:
-            weights = [t for t in f.inputs if t.is_leaf and t.kind == LeafKind.WEIGHT]
+        return sum(dict(self._model(f, shared) for f in fragments).values())
+
+    def _model(self, f: Fragment, shared: bool) -> tuple[tuple, int]:
+        """(the key of the compiled model a fragment runs on, its weights' bytes), once a program key and its
+        weight objects (the key names the weights; two models may name theirs alike): a server reserving a new
+        step shape checks every kept one again."""
+        weights = [t for t in f.inputs if t.is_leaf and t.kind == LeafKind.WEIGHT]
+        ids = tuple(id(t) for t in weights)
+        if (f.program, ids, shared) not in self._model_of:
             kv = kv_length(f) if shared else None
-            key = (family_key(f, kv), tuple(id(t) for t in weights)) if kv is not None else (f.program,)
-            models.setdefault(key, sum(self.weight_nbytes(t) for t in weights))
-        return sum(models.values())
+            key = (family_key(f, kv), ids) if kv is not None else (f.program, ids)
+            self._model_of[f.program, ids, shared] = (key, sum(self.weight_nbytes(t) for t in weights))
+        return self._model_of[f.program, ids, shared]
 
     def live_programs(self) -> int:
         return _LIVE.get(self._live_key, 0)
