@@ -38,6 +38,12 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
+def least_shared(n_tokens: int, block: int = BLOCK) -> int:
+    """The fewest leading tokens of a prompt of n_tokens worth taking from another sequence: a block, or all of a
+    shorter prompt but its last token (whose logits the sequence needs); 0 for a prompt of one token."""
+    return min(block, n_tokens - 1)
+
+
 class PrefixCache:
     """The kept prefixes of one cache's cells: their block hashes, their keepers in order of last use."""
 
@@ -58,10 +64,10 @@ class PrefixCache:
             if h in self.index:                # as many tokens as match (whole blocks and on), but the last
                 keeper = self.index[h]
                 return self._take(keeper, seq, common_prefix(self.tokens[keeper], tokens, len(tokens) - 1))
-        whole = len(tokens) - 1
+        least = least_shared(len(tokens), self.block)
         for keeper, kept in self.tokens.items() if limit == 0 else ():    # under a block (no hash names it)
-            if whole > 0 and common_prefix(kept, tokens, whole) == whole:  # a keeper holding all but its last token
-                return self._take(keeper, seq, whole)
+            if least > 0 and common_prefix(kept, tokens, least) == least:  # a keeper holding all but its last token
+                return self._take(keeper, seq, least)
         return 0
 
     def _take(self, keeper: int, seq: int, n: int) -> int:

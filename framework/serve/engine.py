@@ -34,7 +34,7 @@ from ..core.scheduler import Plan
 from ..runtime.batch import Batch, Part
 from ..runtime.generate import FINISH_LENGTH, FINISH_STOP, Piece, generate
 from ..runtime.lookup import lookup
-from ..runtime.prefix import PrefixCache, common_prefix
+from ..runtime.prefix import PrefixCache, common_prefix, least_shared
 from ..runtime.sampling import Observer, Sampler, SamplingParams, TokenMask
 from ..runtime.session import Session
 from ..runtime.speculative import Adaptive, accept_greedy, accept_sampled
@@ -135,7 +135,7 @@ class Scheduler:
         """(the active request whose prompt shares the longest prefix with ids, its length) where that is more
         than ``reused`` and at least a block or all the prompt but its last token (whose logits the request
         needs): a short prompt sent by several clients at once is computed once too."""
-        best, most = None, max(reused, min(self.prefix.block, len(ids) - 1) - 1)
+        best, most = None, max(reused, least_shared(len(ids), self.prefix.block) - 1)
         for other in self.active:
             n = common_prefix(other.job.ids, ids, len(ids) - 1)
             if n > most:
