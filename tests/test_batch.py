@@ -9,6 +9,7 @@ import pytest
 import tiny_models
 from conftest import load_model
 
+from framework.core.scheduler import CapabilityError
 from framework.model.model import Model
 from framework.plugins.cpu.device import CpuDevice
 from framework.runtime.batch import Batch, BatchError, Part
@@ -240,6 +241,32 @@ def test_a_server_on_openvino_cpu_reserves_every_padded_step_size(registry, tiny
     assert {kv for t, kv, _ in keys if t == 16} == {256, 512}
     plain = batched_shapes(Session(tiny_llama, [CpuDevice("f32")], n_ctx=1024, n_batch=64, out_rows=4), 4)
     assert {t for t, _, _ in plain} == {1, 2, 3, 4, 64}      # the cpu plugin compiles nothing per shape
+
+
+def test_a_new_step_shape_is_checked_with_the_kept_ones_without_counting_them_again(monkeypatch, tiny_llama):
+    """A server meets a new prompt length at almost every request: reserving its shape checks it with every
+    kept shape (the devices' budgets are shared), but counts only the new plan's weights, and the totals are
+    those of all the shapes reserved at once; a kept shape still counts against a budget a new one exceeds."""
+    def session(cap=None):
+        caps = {"cpu": cap} if cap else None
+        return Session(tiny_llama, [CpuDevice("f32")], n_ctx=1024, n_batch=64, out_rows=4, memory_caps=caps)
+    s = session()
+    dev = s.devices[0]
+    kept = batched_shapes(s, 4)
+    s.reserve_shapes(kept)
+    calls, real = [], dev.weight_nbytes
+    monkeypatch.setattr(dev, "weight_nbytes", lambda t: calls.append(t.name) or real(t))
+    new = s.context.rows_key(37, 512, 4)
+    result = s.reserve_shapes([new])
+    assert len(calls) == len(set(calls)) > 0           # the new plan's weights, each once; no kept plan's
+    at_once = session().reserve_shapes(kept + [new])
+    assert result.memory == at_once.memory and len(result.plans) == len(kept) + 1
+    monkeypatch.undo()
+    decode = [k for k in kept if k[0] <= 4]
+    tight = session(session().reserve_shapes(decode).memory["cpu"]["total"])    # room for the decode steps only
+    tight.reserve_shapes(decode)
+    with pytest.raises(CapabilityError, match=r"out_of_memory.*batch\[tokens=37"):
+        tight.reserve_shapes([new])
 
 
 def test_refusals_name_the_reason(tmp_path, tiny_llama):

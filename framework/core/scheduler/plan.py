@@ -82,6 +82,9 @@ class Plan:
     budgets: dict[str, Budget] = field(default_factory=dict)   # device -> the memory it may use
     fit: Fit | None = None                  # the memory fit the plan follows
     memory: dict[str, dict[str, int]] = field(default_factory=dict)   # device -> use, set by reservation
+    # reservation's findings on this plan, with what they were found against: a session re-checks its kept
+    # plans with every new shape (a server meets new prompt lengths all the time), so each is worked out once
+    checked: dict[str, tuple] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def programs(self) -> dict[tuple[str, str], list[int]]:

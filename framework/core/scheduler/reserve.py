@@ -84,7 +84,11 @@ def reserve(phases: dict[str, Graph | Plan], devices: list[Device], residence: d
 
 
 def _check_plan(phase: str, plan: Plan, residence, by_name, strict: bool) -> None:
-    """Checks 1 and 2 of one plan; the error keeps the phase it was found in."""
+    """Checks 1 and 2 of one plan, once for a residence, devices and strictness (Plan.checked); the error
+    keeps the phase it was found in."""
+    against = (residence, strict, *by_name.values())
+    if _found(plan, "buffers", against):
+        return
     try:
         check_preallocated(plan, residence, by_name)
         if strict:
@@ -92,6 +96,16 @@ def _check_plan(phase: str, plan: Plan, residence, by_name, strict: bool) -> Non
     except CapabilityError as e:
         e.phase = phase
         raise
+    plan.checked["buffers"] = (against, True)
+
+
+def _found(plan: Plan, what: str, against: tuple):
+    """What reservation found on this plan before, if it was found against these very objects (residence,
+    devices: the same objects in one session, so a kept plan's checks are not repeated), else None."""
+    kept = plan.checked.get(what)
+    if kept is None or len(kept[0]) != len(against) or any(a is not b for a, b in zip(kept[0], against)):
+        return None
+    return kept[1]
 
 
 def reserve_together(groups: list[tuple[dict[str, Plan], dict[int, Residence]]], devices: list[Device],
@@ -285,6 +299,19 @@ class _Use:
 
 def _plan_memory(plan: Plan, phase: str, by_name: dict[str, Device],
                  residence: dict[int, Residence]) -> dict[str, _Use]:
+    """What each device holds for one plan, and the plan's own figures (Plan.memory); worked out once for a
+    phase name, residence and devices (Plan.checked)."""
+    against = (residence, *by_name.values())
+    out = _found(plan, f"memory of {phase}", against)
+    if out is None:
+        out = _count_plan(plan, phase, by_name, residence)
+        plan.memory = {dev: use.totals(by_name[dev]) for dev, use in out.items()}
+        plan.checked[f"memory of {phase}"] = (against, out)
+    return out
+
+
+def _count_plan(plan: Plan, phase: str, by_name: dict[str, Device],
+                residence: dict[int, Residence]) -> dict[str, _Use]:
     out: dict[str, _Use] = {}
     for f in plan.fragments:
         use = out.setdefault(f.device, _Use())
@@ -319,9 +346,7 @@ def check_memory(plans: dict[str, Plan], by_name: dict[str, Device], residence: 
     keeps its own phase's figures (Plan.memory). ``enforce=False`` only measures."""
     total: dict[str, _Use] = {}
     for phase, plan in plans.items():
-        per_plan = _plan_memory(plan, phase, by_name, residence)
-        plan.memory = {dev: use.totals(by_name[dev]) for dev, use in per_plan.items()}
-        for dev, use in per_plan.items():
+        for dev, use in _plan_memory(plan, phase, by_name, residence).items():
             total.setdefault(dev, _Use()).add(use)
     limits = memory_limits(plans)
     out = {}
