@@ -5,8 +5,10 @@
 #
 # MODEL: a packaged model's name (smollm2, gemma3) or a GGUF file. Each round runs `framework bench --backends
 # cpu --prompt-tokens 256 --decode-tokens 32 --repeats 3` in each CHECKOUT (its own tree, from its own folder;
-# default: this one), then llama-bench (-p 256 -n 32 -r 3) from benchmarks/build_llama_tools.sh's build
-# (LLAMA_BENCH=PATH for another). Every engine warms up once before the first round.
+# default: this one), then llama-bench (-p 256 -n 32 -d 0,256 -r 3) from benchmarks/build_llama_tools.sh's build
+# (LLAMA_BENCH=PATH for another). Every engine warms up once before the first round. llama-bench's decode is
+# read at depth 256 (`tg32 @ d256`: after 256 tokens, as ours follows its 256-token prompt; its plain `tg32`
+# starts from an empty cache, so its attention reads no keys), its prefill at depth 0 (`pp256`).
 set -euo pipefail
 [ $# -ge 3 ] || { sed -n 2,8p "$0"; exit 2; }
 model=$1 threads=$2 rounds=$3
@@ -23,7 +25,7 @@ ours() {   # a checkout's framework bench, run from its own folder so that its o
   (cd "$1" && "$py" -c "import sys; from framework.cli import main; sys.exit(main(sys.argv[1:]))" bench \
      --backends cpu -m "$gguf" --prompt-tokens 256 --decode-tokens 32 --repeats 3 -t "$threads" --no-llama-cpp)
 }
-theirs() { "$bench" -m "$gguf" -t "$threads" -p 256 -n 32 -r 3; }
+theirs() { "$bench" -m "$gguf" -t "$threads" -p 256 -n 32 -d 0,256 -r 3; }
 
 echo "# $(date -u) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) $gguf t=$threads"
 for c in "${checkouts[@]}"; do ours "$c" >/dev/null 2>&1; done      # warm-up: kernels compiled, files cached
@@ -34,5 +36,5 @@ for r in $(seq "$rounds"); do
     ours "$c" 2>&1 | grep -E '^(prefill|decode) tok/s'
   done
   echo "### round $r llama-bench load $(cut -d' ' -f1 /proc/loadavg)"
-  theirs 2>&1 | grep -E 'pp256|tg32'
+  theirs 2>&1 | grep -E 'pp256 \||tg32 @ d256'
 done
