@@ -1,0 +1,45 @@
+"""A plain decode loop on the cpu plugin for a profiler to watch (no timing wrappers around the ops, as
+cpu_profile.py has): a prompt of --prompt tokens, then decode steps for --seconds, rewound every 32 tokens so
+that every step sees the same window, and the mean step time:
+
+    py-spy record --nonblocking --rate 500 --threads --format raw -o RAW -- python benchmarks/decode_loop.py -m smollm2 --seconds 12
+    python benchmarks/pyspy_share.py RAW MainThread Session.eval mul_mat flash_attn_ext ReferenceProgram.run"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+
+from framework.model.default import resolve_model
+from framework.model.model import Model
+from framework.registry import default_registry
+from framework.runtime.session import Session
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", default="smollm2", help="a packaged model's name or a GGUF file")
+    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens before the decode steps (default: 256)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="how long to decode (default: 10)")
+    ap.add_argument("--threads", type=int, default=2, help="the cpu plugin's threads (default: 2)")
+    args = ap.parse_args()
+    numba.set_num_threads(args.threads)
+    model = Model(resolve_model(args.model))
+    s = Session(model, default_registry().select("cpu"), n_ctx=args.prompt + 64, n_batch=args.prompt)
+    s.eval([100 + i % 1000 for i in range(args.prompt)])
+    base, tok, n = s.n_past, 1, 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        if s.n_past >= base + 32:
+            s.rewind(base)
+        tok = int(np.argmax(s.eval([tok])))
+        n += 1
+    print(f"{args.model}, {args.threads} threads, after {args.prompt} tokens: {n} decode steps, "
+          f"{(time.perf_counter() - t0) / n * 1e3:.2f} ms a step")
+
+
+if __name__ == "__main__":
+    main()
