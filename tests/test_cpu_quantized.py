@@ -324,6 +324,31 @@ def test_fast_attention_of_several_sequences_scores_only_their_cells(monkeypatch
     np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, mask, scale=d ** -0.5), got)
 
 
+def test_a_program_s_attention_calls_scan_their_mask_once_a_run():
+    """Every layer's attention reads the step's one mask: OpenKeys finds its open keys once a run and gives
+    each call the bits a call alone gets; an entry serves only the array it was made from, and a mask buffer
+    rewritten in place is scanned again after clear() (which CpuProgram calls at the start of each run)."""
+    from framework.plugins.cpu import attention as A
+    rng = np.random.default_rng(9)
+    t, h, hkv, d, s = 3, 6, 2, 64, 96
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((t, h, d), (s, hkv, d), (s, hkv, d)))
+    mask = np.where(rng.random((t, s)) < 0.6, 0.0, -np.inf).astype(np.float32)
+    masks = A.OpenKeys()
+    alone = A.flash_attn_ext(q, k, v, mask, scale=0.125)
+    for _ in range(3):                                # three layers of one run
+        np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, mask, scale=0.125, masks=masks), alone)
+    other = mask.copy()
+    other[:, ::2] = -np.inf                           # another array: its own entry
+    np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, other, scale=0.125, masks=masks),
+                                  A.flash_attn_ext(q, k, v, other, scale=0.125))
+    mask[:, ::3] = 0.0                                # the caller rewrites the buffer for its next run
+    stale = A.flash_attn_ext(q, k, v, mask, scale=0.125, masks=masks)
+    assert not np.array_equal(stale, A.flash_attn_ext(q, k, v, mask, scale=0.125))   # why each run clears it
+    masks.clear()
+    np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, mask, scale=0.125, masks=masks),
+                                  A.flash_attn_ext(q, k, v, mask, scale=0.125))
+
+
 @pytest.mark.parametrize("shape, n_dims, mode", [((1, 9, 64), 64, "neox"), ((5, 3, 64), 64, "normal"),
                                                  ((300, 4, 128), 96, "neox")])
 def test_fast_rope_is_the_reference_bits(shape, n_dims, mode):

@@ -91,35 +91,45 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
         _weigh(scores, np.arange(seen), seen, mask, i, has_mask, scale, v, g, out, head)
 
 
-def _attend_keys(q, k, v, mask, has_mask, scale, out):
+def _attend_keys(q, k, v, mask, has_mask, scale, keys, counts, out):
     """As _attend, with the keys as the cache holds them (S, Hkv, D), for a few queries (a decode step, or the
     decode rows of several sequences, each seeing only its own cells): where transposing the whole window for
-    every call cost more than the scores. Only the keys a query's mask leaves open are scored; each key's D
-    products go into its eight running sums in the same order (element j into sum j mod 8, j ascending, then
-    the same tree and tail), so each score, and the output, is the same bits as _attend's."""
+    every call cost more than the scores. Only the keys a query's mask leaves open are scored (keys[i, :counts[i]],
+    _open_keys); each key's D products go into its eight running sums in the same order (element j into sum j
+    mod 8, j ascending, then the same tree and tail), so each score, and the output, is the same bits as
+    _attend's."""
     t, h, d = q.shape
-    n_keys = k.shape[0]
     group = h // k.shape[1]
     d8 = d // 8 * 8
     for job in prange(t * h):
         i = job // h
         head = job - i * h
         g = head // group
-        keys = np.empty(n_keys, np.int64)
-        n = 0
-        for s in range(n_keys):
-            if not has_mask or mask[i, s] != np.float32(-np.inf):
-                keys[n] = s
-                n += 1
+        n = counts[i]
         scores = np.empty(n, np.float32)
         q_at = (i * h + head) * d
         for j in range(n):
-            s = keys[j]
+            s = keys[i, j]
             tail = np.float32(0.0)
             for c in range(d8, d):
                 tail += q[i, head, c] * k[s, g, c]
             scores[j] = lanes8_dot(q, q_at, k, (s * k.shape[1] + g) * d, d8) + tail
-        _weigh(scores, keys, n, mask, i, has_mask, scale, v, g, out, head)
+        _weigh(scores, keys[i], n, mask, i, has_mask, scale, v, g, out, head)
+
+
+@kernel()
+def _open_keys(mask, t, n_keys, has_mask):
+    """Each query's open keys, in order, and how many: (keys (t, n_keys) int64, counts (t,) int64)."""
+    keys = np.empty((t, n_keys), np.int64)
+    counts = np.zeros(t, np.int64)
+    for i in range(t):
+        n = 0
+        for s in range(n_keys):
+            if not has_mask or mask[i, s] != np.float32(-np.inf):
+                keys[i, n] = s
+                n += 1
+        counts[i] = n
+    return keys, counts
 
 
 _by_key_one = kernel()(_attend_keys)
@@ -140,25 +150,68 @@ _attend_one = kernel()(_attend)
 THREADED_FROM = 1 << 20      # multiply-adds (T x H x S x D) from which the pairs go over the threads
 
 
-def flash_attn_ext(q, k, v, mask=None, *, scale):
-    """As reference.flash_attn_ext: q (T, H, D), k and v (S, Hkv, D), mask (T, S) -> (T, H, D) float32."""
-    out = np.empty(q.shape, np.float32)
-    m = _NO_MASK if mask is None else np.ascontiguousarray(mask, dtype=np.float32)
-    run = _attend_threads if q.shape[0] * q.shape[1] * k.shape[0] * q.shape[2] >= THREADED_FROM else _attend_one
-    n = k.shape[0]
-    open_pairs = q.shape[0] * n
-    if mask is not None:           # keys past the last one any query sees are not transposed
+class OpenKeys:
+    """What a program's attention calls read in a mask, found once a run: every layer's FLASH_ATTN_EXT gets the
+    same mask array, and a step of several sequences' rows has a mask as wide as the cells they share, which each
+    layer's call scanned again for every head. Cleared at the start of each run (a program's argument may be a
+    buffer its caller rewrites between runs); an entry serves only the very array it was made from."""
+
+    def __init__(self):
+        self._held: dict = {}
+
+    def clear(self) -> None:
+        self._held.clear()
+
+    def of(self, mask: np.ndarray) -> "_Window":
+        held = self._held.get(id(mask))
+        if held is None or held[0] is not mask:
+            held = self._held[id(mask)] = (mask, _Window.of(mask))
+        return held[1]
+
+
+class _Window:
+    """A mask's keys: n, those up to the last any query sees (the rest are not read); open_pairs, the (query,
+    key) pairs it leaves open; mm, its first n columns; and each query's open keys (_open_keys), made when a
+    call reads the keys as the cache holds them."""
+
+    def __init__(self, mm: np.ndarray, n: int, open_pairs: int, has_mask: bool):
+        self.mm, self.n, self.open_pairs, self.has_mask = mm, n, open_pairs, has_mask
+        self._keys = None
+
+    @classmethod
+    def of(cls, mask: np.ndarray | None, n_keys: int = 0, t: int = 1) -> "_Window":
+        if mask is None:
+            return cls(_NO_MASK, n_keys, t * n_keys, False)
+        m = np.ascontiguousarray(mask, dtype=np.float32)
         finite = np.isfinite(m)
         seen = np.flatnonzero(finite.any(axis=0))
         n = int(seen[-1]) + 1 if seen.size else 1
-        open_pairs = int(np.count_nonzero(finite))
-    mm = np.ascontiguousarray(m[:, :n]) if mask is not None else m
+        return cls(np.ascontiguousarray(m[:, :n]), n, int(np.count_nonzero(finite)), True)
+
+    def keys(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._keys is None:
+            self._keys = _open_keys(self.mm, t, self.n, self.has_mask)
+        return self._keys
+
+
+def flash_attn_ext(q, k, v, mask=None, *, scale, masks: OpenKeys | None = None):
+    """As reference.flash_attn_ext: q (T, H, D), k and v (S, Hkv, D), mask (T, S) -> (T, H, D) float32.
+    masks: the program's OpenKeys, where its calls share their masks' scans."""
+    out = np.empty(q.shape, np.float32)
+    if mask is None:
+        w = _Window.of(None, k.shape[0], q.shape[0])
+    else:
+        w = masks.of(mask) if masks is not None else _Window.of(mask)
+    n = w.n
     qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
-    if q.shape[0] <= BY_KEY_UNTIL or open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
-        work = open_pairs * q.shape[1] * q.shape[2]
+    if q.shape[0] <= BY_KEY_UNTIL or w.open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
+        work = w.open_pairs * q.shape[1] * q.shape[2]
         by_key = _by_key_threads if work >= BY_KEY_THREADED_FROM else _by_key_one
-        by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, mm, mask is not None, np.float32(scale), out)
+        keys, counts = w.keys(q.shape[0])
+        by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, w.mm, w.has_mask, np.float32(scale), keys,
+               counts, out)
         return out
+    run = _attend_threads if q.shape[0] * q.shape[1] * k.shape[0] * q.shape[2] >= THREADED_FROM else _attend_one
     kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))
-    run(qc, kt, vc, mm, mask is not None, np.float32(scale), out)
+    run(qc, kt, vc, w.mm, w.has_mask, np.float32(scale), out)
     return out

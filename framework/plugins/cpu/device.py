@@ -89,16 +89,18 @@ class CpuProgram(ReferenceProgram):
 
     def __init__(self, fragment: Fragment, fast: bool):
         super().__init__(fragment.nodes, fragment.inputs, fragment.outputs)
-        self.shared = None
+        self.shared = self.masks = None
         if fast:
             from . import quantized
-            self.shared = quantized.SharedActivations(fragment.nodes)
-            self.steps = [(quantized.bind(n, fn, self.shared), out, ins)
+            from .attention import OpenKeys
+            self.shared, self.masks = quantized.SharedActivations(fragment.nodes), OpenKeys()
+            self.steps = [(quantized.bind(n, fn, self.shared, self.masks), out, ins)
                           for n, (fn, out, ins) in zip(fragment.nodes, self.steps)]
 
     def run(self, args):
         if self.shared is not None:
             self.shared.clear()
+            self.masks.clear()
         return super().run(args)
 
 

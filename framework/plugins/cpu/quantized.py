@@ -462,9 +462,9 @@ def _float_args(fn):
     return run
 
 
-def bind(node, fn, shared: SharedActivations | None = None):
+def bind(node, fn, shared: SharedActivations | None = None, masks=None):
     """The kernel the fast path runs for a node whose reference kernel (parameters bound) is fn; shared: the
-    program's SharedActivations, if any."""
+    program's SharedActivations, masks its attention.OpenKeys, if any."""
     if node.op == "MUL_MAT":
         w = node.src[0]
         if w.is_leaf and w.kind == LeafKind.WEIGHT and w.dtype in ACTIVATION_ROUNDING:
@@ -483,7 +483,7 @@ def bind(node, fn, shared: SharedActivations | None = None):
         return functools.partial(rope, **{k: node.params[k] for k in ops.spec("ROPE").param_names})
     if node.op == "FLASH_ATTN_EXT":
         from .attention import flash_attn_ext
-        return functools.partial(flash_attn_ext, scale=node.params["scale"])
+        return functools.partial(flash_attn_ext, scale=node.params["scale"], masks=masks)
     if any(s.is_leaf and s.kind == LeafKind.WEIGHT and keeps_blocks(s) for s in node.src):
         return _float_args(fn)
     return fn
