@@ -2,7 +2,8 @@
 cpu_profile.py has): a prompt of --prompt tokens, then decode steps for --seconds, rewound every 32 tokens so
 that every step sees the same window, and the mean step time:
 
-    py-spy record --nonblocking --rate 500 --threads --format raw -o RAW -- python benchmarks/decode_loop.py -m smollm2 --seconds 12
+    py-spy record --nonblocking --rate 500 --threads --format raw -o RAW -- \
+        python benchmarks/decode_loop.py -m smollm2 --seconds 12
     python benchmarks/pyspy_share.py RAW MainThread Session.eval mul_mat flash_attn_ext ReferenceProgram.run"""
 
 from __future__ import annotations
