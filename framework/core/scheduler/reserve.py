@@ -16,6 +16,10 @@ Checks, in order:
 
 `reserve_together` checks the plans of sessions that share a process (a draft and its target) as one:
 each against its own residences, the budgets over all of them.
+
+What checks 1, 2 and 5 find in one plan is kept on it (Plan.checked) with the residence and devices it was
+found against: a session checks its kept plans again with every new shape (a server meets new prompt lengths
+all the time), and then only the new plan is worked out; the budgets are still checked over all of them.
 """
 
 from __future__ import annotations
