@@ -92,6 +92,27 @@ def test_drafting_pauses_when_acceptance_falls_and_resumes_when_it_recovers():
     assert a.allows()
 
 
+def test_a_probe_waits_while_the_drafting_that_bought_nothing_is_over_its_budget():
+    """A model draft's probe after a pause costs a catch-up over every token since its last step: it waits until
+    the drafting time whose drafts were refused is within the budget's share of all the rounds' time."""
+    a = Adaptive(floor=0.3, window=4, budget=0.05)
+    for _ in range(4):
+        assert a.allows()
+        a.update(1, 0, drafting=0.125, seconds=0.25)   # refused: 0.5 s of 1 s bought nothing
+    assert a.probing and [a.allows() for _ in range(2)] == [False, False]     # the pause of 2
+    waits = 0
+    while not a.allows():                              # the target alone, 0.125 s a round
+        a.update(0, 0, seconds=0.125)
+        waits += 1
+    assert waits == 72 and a.wasted == 0.05 * a.elapsed        # 0.5 s is 5% of 10 s
+    a.update(2, 2, drafting=0.1, seconds=0.3)          # the probe pays: drafting goes on, the budget aside
+    assert not a.probing and a.allows()
+    ngram = Adaptive(floor=0.3, window=4)              # a draft that costs nothing to run never waits
+    for _ in range(4):
+        ngram.update(3, 0)
+    assert [ngram.allows() for _ in range(3)] == [False, False, True]
+
+
 def rounds(length: DraftLength, drafted: int, accepted: int, times: int, draft_seconds: float = 0.0) -> None:
     """Rounds with steps costing 1 s plus 0.2 s a row after the first (cheap rows: weights read once)."""
     for _ in range(times):

@@ -25,8 +25,9 @@ from max(0, p - q), normalised; the tokens produced are distributed as the targe
 
 Drafting adapts (``Adaptive``): a model draft stops proposing at the first token its own top probability
 puts below ``p_min`` (llama.cpp's ``--draft-p-min``), and every draft is paused, for a number of rounds
-that doubles each time, when the acceptance of its recent rounds falls below a floor, then tried again:
-a draft that does not help costs little more than the target alone.
+that doubles each time, when the acceptance of its recent rounds falls below a floor, then tried again,
+and never drafts while the drafting that bought nothing is over a few percent of the time: a draft that
+does not help costs little more than the target alone.
 
 Rejected tokens are dropped by rewinding: the KV cache is indexed by position and rows past n_past are
 masked, so rollback sets n_past (``Session.rewind``). A target (or a draft with its own cache) that keeps
@@ -442,14 +443,21 @@ def inexact_message(by_name: dict[str, Device], short: dict[str, int], n_draft: 
 class Adaptive:
     """When to draft: paused for ``pause`` rounds (2, then doubling up to MAX_PAUSE) once the acceptance of
     the last ``window`` drafting rounds falls below ``floor``; after a pause one drafting round decides
-    whether to go on (its acceptance at the floor or above resets the pause) or to pause twice as long."""
+    whether to go on (its acceptance at the floor or above resets the pause) or to pause twice as long.
+    That round waits while the drafting time that bought nothing (a round's drafting seconds times the share
+    of its drafts refused) is over ``budget`` of all the rounds' time: a model draft's probe first runs the
+    draft over every token since its last step, so on text it does not predict the probes alone took a fifth
+    of the time; this bounds what such text loses to about the budget."""
 
     floor: float = 0.3
     window: int = 4
+    budget: float = 0.04
     pause: int = 0                  # rounds left without drafting
     next_pause: int = 2
     probing: bool = False
     recent: list = field(default_factory=list)     # (drafted, accepted) of the latest drafting rounds
+    wasted: float = 0.0             # seconds of drafting whose drafts were refused
+    elapsed: float = 0.0            # seconds of every round, drafting or not
 
     MAX_PAUSE = 64
 
@@ -457,9 +465,13 @@ class Adaptive:
         if self.pause > 0:
             self.pause -= 1
             return False
-        return True
+        return not self.probing or self.wasted <= self.budget * self.elapsed
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, drafting: float = 0.0, seconds: float = 0.0) -> None:
+        """A round's drafts and accepted ones; drafting: its seconds of drafting, seconds: the whole round's."""
+        self.elapsed += seconds
+        if drafted:
+            self.wasted += drafting * (drafted - accepted) / drafted
         if not drafted:
             return
         self.recent = self.recent[-(self.window - 1):] + [(drafted, accepted)]
@@ -713,7 +725,8 @@ class SpeculativeDecoder:
         self.draft.accepted(n_ok)
         # a draft model that proposed nothing (p_min at its first token) still ran a step: a round that cost and
         # did not pay, which counts against drafting as a refused draft does (prompt lookup without a match is free)
-        self.adaptive.update(max(len(drafts), int(allowed and self.draft.session is not None)), n_ok)
+        self.adaptive.update(max(len(drafts), int(allowed and self.draft.session is not None)), n_ok, drafting,
+                             clock.seconds)
         self.length.record(len(drafts), n_ok, drafting, clock.seconds - drafting)
         st.rounds += 1
         st.drafted += len(drafts)
