@@ -48,7 +48,7 @@ def main() -> None:
 
 
 def batched(model: Model, args) -> None:
-    """--rows sequences of --prompt tokens each (distinct), then --steps steps of one token each, timed after 5."""
+    """--rows sequences of --prompt tokens each (distinct), then --steps steps of one token each, timed after 3."""
     from framework.runtime.batch import Batch, Part
     ctx = args.prompt + args.steps + 8
     b = Batch(Session(model, default_registry().select("cpu"), n_ctx=ctx * args.rows, n_batch=args.prompt,

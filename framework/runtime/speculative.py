@@ -25,9 +25,9 @@ from max(0, p - q), normalised; the tokens produced are distributed as the targe
 
 Drafting adapts (``Adaptive``): a model draft stops proposing at the first token its own top probability
 puts below ``p_min`` (llama.cpp's ``--draft-p-min``), and every draft is paused, for a number of rounds
-that doubles each time, when the acceptance of its recent rounds falls below a floor, then tried again,
-and never drafts while the drafting that bought nothing is over a few percent of the time: a draft that
-does not help costs little more than the target alone.
+that doubles each time, when the acceptance of its recent rounds falls below a floor, then tried again
+once the drafting that bought nothing is within a few percent of the time: a draft that does not help
+costs little more than the target alone.
 
 Rejected tokens are dropped by rewinding: the KV cache is indexed by position and rows past n_past are
 masked, so rollback sets n_past (``Session.rewind``). A target (or a draft with its own cache) that keeps
@@ -470,10 +470,9 @@ class Adaptive:
     def update(self, drafted: int, accepted: int, drafting: float = 0.0, seconds: float = 0.0) -> None:
         """A round's drafts and accepted ones; drafting: its seconds of drafting, seconds: the whole round's."""
         self.elapsed += seconds
-        if drafted:
-            self.wasted += drafting * (drafted - accepted) / drafted
         if not drafted:
             return
+        self.wasted += drafting * (drafted - accepted) / drafted
         self.recent = self.recent[-(self.window - 1):] + [(drafted, accepted)]
         if not self.probing and len(self.recent) < self.window:
             return
