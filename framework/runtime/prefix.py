@@ -65,9 +65,10 @@ class PrefixCache:
                 keeper = self.index[h]
                 return self._take(keeper, seq, common_prefix(self.tokens[keeper], tokens, len(tokens) - 1))
         least = least_shared(len(tokens), self.block)
-        for keeper, kept in self.tokens.items() if limit == 0 else ():    # under a block (no hash names it)
-            if least > 0 and common_prefix(kept, tokens, least) == least:  # a keeper holding all but its last token
-                return self._take(keeper, seq, least)
+        if limit == 0 and least > 0:            # under a block (no hash names it): a keeper holding all but its last
+            for keeper, kept in self.tokens.items():
+                if common_prefix(kept, tokens, least) == least:
+                    return self._take(keeper, seq, least)
         return 0
 
     def _take(self, keeper: int, seq: int, n: int) -> int:

@@ -108,13 +108,13 @@ class Scheduler:
         self._lock = threading.Lock()         # held while the cells change: a step, a join, a tidy
         self._seq = 0
         self.steps, self.widest = 0, 0        # batched steps run, and the most requests one step held
-        self.shared = [0, 0]                  # requests that took an active request's prompt cells, and tokens
+        self.in_flight = {"hits": 0, "tokens": 0}   # requests that took an active request's prompt cells, and tokens
 
     def state(self) -> dict:
-        in_flight = dict(zip(("hits", "tokens"), self.shared))
         return {"steps": self.steps, "widest": self.widest, "active": len(self.active),
-                "prefix_cache": {"hits": self.prefix.hits, "tokens": self.prefix.reused, "in_flight": in_flight,
-                                 "cells": self.prefix.held(), "budget": self.prefix.budget}}
+                "prefix_cache": {"hits": self.prefix.hits, "tokens": self.prefix.reused,
+                                 "in_flight": dict(self.in_flight), "cells": self.prefix.held(),
+                                 "budget": self.prefix.budget}}
 
     def join(self, run: "Run") -> tuple[int, int]:
         """A new request's sequence id, and how many of its prompt tokens a cached prefix already holds. Where
@@ -149,7 +149,8 @@ class Scheduler:
     def _share(self, seq: int, awaits: tuple["Run", int]) -> int:
         other, n = awaits
         self.batch.cells.share(other.seq, seq, n)
-        self.shared = [self.shared[0] + 1, self.shared[1] + n]
+        self.in_flight["hits"] += 1
+        self.in_flight["tokens"] += n
         return n
 
     def _caught_up(self, run: "Run") -> bool:
