@@ -170,27 +170,30 @@ class OpenKeys:
 
 
 class _Window:
-    """A mask's keys: n, those up to the last any query sees (the rest are not read); open_pairs, the (query,
-    key) pairs it leaves open; mm, its first n columns; and each query's open keys (_open_keys), made when a
-    call reads the keys as the cache holds them."""
+    """A mask's keys for t queries: n, those up to the last any query sees (the rest are not read); open_pairs,
+    the (query, key) pairs it leaves open; mm, its first n columns; and each query's open keys (_open_keys),
+    made when a call reads the keys as the cache holds them."""
 
-    def __init__(self, mm: np.ndarray, n: int, open_pairs: int, has_mask: bool):
-        self.mm, self.n, self.open_pairs, self.has_mask = mm, n, open_pairs, has_mask
+    def __init__(self, mm: np.ndarray, t: int, n: int, open_pairs: int, has_mask: bool):
+        self.mm, self.t, self.n, self.open_pairs, self.has_mask = mm, t, n, open_pairs, has_mask
         self._keys = None
 
     @classmethod
-    def of(cls, mask: np.ndarray | None, n_keys: int = 0, t: int = 1) -> "_Window":
-        if mask is None:
-            return cls(_NO_MASK, n_keys, t * n_keys, False)
+    def of(cls, mask: np.ndarray) -> "_Window":
         m = np.ascontiguousarray(mask, dtype=np.float32)
         finite = np.isfinite(m)
         seen = np.flatnonzero(finite.any(axis=0))
         n = int(seen[-1]) + 1 if seen.size else 1
-        return cls(np.ascontiguousarray(m[:, :n]), n, int(np.count_nonzero(finite)), True)
+        return cls(np.ascontiguousarray(m[:, :n]), m.shape[0], n, int(np.count_nonzero(finite)), True)
 
-    def keys(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+    @classmethod
+    def whole(cls, t: int, n_keys: int) -> "_Window":
+        """No mask: every query sees every key."""
+        return cls(_NO_MASK, t, n_keys, t * n_keys, False)
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray]:
         if self._keys is None:
-            self._keys = _open_keys(self.mm, t, self.n, self.has_mask)
+            self._keys = _open_keys(self.mm, self.t, self.n, self.has_mask)
         return self._keys
 
 
@@ -199,7 +202,7 @@ def flash_attn_ext(q, k, v, mask=None, *, scale, masks: OpenKeys | None = None):
     masks: the program's OpenKeys, where its calls share their masks' scans."""
     out = np.empty(q.shape, np.float32)
     if mask is None:
-        w = _Window.of(None, k.shape[0], q.shape[0])
+        w = _Window.whole(q.shape[0], k.shape[0])
     else:
         w = masks.of(mask) if masks is not None else _Window.of(mask)
     n = w.n
@@ -207,7 +210,7 @@ def flash_attn_ext(q, k, v, mask=None, *, scale, masks: OpenKeys | None = None):
     if q.shape[0] <= BY_KEY_UNTIL or w.open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
         work = w.open_pairs * q.shape[1] * q.shape[2]
         by_key = _by_key_threads if work >= BY_KEY_THREADED_FROM else _by_key_one
-        keys, counts = w.keys(q.shape[0])
+        keys, counts = w.keys()
         by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, w.mm, w.has_mask, np.float32(scale), keys,
                counts, out)
         return out
