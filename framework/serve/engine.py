@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,7 +108,7 @@ class Scheduler:
         self._lock = threading.Lock()         # held while the cells change: a step, a join, a tidy
         self._seq = 0
         self.steps, self.widest = 0, 0        # batched steps run, and the most requests one step held
-        self.in_flight = {"hits": 0, "tokens": 0}   # requests that took an active request's prompt cells, and tokens
+        self.in_flight = Counter(hits=0, tokens=0)   # requests that took an active request's prompt cells, tokens
 
     def state(self) -> dict:
         return {"steps": self.steps, "widest": self.widest, "active": len(self.active),
@@ -149,8 +149,7 @@ class Scheduler:
     def _share(self, seq: int, awaits: tuple["Run", int]) -> int:
         other, n = awaits
         self.batch.cells.share(other.seq, seq, n)
-        self.in_flight["hits"] += 1
-        self.in_flight["tokens"] += n
+        self.in_flight.update(hits=1, tokens=n)
         return n
 
     def _caught_up(self, run: "Run") -> bool:

@@ -10,6 +10,8 @@ is the same bits in a prefill chunk of any size and in a decode step, on any CPU
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import prange
 
@@ -151,10 +153,9 @@ THREADED_FROM = 1 << 20      # multiply-adds (T x H x S x D) from which the pair
 
 
 class OpenKeys:
-    """What a program's attention calls read in a mask, found once a run: every layer's FLASH_ATTN_EXT gets the
-    same mask array, and a step of several sequences' rows has a mask as wide as the cells they share, which each
-    layer's call scanned again for every head. Cleared at the start of each run (a program's argument may be a
-    buffer its caller rewrites between runs); an entry serves only the very array it was made from."""
+    """What a program's attention calls read in a mask, found once a run (every layer's FLASH_ATTN_EXT gets the
+    same mask, as wide as the cells a batched step's sequences share). Cleared at the start of each run (a caller
+    may rewrite an argument's buffer between runs); an entry serves only the very array it was made from."""
 
     def __init__(self):
         self._held: dict = {}
@@ -170,13 +171,11 @@ class OpenKeys:
 
 
 class _Window:
-    """A mask's keys for t queries: n, those up to the last any query sees (the rest are not read); open_pairs,
-    the (query, key) pairs it leaves open; mm, its first n columns; and each query's open keys (_open_keys),
-    made when a call reads the keys as the cache holds them."""
+    """A mask's keys for t queries: n, those up to the last any query sees (the rest are not read); open_pairs, the
+    (query, key) pairs it leaves open; mm, its first n columns; keys, each query's open ones (made on first use)."""
 
     def __init__(self, mm: np.ndarray, t: int, n: int, open_pairs: int, has_mask: bool):
         self.mm, self.t, self.n, self.open_pairs, self.has_mask = mm, t, n, open_pairs, has_mask
-        self._keys = None
 
     @classmethod
     def of(cls, mask: np.ndarray) -> "_Window":
@@ -187,14 +186,12 @@ class _Window:
         return cls(np.ascontiguousarray(m[:, :n]), m.shape[0], n, int(np.count_nonzero(finite)), True)
 
     @classmethod
-    def whole(cls, t: int, n_keys: int) -> "_Window":
-        """No mask: every query sees every key."""
+    def whole(cls, t: int, n_keys: int) -> "_Window":      # no mask: every query sees every key
         return cls(_NO_MASK, t, n_keys, t * n_keys, False)
 
+    @functools.cached_property
     def keys(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._keys is None:
-            self._keys = _open_keys(self.mm, self.t, self.n, self.has_mask)
-        return self._keys
+        return _open_keys(self.mm, self.t, self.n, self.has_mask)
 
 
 def flash_attn_ext(q, k, v, mask=None, *, scale, masks: OpenKeys | None = None):
@@ -210,7 +207,7 @@ def flash_attn_ext(q, k, v, mask=None, *, scale, masks: OpenKeys | None = None):
     if q.shape[0] <= BY_KEY_UNTIL or w.open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
         work = w.open_pairs * q.shape[1] * q.shape[2]
         by_key = _by_key_threads if work >= BY_KEY_THREADED_FROM else _by_key_one
-        keys, counts = w.keys()
+        keys, counts = w.keys
         by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, w.mm, w.has_mask, np.float32(scale), keys,
                counts, out)
         return out
