@@ -10,8 +10,11 @@ import importlib.util
 import os
 import re
 
+from functools import partial
+
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from framework.backend import Lowering, c_kernels, weight_words
 from framework.conformance.cases import all_cases, nmse
@@ -179,9 +182,11 @@ def _quantized_qwen2(tmp_path, monkeypatch):
     return Model(tiny_models.write("qwen2", tmp_path / "tiny-qwen2-quantized.gguf"))
 
 
-def _decode_steps(model):
+def _decode_steps(model, rows: int = 1):
+    """A step of `rows` rows with every row's logits (1: decode; more: a speculative round's verification),
+    lowered for a cuda:0 known only to lower."""
     from framework.model.arch.base import KVCache
-    graph, _ = model.build_step(1, 256, 1, KVCache(model.hp, 512))
+    graph, _ = model.build_step(rows, 256, rows, KVCache(model.hp, 512))
     (frag,) = make_plan(graph, [CpuDevice()]).fragments
     return graph, Lowering(CudaDevice(0, reason="lowering only"), frag, TABLE).steps
 
@@ -207,12 +212,47 @@ def test_qwen2s_biases_are_added_as_products_store(tmp_path, monkeypatch):
     assert all(st.params["r_ld"] == st.params["ld"] for st in residual)
 
 
+def test_several_rows_of_x_are_multiplied_in_8_bits(tmp_path, monkeypatch):
+    """A verification step's products (4 rows of x) take x in 8 bits: quantized once per value (Q, K and V
+    share one QUANT_X, as gate and up do), then one matvec_q8 launch a product for all 4 rows. With
+    FRAMEWORK_CUDA_X8=off, f32 x (matvec_q, no QUANT_X); with all, a decode step's products outside the fused
+    groups too; a bad value is refused naming the variable."""
+    model = _quantized_qwen2(tmp_path, monkeypatch)
+    _, steps = _decode_steps(model, 4)
+    products = [st for st in steps if st.kernel.kernel in ("matvec_q", "matvec_q8")]
+    quants = [st for st in steps if st.kernel.kernel == "quant_x"]
+    assert products and all(st.kernel.kernel == "matvec_q8" and st.params["M"] == 4 for st in products)
+    assert all(st.kernel.options["MV_X8"] == 1 and st.kernel.options["MV_XL"] == 0 for st in products)
+    made = {st.writes[0] for st in quants}
+    read = [v for st in products for v in st.reads if v in made]
+    assert len(read) == len(products) and set(read) == made           # every product reads one, each is read
+    assert len(quants) == 4 * model.hp.n_layer + 1 < len(products)    # attn in, attn out, ffn in, ffn out; the head
+    monkeypatch.setattr(CudaDevice, "x8", "off")     # FRAMEWORK_CUDA_X8=off (a device with a GPU reads it)
+    _, steps = _decode_steps(model, 4)
+    assert not any(st.kernel.kernel in ("quant_x", "matvec_q8") for st in steps)
+    assert any(st.kernel.kernel == "matvec_q" and st.params["M"] == 4 for st in steps)
+    monkeypatch.setenv(options.UNFUSE_ENV, "glu")    # gate and up, and down, as plain products
+    _, one = _decode_steps(model, 1)
+    monkeypatch.setattr(CudaDevice, "x8", "all")
+    _, one_x8 = _decode_steps(model, 1)
+    plain = [st.name for st in one if st.kernel.kernel == "matvec_q"]
+    assert plain and [st.name for st in one_x8 if st.kernel.kernel == "matvec_q8"] == \
+        [n.replace("[matvec]", "[matvec-x8]") for n in plain]
+    fused = [st.name for st in one if st.kernel.kernel.startswith("rowvec")]
+    assert fused and fused == [st.name for st in one_x8 if st.kernel.kernel.startswith("rowvec")]
+    monkeypatch.setenv(options.X8_ENV, "some")
+    assert options.X8_ENV in options.problem() and "rows, all, off" in options.problem()
+
+
 def test_matvec_and_tile_shapes():
     sh = kernels.matvec_shape(gpr=18, m=1, rows=576)       # a small decode product: narrow blocks
     assert sh["MV_TPR"] == 16 and sh["MV_WG"] == 64 and sh["MV_R"] == 1 and sh["MV_XL"] == 1
     big = kernels.matvec_shape(gpr=128, m=1, rows=151936)
     assert big["MV_TPR"] == 32 and big["MV_WG"] == 256 and big["MV_R"] == 4
     assert kernels.matvec_rows(gpr=18, m=8) == 8 and kernels.matvec_rows(gpr=48, m=8) == 4   # x in shared memory
+    assert kernels.matvec_rows(gpr=280, m=8, x8=True) == 8          # 8-bit x is read from the caches: all rows
+    x8 = kernels.matvec_shape(gpr=48, m=4, rows=8960, x8=True)
+    assert (x8["MV_X8"], x8["MV_XL"], x8["MV_MM"]) == (1, 0, 4)
     long = kernels.matvec_shape(gpr=280, m=1, rows=1536)    # the 1.5B's down product: teams of 4 warps
     assert long["MV_TPR"] == 128 and long["MV_WG"] % long["MV_TPR"] == 0
     assert kernels.matmul_shape(512, 4096)["MM_BM"] == 64 and kernels.matmul_shape(8, 64)["MM_BM"] == 32
@@ -283,6 +323,39 @@ def test_tiled_products_on_cuda0_with_and_without_tensor_cores(cuda0, monkeypatc
             assert nmse(np.asarray(o), np.asarray(r)) <= b.tolerance, case.id
         ran += 1
     assert ran >= 4
+
+
+@pytest.mark.parametrize("x8", ["rows", "off"])
+def test_several_row_products_on_cuda0_match_the_cpu_plugin(cuda0, monkeypatch, x8):
+    """Products of 2, 4 and 8 rows of x (a speculative round's verification) by every weight type the kernels
+    read, x in 8 bits (matvec_q8, the default) and in f32 (FRAMEWORK_CUDA_X8=off), against the CPU plugin."""
+    from framework.conformance.cases import Case, mul_mat_weight
+    monkeypatch.setattr(cuda0, "x8", x8)
+    ran = 0
+    for qt in sorted(coverage.WEIGHT_TYPES & set(weight_words.QUANT_TYPES)):
+        for m in (2, 4, 8):
+            b = Case(f"MUL_MAT-{qt}-verify-w48x512-x{m}x512", "MUL_MAT",
+                     partial(mul_mat_weight, qtype=GGMLQuantizationType[qt], n=48, k=512, m=m)).build()
+            ref = Executor([CpuDevice()], b.weight_bytes).run(make_plan(b.graph, [CpuDevice()]), b.fresh_inputs())
+            ex = Executor([cuda0], b.weight_bytes)
+            outs = ex.run(make_plan(b.graph, [cuda0]), b.fresh_inputs())
+            kernel = {st.kernel.kernel for p in ex.programs.values() for st in p.steps} & {"matvec_q", "matvec_q8"}
+            assert kernel == {"matvec_q8" if x8 == "rows" else "matvec_q"}, b.case.id
+            assert nmse(np.asarray(outs[0]), np.asarray(ref[0])) <= b.tolerance, b.case.id
+            ran += 1
+    assert ran >= 18
+
+
+def test_qwen2_verification_steps_on_cuda0_match_the_cpu_plugin(cuda0, monkeypatch, tmp_path):
+    """A verification step of 4 rows (every row's logits) after a prompt, x in 8 bits, against the CPU plugin."""
+    from framework.runtime.session import Session
+    model = _quantized_qwen2(tmp_path, monkeypatch)
+    got, want = Session(model, [cuda0], n_ctx=64), Session(model, [CpuDevice()], n_ctx=64)
+    got.eval([3, 1, 4, 1, 5]), want.eval([3, 1, 4, 1, 5])
+    a, b = got.eval([9, 2, 6, 5], all_logits=True, prompt=False), want.eval([9, 2, 6, 5], all_logits=True, prompt=False)
+    assert nmse(np.asarray(a), np.asarray(b)) <= 5e-4
+    assert (np.argmax(a, axis=-1) == np.argmax(b, axis=-1)).all()
+    assert any(st.kernel.kernel == "matvec_q8" for p in got.executor.programs.values() for st in p.steps)
 
 
 def test_qwen2_decode_with_biased_attention_groups_matches_the_cpu_plugin(cuda0, monkeypatch, tmp_path):

@@ -185,6 +185,21 @@ class Dialect:
     def ewg(self, dev) -> int:
         return self.ewg_max
 
+    def quant_x(self, lw, x, m: int, k: int):
+        """x (m rows of k) in 8 bits by the plugin's quant_x kernel (ggml's q8_1: 12 words a 32-element group,
+        the codes, scale and sums its 8-bit products read); made once per computed value (Q, K and V of a layer
+        share it), an argument (which a launch may write) each time."""
+        key = ("quant_x", x.kind, x.idx, x.off, m, k)
+        if x.kind == "val" and key in lw.memo:
+            return lw.memo[key]
+        groups = m * k // weight_words.GROUP
+        xq = lw.scratch((groups * 12,))     # at element 0 of its buffer: the products read it as uint4s
+        self.launch(lw, "QUANT_X", "quant_x", self.base_options(lw.dev), groups, self.ewg(lw.dev), x=x, xq=xq,
+                    groups=groups)
+        if x.kind == "val":
+            lw.memo[key] = xq
+        return xq
+
     def angles(self, dev, inv):
         """The rope frequencies (the reference's, float64) as the kernel reads them."""
         return inv

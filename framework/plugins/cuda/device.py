@@ -25,6 +25,7 @@ class CudaDevice(BackendDevice):
     disable_setting = options.DISABLE_OPS_ENV
     type = DeviceType.GPU
     tf32 = True                 # prefill's tiled products on tensor cores where the GPU has them (FRAMEWORK_CUDA_TF32)
+    x8 = "rows"                 # which matrix-vector products take x in 8 bits (FRAMEWORK_CUDA_X8)
 
     def __init__(self, index: int, props: dict | None = None, reason: str = ""):
         self.index, self.name = index, f"cuda:{index}"
@@ -44,7 +45,7 @@ class CudaDevice(BackendDevice):
                             f"{props['global_mem_bytes'] / 2**30:.1f} GiB, PCI {props['pci_address']}; CUDA through "
                             f"CuPy (driver {props['driver_version']}, runtime {props['runtime_version']})")
         self.graphs = settings.read(options.GRAPHS_ENV)
-        self.tf32 = settings.read(options.TF32_ENV)
+        self.tf32, self.x8 = settings.read(options.TF32_ENV), settings.read(options.X8_ENV)
         self.modules: dict = {}         # build options -> cupy.RawModule (kernels.build)
         self.runs = self.replays = self.captures = 0
         self._stream = None

@@ -447,6 +447,43 @@ extern "C" __global__ void mul_mat_f(ARGS_mul_mat_f) {
   o[o_off + ((i0 * B1 + i1) * M + m) * ld + row0 + nl] = s;
 }
 
+// rows of x in 8 bits (as ggml's q8_1, and the OpenCL plugin's quant_x), for products of several rows of x:
+// per 32-element group the codes round(x / d), d = max|x| / 127, four a word, then (d, sum of codes 0..15,
+// of 16..31, sum of x): 12 words a group, one thread a group. The weight is then read once for all rows
+// (matvec_q8), each row's group 48 bytes where f32 staging took 144.
+__device__ inline uint q4(float4 v, float id) {
+  return ((uint)__float2int_rn(v.x * id) & 0xFFu) | (((uint)__float2int_rn(v.y * id) & 0xFFu) << 8) |
+         (((uint)__float2int_rn(v.z * id) & 0xFFu) << 16) | (((uint)__float2int_rn(v.w * id) & 0xFFu) << 24);
+}
+
+__device__ inline int sum4(uint w) {
+  return (int)(signed char)(w & 0xFFu) + (int)(signed char)((w >> 8) & 0xFFu) +
+         (int)(signed char)((w >> 16) & 0xFFu) + (int)(signed char)(w >> 24);
+}
+
+extern "C" __global__ void quant_x(ARGS_quant_x) {
+  uint i = get_global_id(0);
+  if (i >= groups) return;
+  float4 v[8];
+  float mx = 0.0f, sx = 0.0f;
+#pragma unroll
+  for (uint j = 0; j < 8; j++) {
+    v[j] = vload4(0, x + x_off + i * 32u + 4u * j);
+    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+    sx += (v[j].x + v[j].y) + (v[j].z + v[j].w);
+  }
+  float d = mx / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+  uint* o = (uint*)(xq + xq_off) + i * 12u;
+  int s0 = 0, s1 = 0;
+#pragma unroll
+  for (uint j = 0; j < 8; j++) {
+    uint w = q4(v[j], id);
+    o[j] = w;
+    if (j < 4) s0 += sum4(w); else s1 += sum4(w);
+  }
+  o[8] = as_uint(d); o[9] = (uint)s0; o[10] = (uint)s1; o[11] = as_uint(sx);
+}
+
 // ------------------------------------------------------------------------------------------------
 #endif  // the base build
 
@@ -627,6 +664,25 @@ __device__ inline float4 dot32v(grp_t q, const float* __restrict__ x) {
 
 __device__ inline float dot32(grp_t q, const float* __restrict__ x) { return hsum(dot32v(q, x)); }
 
+// the same with x in 8 bits (quant_x's 12 words: xa, xb the 32 codes; xc (d, sum of codes 0..15, of
+// 16..31, sum of x)): PTX's dp4a, four products of an unsigned weight byte and a signed x byte an
+// instruction, in integers; the zero point taken out through the sums of x's codes
+__device__ inline int dp4a_us(uint u, uint s, int c) {
+  int r;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(s), "r"(c));
+  return r;
+}
+
+__device__ inline float dot32w(grp_t q, uint4 xa, uint4 xb, uint4 xc) {
+  int s0 = dp4a_us(q.lo.w, xa.w, dp4a_us(q.lo.z, xa.z, dp4a_us(q.lo.y, xa.y, dp4a_us(q.lo.x, xa.x, 0))));
+  int s1 = dp4a_us(q.hi.w, xb.w, dp4a_us(q.hi.z, xb.z, dp4a_us(q.hi.y, xb.y, dp4a_us(q.hi.x, xb.x, 0))));
+  float r = as_float(xc.x) * (q.a * (float)(s0 - QZ * (int)xc.y) + q.b * (float)(s1 - QZ * (int)xc.z));
+#if HAS_MIN
+  r += q.m * as_float(xc.w);
+#endif
+  return r;
+}
+
 #if !defined(MV_WG) && !defined(MM_BM)   // the build of one weight type's GET_ROWS
 // rows of a quantized weight chunk (the token embedding): one thread per 8 values
 extern "C" __global__ void get_rows_q(ARGS_get_rows_q) {
@@ -730,7 +786,7 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
 #define MV_RED red
 #endif
 
-#ifndef F_K   // (a fused product's build holds rowvec alone)
+#if !defined(F_K) && !MV_X8   // (a fused product's build holds rowvec alone)
 extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
   MV_RED_DECL
 #if MV_XL
@@ -775,7 +831,37 @@ extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
   }
   mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
 }
-#endif  // !F_K
+#endif  // !F_K && !MV_X8
+
+// x in 8 bits (MV_X8; xq: quant_x's groups, M rows of gpr groups, xq_off a multiple of 4): each thread's
+// weight groups loaded once, then dot products with every row's group, 3 uint4 loads a row (the few KB of
+// x stay in the L1 and L2 caches that every block reads them from)
+#if !defined(F_K) && MV_X8
+extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q8(ARGS_matvec_q8) {
+  MV_RED_DECL
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  const uint4* __restrict__ xw = (const uint4*)(xq + xq_off);
+  float acc[MV_ACC];
+#pragma unroll
+  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
+  grp_t q[MV_R];
+  for (uint g = lane; g < gpr; g += MV_TPR) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
+#pragma unroll
+    for (uint m = 0; m < MV_MM; m++) {
+      if (m < M) {
+        uint xi = (m * gpr + g) * 3u;
+        uint4 xa = xw[xi], xb = xw[xi + 1u], xc = xw[xi + 2u];
+#pragma unroll
+        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += dot32w(q[k], xa, xb, xc);
+      }
+    }
+  }
+  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
+}
+#endif
 
 // Fused decode products (fused.py lowers the core's product groups: framework/core/graph/fusion.py).
 // A prologue makes the row of x in shared memory (F_K values, each 32-element group padded to 36 floats,

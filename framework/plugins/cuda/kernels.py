@@ -47,18 +47,26 @@ def base_options() -> dict[str, int]:
     return {"RWG": RWG, "AWG": AWG, "MAX_HEAD": MAX_HEAD, "HAS_FP64": 1}
 
 
-def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4) -> dict[str, int]:
+def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4, x8: bool = False) -> dict[str, int]:
     """The matrix-vector kernel's shape: teams of tpr threads (a power of two up to a warp and the row's
     32-element groups; rows of more than MATVEC_WIDE_FROM groups: up to 256, two groups a lane) share r
     weight rows, their sums meeting by warp shuffles (and in shared memory across a team's warps); wg
     threads a block, halved (and r with it) while the matrix would make fewer than MATVEC_MIN_BLOCKS blocks; x staged in
-    shared memory where it fits (xl, xg groups a row). max_r: the most rows a team (the fused products
-    of two weights hold twice the registers a row, so they take ROWVEC2_MAX_R)."""
+    shared memory where it fits (xl, xg groups a row), or in 8 bits (x8: matvec_q8, x read from the caches). max_r: the
+    most rows a team (the fused products of two weights hold twice the registers a row, so they take ROWVEC2_MAX_R)."""
     wide = min(256, 1 << ((gpr // 2).bit_length() - 1)) if gpr > MATVEC_WIDE_FROM else None   # several warps
     mm, tpr, r, wg = c_kernels.matvec_teams(gpr, m, rows, 256, max_r, MATVEC_MIN_BLOCKS, wide)
-    xl = int(staged(gpr, mm))
-    return {"MV_V": 1, "MV_WG": wg, "MV_TPR": tpr, "MV_R": r, "MV_MM": mm, "MV_X8": 0, "MV_XL": xl,
+    xl = int(not x8 and staged(gpr, mm))
+    return {"MV_V": 1, "MV_WG": wg, "MV_TPR": tpr, "MV_R": r, "MV_MM": mm, "MV_X8": int(x8), "MV_XL": xl,
             "MV_XG": gpr if xl else 0, "PTX_SHFL": 1}
+
+
+def takes_x8(dev, m: int) -> bool:
+    """Whether a matrix-vector product of m rows of x takes them in 8 bits (FRAMEWORK_CUDA_X8: rows, the
+    default, from 2 rows; all, from 1; off, never). Several rows: the weight is read once for all of them,
+    where f32 x staged in shared memory made a team's loads of x, 4 bytes a value a row, outrun the weight's
+    (the 1.5B's 4-row verification step 2.57x a decode step)."""
+    return dev.x8 == "all" or (dev.x8 == "rows" and m > 1)
 
 
 def staged(gpr: int, m: int) -> bool:
@@ -67,12 +75,12 @@ def staged(gpr: int, m: int) -> bool:
     return m * gpr * 144 <= MATVEC_XL_BYTES
 
 
-def matvec_rows(gpr: int, m: int) -> int:
-    """Rows of x a matrix-vector launch takes: all m, or where they do not fit in shared memory together
-    the most that do (x read from global memory by every team costs far more than reading the weight again:
-    the 1.5B's 8-row verification step took 24.6x a decode step that way, 4.7x with its rows staged)."""
+def matvec_rows(gpr: int, m: int, x8: bool = False) -> int:
+    """Rows of x a matrix-vector launch takes: all m in 8 bits, or where f32 rows do not fit in shared memory
+    together the most that do (x read from global memory by every team costs far more than reading the weight
+    again: the 1.5B's 8-row verification step took 24.6x a decode step that way, 4.7x with its rows staged)."""
     step = next((s for s in (8, 4, 2, 1) if s <= m and staged(gpr, s)), m)
-    return m if staged(gpr, m) else step
+    return m if x8 or staged(gpr, m) else step
 
 
 def tensor_cores(dev) -> bool:

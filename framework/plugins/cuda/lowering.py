@@ -89,17 +89,22 @@ class CudaLowering(c_kernels.Dialect):
         return [add] if add is not None else None
 
     def _matvec(self, lw, n, qt: str, plus: str, common: dict, bias: bool) -> None:
-        """One chunk's matrix-vector product: the rows of x in launches whose x fits in shared memory."""
+        """One chunk's matrix-vector product: the rows of x in 8 bits in one launch (kernels.takes_x8), else
+        in launches whose f32 x fits in shared memory."""
         m, k, gpr, rows, nrows, r = (common[p] for p in ("M", "K", "gpr", "N", "ld", "r"))
-        step = kernels.matvec_rows(gpr, m)
+        x8 = kernels.takes_x8(lw.dev, m)
+        step = kernels.matvec_rows(gpr, m, x8)
         for m0 in range(0, m, step):
             mm = min(step, m - m0)
-            sh = kernels.matvec_shape(gpr, mm, rows)
+            sh = kernels.matvec_shape(gpr, mm, rows, x8=x8)
             blocks = _ceil(rows, sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"])
-            part = {"x": _rows_of(common["x"], m0, k), "o": _rows_of(common["o"], m0, nrows), "M": mm,
+            part = {"o": _rows_of(common["o"], m0, nrows), "M": mm,
                     "r": _rows_of(r, m0, nrows) if r is not None and not bias else r}
-            self.launch(lw, f"MUL_MAT[matvec]{plus} {n.name}", "matvec_q", {**self.quant_options(lw.dev, qt), **sh},
-                        blocks * sh["MV_WG"], sh["MV_WG"], **{**common, **part})
+            args = {**common, **part, "x": _rows_of(common["x"], m0, k)}
+            if x8:
+                args["xq"] = self.quant_x(lw, args.pop("x"), m, k)
+            self.launch(lw, f"MUL_MAT[matvec{'-x8' if x8 else ''}]{plus} {n.name}", "matvec_q8" if x8 else "matvec_q",
+                        {**self.quant_options(lw.dev, qt), **sh}, blocks * sh["MV_WG"], sh["MV_WG"], **args)
 
 
 DIALECT = CudaLowering()

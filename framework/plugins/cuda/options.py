@@ -10,7 +10,9 @@ MAX_ALLOC_ENV = "FRAMEWORK_CUDA_MAX_ALLOC"       # bytes: a smaller largest buff
 GRAPHS_ENV = "FRAMEWORK_CUDA_GRAPHS"             # off: every run launches its kernels one by one
 UNFUSE_ENV = "FRAMEWORK_CUDA_UNFUSE"             # decode fusions to turn off (framework/core/graph/fusion.py), or all
 TF32_ENV = "FRAMEWORK_CUDA_TF32"                 # off: prefill's tiled products in f32 multiply-adds
-NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, GRAPHS_ENV, UNFUSE_ENV, TF32_ENV)
+X8_ENV = "FRAMEWORK_CUDA_X8"                     # which matrix-vector products take x in 8 bits
+NAMES = (DISABLE_OPS_ENV, MAX_ALLOC_ENV, GRAPHS_ENV, UNFUSE_ENV, TF32_ENV, X8_ENV)
+X8_CHOICES = ("rows", "all", "off")
 MAX_BUFFER = 2 << 30     # the largest buffer by default: weights past it are split in chunks of whole rows
 
 
@@ -28,6 +30,11 @@ def declare(ops: frozenset[str]) -> None:
                      "rounded to TF32 (10-bit mantissa; compute capability 8.0 on); off: f32 multiply-adds, about "
                      "2x slower",
                      settings.flag)
+    settings.declare(X8_ENV, "cuda", ", ".join(X8_CHOICES), "rows",
+                     "products by quantized weights of 2-8 rows of x (a speculative round's verification) take x "
+                     "in 8 bits (a group's codes and scale, as ggml's q8_1) and dp4a, reading the weight once for "
+                     "all rows; all: one-row products outside the fused groups too; off: f32 x",
+                     settings.choice(X8_CHOICES))
     settings.declare(UNFUSE_ENV, "cuda", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
                      frozenset(), "fusions of the decode products to turn off (to compare them; attn and combine "
                      "are never taken)", lambda text: fusion.parse_off(text, UNFUSE_ENV))

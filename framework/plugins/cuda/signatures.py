@@ -19,6 +19,8 @@ from ...backend import Signatures, c_kernels
 SIGNATURES = {
     **c_kernels.SIGNATURES,
     "matvec_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
+    "matvec_q8": "w a, in xq, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
+    "quant_x": "in x, out xq, u groups",
     "matmul_q": "w a, in x, in r, out o, u N, u K, u M, u gpr, u ld, u col0, u has_r, u r_ld",
     "rowvec3": "w w0, w w1, w w2, in a, in b, in gp, in gn, out y, out o0, out o1, out o2, in bq, in bk, in bv, "
                "u N0, u N1, u N2, u nb0, u nb1, u write_y, u has_b, f eps, f eps1, f ys",

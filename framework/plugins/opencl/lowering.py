@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import ChunkArg, Ref, c_kernels, weight_words
+from ...backend import ChunkArg, c_kernels, weight_words
 from . import kernels
 from .signatures import KERNELS
 
@@ -94,24 +94,9 @@ class ClLowering(c_kernels.Dialect):
         items = _ceil(rows, sh["wg"] // sh["tpr"] * sh["r"]) * sh["wg"]
         tag = f"MUL_MAT[matvec{'-x8' if sh['x8'] else ''}{'-v0' if not sh['v'] else ''}]{plus} {n.name}"
         if sh["x8"]:
-            self.launch(lw, tag, "matvec_q8", opts, items, sh["wg"], xq=self._quant_x(lw, x, m, k), **common)
+            self.launch(lw, tag, "matvec_q8", opts, items, sh["wg"], xq=self.quant_x(lw, x, m, k), **common)
         else:
             self.launch(lw, tag, "matvec_q", opts, items, sh["wg"], x=x, **common)
-
-    def _quant_x(self, lw, x: Ref, m: int, k: int) -> Ref:
-        """x (m rows of k) in 8 bits, 12 words a 32-element group; made once per computed value (Q, K and
-        V of a layer share it), an argument (which a launch may write) each time."""
-        key = ("quant_x", x.kind, x.idx, x.off, m, k)
-        if x.kind == "val" and key in lw.memo:
-            return lw.memo[key]
-        groups = m * k // GROUP
-        xq = lw.scratch((groups * 12,))     # at element 0 of its buffer: matvec_q8 reads it as uint4s
-        self.launch(lw, "QUANT_X", "quant_x", self.base_options(lw.dev), groups, self.ewg(lw.dev), x=x, xq=xq,
-                    groups=groups)
-        if x.kind == "val":
-            lw.memo[key] = xq
-        return xq
-
 
 DIALECT = ClLowering()
 launch = DIALECT.launch
