@@ -30,7 +30,8 @@
 # and this one taking turns (cuda_bench.py), then this tree's logits against the CPU plugin: $OUT/cuda_prefill.log.
 #
 # `bash benchmarks/cuda_h100.sh verify [MODEL...]`: the cost of verification steps of 2, 4 and 8 rows against a
-# decode step on cuda:0 and vulkan:0 (cuda_profile.py's verify mode): $OUT/cuda_verify.log.
+# decode step on cuda:0 and vulkan:0 (cuda_profile.py's verify mode; VERIFY_ARGS=--cuda-only: cuda:0 alone; the
+# settings in the environment, FRAMEWORK_CUDA_X8=off for f32 x): appended to $OUT/cuda_verify.log.
 #
 # `bash benchmarks/cuda_h100.sh tests` runs the tests that need a CUDA GPU (tests/test_cuda.py: CI skips them,
 # naming the reason) with pytest from .whl (make it here with `pip download pytest iniconfig packaging pluggy
@@ -94,8 +95,8 @@ fi
 if [ "${1:-}" = verify ]; then
   shift
   for model in ${*:-smollm2 qwen25-coder-1.5b}; do
-    timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py verify "$model" --work /tmp
-  done 2>&1 | tee "$out/cuda_verify.log"
+    timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py verify "$model" --work /tmp ${VERIFY_ARGS:-}
+  done 2>&1 | tee -a "$out/cuda_verify.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = events ]; then

@@ -409,7 +409,7 @@ def verify(args) -> None:
     specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
     model = Model(vb.write_model(args.model, specs[args.model], Path(args.work) / f"{args.model}.gguf",
                                  np.random.default_rng(0)))
-    for dev in (devices()[0], *vulkan_devices()[:1]):
+    for dev in (devices()[0], *(vulkan_devices()[:1] if not args.cuda_only else ())):
         if not dev.available:
             print(f"{dev.name}: unavailable: {dev.unavailable_reason}")
             continue
@@ -487,6 +487,7 @@ def main() -> None:
     v = sub.add_parser("verify")
     v.add_argument("model")
     v.add_argument("--work", default="/tmp")
+    v.add_argument("--cuda-only", action="store_true", help="cuda:0 alone (vulkan:0 too by default)")
     s = sub.add_parser("summarize")
     s.add_argument("--meta", required=True)
     s.add_argument("--trace", required=True)

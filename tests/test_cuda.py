@@ -252,7 +252,7 @@ def test_matvec_and_tile_shapes():
     assert kernels.matvec_rows(gpr=18, m=8) == 8 and kernels.matvec_rows(gpr=48, m=8) == 4   # x in shared memory
     assert kernels.matvec_rows(gpr=280, m=8, x8=True) == 8          # 8-bit x is read from the caches: all rows
     x8 = kernels.matvec_shape(gpr=48, m=4, rows=8960, x8=True)
-    assert (x8["MV_X8"], x8["MV_XL"], x8["MV_MM"]) == (1, 0, 4)
+    assert (x8["MV_X8"], x8["MV_XL"], x8["MV_MM"], x8["MV_R"]) == (1, 0, 4, 2)   # an x load serves 2 weight rows
     long = kernels.matvec_shape(gpr=280, m=1, rows=1536)    # the 1.5B's down product: teams of 4 warps
     assert long["MV_TPR"] == 128 and long["MV_WG"] % long["MV_TPR"] == 0
     assert kernels.matmul_shape(512, 4096)["MM_BM"] == 64 and kernels.matmul_shape(8, 64)["MM_BM"] == 32

@@ -26,6 +26,7 @@ MATVEC_MAX_ROWS = 8      # rows of x up to which a quantized product is a matrix
 MATVEC_MIN_BLOCKS = 264  # blocks a matrix-vector product should make at least (2 an SM on an H100 or H200)
 MATVEC_WIDE_FROM = 128   # groups a row beyond which a team spans several warps (the 1.5B's K = 8960: 280)
 ROWVEC2_MAX_R = 2        # rows a team of a fused product of two weights (gate and up) at most
+MATVEC_X8_MAX_R = 8      # weight rows x rows of x a team of an 8-bit product at most (each x load serves r rows)
 MATVEC_XL_BYTES = 44 << 10  # shared memory the matrix-vector kernel may take to stage f32 x
 SPLIT_ATTN_KEYS = 32     # the fewest keys a part of decode attention's keys (8 a warp)
 MATMUL_KG = 2            # 32-element groups of K a tiled product stages between two barriers
@@ -52,10 +53,12 @@ def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4, x8: bool = False) 
     32-element groups; rows of more than MATVEC_WIDE_FROM groups: up to 256, two groups a lane) share r
     weight rows, their sums meeting by warp shuffles (and in shared memory across a team's warps); wg
     threads a block, halved (and r with it) while the matrix would make fewer than MATVEC_MIN_BLOCKS blocks; x staged in
-    shared memory where it fits (xl, xg groups a row), or in 8 bits (x8: matvec_q8, x read from the caches). max_r: the
-    most rows a team (the fused products of two weights hold twice the registers a row, so they take ROWVEC2_MAX_R)."""
+    shared memory where it fits (xl, xg groups a row), or in 8 bits (x8: matvec_q8, x read from the caches, up to
+    MATVEC_X8_MAX_R // mm weight rows a team). max_r: the most rows a team of f32 x (the fused products of two weights
+    hold twice the registers a row, so they take ROWVEC2_MAX_R)."""
     wide = min(256, 1 << ((gpr // 2).bit_length() - 1)) if gpr > MATVEC_WIDE_FROM else None   # several warps
-    mm, tpr, r, wg = c_kernels.matvec_teams(gpr, m, rows, 256, max_r, MATVEC_MIN_BLOCKS, wide)
+    cap = MATVEC_X8_MAX_R if x8 else max_r
+    mm, tpr, r, wg = c_kernels.matvec_teams(gpr, m, rows, 256, cap, MATVEC_MIN_BLOCKS, wide)
     xl = int(not x8 and staged(gpr, mm))
     return {"MV_V": 1, "MV_WG": wg, "MV_TPR": tpr, "MV_R": r, "MV_MM": mm, "MV_X8": int(x8), "MV_XL": xl,
             "MV_XG": gpr if xl else 0, "PTX_SHFL": 1}
