@@ -13,9 +13,9 @@ GPU machine. Two modes:
   (launched one by one behind a spinning kernel, so the host's launch cost never shows between them, an
   event before each), summed by kernel and by product shape with the weight bytes' rate against a device
   copy, and the host functions that take most of a step (cProfile).
-* ``verify MODEL``: the cost of a verification step of 2, 4 and 8 rows (every row's logits: what a
-  speculative round's target step is) against a decode step, on cuda:0 and vulkan:0 (lookup_bench's
-  verify_costs, on the random-weight file).
+* ``verify MODEL``: the cost of a verification step of 2, 4, 5 and 8 rows (every row's logits: what a
+  speculative round's target step is; 5: four drafts and the target's own) against a decode step, on cuda:0
+  and vulkan:0 (--cuda-only: cuda:0 alone; lookup_bench's step_costs, on the random-weight file).
 * ``summarize``: from nsys's cuda_gpu_trace CSV of that range and the meta, the GPU time a step, the
   step's GPU-busy fraction (kernel time / wall time: one stream, so kernels do not overlap), the time per
   kernel (and per matrix-vector shape, with its weight bytes' rate against the copy's).
@@ -414,7 +414,7 @@ def verify(args) -> None:
             print(f"{dev.name}: unavailable: {dev.unavailable_reason}")
             continue
         print(f"{args.model} on {dev.describe()[:90]}: verification of T rows over a decode step: "
-              f"{step_costs(model, [dev])}")
+              f"{step_costs(model, [dev], rows=(2, 4, 5, 8))}")
 
 
 def summarize(args) -> None:
