@@ -20,7 +20,7 @@
 #
 # `bash benchmarks/cuda_h100.sh events [MODEL...]` runs cuda_profile.py's events mode instead (CUDA events, no
 # Nsight: the GPU time of each kernel of a decode step, the graph's replay alone, the host's share):
-# $OUT/cuda_events.log.
+# appended to $OUT/cuda_events.log.
 #
 # `bash benchmarks/cuda_h100.sh ab BASE.tar [MODEL...]`: that events mode on a base tree (`git archive` of the
 # commit compared with, carried in an ignored folder) and on this tree in turns, model by model:
@@ -103,7 +103,7 @@ if [ "${1:-}" = events ]; then
   shift
   for model in ${*:-smollm2 gemma3 qwen25-coder-1.5b}; do
     timeout -k 10 "${RUN_LIMIT:-560}" python3 benchmarks/cuda_profile.py events "$model" --work /tmp ${EVENTS_ARGS:-}
-  done 2>&1 | tee "$out/cuda_events.log"
+  done 2>&1 | tee -a "$out/cuda_events.log"
   exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = profile ]; then

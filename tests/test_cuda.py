@@ -214,14 +214,13 @@ def test_qwen2s_biases_are_added_as_products_store(tmp_path, monkeypatch):
 
 
 def test_several_rows_of_x_are_multiplied_in_8_bits(tmp_path, monkeypatch):
-    """With FRAMEWORK_CUDA_X8=rows a verification step's products (4 rows of x) take x in 8 bits: quantized
-    once per value (Q, K and V share one QUANT_X, as gate and up do), then one matvec_q8 launch a product for all
-    4 rows. With off (the default), f32 x (matvec_q, no QUANT_X); with all, a decode step's products outside the
-    fused groups too; a bad value is refused naming the variable."""
+    """By default (FRAMEWORK_CUDA_X8=rows) a verification step's products (4 rows of x) take x in 8 bits:
+    quantized once per value (Q, K and V share one QUANT_X, as gate and up do), then one matvec_q8 launch a
+    product for all 4 rows. With off, f32 x (matvec_q, no QUANT_X); with all, a decode step's products outside
+    the fused groups too; a bad value is refused naming the variable."""
     monkeypatch.delenv(options.X8_ENV, raising=False)
-    assert settings.read(options.X8_ENV) == "off" == CudaDevice.x8       # the default, until run on a GPU
+    assert settings.read(options.X8_ENV) == "rows" == CudaDevice.x8      # the default
     model = _quantized_qwen2(tmp_path, monkeypatch)
-    monkeypatch.setattr(CudaDevice, "x8", "rows")    # FRAMEWORK_CUDA_X8=rows (a device with a GPU reads it)
     _, steps = _decode_steps(model, 4)
     products = [st for st in steps if st.kernel.kernel in ("matvec_q", "matvec_q8")]
     quants = [st for st in steps if st.kernel.kernel == "quant_x"]
@@ -231,7 +230,7 @@ def test_several_rows_of_x_are_multiplied_in_8_bits(tmp_path, monkeypatch):
     read = [v for st in products for v in st.reads if v in made]
     assert len(read) == len(products) and set(read) == made           # every product reads one, each is read
     assert len(quants) == 4 * model.hp.n_layer + 1 < len(products)    # attn in, attn out, ffn in, ffn out; the head
-    monkeypatch.setattr(CudaDevice, "x8", "off")     # the default
+    monkeypatch.setattr(CudaDevice, "x8", "off")     # FRAMEWORK_CUDA_X8=off (a device with a GPU reads it)
     _, steps = _decode_steps(model, 4)
     assert not any(st.kernel.kernel in ("quant_x", "matvec_q8") for st in steps)
     assert any(st.kernel.kernel == "matvec_q" and st.params["M"] == 4 for st in steps)
@@ -353,7 +352,6 @@ def test_several_row_products_on_cuda0_match_the_cpu_plugin(cuda0, monkeypatch, 
 def test_qwen2_verification_steps_on_cuda0_match_the_cpu_plugin(cuda0, monkeypatch, tmp_path):
     """A verification step of 4 rows (every row's logits) after a prompt, x in 8 bits, against the CPU plugin."""
     from framework.runtime.session import Session
-    monkeypatch.setattr(cuda0, "x8", "rows")
     model = _quantized_qwen2(tmp_path, monkeypatch)
     got, want = Session(model, [cuda0], n_ctx=64), Session(model, [CpuDevice()], n_ctx=64)
     got.eval([3, 1, 4, 1, 5]), want.eval([3, 1, 4, 1, 5])

@@ -25,7 +25,7 @@ class CudaDevice(BackendDevice):
     disable_setting = options.DISABLE_OPS_ENV
     type = DeviceType.GPU
     tf32 = True                 # prefill's tiled products on tensor cores where the GPU has them (FRAMEWORK_CUDA_TF32)
-    x8 = "off"                  # which matrix-vector products take x in 8 bits (FRAMEWORK_CUDA_X8)
+    x8 = "rows"                 # which matrix-vector products take x in 8 bits (FRAMEWORK_CUDA_X8)
 
     def __init__(self, index: int, props: dict | None = None, reason: str = ""):
         self.index, self.name = index, f"cuda:{index}"

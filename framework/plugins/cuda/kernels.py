@@ -65,10 +65,10 @@ def matvec_shape(gpr: int, m: int, rows: int, max_r: int = 4, x8: bool = False) 
 
 
 def takes_x8(dev, m: int) -> bool:
-    """Whether a matrix-vector product of m rows of x takes them in 8 bits (FRAMEWORK_CUDA_X8: rows, from 2
-    rows; all, from 1; off, the default until the kernels have run on a GPU, never). Several rows: the weight is
-    read once for all of them, where f32 x staged in shared memory made a team's loads of x, 4 bytes a value a
-    row, outrun the weight's (the 1.5B's 4-row verification step 2.57x a decode step)."""
+    """Whether a matrix-vector product of m rows of x takes them in 8 bits (FRAMEWORK_CUDA_X8: rows, the
+    default, from 2 rows; all, from 1; off, never). Several rows: the weight is read once for all of them, where
+    f32 x staged in shared memory made a team's loads of x, 4 bytes a value a row, outrun the weight's (the
+    1.5B's 4-row verification step's graph 4.69 -> 3.27 ms on an H100; docs/cuda.md)."""
     return dev.x8 == "all" or (dev.x8 == "rows" and m > 1)
 
 

@@ -30,11 +30,10 @@ def declare(ops: frozenset[str]) -> None:
                      "rounded to TF32 (10-bit mantissa; compute capability 8.0 on); off: f32 multiply-adds, about "
                      "2x slower",
                      settings.flag)
-    settings.declare(X8_ENV, "cuda", ", ".join(X8_CHOICES), "off",
+    settings.declare(X8_ENV, "cuda", ", ".join(X8_CHOICES), "rows",
                      "rows: products by quantized weights of 2-8 rows of x (a speculative round's verification) take "
                      "x in 8 bits (a group's codes and scale, as ggml's q8_1) and dp4a, reading the weight once for "
-                     "all rows; all: one-row products outside the fused groups too; off (until measured on a GPU): "
-                     "f32 x",
+                     "all rows; all: one-row products outside the fused groups too; off: f32 x",
                      settings.choice(X8_CHOICES))
     settings.declare(UNFUSE_ENV, "cuda", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
                      frozenset(), "fusions of the decode products to turn off (to compare them; attn and combine "
