@@ -367,24 +367,27 @@ def test_check_and_split_show_the_shared_kv_error(capsys, tmp_path, tiny_qwen2, 
 
 def test_a_draft_catching_up_after_a_pause_runs_only_reserved_shapes_where_shapes_compile(gemma4_files):
     """On a device that compiles a program per step shape (limits.padded_rows: openvino:CPU), a draft model's
-    catch-up after a pause (every token since its last step) takes only row counts reserved with the run:
-    the padded sizes up to the batch, longer catch-ups in steps of the largest; nothing is planned or compiled
-    inside the run (on openvino:CPU the 0.5B's probes compiled there, 50-70% of a free-text run's time), and
-    the text is the target's own."""
+    catch-up after a pause (every token since its last step) takes only steps of 2 and 16 rows, reserved with
+    the run: nothing is planned or compiled inside the run (on openvino:CPU the 0.5B's probes compiled there,
+    50-70% of a free-text run's time), and the text is the target's own."""
     import dataclasses
 
     from framework.plugins.cpu.device import CpuDevice
+    from framework.runtime.speculative import catch_up_steps
+    assert catch_up_steps(41, 16) == [16, 16, 9] and catch_up_steps(7, 16) == [2, 2, 2, 1]
+    assert catch_up_steps(2, 16) == [2] and catch_up_steps(12, 16) == [12]
     dev = CpuDevice()
     dev.limits = dataclasses.replace(dev.limits, padded_rows=True)
     target_path, _, ref = gemma4_files
     model, ids = Model(target_path), ref["prompts"][0]["ids"]
-    want = plain_greedy(Session(model, [dev], n_ctx=256, n_batch=16), ids, 60)
-    target = Session(model, [dev], n_ctx=256, n_batch=16)
+    want = plain_greedy(Session(model, [dev], n_ctx=256, n_batch=64), ids, 60)
+    target = Session(model, [dev], n_ctx=256, n_batch=64)
     decoder = SpeculativeDecoder(target, make_draft(str(target_path), target, [dev]), 3, baseline=0)
     decoder.reserve(len(ids), 60)
     draft = decoder.draft.session
     reserved = set(draft.plans)
-    assert {k[0] for k in reserved} == {1, 2, 4, 8, 16} and decoder.draft.catch_up_max == 16
+    prompt_rows = {k[0] for k in draft.context.shapes_for(len(ids), 0)}
+    assert {k[0] for k in reserved} == {1, 2, 16} | prompt_rows
     decoder.adaptive.pause = 40          # 40 rounds without drafting, then a catch-up of 41 tokens: 16, 16 and 9
     got = [p.token for p in decoder.generate(ids, 60, Sampler(GREEDY))]
     assert got == want and decoder.stats.paused == 40 and decoder.stats.accepted > 0

@@ -57,7 +57,7 @@ from ..model.model import Model
 from .generate import Piece
 from .lookup import is_lookup, lookup, parse_match
 from .sampling import Sampler
-from .context import KV_PAD, padded_rows
+from .context import KV_PAD
 from .session import Session
 
 BASELINE_STEPS = 8          # target-alone decode steps measured after the prompt (the first is a warm-up)
@@ -199,6 +199,24 @@ class LayersDraft(Draft):
         return out, dists
 
 
+# Where every step shape is a compile (padded rows: openvino:CPU, where each compiled model also holds its own
+# copy of the weights), a draft model catching up after a pause (every token since its last step) takes only
+# steps of 2 rows and of CATCH_UP_ROWS, both reserved with the run: its probes had compiled the padded size of
+# each catch-up inside the run (the 0.5B drafting for the 1.5B there spent 50-70% of free text's time so),
+# and a model for every padded size up to the longest pause took more memory than the machine had.
+CATCH_UP_ROWS = 16
+
+
+def catch_up_steps(n: int, big: int) -> list[int]:
+    """n tokens in steps whose padded rows are 2 or `big` (a power of two): `big` at a time while more than half
+    of it is left, then pairs."""
+    steps = []
+    while n > 2:
+        steps.append(min(n, big) if n > big // 2 else 2)
+        n -= steps[-1]
+    return steps + ([n] if n else [])
+
+
 class ModelDraft(Draft):
     """A separate model with the target's vocabulary and a cache of its own."""
 
@@ -212,7 +230,6 @@ class ModelDraft(Draft):
         self.target, self.model = target, model
         self.session = Session(model, devices, n_ctx=target.n_ctx, n_batch=target.n_batch, strict=target.strict,
                                draft_of=target)
-        self.catch_up_max: int | None = None     # the most rows a catch-up step takes (keys: padded contexts)
 
     def describe(self) -> str:
         return f"{self.model.file.path.name} ({self.model.arch.name}, {self.model.hp.n_layer} layers, own cache)"
@@ -220,22 +237,11 @@ class ModelDraft(Draft):
     def keys(self, n_prompt, positions, n_draft):
         s = self.session
         keys = s.context.shapes_for(n_prompt, 0)                           # its own prefill of the prompt
-        rows = self.catch_up_rows(len(positions))
-        self.catch_up_max = rows[-1] if s.context.padded else None
+        rows = [2, min(CATCH_UP_ROWS, s.n_batch)] if s.context.padded else [2]
         for p in positions:                                                # catching up, then drafting
             keys += [s.context.shape_key(c, p + 1 - c, 1) for c in rows if c <= p + 1]
             keys += [s.context.shape_key(1, p + i, 1) for i in range(n_draft)]
         return keys
-
-    def catch_up_rows(self, n_predict: int) -> list[int]:
-        """The row counts a catch-up step takes: 2 (the target's token and an accepted draft's) while it drafts;
-        after a pause (Adaptive: up to MAX_PAUSE rounds) every token since its last step at once. Where every
-        shape is a compile (padded rows: openvino:CPU) those few padded sizes are reserved too, so that no probe
-        compiles inside a run (the 0.5B drafting for the 1.5B there spent 50-70% of free text's time so)."""
-        if not self.session.context.padded:
-            return [2]                     # other row counts are planned on first use, in milliseconds
-        most = min(Adaptive.MAX_PAUSE + 2, n_predict + 1)   # longer catch-ups go in steps of the largest
-        return sorted({2} | {padded_rows(c, self.session.n_batch) for c in range(3, most + 1)})
 
     def start(self, prompt):
         self.session.reset()
@@ -245,10 +251,10 @@ class ModelDraft(Draft):
         s = self.session
         s.rewind(min(s.n_past, len(history)))
         pending = history[s.n_past:] + [token]
-        while self.catch_up_max and len(pending) > self.catch_up_max:     # in reserved shapes only
-            s.eval(pending[:self.catch_up_max], prompt=False)
-            pending = pending[self.catch_up_max:]
-        logits = s.eval(pending, prompt=False)
+        steps = catch_up_steps(len(pending), min(CATCH_UP_ROWS, s.n_batch)) if s.context.padded else [len(pending)]
+        for n_rows in steps:
+            logits = s.eval(pending[:n_rows], prompt=False)
+            pending = pending[n_rows:]
         out, dists = [], []
         for i in range(n):
             picked = pick(logits)
