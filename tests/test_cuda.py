@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-
 from functools import partial
 
 import numpy as np
