@@ -98,9 +98,8 @@ class CudaLowering(c_kernels.Dialect):
             mm = min(step, m - m0)
             sh = kernels.matvec_shape(gpr, mm, rows, x8=x8)
             blocks = _ceil(rows, sh["MV_WG"] // sh["MV_TPR"] * sh["MV_R"])
-            part = {"o": _rows_of(common["o"], m0, nrows), "M": mm,
+            args = {**common, "o": _rows_of(common["o"], m0, nrows), "M": mm, "x": _rows_of(common["x"], m0, k),
                     "r": _rows_of(r, m0, nrows) if r is not None and not bias else r}
-            args = {**common, **part, "x": _rows_of(common["x"], m0, k)}
             if x8:
                 args["xq"] = self.quant_x(lw, args.pop("x"), m, k)
             self.launch(lw, f"MUL_MAT[matvec{'-x8' if x8 else ''}]{plus} {n.name}", "matvec_q8" if x8 else "matvec_q",
