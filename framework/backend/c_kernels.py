@@ -185,6 +185,8 @@ class Dialect:
     def ewg(self, dev) -> int:
         return self.ewg_max
 
+    quant_x_lanes = 1        # threads of the quant_x kernel a 32-element group
+
     def quant_x(self, lw, x, m: int, k: int):
         """x (m rows of k) in 8 bits by the plugin's quant_x kernel (ggml's q8_1: 12 words a 32-element group,
         the codes, scale and sums its 8-bit products read); made once per computed value (Q, K and V of a layer
@@ -194,8 +196,8 @@ class Dialect:
             return lw.memo[key]
         groups = m * k // weight_words.GROUP
         xq = lw.scratch((groups * 12,))     # at element 0 of its buffer: the products read it as uint4s
-        self.launch(lw, "QUANT_X", "quant_x", self.base_options(lw.dev), groups, self.ewg(lw.dev), x=x, xq=xq,
-                    groups=groups)
+        self.launch(lw, "QUANT_X", "quant_x", self.base_options(lw.dev), groups * self.quant_x_lanes, self.ewg(lw.dev),
+                    x=x, xq=xq, groups=groups)
         if x.kind == "val":
             lw.memo[key] = xq
         return xq

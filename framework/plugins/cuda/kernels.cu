@@ -447,41 +447,29 @@ extern "C" __global__ void mul_mat_f(ARGS_mul_mat_f) {
   o[o_off + ((i0 * B1 + i1) * M + m) * ld + row0 + nl] = s;
 }
 
-// rows of x in 8 bits (as ggml's q8_1, and the OpenCL plugin's quant_x), for products of several rows of x:
-// per 32-element group the codes round(x / d), d = max|x| / 127, four a word, then (d, sum of codes 0..15,
-// of 16..31, sum of x): 12 words a group, one thread a group. The weight is then read once for all rows
-// (matvec_q8), each row's group 48 bytes where f32 staging took 144.
-__device__ inline uint q4(float4 v, float id) {
-  return ((uint)__float2int_rn(v.x * id) & 0xFFu) | (((uint)__float2int_rn(v.y * id) & 0xFFu) << 8) |
-         (((uint)__float2int_rn(v.z * id) & 0xFFu) << 16) | (((uint)__float2int_rn(v.w * id) & 0xFFu) << 24);
-}
-
-__device__ inline int sum4(uint w) {
-  return (int)(signed char)(w & 0xFFu) + (int)(signed char)((w >> 8) & 0xFFu) +
-         (int)(signed char)((w >> 16) & 0xFFu) + (int)(signed char)(w >> 24);
-}
-
+// rows of x in 8 bits (as ggml's q8_1), for products of several rows of x: per 32-element group the codes
+// round(x / d), d = max|x| / 127, as bytes, then (d, sum of codes 0..15, of 16..31, sum of x): 12 words a
+// group. A warp a group, a lane a value: its max and sums by shuffles in a fixed order (one thread a group,
+// its 32 loads in a row, took 5.5 us a launch, a tenth of a verification step). The weight is then read once
+// for all rows (matvec_q8), each row's group 48 bytes where f32 staging took 144.
 extern "C" __global__ void quant_x(ARGS_quant_x) {
-  uint i = get_global_id(0);
-  if (i >= groups) return;
-  float4 v[8];
-  float mx = 0.0f, sx = 0.0f;
+  uint i = get_global_id(0), g = i >> 5, l = i & 31u;
+  if (g >= groups) return;                  // whole warps: groups * 32 threads exactly fill them
+  float v = x[x_off + i];
+  float mx = fabsf(v), sx = v;
 #pragma unroll
-  for (uint j = 0; j < 8; j++) {
-    v[j] = vload4(0, x + x_off + i * 32u + 4u * j);
-    mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
-    sx += (v[j].x + v[j].y) + (v[j].z + v[j].w);
+  for (uint s = 16; s > 0; s >>= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+    sx += __shfl_xor_sync(0xffffffffu, sx, s);
   }
   float d = mx / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-  uint* o = (uint*)(xq + xq_off) + i * 12u;
-  int s0 = 0, s1 = 0;
+  int q = __float2int_rn(v * id), h = q;
 #pragma unroll
-  for (uint j = 0; j < 8; j++) {
-    uint w = q4(v[j], id);
-    o[j] = w;
-    if (j < 4) s0 += sum4(w); else s1 += sum4(w);
-  }
-  o[8] = as_uint(d); o[9] = (uint)s0; o[10] = (uint)s1; o[11] = as_uint(sx);
+  for (uint s = 8; s > 0; s >>= 1) h += __shfl_xor_sync(0xffffffffu, h, s);   // within each half of the warp
+  uint* o = (uint*)(xq + xq_off) + g * 12u;
+  ((unsigned char*)o)[l] = (unsigned char)(q & 0xFF);
+  if (l == 0) { o[8] = as_uint(d); o[9] = (uint)h; o[11] = as_uint(sx); }
+  if (l == 16) o[10] = (uint)h;
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def bias_add(lw, n):
 class CudaLowering(c_kernels.Dialect):
     signatures = KERNELS
     rwg, awg, ewg_max = kernels.RWG, kernels.AWG, kernels.EWG
+    quant_x_lanes = 32       # a warp a group (kernels.cu's quant_x)
 
     def grid(self, n_items: int, block: int) -> tuple:
         """(blocks, threads a block): n_items threads in whole blocks."""

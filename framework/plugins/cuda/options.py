@@ -31,10 +31,9 @@ def declare(ops: frozenset[str]) -> None:
                      "2x slower",
                      settings.flag)
     settings.declare(X8_ENV, "cuda", ", ".join(X8_CHOICES), "rows",
-                     "rows: products by quantized weights of 2-8 rows of x (a speculative round's verification) take "
-                     "x in 8 bits (a group's codes and scale, as ggml's q8_1) and dp4a, reading the weight once for "
-                     "all rows; all: one-row products outside the fused groups too; off: f32 x",
-                     settings.choice(X8_CHOICES))
+                     "rows: products of 2-8 rows of x by quantized weights (a speculative round's verification) take "
+                     "x in 8 bits (ggml's q8_1 groups) and dp4a, reading the weight once for all rows; all: one-row "
+                     "products outside the fused groups too; off: f32 x", settings.choice(X8_CHOICES))
     settings.declare(UNFUSE_ENV, "cuda", f"comma-separated fusions among {', '.join(fusion.FUSIONS)}, or all",
                      frozenset(), "fusions of the decode products to turn off (to compare them; attn and combine "
                      "are never taken)", lambda text: fusion.parse_off(text, UNFUSE_ENV))
