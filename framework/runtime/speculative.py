@@ -237,11 +237,17 @@ class ModelDraft(Draft):
     def keys(self, n_prompt, positions, n_draft):
         s = self.session
         keys = s.context.shapes_for(n_prompt, 0)                           # its own prefill of the prompt
-        rows = [2, min(CATCH_UP_ROWS, s.n_batch)] if s.context.padded else [2]
+        rows = [2] + ([self.catch_up_big] if self.catch_up_big else [])
         for p in positions:                                                # catching up, then drafting
             keys += [s.context.shape_key(c, p + 1 - c, 1) for c in rows if c <= p + 1]
             keys += [s.context.shape_key(1, p + i, 1) for i in range(n_draft)]
         return keys
+
+    @property
+    def catch_up_big(self) -> int | None:
+        """The long catch-up step's rows where shapes compile (padded rows), else None: one step of any size."""
+        s = self.session
+        return min(CATCH_UP_ROWS, s.n_batch) if s.context.padded else None
 
     def start(self, prompt):
         self.session.reset()
@@ -251,7 +257,8 @@ class ModelDraft(Draft):
         s = self.session
         s.rewind(min(s.n_past, len(history)))
         pending = history[s.n_past:] + [token]
-        steps = catch_up_steps(len(pending), min(CATCH_UP_ROWS, s.n_batch)) if s.context.padded else [len(pending)]
+        big = self.catch_up_big
+        steps = catch_up_steps(len(pending), big) if big else [len(pending)]
         for n_rows in steps:
             logits = s.eval(pending[:n_rows], prompt=False)
             pending = pending[n_rows:]
