@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--quantize", default="", metavar="MODELS", help="time the activations' quantization")
     ap.add_argument("--base", default="", help="with --few: a checkout whose plugin takes turns with this one")
     ap.add_argument("--turns", type=int, default=5, help="with --few: turns of each engine")
+    ap.add_argument("--plain", action="store_true", help="hold every weight as the file's bytes (not interleaved, "
+                    "quantized.QuantizedWeight's interleaved=False): the layout before, for a comparison")
     ap.add_argument("--one-turn", default="", help=argparse.SUPPRESS)      # one engine's turn (a child)
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
@@ -74,9 +76,10 @@ def main() -> None:
         return few(args.few.split(","), args.base, args.turns, args.threads)
     if args.quantize:
         return [quantize(model) for model in args.quantize.split(",")]
-    print(f"numba compiles for {list(target())}, {args.threads} thread(s)")
+    print(f"numba compiles for {list(target())}, {args.threads} thread(s), weights held "
+          f"{'as the file holds them' if args.plain else 'interleaved where their type is'}")
     if args.cold:
-        return cold(args.cold)
+        return cold(args.cold, not args.plain)
     if args.attention:
         return attention()
     readers: dict[str, gguf.GGUFReader] = {}
@@ -86,7 +89,7 @@ def main() -> None:
         reader = readers.setdefault(name, gguf.GGUFReader(model_path(name)))
         t = next(t for t in reader.tensors if t.name == tensor)
         n, k = int(t.shape[1]), int(t.shape[0])
-        w = QuantizedWeight(np.array(t.data), DType[t.tensor_type.name], (n, k))
+        w = QuantizedWeight(np.array(t.data), DType[t.tensor_type.name], (n, k), interleaved=not args.plain)
         for m in (int(v) for v in args.rows.split(",")):
             x = np.random.default_rng(0).standard_normal((m, k)).astype(np.float32)
             w.matmul(x)
@@ -101,23 +104,28 @@ def main() -> None:
                   f"{m * n * k / best / 1e9:6.1f} GMAC/s", flush=True)
 
 
-def cold(name: str) -> None:
+def cold(name: str, interleaved: bool = True) -> None:
     reader = gguf.GGUFReader(resolve_model(os.path.expanduser(name)))
-    weights = [QuantizedWeight(np.array(t.data), DType[t.tensor_type.name], (int(t.shape[1]), int(t.shape[0])))
-               for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2
+    weights = [QuantizedWeight(np.array(t.data), DType[t.tensor_type.name], (int(t.shape[1]), int(t.shape[0])),
+                               interleaved) for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2
                and t.tensor_type.name not in ("F32", "F16", "BF16")]
     xs = {w.shape[1]: np.random.default_rng(0).standard_normal((1, w.shape[1])).astype(np.float32) for w in weights}
     for w in weights:
         w.matmul(xs[w.shape[1]])                     # compiles each type's kernel
     nbytes = sum(w.nbytes for w in weights)
-    best = float("inf")
+    best, by_type = float("inf"), {}
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0, spent = time.perf_counter(), collections.Counter()
         for w in weights:
+            t1 = time.perf_counter()
             w.matmul(xs[w.shape[1]])
-        best = min(best, time.perf_counter() - t0)
+            spent[w.dtype.name] += time.perf_counter() - t1
+        if time.perf_counter() - t0 < best:
+            best, by_type = time.perf_counter() - t0, spent
+    types = ", ".join(f"{t} {sec * 1e3:.2f} ms ({sum(w.nbytes for w in weights if w.dtype.name == t) / sec / 1e9:.1f}"
+                      f" GB/s)" for t, sec in sorted(by_type.items()))
     print(f"{name}: {len(weights)} layer products, {nbytes / 2**20:.1f} MiB, cold pass {best * 1e3:.2f} ms "
-          f"({nbytes / best / 1e9:.1f} GB/s), best of 5")
+          f"({nbytes / best / 1e9:.1f} GB/s), best of 5; by type: {types}")
 
 
 FEW_ROWS = (1, 2, 4, 8)

@@ -164,6 +164,22 @@ def test_rows_of_a_batch_equal_rows_alone(fmt, m):
         np.testing.assert_array_equal(w.matmul(x[i:i + 1])[0], whole[i], err_msg=f"row {i} of {m}")
 
 
+@pytest.mark.parametrize("fmt", quantized.INTERLEAVED)
+def test_interleaved_weights_give_the_file_s_bits(fmt):
+    """A weight held interleaved (64 rows: eight eights) multiplies bit for bit as the file's bytes do, on every
+    path (one row, the few-row passes, the tiles), and gives back the file's rows (embedding lookup, float32)."""
+    raw, shape = weight(fmt)
+    held = quantized.QuantizedWeight(raw, DType[fmt], shape)
+    plain = quantized.QuantizedWeight(raw, DType[fmt], shape, interleaved=False)
+    assert held.fmt != plain.fmt and not np.array_equal(held.raw, plain.raw)
+    for m in (1, 2, 7, 8, quantized.TILED_FROM + 5):
+        x = activations(m, shape[1])
+        np.testing.assert_array_equal(held.matmul(x), plain.matmul(x), err_msg=f"{fmt}, {m} rows")
+    ids = np.array([63, 0, 9, 9, 40])
+    np.testing.assert_array_equal(held.rows(ids), plain.rows(ids))
+    np.testing.assert_array_equal(held.float32(), plain.float32())
+
+
 _PRODUCTS = """
 import json, sys, numpy as np
 from framework.core.graph.dtypes import DType

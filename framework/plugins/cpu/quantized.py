@@ -17,6 +17,7 @@ for that type (ACTIVATION_ROUNDING), so the path's numerics are llama.cpp's for 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import math
 
@@ -25,8 +26,8 @@ from numba import prange
 
 from ...contract import DType, LeafKind, dequantize, ops, reference
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
-from .vectors import (KINDS, LAYOUTS, SIGNED, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot, tile_dot,
-                      unpack_row)
+from .vectors import (INTERLEAVED, KINDS, LAYOUTS, SIGNED, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot,
+                      tile_dot, unpack_row, unpack_tile)
 
 QK = 32      # values per activation group (q8), and per block of the 32-value weight types
 
@@ -135,16 +136,19 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
+# then the types held interleaved where their rows come in eights (vectors.interleave), fmt len(FORMATS) on
+_HELD = [dataclasses.replace(LAYOUTS[f], interleaved=True) for f in INTERLEAVED]
+_LAYOUTS = [LAYOUTS[f] for f in FORMATS] + _HELD
 # the signed types, whose few-row products on VNNI take their values biased to unsigned (vectors._bias_of)
-BIASED = tuple(f in SIGNED and target()[1] == "vnni" for f in FORMATS)
+BIASED = tuple(layout.name in SIGNED and target()[1] == "vnni" for layout in _LAYOUTS)
 ROWS_AT_ONCE = (8, 4, 2, 1)  # activation rows a pass over eight weight rows multiplies, largest first
-_rows8, _rows4, _rows2, _rows1 = (rows_dot([LAYOUTS[f] for f in FORMATS], n, lanes=n > 1) for n in ROWS_AT_ONCE)
+_rows8, _rows4, _rows2, _rows1 = (rows_dot(_LAYOUTS, n, lanes=n > 1) for n in ROWS_AT_ONCE)
 # Q4_K and Q5_K take eight activation rows as two passes of four: a block's words unpacked for eight rows' chains
 # at once ran 1.5-1.7x slower than two passes on a Zen 4; the other types run faster eight at a time
 # (`python benchmarks/cpu_products.py --few gemma3,smollm2 --base BASE --threads 2`,
 # benchmarks/results/cpu_few_rows_biased_vnni_2threads-2026-12-07.log: Gemma 3's Q4_K ffn_down at 8 rows 0.130
 # -> 0.088 ms)
-EIGHT_AT_ONCE = tuple(f not in ("Q4_K", "Q5_K") for f in FORMATS)
+EIGHT_AT_ONCE = tuple(layout.name not in ("Q4_K", "Q5_K") for layout in _LAYOUTS)
 
 
 @kernel()
@@ -265,6 +269,21 @@ def _unpack_into(fmt, row, slot, wq, wa, ws, wsf):
     return _u10(row, slot, wq, wa, ws, wsf)
 
 
+_ut0, _ut1 = (unpack_tile(layout) for layout in _HELD)
+
+
+@kernel()
+def _unpack_tile_into(fmt, w, r0, wq, wa, ws, wsf):
+    """Eight rows of a weight held interleaved (fmt len(FORMATS) on) into a tile; any other: a row at a time."""
+    if fmt == len(FORMATS):
+        return _ut0(w, r0, wq, wa, ws, wsf)
+    if fmt == len(FORMATS) + 1:
+        return _ut1(w, r0, wq, wa, ws, wsf)
+    for j in range(min(TILE_R, w.shape[0] - r0)):
+        _unpack_into(fmt, w[r0 + j], j, wq, wa, ws, wsf)
+    return 0
+
+
 # a tile times TILE_M activation rows, and times one, for each of vectors.KINDS
 _t0, _t1, _t2 = (tile_dot(kind, TILE_M) for kind in range(len(KINDS)))
 _o0, _o1, _o2 = (tile_dot(kind, 1) for kind in range(len(KINDS)))
@@ -304,8 +323,7 @@ def _matmul_tiled(fmt, kind, w, xq, xd, xsum, out, chunk):
         wsf = np.zeros(n_groups * 8, np.float32)
         for r0 in range(c * chunk, min(n_rows, (c + 1) * chunk), TILE_R):
             n_valid = min(TILE_R, n_rows - r0)
-            for j in range(n_valid):
-                _unpack_into(fmt, w[r0 + j], j, wq, wa, ws, wsf)
+            _unpack_tile_into(fmt, w, r0, wq, wa, ws, wsf)
             for m in range(0, m_full, TILE_M):
                 _tile(kind, wq, wa, ws, wsf, xq, xd, xsum, m, out, r0, n_valid)
             for m in range(m_full, m_rows):
@@ -326,24 +344,54 @@ _FMT = {DType[f]: i for i, f in enumerate(FORMATS)}
 _KIND = {DType[f]: kind_of(LAYOUTS[f]) for f in FORMATS}     # the tile's variant (vectors.KINDS) of each type
 
 
-class QuantizedWeight:
-    """A 2-D weight (N, K) held in its GGUF blocks: ``raw`` is uint8 (N, bytes per row), the file's bytes."""
+def interleave(raw: np.ndarray, block_bytes: int) -> np.ndarray:
+    """uint8 (N, bytes a row), N a multiple of 8, blocks of whole words -> the same shape, each eight rows'
+    blocks reordered: word w of row 0, of row 1, .. of row 7, so that the eight rows' copies of a block's byte
+    offset o (a multiple of 4) lie at 8 o .. 8 o + 31 of the block's interleaved place
+    (vectors.InterleavedEmitter)."""
+    n, row_bytes = raw.shape
+    return np.ascontiguousarray(raw.reshape(n // TILE_R, TILE_R, row_bytes // block_bytes, block_bytes // 4, 4)
+                                .transpose(0, 2, 3, 1, 4)).reshape(n, row_bytes)
 
-    def __init__(self, raw: np.ndarray, dtype: DType, shape: tuple[int, int]):
+
+def deinterleave(held: np.ndarray, block_bytes: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """interleave's inverse: the file's bytes of the given rows (default: all)."""
+    n, row_bytes = held.shape
+    turned = held.reshape(n // TILE_R, row_bytes // block_bytes, block_bytes // 4, TILE_R, 4)
+    picked = turned.transpose(0, 3, 1, 2, 4) if rows is None else turned[rows // TILE_R, :, :, rows % TILE_R]
+    return picked.reshape(-1, row_bytes)
+
+
+class QuantizedWeight:
+    """A 2-D weight (N, K) held in its GGUF blocks: ``raw`` is uint8 (N, bytes per row), the file's bytes, or
+    for a type of vectors.INTERLEAVED with N a multiple of 8 those bytes interleaved (each eight rows' words
+    side by side, the order the products read them in), a copy made once at load."""
+
+    def __init__(self, raw: np.ndarray, dtype: DType, shape: tuple[int, int], interleaved: bool = True):
         self.dtype, self.shape = dtype, shape
         self.raw = np.ascontiguousarray(raw).reshape(shape[0], -1)
+        self.fmt = _FMT[dtype]
+        if interleaved and dtype.name in INTERLEAVED and shape[0] % TILE_R == 0:
+            self.fmt = len(FORMATS) + INTERLEAVED.index(dtype.name)
+            self.raw = interleave(self.raw, LAYOUTS[dtype.name].block_bytes)
         self.nbytes = self.raw.nbytes
         self._float32: np.ndarray | None = None
 
+    def blocks(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """The file's bytes of some rows (default: all), uint8 (rows, bytes per row)."""
+        if self.fmt < len(FORMATS):
+            return self.raw if ids is None else self.raw[ids]
+        return deinterleave(self.raw, LAYOUTS[self.dtype.name].block_bytes, ids)
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """float32 values of some rows (a token embedding lookup), through the reference decoder."""
-        picked = self.raw[np.asarray(ids, dtype=np.int64)]
+        picked = self.blocks(np.asarray(ids, dtype=np.int64))
         return dequantize(picked.reshape(-1), self.dtype, (len(picked), self.shape[1]))
 
     def float32(self) -> np.ndarray:
         """All values in float32, decoded once and kept (only for an op with no kernel on the blocks)."""
         if self._float32 is None:
-            self._float32 = dequantize(self.raw.reshape(-1), self.dtype, self.shape)
+            self._float32 = dequantize(self.blocks().reshape(-1), self.dtype, self.shape)
         return self._float32
 
     @property
@@ -358,12 +406,12 @@ class QuantizedWeight:
         out = np.empty((x.shape[0], self.shape[0]), np.float32)
         threaded = x.shape[0] * self.shape[0] * self.shape[1] >= THREADED_FROM
         if x.shape[0] >= TILED_FROM:
-            (_tiled_threads if threaded else _tiled_one)(_FMT[self.dtype], _KIND[self.dtype], self.raw, xq, xd, xsum,
-                                                         out, CHUNK_ROWS)
+            (_tiled_threads if threaded else _tiled_one)(self.fmt, _KIND[self.dtype], self.raw, xq, xd, xsum, out,
+                                                         CHUNK_ROWS)
         elif x.shape[0] == 1:
-            (_matvec_threads if threaded else _matvec_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
+            (_matvec_threads if threaded else _matvec_one)(self.fmt, self.raw, xq, xd, xsum, out)
         else:
-            (_matmul_threads if threaded else _matmul_one)(_FMT[self.dtype], self.raw, xq, xd, xsum, out)
+            (_matmul_threads if threaded else _matmul_one)(self.fmt, self.raw, xq, xd, xsum, out)
         return out
 
     def __repr__(self) -> str:

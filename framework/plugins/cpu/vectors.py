@@ -178,6 +178,7 @@ class Layout:
     # the values ``emit`` computes for each row, by the same operations (rows_dot; unpacking the 6-bit
     # scales row by row in scalar code took more of a Q4_K product's time than its integer products)
     scales8: Callable | None = None
+    interleaved: bool = False                            # the weight held so (interleave): rows_dot's lanes always
 
 
 def _neg(e, x, k: float):
@@ -268,7 +269,11 @@ def _q4_k_like(e, o, nibbles_at: int):
 
 
 def _words8(b, row0, row_bytes, offset, at: int, n: int):
-    """The n 32-bit words from byte offset + at of eight rows, rows row_bytes apart: n <8 x i32>, a row a lane."""
+    """The n 32-bit words from byte offset + at of eight rows, rows row_bytes apart: n <8 x i32>, a row a lane
+    (row_bytes None: the rows held interleaved, a load a word)."""
+    if row_bytes is None:
+        base = b.gep(row0, [b.mul(b.add(offset, _i64(at)), _i64(8))])
+        return [b.load(b.bitcast(b.gep(base, [_i64(32 * w)]), V8I32.as_pointer()), align=1) for w in range(n)]
     base = b.gep(row0, [b.add(offset, _i64(at))])
     return [_vector_of(b, [b.load(b.bitcast(b.gep(base, [b.add(b.mul(row_bytes, _i64(j)), _i64(4 * w))]),
                                             I32.as_pointer()), align=1) for j in range(8)]) for w in range(n)]
@@ -631,8 +636,8 @@ def rows_dot(layouts: list[Layout], n_x: int, lanes: bool = False):
     @intrinsic
     def dot(typingctx, fmt, w, r, xq, xd, xsum, m, out):
         sig = types.int64(fmt, w, r, xq, xd, xsum, m, out)
-        bodies = [_lanes_codegen(layout, n_x) if lanes and _by_lanes(layout, n_x) else _rows_codegen(layout, n_x)
-                  for layout in layouts]
+        bodies = [_lanes_codegen(layout, n_x) if layout.interleaved or (lanes and _by_lanes(layout, n_x))
+                  else _rows_codegen(layout, n_x) for layout in layouts]
 
         def codegen(context, b, signature, args):
             which = _int(context, b, signature.args[0], args[0])
@@ -775,30 +780,64 @@ class LanesEmitter(Emitter):
     def _at(self, j: int, offset):
         return self.b.add(self.b.mul(self.row_bytes, _i64(j)), offset)
 
+    def words(self, offset, n: int):
+        """n <8 x i32>: word w of each row's bytes from offset, a row a lane (n 8: a transposition; n 4: the
+        8 x 4 one; n 1: eight loads)."""
+        b = self.b
+        if n == 1:
+            return [_vector_of(b, [self.load(self.row, self._at(j, offset), I32) for j in range(TILE_R)])]
+        if n == 4:
+            v4 = ir.VectorType(I32, 4)
+            rows = [b.load(self.ptr(self.row, self._at(j, offset), v4), align=1) for j in range(TILE_R)]
+            return _transpose8x4(b, [b.shuffle_vector(rows[j], rows[j + 4], _const_vec(I32, range(8)))
+                                     for j in range(4)])
+        return _transpose8(b, [b.bitcast(self.load(self.row, self._at(j, offset), V32I8), V8I32)
+                               for j in range(TILE_R)])
+
     def bytes32(self, offset):
-        rows = [self.b.bitcast(self.load(self.row, self._at(j, offset), V32I8), V8I32) for j in range(TILE_R)]
-        return self.b.bitcast(_transpose8(self.b, rows)[self.q], V32I8)
+        return self.b.bitcast(self.words(offset, 8)[self.q], V32I8)
 
     def nibbles16(self, offset):
         """Values 0-15 are the low nibbles of the 16 bytes, 16-31 the high ones: word q < 4 is the low nibbles
-        of bytes 4q .. 4q + 3, word q >= 4 the high nibbles of bytes 4(q - 4) ..; an 8 x 4 transposition."""
+        of bytes 4q .. 4q + 3, word q >= 4 the high nibbles of bytes 4(q - 4) .."""
         b = self.b
-        v4 = ir.VectorType(I32, 4)
-        rows = [b.load(self.ptr(self.row, self._at(j, offset), v4), align=1) for j in range(TILE_R)]
-        words = _transpose8x4(b, [b.shuffle_vector(rows[j], rows[j + 4], _const_vec(I32, range(8)))
-                                  for j in range(4)])[self.q % 4]
-        v = b.bitcast(words, V32I8)
+        v = b.bitcast(self.words(offset, 4)[self.q % 4], V32I8)
         return b.and_(v, _const_vec(I8, [15] * 32)) if self.q < 4 else b.lshr(v, _const_vec(I8, [4] * 32))
 
     def high_bits(self, offset):
         """Bits 4q .. 4q + 3 of each row's uint32 at offset, times 16, in bytes 0-3 of its lane."""
         b = self.b
-        word = _vector_of(b, [self.load(self.row, self._at(j, offset), I32) for j in range(TILE_R)])
+        word = self.words(offset, 1)[0]
         four = b.and_(b.lshr(word, _const_vec(I32, [4 * self.q] * TILE_R)), _const_vec(I32, [15] * TILE_R))
         spread = b.bitcast(b.mul(four, _const_vec(I32, [0x01010101] * TILE_R)), V32I8)
         bit = _const_vec(I8, [1, 2, 4, 8] * TILE_R)
         is_set = b.icmp_unsigned("!=", b.and_(spread, bit), ir.Constant(V32I8, None))
         return b.select(is_set, _const_vec(I8, [16] * 32), ir.Constant(V32I8, None))
+
+
+# -- weights held interleaved: eight rows' blocks already a row a lane ---------------------------------------
+# LanesEmitter turns eight rows around every block of every step (24 shuffles a 32 bytes of eight rows). A
+# weight whose eight rows are stored turned (quantized.interleave: for each block, word w of row 0, of row 1, ..
+# of row 7; llama.cpp repacks its Q4_K weights so, block_q4_Kx8) needs one load a vector. For the layouts
+# whose blocks are whole words and whose scales scales8 reads (INTERLEAVED); the integers and the float chain
+# stay the lanes' (the same bits). Q6_K (210 bytes, padded to 212) was tried and not kept: a decode step's
+# products of the 1.5B's Q6_K weights 16.4-18.9 -> 19.3-21.2 ms on one thread (its one row, values in the
+# lanes, gathers sums in fewer instructions than the lanes' biased products take; benchmarks/results/
+# cpu_interleaved_1.5b_cold-2026-12-07.log).
+INTERLEAVED = ("Q4_K", "Q5_K")
+
+
+class InterleavedEmitter(LanesEmitter):
+    """LanesEmitter's words from a weight held interleaved: row0 the eight rows' first byte, each word one
+    load. A layout's offsets are of a row's bytes (block blk at blk x block bytes); eight times that is the
+    interleaved place."""
+
+    def __init__(self, builder, isa: str, row0, q: int):
+        super().__init__(builder, isa, row0, None, q)
+
+    def words(self, offset, n: int):
+        base = self.b.mul(offset, _i64(TILE_R))
+        return [self.load(self.row, self.b.add(base, _i64(4 * TILE_R * w)), V8I32) for w in range(n)]
 
 
 def _transpose8(b, rows):
@@ -857,6 +896,13 @@ def _bias_of(b, rows: _Rows, i: int, group, half: int, halves: int):
     return _splat(b, value, TILE_R)
 
 
+def _lanes_emitters(b, isa: str, row0, row_bytes, interleaved: bool):
+    """The emitters of words 0 .. 7 of eight weight rows, a row a lane."""
+    if interleaved:
+        return [InterleavedEmitter(b, isa, row0, q) for q in range(QK // 4)]
+    return [LanesEmitter(b, isa, row0, row_bytes, q) for q in range(QK // 4)]
+
+
 def _lanes_codegen(layout: Layout, n_x: int):
     """The codegen of rows_dot for one layout with lanes: as _rows_codegen's (the same scales, the same float
     chain a row, so the same bits), the eight weight rows unpacked a row a lane (LanesEmitter) and each group
@@ -864,7 +910,7 @@ def _lanes_codegen(layout: Layout, n_x: int):
 
     def codegen(context, b, signature, args):
         rows = _rows_operands(context, b, signature, args, n_x)
-        es = [LanesEmitter(b, rows.isa, rows.row0, rows.row_bytes, q) for q in range(QK // 4)]
+        es = _lanes_emitters(b, rows.isa, rows.row0, rows.row_bytes, layout.interleaved)
         zero = ir.Constant(V8I32, None)
         with cgutils.for_range(b, b.udiv(rows.n_groups, _i64(layout.groups))) as loop:
             blk = loop.index
@@ -874,7 +920,7 @@ def _lanes_codegen(layout: Layout, n_x: int):
             if layout.head is not None:
                 head_scale, head_sum = _heads(b, rows.row0, rows.row_bytes, offset, layout.head)
             else:
-                scales8 = layout.scales8(b, rows.row0, rows.row_bytes, offset)
+                scales8 = layout.scales8(b, rows.row0, None if layout.interleaved else rows.row_bytes, offset)
             for gi in range(layout.groups):
                 group = b.add(b.mul(blk, _i64(layout.groups)), _i64(gi))
                 g0 = words[0][gi]
@@ -958,6 +1004,49 @@ def unpack_row(layout: Layout):
                     b.store(g.scale_hi if g.scale_hi is not None else g.scale, b.gep(aws.data, [b.add(at, _i64(8))]))
                     if g.sum_factor is not None:
                         b.store(g.sum_factor, b.gep(awsf.data, [b.add(b.mul(group, _i64(8)), j)]))
+            return ir.Constant(I64, 0)
+
+        return sig, codegen
+
+    return unpack
+
+
+def unpack_tile(layout: Layout):
+    """An intrinsic ``(w, r0, wq, wa, ws, wsf) -> int64``: weight rows r0 .. r0 + 7 of w held interleaved into
+    a tile's scratch, as unpack_row puts eight rows there: each group's words already a row a lane (one store
+    a vector), its scales from scales8 (the values emit computes, by the same operations)."""
+
+    @intrinsic
+    def unpack(typingctx, w, r0, wq, wa, ws, wsf):
+        sig = types.int64(w, r0, wq, wa, ws, wsf)
+
+        def codegen(context, b, signature, args):
+            s = signature.args
+            aw, awq, awa, aws, awsf = _arrays(context, b, (s[0], *s[2:]), (args[0], *args[2:]))
+            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
+            row0 = b.gep(aw.data, [b.mul(_int(context, b, s[1], args[1]), row_bytes)])
+            es = _lanes_emitters(b, isa_of(context) or "avx2", row0, None, True)
+            n_groups = b.udiv(cgutils.unpack_tuple(b, aws.shape, 1)[0], _i64(16))
+            with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
+                offset = b.mul(loop.index, _i64(layout.block_bytes))
+                words = [layout.emit(e, offset) for e in es]          # words[q][group]
+                scales8 = layout.scales8(b, row0, None, offset)
+                for gi in range(layout.groups):
+                    group = b.add(b.mul(loop.index, _i64(layout.groups)), _i64(gi))
+                    for q in range(QK // 4):
+                        v = words[q][gi].values
+                        at = b.add(b.mul(group, _i64(TILE_BYTES)), _i64(q * TILE_R * 4))
+                        b.store(_psign(b, v, v) if words[q][gi].signed else v, es[0].ptr(awq.data, at, V32I8),
+                                align=1)
+                        if words[q][gi].signed:
+                            b.store(v, es[0].ptr(awa.data, at, V32I8), align=1)
+                    scale, scale_hi, sum_factor = scales8[gi]
+                    at = b.mul(group, _i64(16))
+                    b.store(scale, es[0].ptr(aws.data, at, V8F32), align=4)
+                    b.store(scale_hi if scale_hi is not None else scale,
+                            es[0].ptr(aws.data, b.add(at, _i64(8)), V8F32), align=4)
+                    if sum_factor is not None:
+                        b.store(sum_factor, es[0].ptr(awsf.data, b.mul(group, _i64(8)), V8F32), align=4)
             return ir.Constant(I64, 0)
 
         return sig, codegen
