@@ -821,7 +821,7 @@ class LanesEmitter(Emitter):
 # of row 7; llama.cpp repacks its Q4_K weights so, block_q4_Kx8) needs one load a vector. For the layouts
 # whose blocks are whole words and whose scales scales8 reads (INTERLEAVED); the integers and the float chain
 # stay the lanes' (the same bits). Q6_K (210 bytes, padded to 212) was tried and not kept: a decode step's
-# products of the 1.5B's Q6_K weights 16.4-18.9 -> 19.3-21.2 ms on one thread (its one row, values in the
+# products of the 1.5B's Q6_K weights 18.5-18.9 -> 20.3-21.2 ms on one thread (its one row, values in the
 # lanes, gathers sums in fewer instructions than the lanes' biased products take; benchmarks/results/
 # cpu_interleaved_1.5b_cold-2026-12-07.log).
 INTERLEAVED = ("Q4_K", "Q5_K")
