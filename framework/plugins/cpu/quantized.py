@@ -132,7 +132,8 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 # (vectors.rows_dot, one intrinsic for every type and count); row_dot for the weight's last N mod 8 rows.
 # From two activation rows on, the eight weight rows are turned a row a lane once a block (rows_dot's lanes)
 # and each activation row's bytes broadcast, as the tiles do: no shuffles a row; one row keeps the values in
-# the lanes (a transposition costs more than one row's gathering of sums).
+# the lanes (a transposition costs more than one row's gathering of sums), but for Q8_0 (vectors.ONE_ROW_LANES)
+# and the weights held interleaved (already a row a lane).
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
@@ -142,7 +143,7 @@ _LAYOUTS = [LAYOUTS[f] for f in FORMATS] + _HELD
 # the signed types, whose few-row products on VNNI take their values biased to unsigned (vectors._bias_of)
 BIASED = tuple(layout.name in SIGNED and target()[1] == "vnni" for layout in _LAYOUTS)
 ROWS_AT_ONCE = (8, 4, 2, 1)  # activation rows a pass over eight weight rows multiplies, largest first
-_rows8, _rows4, _rows2, _rows1 = (rows_dot(_LAYOUTS, n, lanes=n > 1) for n in ROWS_AT_ONCE)
+_rows8, _rows4, _rows2, _rows1 = (rows_dot(_LAYOUTS, n) for n in ROWS_AT_ONCE)
 # Q4_K and Q5_K take eight activation rows as two passes of four: a block's words unpacked for eight rows' chains
 # at once ran 1.5-1.7x slower than two passes on a Zen 4; the other types run faster eight at a time
 # (`python benchmarks/cpu_products.py --few gemma3,smollm2 --base BASE --threads 2`,
@@ -225,6 +226,8 @@ def _matvec(fmt, w, xq, xd, xsum, out):
     benchmarks/results/cpu_few_rows_lanes_avx2_1thread-2026-12-06.log)."""
     n_rows = w.shape[0]
     n8 = n_rows // TILE_R
+    if BIASED[fmt]:                   # a signed type's one row in the lanes (vectors.ONE_ROW_LANES) on VNNI
+        xsum = _bias_sums(xq)
     for q in prange(n8):
         _rows1(fmt, w, q * TILE_R, xq, xd, xsum, 0, out)
     for r in range(n8 * TILE_R, n_rows):

@@ -625,18 +625,18 @@ def row_dot(layout: Layout):
     return dot
 
 
-def rows_dot(layouts: list[Layout], n_x: int, lanes: bool = False):
+def rows_dot(layouts: list[Layout], n_x: int):
     """An intrinsic ``(fmt, w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N,
     bytes per row), blocks of layouts[fmt]) times activation rows m .. m + n_x - 1 (as row_dot's) into
     out[m .. m + n_x - 1, r .. r + 7] (float32 (M, N)). One intrinsic for every layout (a switch on fmt in
-    the IR), so that a kernel dispatches on the weight type without a function per type. ``lanes``: the
-    eight weight rows turned into a row a lane once a block (_lanes_codegen), for the layouts that read
-    their scales for eight rows at once; the others keep the values in the lanes."""
+    the IR), so that a kernel dispatches on the weight type without a function per type. The eight weight
+    rows a row a lane (_lanes_codegen) where _by_lanes says so and for weights held interleaved; the others
+    keep the values in the lanes."""
 
     @intrinsic
     def dot(typingctx, fmt, w, r, xq, xd, xsum, m, out):
         sig = types.int64(fmt, w, r, xq, xd, xsum, m, out)
-        bodies = [_lanes_codegen(layout, n_x) if layout.interleaved or (lanes and _by_lanes(layout, n_x))
+        bodies = [_lanes_codegen(layout, n_x) if layout.interleaved or _by_lanes(layout, n_x)
                   else _rows_codegen(layout, n_x) for layout in layouts]
 
         def codegen(context, b, signature, args):
@@ -871,11 +871,21 @@ def _transpose8x4(b, pairs):
     return [w0, w1, w2, w3]
 
 
+# One activation row takes the lanes too for Q8_0 (its 32 signed bytes a group need no unpacking, so gathering
+# eight rows' sums was most of the work): the heads of Gemma 3 (262144x640) 8.17 -> 5.44 ms and SmolLM2 0.763
+# -> 0.622 ms at two threads; Q6_K was slower so (the 1.5B's head 13.2 -> 14.7 ms), the interleaved types take
+# the lanes anyway (`python benchmarks/cpu_products.py --few gemma3,smollm2,FILE --base BASE --threads 2`;
+# benchmarks/results/cpu_few_rows_one_row_lanes_2threads-2026-12-07.log)
+ONE_ROW_LANES = frozenset(("Q8_0",))
+
+
 def _by_lanes(layout: Layout, n_x: int) -> bool:
     """Whether _lanes_codegen takes the layout for n_x activation rows: its scales read for eight rows at once
     (head or scales8), and for two rows not a layout whose rows go in pairs (``pair``: its two-row vectors
-    gather the sums in fewer shuffles than a transposition costs; measured, benchmarks/cpu_products.py)."""
-    return (layout.head is not None or layout.scales8 is not None) and (n_x > 2 or layout.pair is None)
+    gather the sums in fewer shuffles than a transposition costs; measured, benchmarks/cpu_products.py); for
+    one row only ONE_ROW_LANES."""
+    return ((layout.head is not None or layout.scales8 is not None) and (n_x > 2 or layout.pair is None)
+            and (n_x > 1 or layout.name in ONE_ROW_LANES))
 
 
 # Signed values with VNNI: vpdpbusd multiplies unsigned bytes by signed ones, so the signed types' products
