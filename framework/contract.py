@@ -36,7 +36,7 @@ from .core.graph import DType, Fragment, LeafKind, Tensor, ops, reference
 from .core.graph.dtypes import block_shape, nbytes, row_bytes
 from .core.graph.interpreter import ReferenceProgram
 from .core.graph.quants import dequantize
-from .core.host import host_memory_limit
+from .core.host import host_memory_limit, release_file_pages
 from .core.physical import HOST_CPU, pci_address, pci_ids_at, pci_physical_id
 
 PROJECT = "framework"
@@ -320,6 +320,6 @@ __all__ = ["PROJECT", "ENTRY_POINT_GROUP", "CONTRACT_VERSION", "CONTRACT_VERSION
            "DType", "Fragment", "LeafKind", "Tensor", "ops", "reference", "ReferenceProgram", "block_shape", "nbytes",
            "row_bytes", "dequantize",
            # settings read from the environment, on-disk caches, the host's memory (docs/plugin-guide.md)
-           "settings", "caches", "host_memory_limit"]
+           "settings", "caches", "host_memory_limit", "release_file_pages"]
 # A plugin whose tensors live in device memory builds on framework.backend, the skeleton that holds the
 # kit such plugins share (buffer pools, handles, the weights' word layout, fusion, the shared verdict rules).

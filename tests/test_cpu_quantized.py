@@ -165,11 +165,13 @@ def test_rows_of_a_batch_equal_rows_alone(fmt, m):
 
 
 @pytest.mark.parametrize("fmt", quantized.INTERLEAVED)
-def test_interleaved_weights_give_the_file_s_bits(fmt):
+def test_interleaved_weights_give_the_file_s_bits(fmt, tmp_path):
     """A weight held interleaved (64 rows: eight eights) multiplies bit for bit as the file's bytes do, on every
-    path (one row, the few-row passes, the tiles), and gives back the file's rows (embedding lookup, float32)."""
+    path (one row, the few-row passes, the tiles), and gives back the file's rows (embedding lookup, float32);
+    made from a file mapping, as a model's weights are, whose pages it then gives back."""
     raw, shape = weight(fmt)
-    held = quantized.QuantizedWeight(raw, DType[fmt], shape)
+    raw.tofile(tmp_path / "w.bin")
+    held = quantized.QuantizedWeight(np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r"), DType[fmt], shape)
     plain = quantized.QuantizedWeight(raw, DType[fmt], shape, interleaved=False)
     assert held.fmt != plain.fmt and not np.array_equal(held.raw, plain.raw)
     for m in (1, 2, 7, 8, quantized.TILED_FROM + 5):

@@ -267,7 +267,7 @@ def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_
     models' hold the values): the mapping's resident size falls, and the bytes still read back from the file. Memory
     that is not a read-only file mapping (a copy, an anonymous mapping, a copy-on-write one) is left as it is
     (MADV_DONTNEED would zero it or undo its changes)."""
-    from framework.plugins.openvino_npu.device import release_file_pages
+    from framework.contract import release_file_pages
     raw = raw_weight(Q.Q8_0, (256, 1024), seed=9).reshape(-1)
     path = tmp_path / "w.bin"
     path.write_bytes(bytes(4096) + raw.tobytes() + bytes(4096))

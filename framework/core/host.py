@@ -1,10 +1,13 @@
-"""What the host machine has: the memory devices that compute in host memory declare as their limit."""
+"""What the host machine has: the memory devices that compute in host memory declare as their limit; and a
+weight's file pages given back once a plugin holds its own copy."""
 
 from __future__ import annotations
 
 import functools
 import os
 from pathlib import Path
+
+import numpy as np
 
 MARGIN_FRACTION = 0.10          # left for the interpreter, the libraries and everything else running
 MARGIN_MIN = 512 << 20
@@ -43,3 +46,25 @@ def host_memory_limit() -> int | None:
     if not total:
         return None
     return max(0, total - max(int(total * MARGIN_FRACTION), MARGIN_MIN))
+
+
+def release_file_pages(raw: np.ndarray) -> None:
+    """Drop from this process's resident memory the pages of the model file a weight was copied from, for a plugin
+    that holds its own copy (OpenVINO's repacked weights, every compiled model its own again; the cpu plugin's
+    interleaved ones): the file's pages would only add the file's size to the peak (docs/openvino.md, "Memory").
+    Only for bytes of a read-only file mapping (an
+    ``np.memmap`` of the GGUF file): there MADV_DONTNEED forgets pages that are read again from the file if touched;
+    on any other memory it would zero them, so anything else is left alone."""
+    import mmap
+    base = raw
+    while isinstance(base, np.ndarray):
+        base = base.base
+    # a read-only mapping is a file's (an anonymous or copy-on-write one is writable, and would lose its bytes)
+    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or raw.size == 0 or \
+            not memoryview(base).readonly:
+        return
+    start = raw.ctypes.data - np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, (start + raw.nbytes) // page * page
+    if hi > lo:
+        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

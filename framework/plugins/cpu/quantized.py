@@ -24,7 +24,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ...contract import DType, LeafKind, dequantize, ops, reference
+from ...contract import DType, LeafKind, dequantize, ops, reference, release_file_pages
 from .jit import cache_dir, kernel, target  # noqa: F401 (the plugin's and the tests' entry)
 from .vectors import (INTERLEAVED, KINDS, LAYOUTS, SIGNED, TILE_BYTES, TILE_M, TILE_R, kind_of, row_dot, rows_dot,
                       tile_dot, unpack_row, unpack_tile)
@@ -352,23 +352,14 @@ def interleave(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     blocks reordered: word w of row 0, of row 1, .. of row 7, so that the eight rows' copies of a block's byte
     offset o (a multiple of 4) lie at 8 o .. 8 o + 31 of the block's interleaved place
     (vectors.InterleavedEmitter)."""
-    n, row_bytes = raw.shape
-    return np.ascontiguousarray(raw.reshape(n // TILE_R, TILE_R, row_bytes // block_bytes, block_bytes // 4, 4)
-                                .transpose(0, 2, 3, 1, 4)).reshape(n, row_bytes)
-
-
-def deinterleave(held: np.ndarray, block_bytes: int, rows: np.ndarray | None = None) -> np.ndarray:
-    """interleave's inverse: the file's bytes of the given rows (default: all)."""
-    n, row_bytes = held.shape
-    turned = held.reshape(n // TILE_R, row_bytes // block_bytes, block_bytes // 4, TILE_R, 4)
-    picked = turned.transpose(0, 3, 1, 2, 4) if rows is None else turned[rows // TILE_R, :, :, rows % TILE_R]
-    return picked.reshape(-1, row_bytes)
+    n, row_bytes = raw.shape          # moved as 32-bit words: 3x faster than as bytes
+    words = raw.view(np.uint32).reshape(n // TILE_R, TILE_R, row_bytes // block_bytes, block_bytes // 4)
+    return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(n, row_bytes)
 
 
 class QuantizedWeight:
-    """A 2-D weight (N, K) held in its GGUF blocks: ``raw`` is uint8 (N, bytes per row), the file's bytes, or
-    for a type of vectors.INTERLEAVED with N a multiple of 8 those bytes interleaved (each eight rows' words
-    side by side, the order the products read them in), a copy made once at load."""
+    """A 2-D weight (N, K) held in its GGUF blocks: ``raw`` is uint8 (N, bytes per row), the file's bytes, or for
+    a type of vectors.INTERLEAVED with N a multiple of 8 a copy made at load, interleaved (see interleave)."""
 
     def __init__(self, raw: np.ndarray, dtype: DType, shape: tuple[int, int], interleaved: bool = True):
         self.dtype, self.shape = dtype, shape
@@ -377,14 +368,18 @@ class QuantizedWeight:
         if interleaved and dtype.name in INTERLEAVED and shape[0] % TILE_R == 0:
             self.fmt = len(FORMATS) + INTERLEAVED.index(dtype.name)
             self.raw = interleave(self.raw, LAYOUTS[dtype.name].block_bytes)
+            release_file_pages(raw)          # the file's pages would only add the copy's size to the peak
         self.nbytes = self.raw.nbytes
         self._float32: np.ndarray | None = None
 
     def blocks(self, ids: np.ndarray | None = None) -> np.ndarray:
-        """The file's bytes of some rows (default: all), uint8 (rows, bytes per row)."""
+        """The file's bytes of some rows (default: all), uint8 (rows, bytes per row): interleave undone."""
         if self.fmt < len(FORMATS):
             return self.raw if ids is None else self.raw[ids]
-        return deinterleave(self.raw, LAYOUTS[self.dtype.name].block_bytes, ids)
+        bb, (n, row_bytes) = LAYOUTS[self.dtype.name].block_bytes, self.raw.shape
+        turned = self.raw.reshape(n // TILE_R, row_bytes // bb, bb // 4, TILE_R, 4)
+        picked = turned.transpose(0, 3, 1, 2, 4) if ids is None else turned[ids // TILE_R, :, :, ids % TILE_R]
+        return picked.reshape(-1, row_bytes)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """float32 values of some rows (a token embedding lookup), through the reference decoder."""

@@ -820,20 +820,14 @@ class LanesEmitter(Emitter):
 # weight whose eight rows are stored turned (quantized.interleave: for each block, word w of row 0, of row 1, ..
 # of row 7; llama.cpp repacks its Q4_K weights so, block_q4_Kx8) needs one load a vector. For the layouts
 # whose blocks are whole words and whose scales scales8 reads (INTERLEAVED); the integers and the float chain
-# stay the lanes' (the same bits). Q6_K (210 bytes, padded to 212) was tried and not kept: a decode step's
-# products of the 1.5B's Q6_K weights 18.5-18.9 -> 20.3-21.2 ms on one thread (its one row, values in the
-# lanes, gathers sums in fewer instructions than the lanes' biased products take; benchmarks/results/
-# cpu_interleaved_1.5b_cold-2026-12-07.log).
+# stay the lanes' (the same bits). Q6_K so was slower (docs/benchmarks.md, "The 1.5B's Q4_K weights held").
 INTERLEAVED = ("Q4_K", "Q5_K")
 
 
 class InterleavedEmitter(LanesEmitter):
     """LanesEmitter's words from a weight held interleaved: row0 the eight rows' first byte, each word one
     load. A layout's offsets are of a row's bytes (block blk at blk x block bytes); eight times that is the
-    interleaved place."""
-
-    def __init__(self, builder, isa: str, row0, q: int):
-        super().__init__(builder, isa, row0, None, q)
+    interleaved place (row_bytes unused)."""
 
     def words(self, offset, n: int):
         base = self.b.mul(offset, _i64(TILE_R))
@@ -871,11 +865,8 @@ def _transpose8x4(b, pairs):
     return [w0, w1, w2, w3]
 
 
-# One activation row takes the lanes too for Q8_0 (its 32 signed bytes a group need no unpacking, so gathering
-# eight rows' sums was most of the work): the heads of Gemma 3 (262144x640) 8.17 -> 5.44 ms and SmolLM2 0.763
-# -> 0.622 ms at two threads; Q6_K was slower so (the 1.5B's head 13.2 -> 14.7 ms), the interleaved types take
-# the lanes anyway (`python benchmarks/cpu_products.py --few gemma3,smollm2,FILE --base BASE --threads 2`;
-# benchmarks/results/cpu_few_rows_one_row_lanes_2threads-2026-12-07.log)
+# One activation row takes the lanes too for Q8_0 (no unpacking: gathering eight rows' sums was most of its
+# work; Gemma 3's head 8.17 -> 5.44 ms at two threads, where Q6_K's got slower: docs/benchmarks.md)
 ONE_ROW_LANES = frozenset(("Q8_0",))
 
 
@@ -908,9 +899,8 @@ def _bias_of(b, rows: _Rows, i: int, group, half: int, halves: int):
 
 def _lanes_emitters(b, isa: str, row0, row_bytes, interleaved: bool):
     """The emitters of words 0 .. 7 of eight weight rows, a row a lane."""
-    if interleaved:
-        return [InterleavedEmitter(b, isa, row0, q) for q in range(QK // 4)]
-    return [LanesEmitter(b, isa, row0, row_bytes, q) for q in range(QK // 4)]
+    kind = InterleavedEmitter if interleaved else LanesEmitter
+    return [kind(b, isa, row0, row_bytes, q) for q in range(QK // 4)]
 
 
 def _lanes_codegen(layout: Layout, n_x: int):

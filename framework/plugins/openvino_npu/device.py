@@ -44,6 +44,7 @@ from ...contract import (
     Verdict,
     host_memory_limit,
     ops,
+    release_file_pages,
     settings,
 )
 from . import kv_programs
@@ -503,27 +504,6 @@ def trim_cache(folder: Path, max_bytes: int | None = None) -> None:
             total -= size
         except OSError:
             pass
-
-
-def release_file_pages(raw: np.ndarray) -> None:
-    """Drop from this process's resident memory the pages of the model file a repacked weight was read from: the
-    OvWeight holds its own copy, and every compiled model its own again, so the file's pages would only add the
-    file's size to the peak (docs/openvino.md, "Memory"). Only for bytes of a read-only file mapping (an
-    ``np.memmap`` of the GGUF file): there MADV_DONTNEED forgets pages that are read again from the file if touched;
-    on any other memory it would zero them, so anything else is left alone."""
-    import mmap
-    base = raw
-    while isinstance(base, np.ndarray):
-        base = base.base
-    # a read-only mapping is a file's (an anonymous or copy-on-write one is writable, and would lose its bytes)
-    if not isinstance(base, mmap.mmap) or not hasattr(base, "madvise") or raw.size == 0 or \
-            not memoryview(base).readonly:
-        return
-    start = raw.ctypes.data - np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
-    page = mmap.PAGESIZE
-    lo, hi = -(-start // page) * page, (start + raw.nbytes) // page * page
-    if hi > lo:
-        base.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def _dead(dev_ref, live_key: tuple) -> None:
