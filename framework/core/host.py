@@ -52,9 +52,9 @@ def release_file_pages(raw: np.ndarray) -> None:
     """Drop from this process's resident memory the pages of the model file a weight was copied from, for a plugin
     that holds its own copy (OpenVINO's repacked weights, every compiled model its own again; the cpu plugin's
     interleaved ones): the file's pages would only add the file's size to the peak (docs/openvino.md, "Memory").
-    Only for bytes of a read-only file mapping (an
-    ``np.memmap`` of the GGUF file): there MADV_DONTNEED forgets pages that are read again from the file if touched;
-    on any other memory it would zero them, so anything else is left alone."""
+    Only for bytes of a read-only file mapping (an ``np.memmap`` of the GGUF file): there MADV_DONTNEED forgets
+    pages that are read again from the file if touched; on any other memory it would zero them, so anything else
+    is left alone."""
     import mmap
     base = raw
     while isinstance(base, np.ndarray):

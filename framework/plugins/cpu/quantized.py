@@ -137,7 +137,7 @@ def quantize_activations(x: np.ndarray, k_quant: bool = False,
 FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "IQ4_NL", "IQ4_XS", "Q3_K")
 (_q4_0_1, _q4_1_1, _q5_0_1, _q5_1_1, _q8_0_1, _q4_k_1, _q6_k_1, _q5_k_1, _iq4nl_1, _iq4xs_1,
  _q3_k_1) = (row_dot(LAYOUTS[f]) for f in FORMATS)
-# then the types held interleaved where their rows come in eights (vectors.interleave), fmt len(FORMATS) on
+# then the types held interleaved where their rows come in eights (interleave, below), fmt len(FORMATS) on
 _HELD = [dataclasses.replace(LAYOUTS[f], interleaved=True) for f in INTERLEAVED]
 _LAYOUTS = [LAYOUTS[f] for f in FORMATS] + _HELD
 # the signed types, whose few-row products on VNNI take their values biased to unsigned (vectors._bias_of)
@@ -352,7 +352,7 @@ def interleave(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     blocks reordered: word w of row 0, of row 1, .. of row 7, so that the eight rows' copies of a block's byte
     offset o (a multiple of 4) lie at 8 o .. 8 o + 31 of the block's interleaved place
     (vectors.InterleavedEmitter)."""
-    n, row_bytes = raw.shape          # moved as 32-bit words: 3x faster than as bytes
+    n, row_bytes = raw.shape          # moved as 32-bit words: 3.8x faster than as bytes
     words = raw.view(np.uint32).reshape(n // TILE_R, TILE_R, row_bytes // block_bytes, block_bytes // 4)
     return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(n, row_bytes)
 
