@@ -966,6 +966,14 @@ def _lanes_codegen(layout: Layout, n_x: int):
 TILE_BYTES = TILE_R * QK            # a group's scratch bytes
 
 
+def _scratch_operands(context, b, signature, args):
+    """An unpacking intrinsic's operands: its weight, its index (slot or row), the scratch, the groups of K."""
+    s = signature.args
+    first, awq, awa, aws, awsf = _arrays(context, b, (s[0], *s[2:]), (args[0], *args[2:]))
+    n_groups = b.udiv(cgutils.unpack_tuple(b, aws.shape, 1)[0], _i64(16))
+    return first, _int(context, b, s[1], args[1]), awq, awa, aws, awsf, n_groups
+
+
 def unpack_row(layout: Layout):
     """An intrinsic ``(row, slot, wq, wa, ws, wsf) -> int64``: weight row ``row`` (uint8, its blocks) into
     lane ``slot`` of a tile's scratch: wq int8 (K / 32 * TILE_BYTES) its values (for signed types their
@@ -979,11 +987,8 @@ def unpack_row(layout: Layout):
         sig = types.int64(row, slot, wq, wa, ws, wsf)
 
         def codegen(context, b, signature, args):
-            s = signature.args
-            arow, awq, awa, aws, awsf = _arrays(context, b, (s[0], *s[2:]), (args[0], *args[2:]))
-            j = _int(context, b, s[1], args[1])
+            arow, j, awq, awa, aws, awsf, n_groups = _scratch_operands(context, b, signature, args)
             e = Emitter(b, isa_of(context) or "avx2", arow.data)
-            n_groups = b.udiv(cgutils.unpack_tuple(b, aws.shape, 1)[0], _i64(16))
             lane = b.mul(j, _i64(4))
 
             def scatter(base, values, group):
@@ -1021,12 +1026,9 @@ def unpack_tile(layout: Layout):
         sig = types.int64(w, r0, wq, wa, ws, wsf)
 
         def codegen(context, b, signature, args):
-            s = signature.args
-            aw, awq, awa, aws, awsf = _arrays(context, b, (s[0], *s[2:]), (args[0], *args[2:]))
-            row_bytes = cgutils.unpack_tuple(b, aw.shape, 2)[1]
-            row0 = b.gep(aw.data, [b.mul(_int(context, b, s[1], args[1]), row_bytes)])
+            aw, r0, awq, awa, aws, awsf, n_groups = _scratch_operands(context, b, signature, args)
+            row0 = b.gep(aw.data, [b.mul(r0, cgutils.unpack_tuple(b, aw.shape, 2)[1])])
             es = _lanes_emitters(b, isa_of(context) or "avx2", row0, None, True)
-            n_groups = b.udiv(cgutils.unpack_tuple(b, aws.shape, 1)[0], _i64(16))
             with cgutils.for_range(b, b.udiv(n_groups, _i64(layout.groups))) as loop:
                 offset = b.mul(loop.index, _i64(layout.block_bytes))
                 words = [layout.emit(e, offset) for e in es]          # words[q][group]
