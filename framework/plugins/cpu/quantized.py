@@ -143,13 +143,14 @@ _LAYOUTS = [LAYOUTS[f] for f in FORMATS] + _HELD
 # the signed types, whose few-row products on VNNI take their values biased to unsigned (vectors._bias_of)
 BIASED = tuple(layout.name in SIGNED and target()[1] == "vnni" for layout in _LAYOUTS)
 ROWS_AT_ONCE = (8, 4, 2, 1)  # activation rows a pass over eight weight rows multiplies, largest first
-_rows8, _rows4, _rows2, _rows1 = (rows_dot(_LAYOUTS, n) for n in ROWS_AT_ONCE)
 # Q4_K and Q5_K take eight activation rows as two passes of four: a block's words unpacked for eight rows' chains
 # at once ran 1.5-1.7x slower than two passes on a Zen 4; the other types run faster eight at a time
 # (`python benchmarks/cpu_products.py --few gemma3,smollm2 --base BASE --threads 2`,
 # benchmarks/results/cpu_few_rows_biased_vnni_2threads-2026-12-07.log: Gemma 3's Q4_K ffn_down at 8 rows 0.130
 # -> 0.088 ms)
 EIGHT_AT_ONCE = tuple(layout.name not in ("Q4_K", "Q5_K") for layout in _LAYOUTS)
+_NOT_EIGHT = frozenset(i for i, eight in enumerate(EIGHT_AT_ONCE) if not eight)     # left out of _rows8's code
+_rows8, _rows4, _rows2, _rows1 = (rows_dot(_LAYOUTS, n, _NOT_EIGHT if n == 8 else frozenset()) for n in ROWS_AT_ONCE)
 
 
 @kernel()

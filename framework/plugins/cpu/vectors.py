@@ -625,13 +625,13 @@ def row_dot(layout: Layout):
     return dot
 
 
-def rows_dot(layouts: list[Layout], n_x: int):
+def rows_dot(layouts: list[Layout], n_x: int, unused: frozenset = frozenset()):
     """An intrinsic ``(fmt, w, r, xq, xd, xsum, m, out) -> int64``: weight rows r .. r + 7 of w (uint8 (N,
     bytes per row), blocks of layouts[fmt]) times activation rows m .. m + n_x - 1 (as row_dot's) into
     out[m .. m + n_x - 1, r .. r + 7] (float32 (M, N)). One intrinsic for every layout (a switch on fmt in
     the IR), so that a kernel dispatches on the weight type without a function per type. The eight weight
     rows a row a lane (_lanes_codegen) where _by_lanes says so and for weights held interleaved; the others
-    keep the values in the lanes."""
+    keep the values in the lanes. ``unused``: the fmt the caller never passes (no code: compile time)."""
 
     @intrinsic
     def dot(typingctx, fmt, w, r, xq, xd, xsum, m, out):
@@ -644,7 +644,7 @@ def rows_dot(layouts: list[Layout], n_x: int):
             inner = types.int64(*signature.args[1:])
             done = b.append_basic_block("rows_dot_done")
             switch = b.switch(which, done)
-            for i, body in enumerate(bodies):
+            for i, body in ((i, body) for i, body in enumerate(bodies) if i not in unused):
                 case = b.append_basic_block(f"rows_dot_{layouts[i].name}")
                 switch.add_case(_i64(i), case)
                 b.position_at_end(case)
@@ -865,8 +865,7 @@ def _transpose8x4(b, pairs):
     return [w0, w1, w2, w3]
 
 
-# One activation row takes the lanes too for Q8_0 (no unpacking: gathering eight rows' sums was most of its
-# work; Gemma 3's head 8.17 -> 5.44 ms at two threads, where Q6_K's got slower: docs/benchmarks.md)
+# One activation row takes the lanes for Q8_0 too (Gemma 3's head 8.17 -> 5.44 ms; Q6_K's slower: docs/benchmarks.md)
 ONE_ROW_LANES = frozenset(("Q8_0",))
 
 
