@@ -99,3 +99,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 def registry():
     from framework.registry import default_registry
     return default_registry()
+
+
+def mapping_rss_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isalnum() and "-" in line.split()[0] and ":" not in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total

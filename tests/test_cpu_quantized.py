@@ -13,7 +13,7 @@ from functools import cache
 import gguf
 import numpy as np
 import pytest
-from conftest import model_path
+from conftest import mapping_rss_kb, model_path
 
 from framework.core.graph.dtypes import DType
 from framework.core.graph.quants import dequantize
@@ -170,8 +170,12 @@ def test_interleaved_weights_give_the_file_s_bits(fmt, tmp_path):
     path (one row, the few-row passes, the tiles), and gives back the file's rows (embedding lookup, float32);
     made from a file mapping, as a model's weights are, whose pages it then gives back."""
     raw, shape = weight(fmt)
-    raw.tofile(tmp_path / "w.bin")
-    held = quantized.QuantizedWeight(np.memmap(tmp_path / "w.bin", dtype=np.uint8, mode="r"), DType[fmt], shape)
+    path = tmp_path / "w.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    assert np.array_equal(mapped.reshape(raw.shape), raw) and mapping_rss_kb(path) >= raw.nbytes // 1024
+    held = quantized.QuantizedWeight(mapped, DType[fmt], shape)
+    assert mapping_rss_kb(path) <= 4                    # its pages dropped, but a part page at the end
     plain = quantized.QuantizedWeight(raw, DType[fmt], shape, interleaved=False)
     assert held.fmt != plain.fmt and not np.array_equal(held.raw, plain.raw)
     for m in (1, 2, 7, 8, quantized.TILED_FROM + 5):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_model, reference, reference_text
+from conftest import load_model, mapping_rss_kb, reference, reference_text
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf import quants as gguf_quants
 from reference_checks import assert_teacher_forced, assert_text_metrics
@@ -251,17 +251,6 @@ def test_quantized_matmul_runs_on_compressed_constants(ov_cpu, qtype):
     assert any(p in ("i4", "u4", "i8") for p in consts), consts
 
 
-def _mapping_rss_kb(path: Path) -> int:
-    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line[:1].isalnum() and "-" in line.split()[0] and ":" not in line.split()[0]:
-            inside = line.rstrip().endswith(str(path))
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
-
-
 def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_path):
     """Once a weight is repacked, the device drops the model file's pages it was read from (its copy and the compiled
     models' hold the values): the mapping's resident size falls, and the bytes still read back from the file. Memory
@@ -273,10 +262,10 @@ def test_repacked_weights_leave_the_file_pages_and_never_touch_other_memory(tmp_
     path.write_bytes(bytes(4096) + raw.tobytes() + bytes(4096))
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     part = mapped[4096:4096 + raw.size]
-    assert np.array_equal(part, raw) and _mapping_rss_kb(path) >= raw.size // 1024
+    assert np.array_equal(part, raw) and mapping_rss_kb(path) >= raw.size // 1024
     tw = leaf("blk.0.ffn_up.weight", Q.Q8_0, (256, 1024), LeafKind.WEIGHT)
     handle = OpenVinoDevice("CPU", cache_dir=None).load_weight(tw, part)
-    assert _mapping_rss_kb(path) < raw.size // 1024 // 4
+    assert mapping_rss_kb(path) < raw.size // 1024 // 4
     assert np.array_equal(part, raw)                       # read again from the file
     np.testing.assert_array_equal(W.values(handle), dequantize(raw, Q.Q8_0, (256, 1024)))
     anon = raw.copy()

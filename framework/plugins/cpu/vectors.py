@@ -785,7 +785,7 @@ class LanesEmitter(Emitter):
         8 x 4 one; n 1: eight loads)."""
         b = self.b
         if n == 1:
-            return [_vector_of(b, [self.load(self.row, self._at(j, offset), I32) for j in range(TILE_R)])]
+            return _words8(b, self.row, self.row_bytes, offset, 0, 1)
         if n == 4:
             v4 = ir.VectorType(I32, 4)
             rows = [b.load(self.ptr(self.row, self._at(j, offset), v4), align=1) for j in range(TILE_R)]
@@ -830,8 +830,7 @@ class InterleavedEmitter(LanesEmitter):
     interleaved place (row_bytes unused)."""
 
     def words(self, offset, n: int):
-        base = self.b.mul(offset, _i64(TILE_R))
-        return [self.load(self.row, self.b.add(base, _i64(4 * TILE_R * w)), V8I32) for w in range(n)]
+        return _words8(self.b, self.row, None, offset, 0, n)
 
 
 def _transpose8(b, rows):
