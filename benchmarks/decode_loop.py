@@ -29,12 +29,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="the cpu plugin's threads (default: 2)")
     ap.add_argument("--rows", type=int, default=1, help="sequences stepped together (default: 1)")
     ap.add_argument("--steps", type=int, default=100, help="with --rows: the timed steps (default: 100)")
+    ap.add_argument("--backends", default="cpu", help="the device list (default: cpu); openvino's threads: "
+                    "FRAMEWORK_OPENVINO_THREADS")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     model = Model(resolve_model(args.model))
     if args.rows > 1:
         return batched(model, args)
-    s = Session(model, default_registry().select("cpu"), n_ctx=args.prompt + 64, n_batch=args.prompt)
+    s = Session(model, default_registry().select(args.backends), n_ctx=args.prompt + 64, n_batch=args.prompt)
     s.eval([100 + i % 1000 for i in range(args.prompt)])
     base, tok, n = s.n_past, 1, 0
     t0 = time.perf_counter()
@@ -43,7 +45,7 @@ def main() -> None:
             s.rewind(base)
         tok = int(np.argmax(s.eval([tok])))
         n += 1
-    print(f"{args.model}, {args.threads} threads, after {args.prompt} tokens: {n} decode steps, "
+    print(f"{args.model} on {args.backends}, {args.threads} threads, after {args.prompt} tokens: {n} decode steps, "
           f"{(time.perf_counter() - t0) / n * 1e3:.2f} ms a step")
 
 
@@ -51,7 +53,7 @@ def batched(model: Model, args) -> None:
     """--rows sequences of --prompt tokens each (distinct), then --steps steps of one token each, timed after 3."""
     from framework.runtime.batch import Batch, Part
     ctx = args.prompt + args.steps + 8
-    b = Batch(Session(model, default_registry().select("cpu"), n_ctx=ctx * args.rows, n_batch=args.prompt,
+    b = Batch(Session(model, default_registry().select(args.backends), n_ctx=ctx * args.rows, n_batch=args.prompt,
                       out_rows=args.rows))
     for seq in range(args.rows):
         b.step([Part(seq, [100 + (seq * 7 + i) % 1000 for i in range(args.prompt)])])
@@ -60,7 +62,7 @@ def batched(model: Model, args) -> None:
     t0 = time.perf_counter()
     for _ in range(args.steps):
         b.step([Part(seq, [1]) for seq in range(args.rows)])
-    print(f"{args.model}, {args.threads} threads, {args.rows} sequences after {args.prompt} tokens each: "
+    print(f"{args.model} on {args.backends}, {args.threads} threads, {args.rows} sequences after {args.prompt} tokens each: "
           f"{args.steps} steps, {(time.perf_counter() - t0) / args.steps * 1e3:.2f} ms a step")
 
 

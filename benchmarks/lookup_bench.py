@@ -12,7 +12,8 @@ First, on each device list, the cost of verifying 2, 4 and 8 rows (a step with t
 against one decode step: what a round costs when its drafts are refused; and a draft model's own decode
 step against the target's. Then for every model, device list and prompt, greedy, --tokens tokens: the
 target alone and with each --draft (adaptive drafting on; a model draft with --draft-p-min), taking turns
---repeats times after a warm-up of each; decode tok/s (medians), drafted and accepted tokens, tokens per
+--repeats times after a warm-up of each; decode tok/s (medians; every engine by one wall clock from its
+first token to its last, the loop between steps included), drafted and accepted tokens, tokens per
 target step, the share of the decode time spent drafting, and the ratio to the target alone, per prompt set
 (the median of its prompts). A draft model's prefill of the prompt is not decode time (it is printed).
 Greedy output with every draft is checked to be the target's own, token for token.
@@ -62,8 +63,19 @@ def alone(model, devs, ids, n) -> tuple[list[int], float]:
     s.reserve(len(ids), n)
     for plan, _ in s.plans.values():       # weights and programs before the clock, as with_draft's prepare
         s.executor.prepare(plan)
-    tokens = [p.token for p in generate(s, ids, n, Sampler(GREEDY))]
-    return tokens, (len(tokens) - 1) / s.decode.seconds
+    return timed(generate(s, ids, n, Sampler(GREEDY)))
+
+
+def timed(pieces) -> tuple[list[int], float]:
+    """The tokens of a generation, and its tokens a second after the first token by one wall clock for every
+    engine: the target alone and each draft are timed alike, the loop's own work between steps included."""
+    tokens, first = [], None
+    for p in pieces:
+        tokens.append(p.token)
+        if first is None:
+            first = time.perf_counter()
+    seconds = time.perf_counter() - first if first is not None else 0.0
+    return tokens, (len(tokens) - 1) / seconds if seconds else 0.0
 
 
 def with_draft(model, devs, ids, n, spec: str, drafter: Model | None, n_draft: int, p_min: float,
@@ -73,7 +85,7 @@ def with_draft(model, devs, ids, n, spec: str, drafter: Model | None, n_draft: i
     d = SpeculativeDecoder(s, draft, n_draft, baseline=0, p_min=0.0 if drafter is None else p_min, inexact=inexact)
     d.reserve(len(ids), n)
     d.prepare()
-    tokens = [p.token for p in d.generate(ids, n, Sampler(GREEDY))]
+    tokens, speed = timed(d.generate(ids, n, Sampler(GREEDY)))
     st = d.stats
     info = {"drafted": st.drafted, "accepted": st.accepted, "paused": st.paused, "rounds": st.rounds,
             "tokens_per_step": round(st.tokens_per_step, 3),
@@ -81,7 +93,7 @@ def with_draft(model, devs, ids, n, spec: str, drafter: Model | None, n_draft: i
             "target_ms_a_round": round(1000 * (st.seconds - st.draft_seconds) / st.rounds, 1) if st.rounds else 0.0}
     if draft.session is not None:
         info["draft_prefill_s"] = round(draft.session.prefill.seconds, 2)
-    return tokens, st.tokens_per_second, info
+    return tokens, speed, info
 
 
 def step_costs(model, devs, rows=(2, 4, 8), repeats: int = 7) -> dict:
