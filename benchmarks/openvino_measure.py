@@ -50,6 +50,11 @@
                                                       # resident memory a compiled decode model adds: one more
                                                       # KV length with one model per length, and with one model
                                                       # for every length (kv_programs.py)
+    python benchmarks/openvino_measure.py rows-dq [model ...] [dq=16,32] [rows=1,8] [rounds=N]
+                                                      # batched decode steps of 1 and 8 sequences (a server's
+                                                      # step) with each DYNAMIC_QUANTIZATION_GROUP_SIZE, the
+                                                      # settings taking turns step by step in one process,
+                                                      # 2 threads: median ms a step
     python benchmarks/openvino_measure.py dynquant    # DYNAMIC_QUANTIZATION_GROUP_SIZE 0 against
                                                       # OpenVINO's default: a 4096x4096 int4 product,
                                                       # decode speed, and llama.cpp's reference
@@ -1217,6 +1222,40 @@ def big_decode(path: str, profile: str = "", n_prompt: int = 64, steps: int = 32
           f"({size / 1e9:.2f} GB)", flush=True)
 
 
+def rows_dq(names=("gemma3",), dqs=(16, 32), rows=(1, 8), rounds: int = 8, steps: int = 8) -> None:
+    """Batched decode steps (runtime/batch.py, as a server's) of ``rows`` sequences on openvino:CPU with each
+    DYNAMIC_QUANTIZATION_GROUP_SIZE, 2 threads. The settings take turns every ``steps`` steps in one process, so
+    this host's drift (a quarter of its speed within an hour) falls on each alike; medians over the rounds after
+    the first, robust to the one step that compiles when the cache passes a length."""
+    from framework.model.default import resolve_model
+    from framework.model.model import Model
+    from framework.plugins.openvino_npu.device import OpenVinoDevice
+    from framework.runtime.batch import Batch, Part
+    from framework.runtime.session import Session
+    for name in names:
+        model = Model(resolve_model(name))
+        runs = {}
+        for dq in dqs:
+            dev = OpenVinoDevice("CPU").with_options(dynamic_quantization=dq, threads=2)
+            for r in rows:
+                b = Batch(Session(model, [dev], n_ctx=r * (24 + rounds * steps + 8), n_batch=32, out_rows=r))
+                for seq in range(r):
+                    b.step([Part(seq, [100 + (seq * 7 + i) % 1000 for i in range(24)])])
+                runs[(dq, r)] = (b, [])
+        for rnd in range(rounds + 1):
+            for (dq, r), (b, times) in runs.items():
+                for _ in range(steps):
+                    t = time.perf_counter()
+                    b.step([Part(seq, [1]) for seq in range(r)])
+                    if rnd:
+                        times.append(time.perf_counter() - t)
+        for r in rows:
+            got = {dq: float(np.median(runs[(dq, r)][1])) * 1e3 for dq in dqs}
+            print(f"{name}, {r} sequence{'s' if r > 1 else ''} a step: " + ", ".join(
+                f"DYNAMIC_QUANTIZATION_GROUP_SIZE {dq} {ms:.2f} ms" for dq, ms in got.items()) +
+                f" (medians of {rounds * steps} steps, in turns)", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "fc"
     for word in [w for w in sys.argv[2:] if w.startswith("offsets=")]:    # translate.OFFSETS for this run
@@ -1228,6 +1267,12 @@ if __name__ == "__main__":
         dqs = tuple(v if v == "auto" else int(v) for v in words["dq"].split(",")) if "dq" in words else (None,)
         big_decode(*[w for w in sys.argv[2:4] if "=" not in w], steps=int(words.get("steps", 32)),
                    rounds=int(words.get("rounds", 5)), dqs=dqs)
+        raise SystemExit(0)
+    if what == "rows-dq":
+        words = dict(w.split("=", 1) for w in sys.argv[2:] if "=" in w)
+        rows_dq(tuple(w for w in sys.argv[2:] if "=" not in w) or ("gemma3",),
+                dqs=tuple(int(v) for v in words.get("dq", "16,32").split(",")),
+                rows=tuple(int(v) for v in words.get("rows", "1,8").split(",")), rounds=int(words.get("rounds", 8)))
         raise SystemExit(0)
     if what == "model-memory":
         model_memory(tuple(sys.argv[2:]) or ("smollm2",))
