@@ -28,8 +28,9 @@
 
 --llama-server PATH (benchmarks/build_llama_tools.sh builds it): llama.cpp's server beside ours, on another
 free loopback port, with the same GGUF file, --parallel slots, --ctx cells per slot (its -c is the total,
-so --ctx times --parallel) and --threads. Both warmed as in 2; then for each count of clients the two engines
-take turns, --turns times each (the first engine alternating), with the same requests as 3. Printed: each
+so --ctx times --parallel) and --threads. Both warmed as in 2; then --turns rounds, each running every count
+of clients on the two engines in turns (the first engine alternating), with the same requests as 3, so the
+host's drift falls on every engine and count of clients alike. Printed: each
 engine's table (tok/s the median of its turns, with the range), and at each client count the ratio of our
 aggregate tok/s to llama-server's and each engine's own ratio to its one-client figure. Bursts and
 structured requests (4, 5) run on `framework serve` alone, after the turns.
@@ -468,11 +469,13 @@ def _report_against(phases: list[Phase], base: dict, args) -> int:
 
 # -- llama-server beside framework serve ------------------------------------------------------------------
 def take_turns(args, ports: dict[str, int]) -> dict[str, dict[int, list[Phase]]]:
-    """For each count of clients, --turns phases of each engine, one engine after the other (the first one
-    alternating): a shared host's drift falls on both alike. {engine: {clients: [phase per turn]}}."""
+    """--turns rounds, each a phase of every count of clients and every engine, one engine after the other (the
+    first one alternating): a shared host's drift falls on both engines and on every count of clients alike (the
+    ratio to one client compares phases of each round, not phases minutes apart). {engine: {clients: [phase per
+    turn]}}."""
     turns: dict[str, dict[int, list[Phase]]] = {engine: {} for engine in ports}
-    for c in (int(x) for x in args.clients.split(",") if x):
-        for t in range(args.turns):
+    for t in range(args.turns):
+        for c in (int(x) for x in args.clients.split(",") if x):
             for engine in (list(ports) if t % 2 == 0 else list(ports)[::-1]):
                 say(f"{engine}: {c} clients, {args.requests} requests, turn {t + 1} of {args.turns}")
                 name = f"{engine}, {c} client{'s' if c > 1 else ''}, turn {t + 1}"
@@ -526,6 +529,13 @@ def report_turns(turns: dict[str, dict[int, list[Phase]]], args) -> None:
     for c in ours:
         print(f"| {c} | {ours[c]:.1f} | {theirs[c]:.1f} | {ours[c] / theirs[c]:.2f}x | "
               f"{ours[c] / ours[first]:.2f}x | {theirs[c] / theirs[first]:.2f}x |")
+    print()
+    for engine, by in turns.items():     # each round's own ratios: phases of one round, minutes apart at most
+        for c in list(by)[1:]:
+            each = [p.tokens_per_second() / q.tokens_per_second() for p, q in zip(by[c], by[first])
+                    if q.tokens_per_second()]
+            print(f"{engine}, {c} clients against {first}, round by round: "
+                  + ", ".join(f"{r:.2f}x" for r in each))
 
 
 def main() -> int:
