@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import tempfile
 from functools import lru_cache
@@ -87,12 +88,31 @@ def pytest_report_header(config) -> list[str]:
     return list(numerics_report())
 
 
+# The test command must stay under CI's 8 GB: after each test, the peak resident memory of this process and of
+# the largest process it started and waited for; each rise of 100 MB or more is kept with the test that made it.
+_PEAK_STEP_KB = 100_000
+_peaks: dict[str, list[tuple[int, str]]] = {"this process": [], "a process it started": []}
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when != "teardown":
+        return
+    for who, kind in (("this process", resource.RUSAGE_SELF), ("a process it started", resource.RUSAGE_CHILDREN)):
+        kb = resource.getrusage(kind).ru_maxrss
+        if kb >= (_peaks[who][-1][0] if _peaks[who] else 0) + _PEAK_STEP_KB:
+            _peaks[who].append((kb, report.nodeid))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     # -q hides the header: then, or when something failed, the same lines close the report
     if config.get_verbosity() < 0 or terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
         terminalreporter.write_sep("-", "machine")
         for line in numerics_report():
             terminalreporter.write_line(line)
+    terminalreporter.write_sep("-", "peak resident memory (the last rises of 100 MB or more, and the test after which)")
+    for who, rises in _peaks.items():
+        for kb, nodeid in rises[-3:]:
+            terminalreporter.write_line(f"{who}: {kb / 1e6:.2f} GB after {nodeid}")
 
 
 @pytest.fixture(scope="session")
