@@ -531,7 +531,7 @@ def report_turns(turns: dict[str, dict[int, list[Phase]]], args) -> None:
               f"{ours[c] / ours[first]:.2f}x | {theirs[c] / theirs[first]:.2f}x |")
     print()
     for engine, by in turns.items():     # each round's own ratios: phases of one round, minutes apart at most
-        for c in list(by)[1:]:
+        for c in (c for c in by if c != first):
             each = [p.tokens_per_second() / q.tokens_per_second() for p, q in zip(by[c], by[first])
                     if q.tokens_per_second()]
             print(f"{engine}, {c} clients against {first}, round by round: "
