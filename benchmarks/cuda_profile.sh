@@ -48,7 +48,10 @@ log="$out/cuda_profile.log"
       fi
       "${nsys_env[@]}" "$NSYS" stats --force-export true --report cuda_gpu_kern_sum --report cuda_api_sum --format table \
         "$work/$tag.nsys-rep" 2>&1 | cut -c1-200
-      "$NSYS" stats --report cuda_gpu_trace --format csv --output "$work/$tag" "$work/$tag.nsys-rep" >/dev/null
+      # --force-export: the export the table above made can read as older than the capture (same second), and
+      # nsys then refuses (2026-12-07 on an H100: "Existing SQLite export found", no trace, no summary)
+      "${nsys_env[@]}" "$NSYS" stats --force-export true --report cuda_gpu_trace --format csv --output "$work/$tag" \
+        "$work/$tag.nsys-rep" >/dev/null
       trace="$(ls "$work/${tag}"_*cuda_gpu_trace*.csv 2>/dev/null | head -1)"
       python3 benchmarks/cuda_profile.py summarize --meta "$work/$tag.json" --copy-meta "$copy" --trace "$trace"
     done
