@@ -130,7 +130,9 @@ def models_section(args, result, devs, rng, work: Path, save) -> None:
             r = entry[key] = guarded(f"{name} on {label}", speed, dev, model, args.prompt, args.decode, rng, args.runs)
             if r:
                 log(f"{name}: {label} prefill {r['prefill_tok_s']:.0f} tok/s, decode {r['decode_tok_s']:.1f} tok/s "
-                    f"({r['kernels_per_decode_step']} kernels a decode step) {r['report']}")
+                    f"(greedy steps{' queued ahead' if r['decode_pipelined'] else ''}; the logits path, in turns: "
+                    f"{r['decode_logits_path_tok_s']:.1f}) ({r['kernels_per_decode_step']} kernels a decode step) "
+                    f"{r['report']}")
             save()
             gc.collect()
         base = entry.get("cuda")

@@ -369,24 +369,47 @@ def model_speed(dev, twin, model, n_prompt: int, n_decode: int, rng, runs: int, 
     s.eval(prompt)                                    # loads weights, builds and compiles (not timed)
     first = time.perf_counter() - t0
     prefill = vb.vulkan_prefill(s, prompt, runs)      # (generic: resets, evaluates, medians)
-    tok = int(np.argmax(s.eval([1])))
-    for _ in range(8):
-        tok = int(np.argmax(s.eval([tok])))
-
-    def decode_run():
-        s.reset()
-        s.eval(prompt)
-        t0 = time.perf_counter()
-        t = tok
-        for _ in range(n_decode):
-            t = int(np.argmax(s.eval([t])))
-        return time.perf_counter() - t0
-    decode = vb.spread([decode_run() for _ in range(max(1, runs // 2 + 1))], n_decode)
+    from framework.runtime.greedy import pipelined
+    for path in ("greedy", "logits"):               # both paths' programs compiled (and captured)
+        decode_run(s, prompt, 8, path)
+    s.reset()
+    tok = int(np.argmax(s.eval(prompt)))            # decode_bounds' first token
+    # greedy: the framework's greedy decoding (runtime/greedy.py: the argmax on the device where it can, each step
+    # queued before the step before's token is read); logits: eval's logits read back, np.argmax here, step by step
+    times: dict = {"greedy": [], "logits": []}
+    for i in range(max(1, runs // 2 + 1)):
+        for path in (("greedy", "logits") if i % 2 == 0 else ("logits", "greedy")):
+            times[path].append(decode_run(s, prompt, n_decode, path))
+    decode, logits = (vb.spread(times[k], n_decode) for k in ("greedy", "logits"))
     out = {"prefill_tok_s": prefill["median"], "prefill_runs": prefill, "decode_tok_s": decode["median"],
            "decode_runs": decode, "decode_ms_per_token": 1e3 / decode["median"], "first_prefill_s": first,
+           "decode_logits_path_tok_s": logits["median"], "decode_logits_path_runs": logits,
+           "decode_pipelined": pipelined(s),
            "prefill_kernels": sorted({st.name.split(" ")[0] for p in vb._programs(s, n_prompt) for st in p.steps})}
     out["decode_bounds"] = guarded("decode bounds", decode_bounds, dev, twin, model, prompt, tok) if bounds else None
     return out
+
+
+def decode_run(s, prompt: list[int], n_decode: int, path: str) -> float:
+    """Seconds of n_decode greedy decode steps in the steady state: from the token of the first decode step
+    after the prompt to that of the (n_decode + 1)th, through runtime/greedy.py (path "greedy": a step's host
+    work may run before the step before is done) or eval's logits and np.argmax step by step ("logits")."""
+    from framework.runtime.greedy import greedy_tokens
+    s.reset()
+    if path == "greedy":
+        tokens = greedy_tokens(s, prompt, n_decode + 2)
+        next(tokens)
+        next(tokens)
+        t0 = time.perf_counter()
+        for _ in tokens:
+            pass
+        return time.perf_counter() - t0
+    t = int(np.argmax(s.eval(prompt)))
+    t = int(np.argmax(s.eval([t])))
+    t0 = time.perf_counter()
+    for _ in range(n_decode):
+        t = int(np.argmax(s.eval([t])))
+    return time.perf_counter() - t0
 
 
 def decode_interleaved(dev, vk, model, n_prompt: int, n_decode: int, rng, pairs: int) -> dict:

@@ -127,6 +127,10 @@ class Limits:
     # (speculative verification relies on it: docs/speculative.md). Default 0: not declared, and speculative
     # decoding on the device is refused unless asked for by name (--draft-inexact); None: any number of rows.
     exact_rows: int | None = 0
+    # A step's input may be an earlier step's output not yet read (a greedy step's token: runtime/greedy.py): the
+    # device takes it where it is, with no wait and the same buffers bound, so the runtime queues each greedy step
+    # before the step before is read. Default False: greedy steps run one after another.
+    queued_inputs: bool = False
 
 
 class Program(Protocol):

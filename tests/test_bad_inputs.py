@@ -129,11 +129,11 @@ def test_ctrl_c_at_any_moment_ends_with_a_line_and_130(capsys, monkeypatch, tmp_
     from framework import caches
     from framework.model import gguf_file
     from framework.plugins.cpu.device import CpuDevice
-    from framework.runtime.sampling import Sampler
+    from framework.runtime import greedy
     monkeypatch.setenv("FRAMEWORK_CACHE", "off")
     owner, name, after = {"reading the file": (gguf_file, "_read_header", 0),
                           "unpacking weights": (CpuDevice, "load_weight", 130),
-                          "compiling": (CpuDevice, "compile", 0), "generating": (Sampler, "__call__", 1),
+                          "compiling": (CpuDevice, "compile", 0), "generating": (greedy, "greedy", 1),
                           "writing the plan": (caches.os, "replace", 0)}[moment]
     _interrupt_on_call(monkeypatch, owner, name, after)
     plan = tmp_path / "plan.json"

@@ -269,7 +269,7 @@ class AheadProgram:
         if not again:
             return self.results(args, a.bufs, outs)
         stage, run = self.copy_back(outs)
-        results = self.results(args, a.bufs, outs, _staged_handle(stage, run))
+        results = self.results(args, a.bufs, outs, _staged_handle(stage, run, self.out_dtypes))
         self.enqueue_next(sig)
         return results
 
@@ -285,9 +285,16 @@ class AheadProgram:
         dev.pending = pending
 
 
-def _staged_handle(stage, run: int):
-    """The handles of the value outputs this run copied back ahead of the next (``stage.values``)."""
+def _staged_handle(stage, run: int, dtypes: list):
+    """The handles of the value outputs this run copied back ahead of the next (``stage.values``: the words
+    of an index output read as ints)."""
     def wrap(i, r, buf, lease):
-        return StagedTensor(buf, r.off, r.shape, np.float32, r.strides, lease=lease,
-                            readback=partial(stage.values, run, r.idx, r.off, r.shape, r.strides))
+        read = partial(stage.values, run, r.idx, r.off, r.shape, r.strides)
+        return StagedTensor(buf, r.off, r.shape, dtypes[i], r.strides, lease=lease,
+                            readback=read if dtypes[i] is np.float32 else partial(_as_ints, read))
     return wrap
+
+
+def _as_ints(read):
+    values = read()
+    return None if values is None else values.view(np.int32)

@@ -33,6 +33,7 @@ SIGNATURES = {
     "glu": "in g, in v, out o, u n, u op",
     "rms_norm": "in a, in gain, in r, out o, u ncols, f eps, u has_gain, u glen, u has_r",
     "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
+    "argmax": "in a, out o, u ncols",
     "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
     "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, u per",
     "flash_combine": "in p, out o, u TH, u D, u nc",
@@ -225,7 +226,7 @@ class Dialect:
                     **args)
 
     def ops(self) -> dict:
-        return {**elementwise(self.each), "RMS_NORM": self.rms_norm, "SOFT_MAX": self.soft_max,
+        return {**elementwise(self.each), "RMS_NORM": self.rms_norm, "SOFT_MAX": self.soft_max, "ARGMAX": self.argmax,
                 "FLASH_ATTN_EXT": self.flash_attn_ext, "ROPE": self.rope, "SET_ROWS": self.set_rows,
                 "GET_ROWS": self.get_rows, "MUL_MAT": self.mul_mat}
 
@@ -253,6 +254,12 @@ class Dialect:
         self.launch(lw, f"SOFT_MAX {n.name}", "soft_max", self.base_options(lw.dev), n.nelements // s * self.rwg,
                     self.rwg, a=lw.ref(n.src[0]), mk=lw.ref(n.src[1]) if masked else None, o=lw.new_val(n), ncols=s,
                     t=n.shape[-2] if len(n.shape) > 1 else 1, has_mask=int(masked), scale=float(n.params["scale"]))
+
+    def argmax(self, lw, n):
+        """One work-group a row; the index is written as an int into the value's words."""
+        s = n.src[0].shape[-1]
+        self.launch(lw, f"ARGMAX {n.name}", "argmax", self.base_options(lw.dev), n.src[0].nelements // s * self.rwg,
+                    self.rwg, a=lw.ref(n.src[0]), o=lw.new_val(n), ncols=s)
 
     def flash_attn_ext(self, lw, n):
         t, h, d = n.src[0].shape

@@ -59,8 +59,9 @@ def plain_operand_refusal(dev, n: Tensor, unit: str) -> Verdict | None:
         if n.op != "CONT" and not s.contiguous:
             return Verdict.no("unsupported_shape", f"{n.op} on {device} needs contiguous operands; {s.describe()} "
                               f"is a permuted view (CONT it first)")
-    if n.dtype.name != "F32":
-        return Verdict.no("unsupported_dtype", f"{device} writes F32 results only, not {n.describe()}")
+    if n.dtype.name not in ("F32", "I32"):     # I32: an index (ARGMAX), as an int in a 4-byte word
+        return Verdict.no("unsupported_dtype", f"{device} writes F32 results (and I32 indices) only, not "
+                          f"{n.describe()}")
     if n.nbytes > max_bytes:
         return Verdict.no("unsupported_shape", f"the result {n.describe()} is {n.nbytes} bytes, more than {unit} "
                           f"of {device} ({max_bytes} bytes); use smaller batches")

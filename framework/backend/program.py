@@ -49,6 +49,11 @@ class Arguments:
 
 
 class Program:
+    # True: an input leaf given as a device tensor (an earlier run's output: a greedy step's token) is staged
+    # like host values, in ``Arguments.staged`` as that DeviceTensor, for the plugin to copy on the device
+    # into its values buffer, so that the run's buffers (and a CUDA graph of them) stay the same run after run
+    stage_device_inputs = False
+
     def __init__(self, dev, fragment, table):
         self.dev = dev
         self.name = fragment.describe()
@@ -57,6 +62,7 @@ class Program:
         self.refs, self.steps, self.ropes = lowered.refs, lowered.steps, lowered.ropes
         self.val_sizes, self.written_args, self.align4 = lowered.val_sizes, lowered.written_args, lowered.align4
         self.out_refs = [self.refs[id(t)] for t in self.outputs]
+        self.out_dtypes = [np.int32 if t.dtype.name == "I32" else np.float32 for t in self.outputs]
         self.memory = memory.assign(self.steps, self.val_sizes, self.out_refs)
         self.out_vals = [v for v in range(len(self.val_sizes)) if self.memory.val_out[v] >= 0]     # the outputs
         # outputs that are an argument seen whole (a written cache): that argument's handle, if on the device
@@ -74,6 +80,7 @@ class Program:
         self.cache_idx = [i for i in self.other_idx if self.inputs[i].is_leaf and self.inputs[i].kind == LeafKind.CACHE]
         caches = set(self.cache_idx)
         self.rest_idx = [i for i in self.other_idx if i not in caches]
+        self.input_idx = {i for i in self.other_idx if self.inputs[i].is_leaf and self.inputs[i].kind == LeafKind.INPUT}
         self.pick_caches = picker(self.cache_idx)
         cache_outs = {k for k, (r, whole) in enumerate(zip(self.out_refs, self.whole_arg)) if whole and r.idx in caches}
         self.rest_outs = [k for k in range(len(self.out_refs)) if k not in cache_outs]
@@ -105,6 +112,9 @@ class Program:
                 continue
             if isinstance(h, np.ndarray):
                 h = dev.from_host(h)
+            elif self.stage_device_inputs and h.host is None and i in self.input_idx and h.contiguous:
+                staged.append((i, h))
+                continue
             if h.host is not None or not h.contiguous or (i in self.align4 and h.offset % 4):
                 data = np.ascontiguousarray(h.host if h.host is not None else dev.to_host(h))
                 host_vals[i] = data
@@ -204,7 +214,7 @@ class Program:
             return self._arg_result(r, args[r.idx], bufs)
         buf, lease = outs[r.idx]
         made = wrap(i, r, buf, lease) if wrap is not None else None
-        return made if made is not None else DeviceTensor(buf, r.off, r.shape, np.float32,
+        return made if made is not None else DeviceTensor(buf, r.off, r.shape, self.out_dtypes[i],
                                                           None if r.contiguous else r.strides, lease=lease)
 
     def _arg_result(self, r: Ref, h, bufs):

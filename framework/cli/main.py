@@ -288,15 +288,19 @@ def cmd_run(args) -> int:
                       kv_device=args.kv_device, memory_caps=memory_caps(args.device_memory),
                       check_values=args.check_values, verifier=verifier_for(args, model))
     decoder = speculative_decoder(args, session, devices)
-    (decoder or session).reserve(len(ids), args.n_predict)     # every check before anything is loaded
+    greedy = sampler.greedy          # generate()'s steps give the argmax (runtime/greedy.py)
+    if decoder is not None:
+        decoder.reserve(len(ids), args.n_predict)
+    else:
+        session.reserve(len(ids), args.n_predict, greedy=greedy)     # every check before anything is loaded
     with weight_progress() as progress:
         if decoder is not None:
             decoder.prepare(progress)                  # every reserved plan of target and draft
         else:
             session.progress = progress
-            session.plan(min(len(ids), args.batch), 0)     # load and compile before the clock starts
+            session.plan(min(len(ids), args.batch), 0, greedy=greedy and len(ids) <= args.batch)   # load, compile
             if args.n_predict > 1:
-                session.plan(1, len(ids))                  # the decode step's program too
+                session.plan(1, len(ids), greedy=greedy)   # the decode step's program too
     session.progress = None
     if args.conversation:
         from .chat import converse

@@ -396,6 +396,17 @@ def _case(case_id: str, case_op: str, fn, /, **params) -> Case:
     return Case(case_id, case_op, partial(fn, **params))
 
 
+def argmax(g: CaseGraph, *, shape, tie: bool = False, not_finite: float | None = None) -> list[Tensor]:
+    """Each row's argmax; tie: the first row's largest value twice (the first index wins); not_finite: that
+    value in the last row (its index is -1)."""
+    x = (g.rng.uniform(-1.0, 1.0, size=tuple(shape)) * 8).astype(np.float32)
+    if tie:
+        x[0, 3] = x[0, -2] = x[0].max() + 1
+    if not_finite is not None:
+        x[-1, x.shape[-1] // 2] = not_finite
+    return [g.b.argmax(g.value("logits", x))]
+
+
 def concat(g: CaseGraph, *, a_shape, b_shape, axis: int) -> list[Tensor]:
     """Two tensors joined on an axis (qwen35 joins the convolution's state and the new inputs, time-major)."""
     return [g.b.concat(g.f32("a", a_shape), g.f32("b", b_shape), axis)]
@@ -494,6 +505,11 @@ def fixed_cases() -> list[Case]:
         kind = "mask" if masked else "nomask"
         c.append(_case(f"SOFT_MAX-{_dims(shape)}-{kind}-scale{s:g}", "SOFT_MAX", soft_max, shape=shape,
                        masked=masked, s=s))
+    for shape in ((3, 1000), (1, 49152), (2, 5, 64)):
+        c.append(_case(f"ARGMAX-{_dims(shape)}", "ARGMAX", argmax, shape=shape))
+    c.append(_case("ARGMAX-2x300-tie", "ARGMAX", argmax, shape=(2, 300), tie=True))
+    c.append(_case("ARGMAX-3x300-nan", "ARGMAX", argmax, shape=(3, 300), not_finite=float("nan")))
+    c.append(_case("ARGMAX-3x300-inf", "ARGMAX", argmax, shape=(3, 300), not_finite=float("inf")))
     c.append(_case("SOFT_MAX-4x1024-large-inputs", "SOFT_MAX", soft_max, shape=(4, 1024), masked=False, s=1.0,
                    spread=10.0))
     # scores far beyond exp()'s float32 range (e^89 overflows): only a softmax that subtracts the row

@@ -33,7 +33,7 @@ from framework.conformance.cases import (
     ops_of,
 )
 from framework.contract import Verdict
-from framework.core.graph import F32, GLU_OPS, OPS, ROPE_MODES, UNARY_OPS, Graph, LeafKind, Tensor, leaf
+from framework.core.graph import F32, GLU_OPS, I32, OPS, ROPE_MODES, UNARY_OPS, Graph, LeafKind, Tensor, leaf
 from framework.core.graph import ops as op_table
 from framework.core.graph.interpreter import evaluate
 from framework.core.graph.ops import UnknownOpError
@@ -130,6 +130,10 @@ def test_matches_cpu_reference(device, case):
         where = f"{device.name}, case {case.id}, output {i} {t.describe()}"
         assert isinstance(out, np.ndarray), f"{where}: to_host gave {type(out).__name__}, not a numpy array"
         assert out.shape == t.shape, f"{where}: shape {out.shape}, expected {t.shape}"
+        if t.dtype == I32:          # indices (ARGMAX): exactly the reference's
+            assert out.dtype == np.int32, f"{where}: dtype {out.dtype}, expected int32"
+            assert np.array_equal(out, ref), f"{where}: {out.ravel()[:8]} against the reference's {ref.ravel()[:8]}"
+            continue
         assert out.dtype == np.float32, f"{where}: dtype {out.dtype}, expected float32"
         bad = int(np.size(out) - np.count_nonzero(np.isfinite(out)))
         assert bad == 0, f"{where}: {bad} of {out.size} values are not finite (the CPU reference's all are)"

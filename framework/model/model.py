@@ -51,16 +51,19 @@ class Model:
             raise ModelFileError(f"{self.file.path}: {e}") from None
 
     def build_step(self, n_tokens: int, n_kv: int, n_out: int | None, cache: KVCache,
-                   n_layers: int | None = None, hidden: bool = False) -> tuple[Graph, StepInputs]:
+                   n_layers: int | None = None, hidden: bool = False,
+                   greedy: bool = False) -> tuple[Graph, StepInputs]:
         """The graph of one step: n_tokens new tokens attending over n_kv cache rows; logits for
-        n_out rows chosen by the out_ids input (None: every row). hidden: a second output, the hidden
-        state of those rows that the head reads (llama.cpp's h_nextn, which an MTP draft continues from)."""
+        n_out rows chosen by the out_ids input (None: every row), or with greedy each row's argmax (ARGMAX:
+        greedy sampling where the logits are made). hidden: a second output, the hidden state of those rows
+        that the head reads (llama.cpp's h_nextn, which an MTP draft continues from)."""
         b = GraphBuilder()
         inp = self.arch.make_inputs(b, n_tokens, n_kv, n_out)
         if n_layers is not None and not 1 <= n_layers <= self.hp.n_layer:
             raise ValueError(f"n_layers must be between 1 and {self.hp.n_layer} for {self.name}, got {n_layers}")
         logits = self.arch.build(b, inp, cache, n_layers)
-        graph = b.build([logits, inp.hidden] if hidden else [logits])
+        out = b.argmax(logits) if greedy else logits
+        graph = b.build([out, inp.hidden] if hidden else [out])
         graph.meta.update(arch=self.arch.name, n_tokens=n_tokens, n_kv=n_kv, n_out=n_out or n_tokens,
                           n_layers=n_layers or self.hp.n_layer)
         return graph, inp

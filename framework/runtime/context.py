@@ -21,13 +21,14 @@ from dataclasses import replace
 import numpy as np
 
 from ..contract import Device
-from ..core.graph import Graph, LeafKind, ops
+from ..core.graph import F32, Graph, GraphBuilder, LeafKind, ops
 from ..core.scheduler import Residence
 from ..core.scheduler.memory import Fit, fit_layers, fit_needed, memory_budgets
 from ..core.scheduler.verdicts import ask
 from ..model.model import Model
 
 KV_PAD = 256
+GREEDY = "argmax"       # a shape key's last element where the step's output is the ARGMAX of its logits
 
 
 class ContextFullError(ValueError):
@@ -122,29 +123,29 @@ class Context:
     def graph(self, key: tuple) -> tuple[Graph, object]:
         """The graph of a step shape and its input leaves (StepInputs), built once."""
         if key not in self.graphs:
-            n_tokens, n_kv, n_out = key
-            graph, inp = self.model.build_step(n_tokens, n_kv, n_out, self.cache, self.n_layers, self.hidden)
-            graph.meta["phase"] = "decode" if n_tokens == 1 else "prefill"
+            graph, inp = self.model.build_step(*key[:3], self.cache, self.n_layers, self.hidden, key[3:] == (GREEDY,))
+            graph.meta["phase"] = "decode" if key[0] == 1 else "prefill"
             if self.role:
                 graph.meta["role"] = self.role
             self.graphs[key] = (graph, inp)
         return self.graphs[key]
 
-    def shapes_for(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> list[tuple]:
-        """Every step shape a run of this prompt length and generation length will use."""
+    def shapes_for(self, n_prompt: int, n_predict: int, all_logits: bool = False, greedy: bool = False) -> list[tuple]:
+        """Every step shape a run of this prompt and generation length will use (greedy: runtime/greedy.py's)."""
         if n_prompt < 1 or n_predict < 0:
             raise ValueError(f"a run needs a prompt of at least one token and a generation length of 0 or more, "
                              f"got {n_prompt} and {n_predict}")
         if n_prompt + n_predict > self.n_ctx:
             raise ContextFullError(f"a {n_prompt}-token prompt plus {n_predict} generated tokens exceed the "
                                    f"context length {self.n_ctx}; raise --ctx or lower -n")
+        tail = (GREEDY,) if greedy and not all_logits else ()    # the prompt's last chunk and decode give ARGMAX
         keys, past = [], 0
         for start in range(0, n_prompt, self.n_batch):
             n = min(self.n_batch, n_prompt - start)
-            keys.append(self.shape_key(n, past, None if all_logits else 1))
+            keys.append(self.shape_key(n, past, None if all_logits else 1) + tail * (start + n == n_prompt))
             past += n
         for _ in range(max(0, n_predict - 1)):
-            keys.append(self.shape_key(1, past, 1))
+            keys.append(self.shape_key(1, past, 1) + tail)
             past += 1
         return list(dict.fromkeys(keys))
 
@@ -185,6 +186,22 @@ class Context:
         return values
 
 
+def greedy_key(key: tuple) -> tuple:
+    """The shape key of the same step whose output is the argmax of each logits row (ARGMAX) instead."""
+    return key[:3] + (GREEDY,)
+
+
+def argmax_on_device(devices: list[Device], n_vocab: int) -> bool:
+    """Whether greedy steps take their argmax where the logits are made: some device keeps its values in
+    memory of its own (else the logits are in host memory already, and nothing is saved) and every device
+    runs ARGMAX over the vocabulary (one that could not would put it on another, the logits copied there)."""
+    if all(d.buffer_type.host for d in devices):
+        return False
+    b = GraphBuilder()
+    node = b.argmax(b.input("logits", F32, (1, n_vocab)))
+    return all(ask(d, node).ok for d in devices)
+
+
 def padded_rows(n: int, cap: int) -> int:
     """The rows a step of n rows runs as where every shape is a compile: the next power of two, at most cap (10
     sizes up to a --batch of 512; a step computes at most twice its rows, on devices bound by reading weights)."""
@@ -194,11 +211,13 @@ def padded_rows(n: int, cap: int) -> int:
 def phase_name(key: tuple) -> str:
     """A step shape's name in plans and reports: decode[tokens=1,kv=256], prefill[tokens=7,kv=256], and a
     step of several sequences batch[tokens=5,kv=256,out=3] (logits of 3 rows)."""
-    n_tokens, n_kv, n_out = key
+    n_tokens, n_kv, n_out = key[:3]
+    greedy = f",{GREEDY}" if key[3:] == (GREEDY,) else ""
     if n_tokens > 1 and n_out is not None and n_out > 1:
-        return f"batch[tokens={n_tokens},kv={n_kv},out={n_out}]"
+        return f"batch[tokens={n_tokens},kv={n_kv},out={n_out}{greedy}]"
     kind = "decode" if n_tokens == 1 else "prefill"
-    return f"{kind}[tokens={n_tokens},kv={n_kv}" + (",all-logits]" if n_out is None and n_tokens > 1 else "]")
+    return f"{kind}[tokens={n_tokens},kv={n_kv}" + (",all-logits" if n_out is None and n_tokens > 1 else "") + \
+        f"{greedy}]"
 
 
 def causal_mask(pos: np.ndarray, n_kv: int, window: int) -> np.ndarray:

@@ -6,6 +6,7 @@ import codecs
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from .greedy import greedy_tokens
 from .sampling import Sampler
 from .session import Session
 
@@ -30,6 +31,16 @@ def generate(session: Session, prompt_ids: list[int], n_predict: int, sampler: S
     take n - 1 decode steps, as llama.cpp counts them ("eval time ... / n - 1 runs")."""
     tok = session.model.tokenizer
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    if sampler.greedy and sampler.mask is None and sampler.observe is None:
+        tokens = greedy_tokens(session, prompt_ids, n_predict)    # the argmax where the logits are made
+        try:
+            for token in tokens:
+                if token in stop_ids:
+                    return FINISH_STOP
+                yield Piece(token, decoder.decode(tok.token_bytes(token)))
+        finally:
+            tokens.close()          # a step queued past the caller's last token leaves the context
+        return FINISH_LENGTH
     logits = session.eval(prompt_ids, prompt=True)
     for i in range(n_predict):
         token = sampler(logits)

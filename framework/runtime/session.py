@@ -25,7 +25,7 @@ from .. import caches
 from ..contract import Device
 from ..core.scheduler import Executor, Plan, Reservation, make_plan, reserve, reserve_together
 from ..model.model import Model
-from .context import Context, phase_name
+from .context import Context, argmax_on_device, greedy_key, phase_name
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Session:
         # the context's, read by callers and reports; none of them changes during the session
         self.model, self.devices, self.n_ctx, self.n_batch = c.model, c.devices, c.n_ctx, c.n_batch
         self.cache, self.fit, self.residence, self.budgets = c.cache, c.fit, c.residence, c.budgets
+        self.argmax_on_device = argmax_on_device(self.devices, model.hp.n_vocab)    # runtime/greedy.py's steps
         self.progress, self.strict = progress, strict
         self.hidden_rows: np.ndarray | None = None    # with hidden: the rows the head read in the last step
         self.partners: list[Session] = []   # sessions of this process whose plans are checked with these
@@ -87,9 +88,10 @@ class Session:
         self.n_past = n_past
 
     # -- plans ----------------------------------------------------------------------------
-    def reserve(self, n_prompt: int, n_predict: int, all_logits: bool = False) -> Reservation:
-        """Plan and check every shape the run will use; nothing is loaded or compiled."""
-        return self.reserve_shapes(self.context.shapes_for(n_prompt, n_predict, all_logits))
+    def reserve(self, n_prompt: int, n_predict: int, all_logits: bool = False, greedy: bool = False) -> Reservation:
+        """Plan and check every shape the run will use (greedy: a run of greedy()); nothing is loaded or compiled."""
+        return self.reserve_shapes(self.context.shapes_for(n_prompt, n_predict, all_logits,
+                                                           greedy and self.argmax_on_device))
 
     def reserve_shapes(self, keys: list[tuple]) -> Reservation:
         """Plan and check these step shapes (shape keys) with those already kept; nothing is loaded."""
@@ -129,10 +131,11 @@ class Session:
                 s._unchecked.pop(k, None)
         return result
 
-    def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1) -> tuple[Plan, object]:
+    def plan(self, n_tokens: int, n_past: int = 0, n_out: int | None = 1, greedy: bool = False) -> tuple[Plan, object]:
         if n_tokens < 1:
             raise ValueError(f"a step needs at least one token, got {n_tokens}")
-        return self.plan_key(self.context.shape_key(n_tokens, n_past, n_out))
+        key = self.context.shape_key(n_tokens, n_past, n_out)
+        return self.plan_key(greedy_key(key) if greedy and self.argmax_on_device else key)
 
     def plan_key(self, key: tuple) -> tuple[Plan, object]:
         """The plan of a step shape (planned and checked on first use) and its input leaves, its programs
@@ -162,14 +165,16 @@ class Session:
         tokens = self.context.check_tokens(tokens, self.n_past)
         out = []
         for start in range(0, len(tokens), self.n_batch):
-            out.append(self._step(tokens[start:start + self.n_batch], all_logits,
+            out.append(self.step(tokens[start:start + self.n_batch], all_logits,
                                   len(tokens) > 1 if prompt is None else prompt))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
-    def _step(self, chunk: list[int], all_logits: bool, prompt: bool) -> np.ndarray:
+    def step(self, chunk: list[int], all_logits: bool, prompt: bool, greedy: bool = False) -> np.ndarray:
+        """One step of at most n_batch tokens: the logits of its last token (or of every token); greedy: its
+        ARGMAX instead (runtime/greedy.py), where argmax_on_device."""
         clock = caches.Stopwatch()
         n = len(chunk)
-        plan, inp = self.plan(n, self.n_past, None if all_logits else 1)
+        plan, inp = self.plan(n, self.n_past, None if all_logits else 1, greedy)
         values = self.context.step_values(inp, chunk, self.n_past)
         outputs = self.executor.run(plan, values)
         logits = outputs[0][:n] if inp.out_ids is None else outputs[0]
@@ -181,4 +186,5 @@ class Session:
         stats.seconds += clock.seconds
         stats.compile_seconds += clock.filled
         return logits
+
 

@@ -134,6 +134,13 @@ class GraphBuilder:
         return self._node("SET_ROWS", name or f"set_rows({dst.name})", dst.dtype, dst.shape, (dst, src, rows),
                           view_src=dst)
 
+    def argmax(self, a: Tensor, name: str | None = None) -> Tensor:
+        """The index of each row's largest value (a's last axis), int32; -1 for a row with a non-finite value."""
+        if a.dtype != F32 or not a.shape:
+            raise GraphBuildError(f"argmax: needs a float32 tensor of at least one axis, got {_shape_str(a)} "
+                                  f"({a.dtype.name})")
+        return self._node("ARGMAX", name or f"argmax({a.name})", I32, tuple(a.shape[:-1]), (a,))
+
     # -- attention --------------------------------------------------------------------------
     def soft_max_ext(self, a: Tensor, mask: Tensor | None, scale: float, name: str | None = None) -> Tensor:
         """softmax(a * scale + mask) over the last axis; mask (T, S) broadcasts over leading axes."""

@@ -128,6 +128,11 @@ _TABLE = (
            "out = softmax(a * scale + mask) over the last axis (ggml_soft_max_ext without ALiBi). A row that is "
            "-inf but for one entry gives 1 there.",
            1e-6, "ggml's test_soft_max (1e-6): exp() of another implementation over long rows drifts past 1e-7"),
+    OpSpec("ARGMAX", Kind.COMPUTE, (Operand("a", "(..., N) float32"),), (), R.argmax,
+           "out = the index of each row's largest value (the first of equal ones): result a's shape without its "
+           "last axis, int32 (ggml_argmax). A row that holds a value that is not finite (NaN, an infinity) gives "
+           "-1, so that logits gone wrong on a device are an error where the index is read, never a token. "
+           "Greedy sampling on the device that made the logits: a step reads back an index, not the logits."),
     OpSpec("FLASH_ATTN_EXT", Kind.COMPUTE,
            (Operand("q", "(T, H, D)"), Operand("k", "(S, Hkv, D), H a multiple of Hkv"),
             Operand("v", "(S, Hkv, D)"), Operand("mask", "(T, S) additive, 0 or -inf", optional=True)),

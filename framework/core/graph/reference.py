@@ -111,6 +111,11 @@ def soft_max(a, mask=None, *, scale):
     return x
 
 
+def argmax(a):
+    idx = np.argmax(a, axis=-1).astype(np.int32)
+    return np.where(np.isfinite(a).all(axis=-1), idx, np.int32(-1)).astype(np.int32)
+
+
 def flash_attn_ext(q, k, v, mask=None, *, scale):
     """q (T, H, D), k and v (S, Hkv, D), mask (T, S): softmax(q k^T * scale + mask) v -> (T, H, D)."""
     t, h, d = q.shape

@@ -41,6 +41,14 @@ Progress = Callable[[str, int, int], None]     # (tensor name or "compiling <fra
 _INPUT, _CACHE, _VALUE = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class Held:
+    """A value on a device: an input of a step given as an earlier run's output (``Executor.run(...,
+    wait=False)``), which a fragment on that device reads where it is, with no copy through the host."""
+    device: str
+    handle: Any
+
+
 @dataclass(eq=False)
 class _Bound:
     """What a fragment's run does not have to work out again step after step (made once per plan): its
@@ -158,8 +166,11 @@ class Executor:
         self._bound.pop(id(plan), None)
 
     # -- running --------------------------------------------------------------------------
-    def run(self, plan: Plan, inputs: dict[int, np.ndarray]) -> list[np.ndarray]:
-        """Run every fragment in order; return the graph's outputs as numpy arrays."""
+    def run(self, plan: Plan, inputs: dict[int, np.ndarray | Held], wait: bool = True) -> list:
+        """Run every fragment in order; return the graph's outputs as numpy arrays. An input may be Held
+        on a device. wait=False: the outputs come back as Held handles as soon as the devices have the work
+        (no wait, no read-back: ``read`` reads one, and checks it as the outputs are); the devices' seconds
+        then count their host time here and the waits in ``read``."""
         self.prepare(plan)
         values: dict[int, tuple[str, Any]] = {}
         hosted: dict[int, np.ndarray] = {}      # host copies already made (by a check), reused by copies
@@ -172,7 +183,7 @@ class Executor:
             copied = False                      # a cache read from another device's handle, through a copy
             for i, t, key, kind in b.fetched:
                 if kind == _INPUT:
-                    args[i] = b.device.from_host(inputs[key])
+                    args[i] = self._input(inputs[key], dev_name, b.device)
                     continue
                 held = caches[key] if kind == _CACHE else values[key]
                 if held[0] == dev_name:
@@ -189,7 +200,8 @@ class Executor:
             ip = None if copied else self._written_in_place(f, b, results, args)
             self._check_shapes(f, b, results, ip)
             t2 = time.perf_counter()
-            self._device_call(dev_name, "finishing", f.describe(), b.device.synchronize)
+            if wait:
+                self._device_call(dev_name, "finishing", f.describe(), b.device.synchronize)
             seconds = (t1 - t0) + (time.perf_counter() - t2)
             for st in (self.stats[dev_name], self.fragment_stats[(id(plan), f.index)]):
                 st["seconds"] += seconds
@@ -210,6 +222,8 @@ class Executor:
                 made = {id(t): hosted[id(t)] if id(t) in hosted else b.device.to_host(values[id(t)][1])
                         for t in f.outputs if compared(t)}
                 self.verifier.check(f, b.device, read, made)
+        if not wait:
+            return [Held(values[id(t)][0], values[id(t)][1]) for t in plan.graph.outputs]
         outputs = []
         for t in plan.graph.outputs:            # the answer itself is always checked: never NaN logits
             host = hosted[id(t)] if id(t) in hosted else self._to_host(values[id(t)])
@@ -217,6 +231,27 @@ class Executor:
                 self._check_finite(made_by[id(t)], t, host, values)
             outputs.append(host)
         return join_outputs(plan.graph, outputs)     # a product computed in blocks of rows, whole again
+
+    def _input(self, value, dev_name: str, device: Device):
+        """An input leaf's argument on a fragment's device: host values uploaded, a value Held on this device
+        as it is, one Held on another device through the host."""
+        if not isinstance(value, Held):
+            return device.from_host(value)
+        if value.device == dev_name:
+            return value.handle
+        return device.from_host(self.devices[value.device].to_host(value.handle))
+
+    def read(self, held: Held) -> np.ndarray:
+        """The values of an output that run(..., wait=False) gave (waiting for its device), checked finite as
+        run checks the outputs it reads; the wait counts as that device's time."""
+        t0 = time.perf_counter()
+        host = self._device_call(held.device, "reading", "an output", self.devices[held.device].to_host, held.handle)
+        self.stats[held.device]["seconds"] += time.perf_counter() - t0
+        if host.dtype.kind == "f" and not np.isfinite(host).all():
+            raise DeviceRunError(f"{_where(self.devices[held.device])}: a step's output holds {_bad(host)}\n  fix: "
+                                 f"--check-values checks every device's outputs where they are made, naming the node",
+                                 device=held.device, plugin=plugin_of(self.devices[held.device]))
+        return host
 
     def _host_args(self, f, b: _Bound, args: list, inputs: dict[int, np.ndarray]) -> list:
         """Host copies of a fragment's arguments for the verifier (None for the weights, which it loads

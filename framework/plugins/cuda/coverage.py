@@ -12,7 +12,7 @@ from ...backend import c_kernels, weight_words
 from ...contract import Tensor, Verdict, ops, settings
 from . import options
 
-COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX", "ARGMAX",
                     "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "CONT", *ops.VIEW_OPS)
 # (the kernels' op codes, which kernels.cu reads as OP_<NAME>, are the skeleton's: backend/c_kernels.py)
 WEIGHT_TYPES = weight_words.SUPPORTED   # kept quantized in device memory (kernels.cu's grp_<type>)

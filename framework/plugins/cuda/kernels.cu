@@ -174,6 +174,36 @@ extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
   for (uint c = li; c < ncols; c += RWG) o[ob + c] = exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx) * inv;
 }
 
+// each row's first largest value's index, written as an int into o's words; -1 where the row holds a value
+// that is not finite (greedy sampling on the device: the executor's check of the logits, kept)
+extern "C" __global__ void __launch_bounds__(RWG) argmax(ARGS_argmax) {
+  __shared__ float bv[RWG];
+  __shared__ int bi[RWG];
+  __shared__ int bad[RWG];
+  uint row = get_group_id(0), li = get_local_id(0), base = a_off + row * ncols;
+  float best = 0.0f;
+  int at = -1, nf = 0;
+  for (uint c = li; c < ncols; c += RWG) {       // c rises: a thread keeps the first of its equal values
+    float x = a[base + c];
+    if (!isfinite(x)) nf = 1;
+    else if (at < 0 || x > best) { best = x; at = (int)c; }
+  }
+  bv[li] = best; bi[li] = at; bad[li] = nf;
+  __syncthreads();
+  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {
+    if (li < s_) {
+      int j = bi[li + s_];
+      if (j >= 0 && (bi[li] < 0 || bv[li + s_] > bv[li] || (bv[li + s_] == bv[li] && j < bi[li]))) {
+        bv[li] = bv[li + s_];
+        bi[li] = j;
+      }
+      bad[li] |= bad[li + s_];
+    }
+    __syncthreads();
+  }
+  if (li == 0) ((int*)o)[o_off + row] = bad[0] ? -1 : bi[0];
+}
+
 // ------------------------------------------------------------------------------------------------
 // attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). A block of AWG threads (AWG / 32 warps) per
 // query row and head (and part of the keys, for decode); warp w takes keys w, w + AWG / 32, ...; lane l

@@ -14,10 +14,11 @@ FRAMEWORK_CUDA_GRAPHS=0 launches kernel by kernel every run."""
 from __future__ import annotations
 
 import ctypes
+import math
 
 import numpy as np
 
-from ...backend import ChunkArg, KernelTable, Program, Ref, RopeArg
+from ...backend import ChunkArg, KernelTable, Program, Ref, RopeArg, StagedTensor
 from . import fused
 from .kernels import build
 from .lowering import DIALECT
@@ -27,6 +28,8 @@ TABLE = KernelTable(DIALECT.ops(), fused.lower_group, fused.plan)
 
 
 class CudaProgram(Program):
+    stage_device_inputs = True      # a greedy step's token, the step before's ARGMAX: copied on the device
+
     def __init__(self, dev, fragment):
         super().__init__(dev, fragment, TABLE)
         self.tables: list = []            # device copies of the tables (kept alive with the launches)
@@ -72,7 +75,24 @@ class CudaProgram(Program):
             else:
                 outs = self._graph_run(sig, a, slots)
             self.last_sig = sig
-        return self.results(args, a.bufs, outs)
+            return self.results(args, a.bufs, outs, self._index_copy)
+
+    def _index_copy(self, i, r, buf, lease):
+        """An index output (ARGMAX's, int32) is also copied to pinned host memory right after this run's work,
+        with an event: reading it waits for this run only, not for the steps queued after it (runtime/greedy.py)."""
+        if self.out_dtypes[i] is np.float32:
+            return None
+        import cupy
+        n = 4 * math.prod(r.shape)
+        host = np.frombuffer(cupy.cuda.alloc_pinned_memory(n), np.int32, n // 4)
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, buf.data.ptr + 4 * r.off, n,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, self.dev.stream.ptr)
+        done = self.dev.stream.record()
+
+        def read():
+            done.synchronize()
+            return host.reshape(r.shape).copy()
+        return StagedTensor(buf, r.off, r.shape, np.int32, lease=lease, readback=read)
 
     def _launch_all(self, a, outs: dict, slots: list) -> None:
         for fn, (grid, block), operands, fixed in self.launches:
@@ -118,14 +138,17 @@ class CudaProgram(Program):
 
     def _stage_values(self, a) -> None:
         """This run's host values in one pinned array, copied in one transfer into the program's values
-        buffer; their arguments point into it (element offsets, each a multiple of 4)."""
+        buffer; their arguments point into it (element offsets, each a multiple of 4). An input given as a
+        device tensor (DeviceTensor) is copied into its place there on the stream, after the values, so the
+        copy follows the earlier work that makes it."""
         if not a.staged:
             return
         import cupy
         offs, total = [], 0
-        for _, data in a.staged:
+        sizes = [data.nbytes if isinstance(data, np.ndarray) else 4 * math.prod(data.shape) for _, data in a.staged]
+        for nbytes in sizes:
             offs.append(total)
-            total += -(-data.nbytes // 16) * 16
+            total += -(-nbytes // 16) * 16
         if self.values is None or self.values.size < total:
             self.values = self.dev.new_buffer(total)
             self.pinned = [None, None]
@@ -136,12 +159,18 @@ class CudaProgram(Program):
             slot = self.pinned[self.flip] = [np.frombuffer(mem, np.uint8, self.values.size), None]
         if slot[1] is not None:
             slot[1].synchronize()            # the copy from this half, two runs ago, is done
-        host = slot[0]
-        for (i, data), off in zip(a.staged, offs):
-            host[off:off + data.nbytes] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        host, on_device = slot[0], []
+        for (i, data), off, nbytes in zip(a.staged, offs, sizes):
+            if isinstance(data, np.ndarray):
+                host[off:off + nbytes] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            else:
+                on_device.append((data, off, nbytes))
             a.bufs[i], a.offs[i] = self.values, off // 4
         self.values.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), total, self.dev.stream)
         slot[1] = self.dev.stream.record()
+        for h, off, nbytes in on_device:
+            cupy.cuda.runtime.memcpyAsync(self.values.data.ptr + off, h.buffer.data.ptr + 4 * h.offset, nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToDevice, self.dev.stream.ptr)
 
 
 __all__ = ["ChunkArg", "CudaProgram", "Ref"]

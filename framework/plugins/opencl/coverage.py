@@ -9,7 +9,7 @@ from ...contract import ops
 from . import options
 
 # the ops the kernels implement (names checked against the op table)
-COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+COVERED = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX", "ARGMAX",
                     "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "CONT", *ops.VIEW_OPS)
 MAX_HEAD = 256                      # head sizes the attention kernel holds (its local memory and registers)
 

@@ -181,6 +181,36 @@ __kernel __attribute__((reqd_work_group_size(RWG, 1, 1))) void soft_max(ARGS_sof
   for (uint c = li; c < ncols; c += RWG) o[ob + c] = exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx) * inv;
 }
 
+// each row's first largest value's index, written as an int into o's words; -1 where the row holds a value
+// that is not finite (greedy sampling on the device: the executor's check of the logits, kept)
+__kernel __attribute__((reqd_work_group_size(RWG, 1, 1))) void argmax(ARGS_argmax) {
+  __local float bv[RWG];
+  __local int bi[RWG];
+  __local int bad[RWG];
+  uint row = get_group_id(0), li = get_local_id(0), base = a_off + row * ncols;
+  float best = 0.0f;
+  int at = -1, nf = 0;
+  for (uint c = li; c < ncols; c += RWG) {       // c rises: a thread keeps the first of its equal values
+    float x = a[base + c];
+    if (!isfinite(x)) nf = 1;
+    else if (at < 0 || x > best) { best = x; at = (int)c; }
+  }
+  bv[li] = best; bi[li] = at; bad[li] = nf;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {
+    if (li < s_) {
+      int j = bi[li + s_];
+      if (j >= 0 && (bi[li] < 0 || bv[li + s_] > bv[li] || (bv[li + s_] == bv[li] && j < bi[li]))) {
+        bv[li] = bv[li + s_];
+        bi[li] = j;
+      }
+      bad[li] |= bad[li + s_];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (li == 0) ((__global int*)o)[o_off + row] = bad[0] ? -1 : bi[0];
+}
+
 // ------------------------------------------------------------------------------------------------
 // attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). One work-group of AWG threads per query
 // row and head; keys in blocks of AWG, online softmax; thread li holds output dims li + AWG * j.
