@@ -1,7 +1,8 @@
 """What bounds the CUDA plugin's decode: benchmarks/cuda_profile.sh runs this under Nsight Systems on the
 GPU machine. Two modes:
 
-* ``run MODEL``: a short decode on cuda:0 (FRAMEWORK_CUDA_GRAPHS as the caller set it) of a random-weight
+* ``run MODEL``: a short decode on cuda:0 (FRAMEWORK_CUDA_GRAPHS as the caller set it; --greedy: through
+  runtime/greedy.py's queued steps, else eval's logits and np.argmax step by step) of a random-weight
   file of MODEL's shape (benchmarks/vulkan_models.json): a prompt, warm-up steps (compiles and captures),
   then --steps decode steps timed inside cudaProfilerStart/Stop, which is what nsys records
   (--capture-range=cudaProfilerApi). Writes the decode program's steps (kernel, grid, block, the weight
@@ -89,17 +90,27 @@ def run(args) -> None:
     import ctypes
 
     import vulkan_bench as vb
+    from framework.runtime.greedy import greedy_tokens
     dev, s = prompted_session(args)
-    tok = 1
+    if args.greedy:         # runtime/greedy.py: the argmax on the device, each step queued before its token is read
+        tokens = greedy_tokens(s, [1], args.steps + 9)
+
+        def step():
+            return next(tokens)
+    else:
+        tok = [1]
+
+        def step():
+            tok[0] = int(np.argmax(s.eval([tok[0]])))
     for _ in range(8):
-        tok = int(np.argmax(s.eval([tok])))
+        step()
     dev.synchronize()
     driver = ctypes.CDLL("libcuda.so.1")       # cuProfilerStart/Stop: what --capture-range cudaProfilerApi waits for
     with dev.on_device():                       # (on the device's context)
         rc = driver.cuProfilerStart()
         t0 = time.perf_counter()
         for _ in range(args.steps):
-            tok = int(np.argmax(s.eval([tok])))
+            step()
         wall = time.perf_counter() - t0
         dev.synchronize()
         driver.cuProfilerStop()
@@ -472,6 +483,8 @@ def main() -> None:
     r.add_argument("--meta", required=True)
     r.add_argument("--work", default="/tmp")
     r.add_argument("--copy", action="store_true")
+    r.add_argument("--greedy", action="store_true", help="decode through runtime/greedy.py (the argmax on the device, "
+                   "each step queued before its token is read), not eval's logits and np.argmax")
     e = sub.add_parser("events")
     e.add_argument("model")
     e.add_argument("--steps", type=int, default=50)

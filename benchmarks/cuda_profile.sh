@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Systems over a short decode on cuda:0 (benchmarks/cuda_profile.py's docstring says what it records),
-# per model, with CUDA graphs on and off, and with graphs on and the fusions off (FRAMEWORK_CUDA_UNFUSE=all):
+# per model, with CUDA graphs on and off, and with graphs on and the fusions off (FRAMEWORK_CUDA_UNFUSE=all), or
+# the runs PROFILE_RUNS names (graphs1-greedy: graphs on, decoding through runtime/greedy.py's queued steps):
 # nsys's kernel and API summaries of the decode steps, then cuda_profile.py's summary (GPU time a step, GPU-busy fraction, time per kernel, the matrix-vector
 # products' weight rate against a device copy). Run through `bash benchmarks/cuda_h100.sh profile` (which
 # sets up the Python path); the log is $1/cuda_profile.log. Further arguments: the models (default
@@ -27,13 +28,14 @@ log="$out/cuda_profile.log"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   copy=""
   for model in $models; do
-    for run in graphs1 graphs0 graphs1-unfused; do
+    for run in ${PROFILE_RUNS:-graphs1 graphs0 graphs1-unfused}; do
       tag="$model-$run"
       graphs=0; unfuse=""
       case "$run" in graphs1*) graphs=1;; esac
       case "$run" in *unfused) unfuse=all;; esac
       extra=()
-      if [ -z "$copy" ]; then extra=(--copy); copy="$work/$tag.json"; fi
+      case "$run" in *greedy) extra=(--greedy);; esac
+      if [ -z "$copy" ]; then extra+=(--copy); copy="$work/$tag.json"; fi
       echo "=== $tag (FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse)"
       FRAMEWORK_CUDA_GRAPHS=$graphs FRAMEWORK_CUDA_UNFUSE=$unfuse "${nsys_env[@]}" "$NSYS" profile --force-overwrite true --trace cuda \
         --cuda-graph-trace node --capture-range cudaProfilerApi --capture-range-end stop -o "$work/$tag" \

@@ -395,16 +395,13 @@ def test_decode_steps_replayed_as_graphs_equal_launched_ones(cuda0, monkeypatch,
     np.testing.assert_allclose(replayed, np.stack([s.eval([t]) for t in ids[2:]]), rtol=1e-5, atol=1e-5)
 
 
-def test_greedy_steps_queued_on_cuda0_give_the_logits_paths_tokens(cuda0, tmp_path):
+def test_greedy_steps_queued_on_cuda0_give_the_logits_paths_tokens(cuda0, monkeypatch, tmp_path):
     """Greedy decoding with each step queued before the step before's token is read (its token copied on the
     device from that step's ARGMAX into the values buffer, so one graph is captured and replayed) gives the
     tokens of the logits read back and np.argmax, step by step."""
-    import tiny_models
-
-    from framework.model.model import Model
     from framework.runtime.greedy import greedy_tokens, pipelined
     from framework.runtime.session import Session
-    model = Model(tiny_models.write("llama", tmp_path / "tiny-llama.gguf"))
+    model = _quantized_qwen2(tmp_path, monkeypatch)        # every weight a type cuda:0 reads: no cpu in the list
     s = Session(model, [cuda0], n_ctx=64)
     assert pipelined(s)
     captures = cuda0.captures
