@@ -33,7 +33,8 @@ SIGNATURES = {
     "glu": "in g, in v, out o, u n, u op",
     "rms_norm": "in a, in gain, in r, out o, u ncols, f eps, u has_gain, u glen, u has_r",
     "soft_max": "in a, in mk, out o, u ncols, u t, u has_mask, f scale",
-    "argmax": "in a, out o, u ncols",
+    "argmax_part": "in a, out p, u ncols, u nb, u per",
+    "argmax": "in p, out o, u nb",
     "flash_attn": "in q, in k, in v, in mk, out o, u T, u H, u Hkv, u D, u S, u has_mask, f scale",
     "flash_attn_part": "in q, in k, in v, in mk, out p, u T, u H, u Hkv, u D, u S, u has_mask, f scale, u nc, u per",
     "flash_combine": "in p, out o, u TH, u D, u nc",
@@ -105,6 +106,7 @@ def matvec_teams(gpr: int, m: int, rows: int, wg: int, max_r: int, min_groups: i
 
 
 MAX_ELEMENTS = 1 << 32          # the kernels index elements with 32-bit integers
+ARGMAX_PART, ARGMAX_PARTS = 2048, 256     # an ARGMAX part's fewest columns, a row's most parts
 
 
 def source(signatures: Signatures, path: Path) -> str:
@@ -256,10 +258,14 @@ class Dialect:
                     t=n.shape[-2] if len(n.shape) > 1 else 1, has_mask=int(masked), scale=float(n.params["scale"]))
 
     def argmax(self, lw, n):
-        """One work-group a row; the index is written as an int into the value's words."""
+        """Two launches: each row's columns in parts of ARGMAX_PART or more, a work-group a part (one work-group
+        for a vocabulary of 262,144 is one multiprocessor's loads), then a work-group a row combines its parts."""
         s = n.src[0].shape[-1]
-        self.launch(lw, f"ARGMAX {n.name}", "argmax", self.base_options(lw.dev), n.src[0].nelements // s * self.rwg,
-                    self.rwg, a=lw.ref(n.src[0]), o=lw.new_val(n), ncols=s)
+        rows, nb = n.src[0].nelements // s, max(1, min(ARGMAX_PARTS, s // ARGMAX_PART))
+        part, opts = lw.scratch((rows * nb * 3,)), self.base_options(lw.dev)
+        self.launch(lw, f"ARGMAX[parts] {n.name}", "argmax_part", opts, rows * nb * self.rwg, self.rwg,
+                    a=lw.ref(n.src[0]), p=part, ncols=s, nb=nb, per=-(-s // nb))
+        self.launch(lw, f"ARGMAX {n.name}", "argmax", opts, rows * self.rwg, self.rwg, p=part, o=lw.new_val(n), nb=nb)
 
     def flash_attn_ext(self, lw, n):
         t, h, d = n.src[0].shape

@@ -174,33 +174,53 @@ extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
   for (uint c = li; c < ncols; c += RWG) o[ob + c] = exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx) * inv;
 }
 
-// each row's first largest value's index, written as an int into o's words; -1 where the row holds a value
-// that is not finite (greedy sampling on the device: the executor's check of the logits, kept)
-extern "C" __global__ void __launch_bounds__(RWG) argmax(ARGS_argmax) {
-  __shared__ float bv[RWG];
-  __shared__ int bi[RWG];
-  __shared__ int bad[RWG];
-  uint row = get_group_id(0), li = get_local_id(0), base = a_off + row * ncols;
+// ARGMAX over (value, index, not-finite) triples: the larger value wins, the lower index among equal ones; an
+// index of -1 is none yet. Each row's columns in nb parts (argmax_part: a work-group a part, enough of them to
+// fill the device), then a work-group a row combines its parts (argmax); the index is written as an int into
+// o's words, -1 where the row holds a value that is not finite (greedy sampling on the device keeps the check
+// of the logits)
+#define AM_TAKE(bv, bi, v, j) if ((j) >= 0 && ((bi) < 0 || (v) > (bv) || ((v) == (bv) && (j) < (bi)))) { bv = v; bi = j; }
+#define AM_REDUCE(best, at, nf)                                                       \
+  __shared__ float bv[RWG];                                                             \
+  __shared__ int bi[RWG];                                                               \
+  __shared__ int bad[RWG];                                                              \
+  bv[li] = best; bi[li] = at; bad[li] = nf;                                         \
+  __syncthreads();                                                                             \
+  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {                                       \
+    if (li < s_) { AM_TAKE(bv[li], bi[li], bv[li + s_], bi[li + s_]) bad[li] |= bad[li + s_]; } \
+    __syncthreads();                                                                           \
+  }
+
+extern "C" __global__ void __launch_bounds__(RWG) argmax_part(ARGS_argmax_part) {
+  uint row = get_group_id(0) / nb, part = get_group_id(0) % nb, li = get_local_id(0);
+  uint base = a_off + row * ncols, c1 = min(part * per + per, ncols);
   float best = 0.0f;
   int at = -1, nf = 0;
-  for (uint c = li; c < ncols; c += RWG) {       // c rises: a thread keeps the first of its equal values
+  for (uint c = part * per + li; c < c1; c += RWG) {
     float x = a[base + c];
     if (!isfinite(x)) nf = 1;
-    else if (at < 0 || x > best) { best = x; at = (int)c; }
+    else AM_TAKE(best, at, x, (int)c)
   }
-  bv[li] = best; bi[li] = at; bad[li] = nf;
-  __syncthreads();
-  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {
-    if (li < s_) {
-      int j = bi[li + s_];
-      if (j >= 0 && (bi[li] < 0 || bv[li + s_] > bv[li] || (bv[li + s_] == bv[li] && j < bi[li]))) {
-        bv[li] = bv[li + s_];
-        bi[li] = j;
-      }
-      bad[li] |= bad[li + s_];
-    }
-    __syncthreads();
+  AM_REDUCE(best, at, nf)
+  if (li == 0) {
+    uint q = p_off + 3 * get_group_id(0);
+    p[q] = bv[0];
+    ((int*)p)[q + 1] = bi[0];
+    ((int*)p)[q + 2] = bad[0];
   }
+}
+
+extern "C" __global__ void __launch_bounds__(RWG) argmax(ARGS_argmax) {
+  uint row = get_group_id(0), li = get_local_id(0);
+  float best = 0.0f;
+  int at = -1, nf = 0;
+  for (uint k = li; k < nb; k += RWG) {
+    uint q = p_off + 3 * (row * nb + k);
+    int j = ((const int*)p)[q + 1];
+    nf |= ((const int*)p)[q + 2];
+    AM_TAKE(best, at, p[q], j)
+  }
+  AM_REDUCE(best, at, nf)
   if (li == 0) ((int*)o)[o_off + row] = bad[0] ? -1 : bi[0];
 }
 
