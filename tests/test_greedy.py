@@ -121,3 +121,11 @@ def test_an_index_of_minus_one_is_an_error_naming_the_devices(ocl, model):
     with pytest.raises(DeviceRunError, match="(?s)not finite.*opencl:0.*--check-values"):
         checked_index(s, np.array([-1], np.int32))
     assert checked_index(s, np.array([7], np.int32)) == 7
+
+
+def test_a_prompt_over_n_batch_is_counted_once_on_the_queued_path(queued, model):
+    ids = model.tokenizer.encode(PROMPT + " a city that")
+    s = Session(model, [queued], n_ctx=256, n_batch=4)
+    got = list(greedy_tokens(s, ids, 5))
+    assert len(ids) > 8 and got == logits_path(model, [queued], ids, 5)[0]
+    assert s.prefill.tokens == len(ids) and s.decode.tokens == 4

@@ -32,18 +32,20 @@ def greedy_tokens(session: Session, prompt_ids: list[int], n: int) -> Iterator[i
     if not pipelined(session):
         yield from _one_by_one(session, prompt_ids, n)
         return
-    s, clock = session, caches.Stopwatch()
+    s = session
     ids = s.context.check_tokens(prompt_ids, s.n_past)
-    for start in range(0, len(ids) - s.n_batch, s.n_batch):      # chunks before the last: no token wanted
+    last = (len(ids) - 1) // s.n_batch * s.n_batch
+    for start in range(0, last, s.n_batch):           # chunks before the last (no token wanted): timed by step
         s.step(ids[start:start + s.n_batch], False, True)
-    pending, queued = queue_greedy(s, ids[(len(ids) - 1) // s.n_batch * s.n_batch:]), None
+    clock = caches.Stopwatch()
+    pending, queued = queue_greedy(s, ids[last:]), None
     try:
         for i in range(n):
             if i < n - 1 and s.n_past < s.n_ctx:      # the next step, on this one's token, before it is read
                 queued = queue_greedy(s, pending)
             token = checked_index(s, s.executor.read(pending))
             stats = s.prefill if i == 0 else s.decode
-            stats.tokens += len(ids) if i == 0 else 1
+            stats.tokens += len(ids) - last if i == 0 else 1
             stats.seconds += clock.seconds
             stats.compile_seconds += clock.filled
             yield token

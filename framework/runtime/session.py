@@ -166,7 +166,7 @@ class Session:
         out = []
         for start in range(0, len(tokens), self.n_batch):
             out.append(self.step(tokens[start:start + self.n_batch], all_logits,
-                                  len(tokens) > 1 if prompt is None else prompt))
+                                 len(tokens) > 1 if prompt is None else prompt))
         return np.concatenate(out) if all_logits else out[-1][-1]
 
     def step(self, chunk: list[int], all_logits: bool, prompt: bool, greedy: bool = False) -> np.ndarray:
