@@ -4,6 +4,11 @@ decode steps, on its default path (the GGUF blocks times 8-bit activations).
     python benchmarks/cpu_profile.py -m gemma3 --threads 1
     python benchmarks/cpu_profile.py -m ~/.cache/framework/models/qwen25-coder-1.5b.gguf --threads 2 \
         --prompt-tokens 16 --decode-tokens 16 --repeats 3
+    python benchmarks/cpu_profile.py -m smollm2 --threads 2 --prompt-tokens 64 --parallel 8
+
+--parallel N also times batched decode steps of N sequences (runtime/batch.py, as `framework bench --parallel`
+and the server run them: one row a sequence, each with its own cells of one cache), in turns with the one-row
+steps, so the two phases' ops can be held side by side: what a step of N rows costs against one row, op by op.
 
 Each op's wall time (time.perf_counter) and CPU time (time.process_time: all the process's threads, so CPU
 over wall is how many threads were busy, an OpenMP thread's spin while it waits for the others included),
@@ -72,6 +77,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=1, help="also batched decode steps of this many sequences")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     cpu_device.CpuProgram.__init__ = _init_timed
@@ -79,7 +85,8 @@ def main() -> None:
     session = Session(model, select_devices("cpu"), n_ctx=max(512, args.prompt_tokens + args.decode_tokens + 8))
     ids = prompt_ids(model.tokenizer, args.prompt_tokens)
     session.eval(ids)                                     # warm-up: compiles, page faults
-    totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0]}      # CPU, wall seconds
+    totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0], "batch": [0.0, 0.0]}      # CPU, wall seconds
+    batch = _batch(session, ids, args.parallel) if args.parallel > 1 else None
     for _ in range(args.repeats):
         session.reset()
         PHASE[0] = "prefill"
@@ -93,19 +100,42 @@ def main() -> None:
             logits = session.eval([int(np.argmax(logits))])
         totals["decode"][0] += time.process_time() - t
         totals["decode"][1] += time.perf_counter() - w
+        if batch is not None:
+            PHASE[0] = "batch"
+            t, w = time.process_time(), time.perf_counter()
+            batch(args.decode_tokens)
+            totals["batch"][0] += time.process_time() - t
+            totals["batch"][1] += time.perf_counter() - w
     print(f"{args.model}, {args.threads} thread(s): {session.devices[0].description}")
     print(f"load average {os.getloadavg()}")
-    for phase, per in (("prefill", args.repeats), ("decode", args.repeats * args.decode_tokens)):
-        _report(phase, per, [v / per for v in totals[phase]], len(ids))
+    phases = [("prefill", args.repeats), ("decode", args.repeats * args.decode_tokens)]
+    phases += [("batch", args.repeats * args.decode_tokens)] if batch is not None else []
+    for phase, per in phases:
+        _report(phase, per, [v / per for v in totals[phase]], len(ids), args.parallel)
 
 
-def _report(phase: str, per: int, total: list[float], n_ids: int) -> None:
+def _batch(session: Session, ids: list[int], n: int):
+    """A function that runs `steps` batched decode steps of n sequences, each after its own prompt of ids (made
+    here, outside the profile: PHASE is 'warm-up')."""
+    from framework.runtime.batch import Batch, Part
+    b = Batch(Session(session.model, session.devices, n_ctx=n * session.n_ctx, share_model_with=session))
+    last = [b.step([Part(seq, ids)])[0] for seq in range(n)]
+    state = {"last": b.step([Part(seq, [int(np.argmax(x))]) for seq, x in enumerate(last)])}     # compiled
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            state["last"] = b.step([Part(seq, [int(np.argmax(x))]) for seq, x in enumerate(state["last"])])
+    return steps
+
+
+def _report(phase: str, per: int, total: list[float], n_ids: int, n_seq: int) -> None:
     rows = sorted(((v[1] / per, v[0] / per, v[2] / per, v[3] / per, k) for (p, k), v in STATS.items() if p == phase),
                   reverse=True)
     cpu, wall = total
     in_ops, nbytes = sum(r[0] for r in rows), sum(r[3] for r in rows)
-    what = f"a prefill of {n_ids} tokens" if phase == "prefill" else "a decode step"
-    rate = n_ids / wall if phase == "prefill" else 1 / wall
+    what = {"prefill": f"a prefill of {n_ids} tokens", "decode": "a decode step",
+            "batch": f"a batched decode step of {n_seq} sequences"}[phase]
+    rate = n_ids / wall if phase == "prefill" else (n_seq if phase == "batch" else 1) / wall
     print(f"-- {what}: {wall * 1e3:.2f} ms wall ({rate:.1f} tok/s), {cpu * 1e3:.2f} ms CPU "
           f"({cpu / wall:.2f} threads busy); {in_ops * 1e3:.2f} ms in ops, {(wall - in_ops) * 1e3:.2f} ms between "
           f"them; products' weights {nbytes / 2**20:.1f} MiB ({nbytes / wall / 1e9:.2f} GB/s over the whole step)")
