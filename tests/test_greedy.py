@@ -129,3 +129,15 @@ def test_a_prompt_over_n_batch_is_counted_once_on_the_queued_path(queued, model)
     got = list(greedy_tokens(s, ids, 5))
     assert len(ids) > 4 and got == logits_path(model, [queued], ids, 5)[0]
     assert s.prefill.tokens == len(ids) and s.decode.tokens == 4
+
+
+def test_vulkan0_takes_the_argmax_on_the_device_too(registry, model):
+    """vulkan:0 (lavapipe in CI) runs ARGMAX (its two WGSL kernels): greedy steps read back one index."""
+    vk = next((d for d in registry.devices() if d.name == "vulkan:0" and d.available), None)
+    if vk is None:
+        pytest.fail("vulkan:0 is unavailable (make test installs mesa-vulkan-drivers and libvulkan1)")
+    ids = model.tokenizer.encode(PROMPT)
+    s = Session(model, [vk], n_ctx=256)
+    assert s.argmax_on_device and not pipelined(s)
+    assert list(greedy_tokens(s, ids, 6)) == logits_path(model, [vk], ids, 6)[0]
+    assert all(k[3:] == ("argmax",) for k in s.plans)

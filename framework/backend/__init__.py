@@ -14,7 +14,7 @@ from .ahead import AheadDevice, AheadProgram, Pending
 from .device import BackendDevice, plain_operand_refusal
 from .lowering import KernelTable, Lowering, is_weight
 from .memory import Memory
-from .program import Arguments, Program, StagedTensor, strided_copy
+from .program import Arguments, Program, StagedTensor, read_as_ints, strided_copy
 from .rope import RopeRows, rope_table
 from .signatures import Signatures
 from .steps import ChunkArg, Ref, RopeArg, Step, pad4
@@ -22,4 +22,4 @@ from .steps import ChunkArg, Ref, RopeArg, Step, pad4
 __all__ = ["AheadDevice", "AheadProgram", "Arguments", "BackendDevice", "BufferPools", "Chunk", "ChunkArg",
            "DeviceTensor", "DeviceWeight", "KernelTable", "Lease", "Lowering", "Memory", "Pending", "Program", "Ref",
            "RopeArg", "RopeRows", "Signatures", "StagedTensor", "Step", "c_kernels", "contiguous_strides", "fusion",
-           "is_weight", "pad4", "plain_operand_refusal", "rope_table", "strided_copy", "weight_words"]
+           "is_weight", "pad4", "plain_operand_refusal", "read_as_ints", "rope_table", "strided_copy", "weight_words"]

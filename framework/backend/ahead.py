@@ -43,7 +43,7 @@ from functools import partial
 import numpy as np
 
 from ..contract import settings
-from .program import StagedTensor
+from .program import StagedTensor, read_as_ints
 
 STAGE_MAX = 8 << 20       # bytes of a run's value outputs copied back ahead of the next run (a decode step's logits)
 
@@ -291,10 +291,5 @@ def _staged_handle(stage, run: int, dtypes: list):
     def wrap(i, r, buf, lease):
         read = partial(stage.values, run, r.idx, r.off, r.shape, r.strides)
         return StagedTensor(buf, r.off, r.shape, dtypes[i], r.strides, lease=lease,
-                            readback=read if dtypes[i] is np.float32 else partial(_as_ints, read))
+                            readback=read if dtypes[i] is np.float32 else partial(read_as_ints, read))
     return wrap
-
-
-def _as_ints(read):
-    values = read()
-    return None if values is None else values.view(np.int32)

@@ -29,6 +29,12 @@ class StagedTensor(DeviceTensor):
         self.readback = readback
 
 
+def read_as_ints(read):
+    """A StagedTensor's readback for an index output (ARGMAX's): the words `read` gives, as int32 (None stays)."""
+    values = read()
+    return None if values is None else values.view(np.int32)
+
+
 def strided_copy(flat: np.ndarray, offset: int, shape: tuple, strides: tuple | None) -> np.ndarray:
     """The values a view (an element offset, strides in elements or None: contiguous) sees of a flat array."""
     st = strides or contiguous_strides(shape)

@@ -3,7 +3,7 @@ Parameters go by the names of the kernel's block (wgsl.py, ``*_PARAMS``)."""
 
 from __future__ import annotations
 
-from ...backend import ChunkArg, contiguous_strides, is_weight, pad4, weight_words
+from ...backend import ChunkArg, c_kernels, contiguous_strides, is_weight, pad4, weight_words
 from ...contract import Tensor
 from .kernel_shapes import SPLIT_ATTN_BELOW, split_of
 from .steps import each, emit, simple
@@ -60,6 +60,17 @@ def op_soft_max(lw, n):
     simple(lw, n, "soft_max", [lw.ref(n.src[0]), mask, lw.new_val(n)],
            {"ncols": s, "nrows": rows, "mask_rows": t, "has_mask": int(len(n.src) > 1),
             "scale": float(n.params["scale"])}, rows)
+
+
+def op_argmax(lw, n):
+    """Each row's columns in parts, a workgroup a part, then a workgroup a row combining them (the shared C
+    kernels' split, c_kernels.Dialect.argmax)."""
+    s = n.src[0].shape[-1]
+    rows, nb = n.src[0].nelements // s, max(1, min(c_kernels.ARGMAX_PARTS, s // c_kernels.ARGMAX_PART))
+    part = lw.scratch((rows * nb * 3,))
+    emit(lw, f"ARGMAX[parts] {n.name}", ("argmax_part",), None, [lw.ref(n.src[0]), part],
+         {"ncols": s, "nrows": rows, "nb": nb, "per": -(-s // nb)}, rows * nb)
+    emit(lw, f"ARGMAX {n.name}", ("argmax",), None, [part, lw.new_val(n)], {"nrows": rows, "nb": nb}, rows)
 
 
 def op_flash_attn_ext(lw, n):
@@ -138,5 +149,5 @@ def op_get_rows(lw, n):
 
 
 LOWER = {"RMS_NORM": op_rms_norm, "ADD": op_binary, "MUL": op_binary, "SCALE": op_unary, "UNARY": op_unary,
-         "GLU": op_glu, "SOFT_MAX": op_soft_max, "FLASH_ATTN_EXT": op_flash_attn_ext, "ROPE": op_rope,
-         "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows}
+         "GLU": op_glu, "SOFT_MAX": op_soft_max, "ARGMAX": op_argmax, "FLASH_ATTN_EXT": op_flash_attn_ext,
+         "ROPE": op_rope, "SET_ROWS": op_set_rows, "CONT": op_cont, "GET_ROWS": op_get_rows}

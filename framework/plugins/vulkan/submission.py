@@ -16,7 +16,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from ...backend import Program, StagedTensor
+from ...backend import Program, StagedTensor, read_as_ints
 from .lowering import TABLE
 from .uniforms import ParamBlocks
 
@@ -89,8 +89,10 @@ class VkProgram(Program):
         def wrap(i, r, buf, lease):
             if i not in stage.at:
                 return None
-            return StagedTensor(buf, r.off, r.shape, np.float32, None if r.contiguous else r.strides, lease=lease,
-                                readback=partial(stage.values, stage.runs, stage.at[i], r.shape))
+            read = partial(stage.values, stage.runs, stage.at[i], r.shape)
+            ints = self.out_dtypes[i] is not np.float32       # an index (ARGMAX): the same words read as ints
+            return StagedTensor(buf, r.off, r.shape, self.out_dtypes[i], None if r.contiguous else r.strides,
+                                lease=lease, readback=partial(read_as_ints, read) if ints else read)
         return wrap
 
     def _encode(self, cmds, stage, timed: bool):

@@ -10,7 +10,7 @@ from ...contract import Tensor, Verdict, ops
 from .wgsl import UNARY_CODE
 
 # the ops this plugin has kernels for (names checked against the op table)
-OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX",
+OPS = ops.names("GET_ROWS", "MUL_MAT", "ADD", "MUL", "SCALE", "UNARY", "GLU", "RMS_NORM", "SOFT_MAX", "ARGMAX",
                 "FLASH_ATTN_EXT", "ROPE", "SET_ROWS", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "CONT")
 MAX_ATTN_HEAD = 256
 

@@ -131,6 +131,12 @@ RMS_NORM_PARAMS = Params("ncols nrows eps:f32 has_gain gain_len")   # the gain (
 SOFT_MAX = source("soft_max", each_row=_EACH_ROW, neg_big=NEG_BIG)
 SOFT_MAX_PARAMS = Params("ncols nrows mask_rows has_mask scale:f32")
 
+# ARGMAX: each row's columns in parts, a workgroup a part, then a workgroup a row combining them
+ARGMAX_PART = source("argmax_part", reduce=source("argmax_reduce"))
+ARGMAX_PART_PARAMS = Params("ncols nrows nb per")
+ARGMAX = source("argmax", reduce=source("argmax_reduce"))
+ARGMAX_PARAMS = Params("nrows nb")
+
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.
 def _online_softmax(end: str = "S") -> str:
     """One key block's step of the online softmax, shared by the attention kernels: the block's largest
@@ -676,6 +682,7 @@ def mul_mat_f(elem: str) -> str:
 # the kernels without variants: name -> (body, parameter block)
 SIMPLE = {"binary": (BINARY, BINARY_PARAMS), "unary": (UNARY, UNARY_PARAMS), "glu": (GLU, GLU_PARAMS),
           "rms_norm": (RMS_NORM, RMS_NORM_PARAMS), "soft_max": (SOFT_MAX, SOFT_MAX_PARAMS),
+          "argmax_part": (ARGMAX_PART, ARGMAX_PART_PARAMS), "argmax": (ARGMAX, ARGMAX_PARAMS),
           "flash_attn": (FLASH_ATTN, FLASH_ATTN_PARAMS), "flash_attn4": (flash_attn4(), FLASH_ATTN_PARAMS),
           "flash_attn_split": (flash_attn4(split=True), FLASH_SPLIT_PARAMS),
           "flash_combine": (FLASH_COMBINE, FLASH_COMBINE_PARAMS), "rope": (ROPE, ROPE_PARAMS),
