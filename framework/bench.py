@@ -278,6 +278,14 @@ def run_bench(args) -> int:
     return EXIT_OK
 
 
+def _greedy_how(fw: FrameworkEngine) -> str:
+    """How the timed greedy decode took its tokens (runtime/greedy.py), where not from logits read back."""
+    from .runtime.greedy import pipelined
+    if pipelined(fw.session):
+        return "greedy steps: ARGMAX on the device, each queued before the step before's token is read"
+    return "greedy steps: ARGMAX on the device, one index read back a step" if fw.session.argmax_on_device else ""
+
+
 def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], with_llama: bool) -> None:
     fw = FrameworkEngine(path, devices, args.prompt_tokens, args.decode_tokens, args.check_values)
     for d in devices:                       # what a plugin reports: compiled models, cache hits
@@ -297,7 +305,8 @@ def _bench_model(name: str, path: Path, devices, args, bw: dict[str, Spread], wi
             ref.close()
     ours = got["framework"]
     eff = Spread([fw.bytes_per_token * v / 1e9 for v in ours["decode"].values])
-    rows = [Row(["prefill tok/s", *ours["prefill"].cells()]), Row(["decode tok/s", *ours["decode"].cells()]),
+    rows = [Row(["prefill tok/s", *ours["prefill"].cells()]),
+            Row(["decode tok/s", *ours["decode"].cells()], _greedy_how(fw)),
             Row(["effective GB/s", *eff.cells()], f"{fw.bytes_per_token / 1e6:.0f} MB of weights per decoded token; "
                 f"{eff.median / bw['gemv_GBps'].median:.0%} of the median gemv bandwidth")]
     if args.parallel > 1:

@@ -141,3 +141,12 @@ def test_vulkan0_takes_the_argmax_on_the_device_too(registry, model):
     assert s.argmax_on_device and not pipelined(s)
     assert list(greedy_tokens(s, ids, 6)) == logits_path(model, [vk], ids, 6)[0]
     assert all(k[3:] == ("argmax",) for k in s.plans)
+
+
+def test_bench_says_how_its_greedy_decode_took_its_tokens(ocl, queued, registry, model):
+    from types import SimpleNamespace
+
+    from framework.bench import _greedy_how
+    how = {name: _greedy_how(SimpleNamespace(session=Session(model, devs, n_ctx=64)))
+           for name, devs in (("cpu", registry.select("cpu")), ("ocl", [queued]))}
+    assert how["cpu"] == "" and "queued before the step before's token is read" in how["ocl"]
