@@ -131,9 +131,8 @@ class FrameworkEngine:
         self.session = Session(self.model, devices, n_ctx=max(512, n_prompt + n_decode + 8),
                                check_values=check_values)
         self.ids = prompt_ids(self.model.tokenizer, n_prompt)
-        greedy = self.session.argmax_on_device       # the shapes run() steps through
-        self.session.plan(len(self.ids), 0, greedy=greedy)
-        self.session.plan(1, len(self.ids), greedy=greedy)
+        self.session.plan(len(self.ids), 0, greedy=True)     # the shapes run()'s greedy steps take
+        self.session.plan(1, len(self.ids), greedy=True)
         self.load_s = time.perf_counter() - t0
         self.n_decode = n_decode
         self.bytes_per_token = decode_weight_bytes(self.session)

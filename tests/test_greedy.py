@@ -116,11 +116,13 @@ def test_a_host_memory_session_takes_its_argmax_here(registry, model):
     assert all(len(k) == 3 for k in s.plans)            # no ARGMAX graphs: nothing would be saved
 
 
-def test_an_index_of_minus_one_is_an_error_naming_the_devices(ocl, model):
+def test_an_index_of_minus_one_is_an_error_naming_the_node_and_the_devices(ocl, model):
     s = Session(model, [ocl], n_ctx=256)
-    with pytest.raises(DeviceRunError, match="(?s)not finite.*opencl:0.*--check-values"):
-        checked_index(s, np.array([-1], np.int32))
-    assert checked_index(s, np.array([7], np.int32)) == 7
+    plan, _ = s.plan(1, 0, 1, greedy=True)
+    argmax = plan.graph.outputs[0]
+    with pytest.raises(DeviceRunError, match="(?s)node 'argmax.*the logits '.*not finite.*opencl:0.*--check-values"):
+        checked_index(s, np.array([-1], np.int32), lambda: argmax)
+    assert argmax.op == "ARGMAX" and checked_index(s, np.array([7], np.int32), lambda: None) == 7
 
 
 def test_a_prompt_over_n_batch_is_counted_once_on_the_queued_path(queued, model):

@@ -11,12 +11,13 @@ when the caller stops (Session.rewind): the cache row it wrote is past the conte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from .. import caches
 from ..core.scheduler.errors import DeviceRunError
+from ..core.graph import Tensor
 from ..core.scheduler.executor import Held
 from .session import Session
 
@@ -34,16 +35,14 @@ def greedy_tokens(session: Session, prompt_ids: list[int], n: int) -> Iterator[i
         return
     s = session
     ids = s.context.check_tokens(prompt_ids, s.n_past)
-    last = (len(ids) - 1) // s.n_batch * s.n_batch
-    for start in range(0, last, s.n_batch):           # chunks before the last (no token wanted): timed by step
-        s.step(ids[start:start + s.n_batch], False, True)
+    last = _chunks_before_the_last(s, ids, True)
     clock = caches.Stopwatch()
     pending, queued = queue_greedy(s, ids[last:]), None
     try:
         for i in range(n):
             if i < n - 1 and s.n_past < s.n_ctx:      # the next step, on this one's token, before it is read
                 queued = queue_greedy(s, pending)
-            token = checked_index(s, s.executor.read(pending))
+            token = checked_index(s, s.executor.read(pending), lambda: pending.tensor)
             stats = s.prefill if i == 0 else s.decode
             stats.tokens += len(ids) - last if i == 0 else 1
             stats.seconds += clock.seconds
@@ -75,10 +74,19 @@ def greedy(session: Session, tokens: list[int], prompt: bool | None = None) -> i
         return int(np.argmax(s.eval(tokens, prompt=prompt)))
     tokens = s.context.check_tokens(tokens, s.n_past)
     prompt = len(tokens) > 1 if prompt is None else prompt
-    starts = range(0, len(tokens), s.n_batch)
-    for start in starts[:-1]:
+    last, n_past = _chunks_before_the_last(s, tokens, prompt), s.n_past
+    chunk = tokens[last:]
+    return checked_index(s, s.step(chunk, False, prompt, greedy=True),
+                         lambda: s.plan(len(chunk), n_past, 1, greedy=True)[0].graph.outputs[0])
+
+
+def _chunks_before_the_last(s: Session, tokens: list[int], prompt: bool) -> int:
+    """Step the chunks of n_batch tokens before the last one (no token wanted from them; Session.step times
+    them); return where the last one starts."""
+    last = (len(tokens) - 1) // s.n_batch * s.n_batch
+    for start in range(0, last, s.n_batch):
         s.step(tokens[start:start + s.n_batch], False, prompt)
-    return checked_index(s, s.step(tokens[starts[-1]:], False, prompt, greedy=True))
+    return last
 
 
 def queue_greedy(session: Session, tokens: list[int] | Held) -> Held:
@@ -98,12 +106,16 @@ def queue_greedy(session: Session, tokens: list[int] | Held) -> Held:
     return out
 
 
-def checked_index(session: Session, values: np.ndarray) -> int:
-    """The last row's index from a greedy step's ARGMAX, which is -1 where the logits were not finite."""
+def checked_index(session: Session, values: np.ndarray, node: Callable[[], Tensor | None]) -> int:
+    """The last row's index from a greedy step's ARGMAX, which is -1 where the logits were not finite; node: the
+    ARGMAX node, asked for on that error only."""
     index = int(values.reshape(-1)[-1])
     if index < 0:
-        raise DeviceRunError(f"a greedy step's logits hold values that are not finite (ARGMAX gave -1 on "
+        arg = node()
+        what = f"node {arg.describe()}: the logits {arg.src[0].describe()}" if arg is not None else "the logits"
+        raise DeviceRunError(f"{what} of a greedy step hold values that are not finite (ARGMAX gave -1 on "
                              f"{', '.join(d.name for d in session.devices)})\n  fix: --check-values checks every "
-                             f"device's outputs where they are made, naming the node")
+                             f"device's outputs where they are made, naming the node that made them",
+                             node=arg.name if arg is not None else None)
     return index
 

@@ -47,6 +47,7 @@ class Held:
     wait=False)``), which a fragment on that device reads where it is, with no copy through the host."""
     device: str
     handle: Any
+    tensor: Tensor | None = None        # the graph output it holds, named in errors
 
 
 @dataclass(eq=False)
@@ -223,7 +224,7 @@ class Executor:
                         for t in f.outputs if compared(t)}
                 self.verifier.check(f, b.device, read, made)
         if not wait:
-            return [Held(values[id(t)][0], values[id(t)][1]) for t in plan.graph.outputs]
+            return [Held(*values[id(t)], t) for t in plan.graph.outputs]
         outputs = []
         for t in plan.graph.outputs:            # the answer itself is always checked: never NaN logits
             host = hosted[id(t)] if id(t) in hosted else self._to_host(values[id(t)])
@@ -245,12 +246,14 @@ class Executor:
         """The values of an output that run(..., wait=False) gave (waiting for its device), checked finite as
         run checks the outputs it reads; the wait counts as that device's time."""
         t0 = time.perf_counter()
-        host = self._device_call(held.device, "reading", "an output", self.devices[held.device].to_host, held.handle)
+        what = held.tensor.describe() if held.tensor is not None else "an output"
+        host = self._device_call(held.device, "reading", what, self.devices[held.device].to_host, held.handle)
         self.stats[held.device]["seconds"] += time.perf_counter() - t0
         if host.dtype.kind == "f" and not np.isfinite(host).all():
-            raise DeviceRunError(f"{_where(self.devices[held.device])}: a step's output holds {_bad(host)}\n  fix: "
+            raise DeviceRunError(f"{_where(self.devices[held.device])}: node {what}: {_bad(host)}\n  fix: "
                                  f"--check-values checks every device's outputs where they are made, naming the node",
-                                 device=held.device, plugin=plugin_of(self.devices[held.device]))
+                                 device=held.device, plugin=plugin_of(self.devices[held.device]),
+                                 node=held.tensor.name if held.tensor is not None else None)
         return host
 
     def _host_args(self, f, b: _Bound, args: list, inputs: dict[int, np.ndarray]) -> list:
