@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..contract import Device, LeafKind, Tensor, Verdict
+from ..contract import Device, LeafKind, Limits, Tensor, Verdict
 from ..core.device_buffers import BufferPools, DeviceTensor
 from ..core.graph import ops
 from .lowering import is_weight
@@ -74,6 +74,11 @@ class BackendDevice(BufferPools, Device):
     disabled: frozenset = frozenset()
     binding_unit = "one buffer"     # what max_chunk_bytes bounds, in the refusals' words
     max_axes = 4
+
+    def backend_limits(self, **kw) -> Limits:
+        """The contract's Limits with what the program class decides: queued_inputs where it stages device
+        inputs (a greedy step's token copied on the device, so that a step may be queued before it is read)."""
+        return Limits(queued_inputs=self.program_class.stage_device_inputs, **kw)
 
     def init_backend(self) -> None:
         """The pools and the rope rows: called by the subclass once the device is available."""

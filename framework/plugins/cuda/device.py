@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ...backend import BackendDevice
-from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
+from ...contract import BufferType, DeviceType, Tensor, Verdict, settings
 from . import options
 from .coverage import COVERED, WEIGHT_TYPES, disabled_ops, verdict
 from .program import CudaProgram
@@ -31,7 +31,7 @@ class CudaDevice(BackendDevice):
         self.index, self.name = index, f"cuda:{index}"
         self.buffer_type = BufferType(self.name, max_size=options.MAX_BUFFER)
         self.weight_buffer_type = BufferType(f"{self.name}:weights", max_size=options.MAX_BUFFER)
-        self.limits = Limits(dtypes=frozenset(WEIGHT_TYPES), queued_inputs=True)
+        self.limits = self.backend_limits(dtypes=frozenset(WEIGHT_TYPES))
         self.data = props or {}
         if props is None:
             self.available, self.unavailable_reason = False, reason or "no CUDA GPU"
@@ -40,8 +40,7 @@ class CudaDevice(BackendDevice):
         self.disabled = disabled_ops()
         self.physical_id = props["physical_id"]
         self.max_chunk_bytes = settings.read(options.MAX_ALLOC_ENV) or options.MAX_BUFFER
-        self.limits = Limits(memory_bytes=props["global_mem_bytes"], dtypes=frozenset(WEIGHT_TYPES),
-                             queued_inputs=True)
+        self.limits = self.backend_limits(memory_bytes=props["global_mem_bytes"], dtypes=frozenset(WEIGHT_TYPES))
         self.description = (f"{props['device']}, compute capability {props['compute_capability']}, "
                             f"{props['global_mem_bytes'] / 2**30:.1f} GiB, PCI {props['pci_address']}; CUDA through "
                             f"CuPy (driver {props['driver_version']}, runtime {props['runtime_version']})")

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 
 from ...backend import AheadDevice, BackendDevice, c_kernels, weight_words
-from ...contract import BufferType, DeviceType, Limits, Tensor, Verdict, settings
+from ...contract import BufferType, DeviceType, Tensor, Verdict, settings
 from . import enqueue, kernels, options
 from .coverage import COVERED, MAX_HEAD
 from .discovery import discover
@@ -39,7 +39,7 @@ class OpenCLDevice(AheadDevice, BackendDevice):
         if cl_device is None:
             self.available, self.unavailable_reason = False, reason or "no OpenCL device"
             self.type, self.data = DeviceType.GPU, {}
-            self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
+            self.limits = self.backend_limits(dtypes=frozenset(weight_words.SUPPORTED))
             self.description = "OpenCL through pyopencl (unavailable)"
             return
         self.disabled = settings.read(DISABLE_OPS_ENV)
@@ -51,8 +51,9 @@ class OpenCLDevice(AheadDevice, BackendDevice):
         self.max_wg = self.data["max_work_group_size"]
         # exact_rows: measured on PoCL (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows are
         # not yet measured against its one-row steps, so it declares none
-        self.limits = Limits(memory_bytes=self.data["global_mem_bytes"], dtypes=frozenset(weight_words.SUPPORTED),
-                             exact_rows=kernels.MATVEC_MAX_ROWS if self.is_cpu else 0)
+        self.limits = self.backend_limits(memory_bytes=self.data["global_mem_bytes"],
+                                          dtypes=frozenset(weight_words.SUPPORTED),
+                                          exact_rows=kernels.MATVEC_MAX_ROWS if self.is_cpu else 0)
         self.fp64 = self.data["fp64"]
         self.int_dot = self.data["integer_dot_product"]
         self.ptx = None                   # inline PTX found by kernels.ptx() on first use (NVIDIA only)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from ...backend import BackendDevice, weight_words
-from ...contract import (HOST_CPU, BufferType, DeviceType, Limits, Tensor, Verdict, host_memory_limit,
+from ...contract import (HOST_CPU, BufferType, DeviceType, Tensor, Verdict, host_memory_limit,
                          pci_physical_id, settings)
 from . import options
 from .fusion import fusions_off
@@ -54,7 +54,7 @@ class VulkanDevice(BackendDevice):
             self.type = DeviceType.GPU
             self.description = "Vulkan through wgpu (unavailable)"
             self.data = {}
-            self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED))
+            self.limits = self.backend_limits(dtypes=frozenset(weight_words.SUPPORTED))
             return
         info = dict(adapter.info)
         alim = dict(adapter.limits)
@@ -94,9 +94,9 @@ class VulkanDevice(BackendDevice):
         # a CPU adapter (lavapipe) computes in host memory; wgpu reports no GPU's memory size
         # exact_rows: measured on lavapipe (tests/test_exact_rows.py); a GPU's matrix-vector kernels for a few rows
         # are not yet measured against its one-row steps, so it declares none
-        self.limits = Limits(dtypes=frozenset(weight_words.SUPPORTED),
-                             memory_bytes=host_memory_limit() if self.cpu_adapter else None,
-                             exact_rows=MATVEC_MAX_ROWS if self.cpu_adapter else 0)
+        self.limits = self.backend_limits(dtypes=frozenset(weight_words.SUPPORTED),
+                                          memory_bytes=host_memory_limit() if self.cpu_adapter else None,
+                                          exact_rows=MATVEC_MAX_ROWS if self.cpu_adapter else 0)
         self._gpu = None
         self._lock = threading.Lock()
         self._pipelines: dict = {}
