@@ -111,7 +111,44 @@ def step_costs(model, devs, rows=(2, 4, 8), repeats: int = 7) -> dict:
             times.append(time.perf_counter() - t0)
         return statistics.median(times[1:])
     one = median(1)
-    return {"decode_ms": round(one * 1000, 2), **{f"verify_{t}": round(median(t) / one, 3) for t in rows}}
+    out = {"decode_ms": round(one * 1000, 2), **{f"verify_{t}": round(median(t) / one, 3) for t in rows}}
+    if s.argmax_on_device and rows:
+        out.update(greedy_step_costs(s, base, rows, repeats))
+    return out
+
+
+def greedy_step_costs(s: Session, base: int, rows, repeats: int) -> dict:
+    """Where the session takes its argmax on the device, what a greedy speculative round's steps cost: a
+    verification step of T rows that reads each row's ARGMAX (verify_T_argmax), over a greedy decode step
+    (one index read back, decode_argmax_ms) and over one token of greedy decoding queued ahead as a run without
+    a draft decodes (decode_queued_ms: runtime/greedy.py; the same as decode_argmax_ms where it cannot queue)."""
+    from framework.runtime.greedy import greedy_tokens
+
+    def median(t: int) -> float:
+        times = []
+        for _ in range(repeats + 1):
+            s.rewind(base)
+            t0 = time.perf_counter()
+            s.step(list(range(100, 100 + t)), True, False, greedy=True)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    def queued() -> float:
+        times = []
+        for _ in range(repeats + 1):
+            s.rewind(base)
+            tokens = greedy_tokens(s, [100], 17)
+            next(tokens)                            # the first step, not timed
+            t0 = time.perf_counter()
+            for _ in tokens:
+                pass
+            times.append((time.perf_counter() - t0) / 16)
+        return statistics.median(times[1:])
+    one, q = median(1), queued()
+    each = {t: median(t) for t in rows}
+    return {"decode_argmax_ms": round(one * 1000, 2), "decode_queued_ms": round(q * 1000, 2),
+            **{f"verify_{t}_argmax": round(each[t] / one, 3) for t in rows},
+            **{f"verify_{t}_argmax_over_queued": round(each[t] / q, 3) for t in rows}}
 
 
 def short(spec: str) -> str:

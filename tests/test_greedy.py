@@ -152,3 +152,28 @@ def test_bench_says_how_its_greedy_decode_took_its_tokens(ocl, queued, registry,
     how = {name: _greedy_how(SimpleNamespace(session=Session(model, devs, n_ctx=64)))
            for name, devs in (("cpu", registry.select("cpu")), ("ocl", [queued]))}
     assert how["cpu"] == "" and "queued before the step before's token is read" in how["ocl"]
+
+
+def test_greedy_verification_reads_each_rows_argmax_from_the_device(ocl, model, monkeypatch):
+    """A greedy speculative round's target step ends in ARGMAX over every row where the target takes its argmax
+    on the device (n indices read back, not n rows of logits), and its baseline decodes as greedy decoding does:
+    the text is the logits path's, drafts are accepted, and every verification shape reserved is an ARGMAX one."""
+    from framework.runtime.speculative import SpeculativeDecoder, make_draft
+    from test_lookup_draft import EDIT        # a prompt the answer copies from: drafts are accepted
+    ids = model.tokenizer.encode(EDIT)
+    want, _ = logits_path(model, [ocl], ids, 24)
+    s = Session(model, [ocl], n_ctx=256)
+    decoder = SpeculativeDecoder(s, make_draft("ngram:3", s, [ocl]), 4, baseline=4)
+    decoder.reserve(len(ids), 24, greedy=True)
+    rows = [k for k in s.plans if k[0] > 1 and k[2] is None and k[1] > len(ids)]     # verification shapes
+    assert rows and all(k[3:] == ("argmax",) for k in rows), rows
+    steps = []
+    step = Session.step
+    monkeypatch.setattr(Session, "step", lambda self, chunk, *a, **kw: steps.append((len(chunk), kw.get("greedy")))
+                        or step(self, chunk, *a, **kw))
+    got = [p.token for p in decoder.generate(ids, 24, Sampler(SamplingParams()))]
+    assert got == want
+    st = decoder.stats
+    assert st.accepted > 0 and st.baseline_tokens == 3, st.line()
+    assert any(n > 1 and greedy for n, greedy in steps), steps       # verified by ARGMAX rows
+    assert s.prefill.tokens == len(ids)                               # the baseline's steps are not the prompt's

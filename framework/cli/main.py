@@ -290,7 +290,7 @@ def cmd_run(args) -> int:
     decoder = speculative_decoder(args, session, devices)
     greedy = sampler.greedy          # generate()'s steps give the argmax (runtime/greedy.py)
     if decoder is not None:
-        decoder.reserve(len(ids), args.n_predict)
+        decoder.reserve(len(ids), args.n_predict, greedy)
     else:
         session.reserve(len(ids), args.n_predict, greedy=greedy)     # every check before anything is loaded
     with weight_progress() as progress:

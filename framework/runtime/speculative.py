@@ -57,7 +57,8 @@ from ..model.model import Model
 from .generate import Piece
 from .lookup import is_lookup, lookup, parse_match
 from .sampling import Sampler
-from .context import KV_PAD
+from .context import KV_PAD, greedy_key
+from .greedy import checked_index, greedy_tokens
 from .session import Session
 
 BASELINE_STEPS = 8          # target-alone decode steps measured after the prompt (the first is a warm-up)
@@ -68,12 +69,12 @@ ASSISTANT_ARCH = "gemma4-assistant"
 # -- accepting drafts --------------------------------------------------------------------------------
 def accept_greedy(rows: np.ndarray, drafts: list[int]) -> tuple[int, int]:
     """(drafts accepted, the target's next token) for a greedy target: rows[i] are the logits after
-    the i-th token of [last, *drafts]."""
+    the i-th token of [last, *drafts], or (1-D) their argmax already (a verification step's ARGMAX)."""
+    best = [int(b) for b in (rows if rows.ndim == 1 else np.argmax(rows, axis=1))]
     for i, d in enumerate(drafts):
-        best = int(np.argmax(rows[i]))
-        if best != d:
-            return i, best
-    return len(drafts), int(np.argmax(rows[len(drafts)]))
+        if best[i] != d:
+            return i, best[i]
+    return len(drafts), best[len(drafts)]
 
 
 def accept_sampled(p_rows: list[np.ndarray], q_rows: list[np.ndarray], drafts: list[int],
@@ -669,24 +670,27 @@ class SpeculativeDecoder:
         return [s for s in (self.target, self.draft.session) if s is not None]
 
     # -- reservation ----------------------------------------------------------------------------------
-    def keys(self, n_prompt: int, n_predict: int) -> tuple[list[tuple], list[tuple]]:
+    def keys(self, n_prompt: int, n_predict: int, greedy: bool = False) -> tuple[list[tuple], list[tuple]]:
         """The target's and the draft's step shapes: the prompt's chunks, the baseline's decode steps, and
-        for every position of the generation a verification of 1 to n_draft + 1 tokens and the drafting."""
+        for every position of the generation a verification of 1 to n_draft + 1 tokens and the drafting;
+        greedy (where the target takes its argmax on the device): the decode and verification steps' ARGMAX."""
         t = self.target
+        on_device = greedy_key if greedy and t.argmax_on_device else (lambda k: k)
         end = n_prompt + n_predict
-        keys = t.context.shapes_for(n_prompt, n_predict)
-        keys += [t.context.shape_key(1, n_prompt + i, 1) for i in range(self.baseline_steps(n_prompt))]
+        t.context.shapes_for(n_prompt, n_predict)       # the context's room for both, checked
+        keys = t.context.shapes_for(n_prompt, 0)        # the prompt's logits: its first token is sampled from them
+        keys += [on_device(t.context.shape_key(1, n_prompt + i, 1)) for i in range(self.baseline_steps(n_prompt))]
         positions = range(n_prompt, end)
         for p in positions:
-            keys += [t.context.shape_key(n, p, None) for n in range(2, min(self.n_draft + 1, end - p) + 1)]
+            keys += [on_device(t.context.shape_key(n, p, None)) for n in range(1, min(self.n_draft + 1, end - p) + 1)]
         return list(dict.fromkeys(keys)), list(dict.fromkeys(self.draft.keys(n_prompt, positions, self.n_draft)))
 
     def baseline_steps(self, n_prompt: int) -> int:
         return max(0, min(self.baseline, self.target.n_ctx - n_prompt))
 
-    def reserve(self, n_prompt: int, n_predict: int) -> Reservation:
-        """Plan and check target and draft together; nothing is loaded or compiled."""
-        target_keys, draft_keys = self.keys(n_prompt, n_predict)
+    def reserve(self, n_prompt: int, n_predict: int, greedy: bool = False) -> Reservation:
+        """Plan and check target and draft together (greedy: for a greedy sampler); nothing is loaded or compiled."""
+        target_keys, draft_keys = self.keys(n_prompt, n_predict, greedy)
         self.check_exact(target_keys)
         d = self.draft.session
         if d is None:
@@ -717,7 +721,7 @@ class SpeculativeDecoder:
         logits = t.eval(prompt_ids)
         st.prompt_tokens, st.prompt_seconds = t.prefill.tokens, t.prefill.seconds
         hidden = t.hidden_rows
-        self._baseline(int(np.argmax(logits)), len(prompt_ids))
+        self._baseline(int(np.argmax(logits)), len(prompt_ids), sampler.greedy)
         t.hidden_rows = hidden
         self.draft.start(prompt_ids)
         token = sampler(logits)
@@ -745,7 +749,7 @@ class SpeculativeDecoder:
         st.paused += n > 0 and not allowed
         drafting = clock.seconds
         base = t.n_past
-        rows = t.eval([token] + drafts, all_logits=True, prompt=False)
+        rows = self._verify([token] + drafts, sampler.greedy)
         if sampler.greedy:
             n_ok, new = accept_greedy(rows, drafts)
         else:
@@ -766,14 +770,38 @@ class SpeculativeDecoder:
         st.seconds += clock.seconds
         return drafts[:n_ok] + [new]
 
-    def _baseline(self, token: int, n_prompt: int) -> None:
-        """Decode steps of the target alone from the prompt (the first one not timed), then rolled back."""
+    def _verify(self, tokens: list[int], greedy: bool) -> np.ndarray:
+        """The target's step over the last token and the drafts: every row's logits, or for a greedy sampler
+        where the target takes its argmax on the device, every row's ARGMAX (n indices come back, not n rows of
+        the vocabulary's logits)."""
+        t = self.target
+        if not (greedy and t.argmax_on_device) or len(tokens) > t.n_batch:
+            return t.eval(tokens, all_logits=True, prompt=False)
+        n_past = t.n_past
+        best = np.asarray(t.step(tokens, True, False, greedy=True)).reshape(-1)
+        for i in np.flatnonzero(best < 0)[:1]:       # a row's logits were not finite: the error names the node
+            checked_index(t, best[: i + 1], lambda: t.plan(len(tokens), n_past, None, greedy=True)[0].graph.outputs[0])
+        return best
+
+    def _baseline(self, token: int, n_prompt: int, greedy: bool = False) -> None:
+        """Decode steps of the target alone from the prompt (the first one not timed), then rolled back: for a
+        greedy sampler, greedy decoding's own steps (runtime/greedy.py: the argmax on the device, each step queued
+        before the one before is read, where the target can), as a run without a draft decodes."""
         t, st = self.target, self.stats
-        for i in range(self.baseline_steps(n_prompt)):
-            clock = caches.Stopwatch()
-            token = int(np.argmax(t.eval([token])))
-            if i:
+        n = self.baseline_steps(n_prompt)
+        prefill = (t.prefill.tokens, t.prefill.seconds, t.prefill.compile_seconds)
+        steps = greedy_tokens(t, [token], n) if greedy and t.argmax_on_device else self._logits_steps(token, n)
+        clock = None
+        for _ in steps:
+            if clock is not None:
                 st.baseline_tokens += 1
                 st.baseline_seconds += clock.seconds
+            clock = caches.Stopwatch()
         t.rewind(n_prompt)
         t.decode.tokens = t.decode.seconds = 0
+        t.prefill.tokens, t.prefill.seconds, t.prefill.compile_seconds = prefill
+
+    def _logits_steps(self, token: int, n: int) -> Iterator[int]:
+        for _ in range(n):
+            token = int(np.argmax(self.target.eval([token])))
+            yield token
