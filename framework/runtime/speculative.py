@@ -785,12 +785,12 @@ class SpeculativeDecoder:
 
     def _baseline(self, token: int, n_prompt: int, greedy: bool = False) -> None:
         """Decode steps of the target alone from the prompt (the first one not timed), then rolled back: for a
-        greedy sampler, greedy decoding's own steps (runtime/greedy.py: the argmax on the device, each step queued
-        before the one before is read, where the target can), as a run without a draft decodes."""
+        greedy sampler, greedy decoding's own (runtime/greedy.py: the argmax on the device, each step queued before
+        the one before is read, where the target can), as a run without a draft decodes; else the logits'."""
         t, st = self.target, self.stats
         n = self.baseline_steps(n_prompt)
         prefill = (t.prefill.tokens, t.prefill.seconds, t.prefill.compile_seconds)
-        steps = greedy_tokens(t, [token], n) if greedy and t.argmax_on_device else self._logits_steps(token, n)
+        steps = greedy_tokens(t, [token], n) if greedy else (t.eval([token]) for _ in range(n))
         clock = None
         for _ in steps:
             if clock is not None:
@@ -801,7 +801,3 @@ class SpeculativeDecoder:
         t.decode.tokens = t.decode.seconds = 0
         t.prefill.tokens, t.prefill.seconds, t.prefill.compile_seconds = prefill
 
-    def _logits_steps(self, token: int, n: int) -> Iterator[int]:
-        for _ in range(n):
-            token = int(np.argmax(self.target.eval([token])))
-            yield token
