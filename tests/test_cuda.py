@@ -412,3 +412,23 @@ def test_greedy_steps_queued_on_cuda0_give_the_logits_paths_tokens(cuda0, monkey
         want.append(int(np.argmax(plain.eval([want[-1]]))))
     assert got == want and s.n_past == 3 + 19
     assert cuda0.captures - captures <= 4, "greedy steps were captured again and again: their buffers changed"
+
+
+def test_greedy_verification_by_argmax_rows_on_cuda0_gives_the_logits_paths_text(cuda0, monkeypatch, tmp_path):
+    """A greedy speculative round verified by each row's ARGMAX on cuda:0 accepts what the same rows' logits read
+    back accept: the same text either way (the several-row steps' own kernels both times)."""
+    from framework.runtime.sampling import Sampler, SamplingParams
+    from framework.runtime.session import Session
+    from framework.runtime.speculative import SpeculativeDecoder, make_draft
+    model = _quantized_qwen2(tmp_path, monkeypatch)
+    ids = [1, 2, 3, 1, 2, 3, 1, 2]                     # prompt lookup finds continuations: drafts are proposed
+    texts, greedy_rows = [], []
+    for on_device in (True, False):
+        s = Session(model, [cuda0], n_ctx=64)
+        s.argmax_on_device = on_device
+        decoder = SpeculativeDecoder(s, make_draft("ngram:2", s, [cuda0]), 3, baseline=2, inexact=True)
+        decoder.reserve(len(ids), 16, greedy=True)
+        texts.append([p.token for p in decoder.generate(ids, 16, Sampler(SamplingParams()))])
+        assert decoder.stats.drafted > 0, decoder.stats.line()
+        greedy_rows.append(any(k[0] > 1 and k[3:] == ("argmax",) for k in s.plans))
+    assert texts[0] == texts[1] and greedy_rows == [True, False]
