@@ -20,6 +20,18 @@
 // conditions (#if) around the sections it takes, and its own kernels between them. A section runs from
 // its `// @section NAME` line to the next.
 
+// @section defaults
+// the element type of a float weight (ELEM_HALF: half, read through LOADE), and a masked score
+#ifndef ELEM
+#define ELEM float
+#endif
+#ifdef ELEM_HALF
+#define LOADE(p, i) vload_half((i), (p))
+#else
+#define LOADE(p, i) ((p)[i])
+#endif
+#define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
+
 // @section act
 DEVICE_FN float gelu_tanh(float x) {   // ggml_gelu: the tanh approximation
   return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));

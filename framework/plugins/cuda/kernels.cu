@@ -6,7 +6,10 @@
 // views need no pointers of their own. Every reduction runs in a fixed order: a program run twice gives
 // bit-identical results. The kernels keep OpenCL's vocabulary where it reads plainly (work-items of a
 // work-group: a block's threads; get_global_id and friends below), with the vector helpers OpenCL C has
-// built in written out here.
+// built in written out here. The kernels the OpenCL plugin holds too (element-wise, rows, rope, memory,
+// the quantized weights' groups and dot products, GET_ROWS of a weight) are written once in the
+// skeleton's framework/backend/kernels/c_kernels.h: each `// @shared NAME` line below is replaced by that
+// section (c_kernels.source), in the dialect defined below for CUDA.
 
 typedef unsigned int uint;
 typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp16.h, which NVRTC may lack)
@@ -25,9 +28,8 @@ typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp1
 #define LOCAL_BARRIER() __syncthreads()
 #define UINT4(...) make_uint4(__VA_ARGS__)
 
-#ifndef ELEM
-#define ELEM float
-#endif
+// @shared defaults
+
 #ifdef HAS_FP64
 #define TABLE_T double
 #else
@@ -36,8 +38,6 @@ typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp1
 
 // a uint4 parameter arrives as four (NAME_x .. NAME_w: CuPy passes scalars, not vector structs)
 #define U4(n) const uint4 n = make_uint4(n##_x, n##_y, n##_z, n##_w)
-
-#define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
 
 // -- OpenCL C's vector arithmetic, for the types the kernels use ------------------------------------
 __device__ inline float4 make_float4(float a) { return make_float4(a, a, a, a); }
@@ -70,11 +70,6 @@ __device__ inline float vload_half(uint i, const half* p) { return half_to_float
 __device__ inline float2 vload_half2(uint i, const half* p) {
   return make_float2(half_to_float(p[2 * i]), half_to_float(p[2 * i + 1]));
 }
-#ifdef ELEM_HALF
-#define LOADE(p, i) vload_half((i), (p))
-#else
-#define LOADE(p, i) ((p)[i])
-#endif
 #if PTX_SHFL   // a butterfly exchange between the lanes of a warp (every lane takes part)
 __device__ inline float shfl_xor(float v, uint m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 #endif

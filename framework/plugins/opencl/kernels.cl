@@ -5,24 +5,11 @@
 // kernels its settings select (the base build: those that read no quantized weight; a weight type's
 // build: its GET_ROWS, or one shape of one product), so each compiles quickly. Tensors are a buffer
 // plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed
-// order: a program run twice gives bit-identical results.
-
-#ifndef ELEM
-#define ELEM float
-#endif
-#ifdef ELEM_HALF
-#define LOADE(p, i) vload_half((i), (p))
-#else
-#define LOADE(p, i) ((p)[i])
-#endif
-#ifdef HAS_FP64
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#define TABLE_T double
-#else
-#define TABLE_T float
-#endif
-
-#define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
+// order: a program run twice gives bit-identical results. The kernels the CUDA plugin holds too
+// (element-wise, rows, rope, memory, the quantized weights' groups and dot products, GET_ROWS of a
+// weight) are written once in the skeleton's framework/backend/kernels/c_kernels.h: each
+// `// @shared NAME` line below is replaced by that section (c_kernels.source), in the dialect defined
+// below for OpenCL C.
 
 // the dialect of the kernels shared with the CUDA plugin (framework/backend/kernels/c_kernels.h)
 #define KERNEL __kernel
@@ -34,6 +21,15 @@
 #define LOCAL_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
 #define UINT4(...) ((uint4)(__VA_ARGS__))
 #define U4(n)       // a uint4 parameter is whole already (CUDA's arrive as four words)
+
+// @shared defaults
+
+#ifdef HAS_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define TABLE_T double
+#else
+#define TABLE_T float
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // inline PTX, on NVIDIA's OpenCL only (its compiler takes CUDA's asm statements; the device lists no
