@@ -1,18 +1,21 @@
 // The C kernels that the CUDA plugin (kernels.cu, CUDA C by NVRTC) and the OpenCL plugin (kernels.cl,
 // OpenCL C 1.2) share: element-wise and row kernels, rope, the memory kernels, the quantized weights'
-// groups and their dot products, GET_ROWS of a quantized weight. Written once here, in a small dialect
-// that each plugin's source defines for its language before the first section:
+// groups and their dot products, GET_ROWS of a quantized weight, the matrix-vector products' kernels.
+// Written once here, in a small dialect that each plugin's source defines for its language before the
+// first section:
 //
 //   KERNEL           a kernel                     (extern "C" __global__ / __kernel)
 //   KERNEL_WG(n)     a kernel of n work-items a work-group (__launch_bounds__ / reqd_work_group_size)
 //   DEVICE_FN        a helper function            (__device__ inline / inline)
 //   GLOBAL           a pointer into device memory (nothing / __global)
 //   LOCAL            work-group memory            (__shared__ / __local)
+//   LOCAL_AS         a pointer into it            (nothing: CUDA's pointers are generic / __local)
 //   RESTRICT         an unaliased pointer         (__restrict__ / restrict)
 //   LOCAL_BARRIER()  the work-group's barrier     (__syncthreads() / barrier(CLK_LOCAL_MEM_FENCE))
 //   UINT4(...)       a uint4 of 1 or 4 values     (make_uint4 / a vector literal)
 //   U4(n)            a uint4 parameter made whole (CUDA passes its four words; OpenCL: nothing to do)
 //   DOT4A(u, s, c)   c plus the dot product of u's unsigned and s's signed bytes
+//   MV_STORE()       the matrix-vector kernels' store of a team's sums (the plugin's mv_store)
 //
 // with OpenCL C's vocabulary (get_global_id, get_local_id, get_group_id, vload4, vstore4, vload_half,
 // as_float, float4 arithmetic), which kernels.cu writes out for CUDA. c_kernels.source splices a
@@ -454,4 +457,81 @@ KERNEL void get_rows_q(ARGS_get_rows_q) {
   uint ob = o_off + t * W + (pc / 4u) * 32u + 4u * j;
   vstore4(deq_lo(q, j), 0, o + ob);
   vstore4(deq_hi(q, j), 0, o + ob + 16u);
+}
+
+// @section matvec_q
+// the build's weight by M <= MV_MM rows of f32 x (staged in LOCAL memory where MV_XL), teams of MV_TPR
+// threads sharing MV_R rows: the shape and the staging as each plugin's source tells before MV_STORE
+KERNEL_WG(MV_WG) void matvec_q(ARGS_matvec_q) {
+  MV_RED_DECL
+#if MV_XL
+  LOCAL float4 xs[MV_MM * MV_XG * 9];
+#endif
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  float acc[MV_ACC];
+#pragma unroll
+  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
+  uint g = lane;
+  grp_t q[MV_R];
+#pragma unroll
+  for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), min(g, gpr - 1u));
+#if MV_XL
+  LOCAL_AS float* xsf = (LOCAL_AS float*)xs;
+  for (uint m = 0; m < M; m++)
+    for (uint c = li; c < K; c += MV_WG) xsf[(m * MV_XG + (c >> 5)) * 36u + (c & 31u)] = x[x_off + m * K + c];
+  LOCAL_BARRIER();
+#endif
+  while (g < gpr) {
+#pragma unroll
+    for (uint m = 0; m < MV_MM; m++) {
+      if (m < M) {
+#if MV_XL
+        LOCAL_AS const float4* xg = xs + (m * MV_XG + g) * 9u;
+        float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
+#else
+        GLOBAL const float* xg = x + x_off + m * K + g * 32u;
+        float4 x0 = vload4(0, xg), x1 = vload4(1, xg), x2 = vload4(2, xg), x3 = vload4(3, xg);
+        float4 x4 = vload4(4, xg), x5 = vload4(5, xg), x6 = vload4(6, xg), x7 = vload4(7, xg);
+#endif
+#pragma unroll
+        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += hsum(dot32r(q[k], x0, x1, x2, x3, x4, x5, x6, x7));
+      }
+    }
+    g += MV_TPR;
+    if (g < gpr) {
+#pragma unroll
+      for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
+    }
+  }
+  MV_STORE();
+}
+
+// @section matvec_q8
+// x in 8 bits (MV_X8; xq: quant_x's groups, M rows of gpr groups, xq_off a multiple of 4): each thread's
+// weight groups loaded once, then dot products with every row's group, 3 uint4 loads a row (the few KB of
+// x stay in the L1 and L2 caches that every block reads them from)
+KERNEL_WG(MV_WG) void matvec_q8(ARGS_matvec_q8) {
+  MV_RED_DECL
+  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
+  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
+  GLOBAL const uint4* RESTRICT xw = (GLOBAL const uint4*)(xq + xq_off);
+  float acc[MV_ACC];
+#pragma unroll
+  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
+  grp_t q[MV_R];
+  for (uint g = lane; g < gpr; g += MV_TPR) {
+#pragma unroll
+    for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
+#pragma unroll
+    for (uint m = 0; m < MV_MM; m++) {
+      if (m < M) {
+        uint xi = (m * gpr + g) * 3u;
+        uint4 xa = xw[xi], xb = xw[xi + 1u], xc = xw[xi + 2u];
+#pragma unroll
+        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += dot32w(q[k], xa, xb, xc);
+      }
+    }
+  }
+  MV_STORE();
 }

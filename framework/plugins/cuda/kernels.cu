@@ -7,9 +7,9 @@
 // bit-identical results. The kernels keep OpenCL's vocabulary where it reads plainly (work-items of a
 // work-group: a block's threads; get_global_id and friends below), with the vector helpers OpenCL C has
 // built in written out here. The kernels the OpenCL plugin holds too (element-wise, rows, rope, memory,
-// the quantized weights' groups and dot products, GET_ROWS of a weight) are written once in the
-// skeleton's framework/backend/kernels/c_kernels.h: each `// @shared NAME` line below is replaced by that
-// section (c_kernels.source), in the dialect defined below for CUDA.
+// the quantized weights' groups and dot products, GET_ROWS of a weight, the matrix-vector products) are
+// written once in the skeleton's framework/backend/kernels/c_kernels.h: each `// @shared NAME` line
+// below is replaced by that section (c_kernels.source), in the dialect defined below for CUDA.
 
 typedef unsigned int uint;
 typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp16.h, which NVRTC may lack)
@@ -27,6 +27,7 @@ typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp1
 #define RESTRICT __restrict__
 #define LOCAL_BARRIER() __syncthreads()
 #define UINT4(...) make_uint4(__VA_ARGS__)
+#define LOCAL_AS      // a pointer into LOCAL memory (CUDA's pointers are generic)
 
 // @shared defaults
 
@@ -440,81 +441,15 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
 #define MV_RED red
 #endif
 
+// the store of a team's sums in the shared matrix-vector kernels (matvec_q, matvec_q8)
+#define MV_STORE() mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld)
+
 #if !defined(F_K) && !MV_X8   // (a fused product's build holds rowvec alone)
-extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
-  MV_RED_DECL
-#if MV_XL
-  __shared__ float4 xs[MV_MM * MV_XG * 9];
-#endif
-  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
-  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  float acc[MV_ACC];
-#pragma unroll
-  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
-  uint g = lane;
-  grp_t q[MV_R];
-#pragma unroll
-  for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), min(g, gpr - 1u));
-#if MV_XL
-  float* xsf = (float*)xs;
-  for (uint m = 0; m < M; m++)
-    for (uint c = li; c < K; c += MV_WG) xsf[(m * MV_XG + (c >> 5)) * 36u + (c & 31u)] = x[x_off + m * K + c];
-  __syncthreads();
-#endif
-  while (g < gpr) {
-#pragma unroll
-    for (uint m = 0; m < MV_MM; m++) {
-      if (m < M) {
-#if MV_XL
-        const float4* xg = xs + (m * MV_XG + g) * 9u;
-        float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
-#else
-        const float* xg = x + x_off + m * K + g * 32u;
-        float4 x0 = vload4(0, xg), x1 = vload4(1, xg), x2 = vload4(2, xg), x3 = vload4(3, xg);
-        float4 x4 = vload4(4, xg), x5 = vload4(5, xg), x6 = vload4(6, xg), x7 = vload4(7, xg);
-#endif
-#pragma unroll
-        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += hsum(dot32r(q[k], x0, x1, x2, x3, x4, x5, x6, x7));
-      }
-    }
-    g += MV_TPR;
-    if (g < gpr) {
-#pragma unroll
-      for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
-    }
-  }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
-}
+// @shared matvec_q
 #endif  // !F_K && !MV_X8
 
-// x in 8 bits (MV_X8; xq: quant_x's groups, M rows of gpr groups, xq_off a multiple of 4): each thread's
-// weight groups loaded once, then dot products with every row's group, 3 uint4 loads a row (the few KB of
-// x stay in the L1 and L2 caches that every block reads them from)
 #if !defined(F_K) && MV_X8
-extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q8(ARGS_matvec_q8) {
-  MV_RED_DECL
-  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
-  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  const uint4* __restrict__ xw = (const uint4*)(xq + xq_off);
-  float acc[MV_ACC];
-#pragma unroll
-  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
-  grp_t q[MV_R];
-  for (uint g = lane; g < gpr; g += MV_TPR) {
-#pragma unroll
-    for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
-#pragma unroll
-    for (uint m = 0; m < MV_MM; m++) {
-      if (m < M) {
-        uint xi = (m * gpr + g) * 3u;
-        uint4 xa = xw[xi], xb = xw[xi + 1u], xc = xw[xi + 2u];
-#pragma unroll
-        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += dot32w(q[k], xa, xb, xc);
-      }
-    }
-  }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
-}
+// @shared matvec_q8
 #endif
 
 // Fused decode products (fused.py lowers the core's product groups: framework/core/graph/fusion.py).

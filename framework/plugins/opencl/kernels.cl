@@ -7,9 +7,9 @@
 // plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed
 // order: a program run twice gives bit-identical results. The kernels the CUDA plugin holds too
 // (element-wise, rows, rope, memory, the quantized weights' groups and dot products, GET_ROWS of a
-// weight) are written once in the skeleton's framework/backend/kernels/c_kernels.h: each
-// `// @shared NAME` line below is replaced by that section (c_kernels.source), in the dialect defined
-// below for OpenCL C.
+// weight, the matrix-vector products) are written once in the skeleton's
+// framework/backend/kernels/c_kernels.h: each `// @shared NAME` line below is replaced by that section
+// (c_kernels.source), in the dialect defined below for OpenCL C.
 
 // the dialect of the kernels shared with the CUDA plugin (framework/backend/kernels/c_kernels.h)
 #define KERNEL __kernel
@@ -20,6 +20,7 @@
 #define RESTRICT restrict
 #define LOCAL_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
 #define UINT4(...) ((uint4)(__VA_ARGS__))
+#define LOCAL_AS __local   // a pointer into LOCAL memory
 #define U4(n)       // a uint4 parameter is whole already (CUDA's arrive as four words)
 
 // @shared defaults
@@ -451,78 +452,13 @@ inline void mv_store(float acc[MV_ACC], __local float* red, uint li, uint lane, 
 #define MV_RED red
 #endif
 
-#if !MV_X8
-__kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q(ARGS_matvec_q) {
-  MV_RED_DECL
-#if MV_XL
-  __local float4 xs[MV_MM * MV_XG * 9];
-#endif
-  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
-  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  float acc[MV_ACC];
-#pragma unroll
-  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
-  uint g = lane;
-  grp_t q[MV_R];
-#pragma unroll
-  for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), min(g, gpr - 1u));
-#if MV_XL
-  __local float* xsf = (__local float*)xs;
-  for (uint m = 0; m < M; m++)
-    for (uint c = li; c < K; c += MV_WG) xsf[(m * MV_XG + (c >> 5)) * 36u + (c & 31u)] = x[x_off + m * K + c];
-  barrier(CLK_LOCAL_MEM_FENCE);
-#endif
-  while (g < gpr) {
-#pragma unroll
-    for (uint m = 0; m < MV_MM; m++) {
-      if (m < M) {
-#if MV_XL
-        __local const float4* xg = xs + (m * MV_XG + g) * 9u;
-        float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
-#else
-        __global const float* xg = x + x_off + m * K + g * 32u;
-        float4 x0 = vload4(0, xg), x1 = vload4(1, xg), x2 = vload4(2, xg), x3 = vload4(3, xg);
-        float4 x4 = vload4(4, xg), x5 = vload4(5, xg), x6 = vload4(6, xg), x7 = vload4(7, xg);
-#endif
-#pragma unroll
-        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += hsum(dot32r(q[k], x0, x1, x2, x3, x4, x5, x6, x7));
-      }
-    }
-    g += MV_TPR;
-    if (g < gpr) {
-#pragma unroll
-      for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
-    }
-  }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
-}
+// the store of a team's sums in the shared matrix-vector kernels (matvec_q, matvec_q8)
+#define MV_STORE() mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r)
 
+#if !MV_X8
+// @shared matvec_q
 #else
-// xq: quant_x's groups (12 words each, M rows of gpr groups); xq_off is a multiple of 4 (lower.py)
-__kernel __attribute__((reqd_work_group_size(MV_WG, 1, 1))) void matvec_q8(ARGS_matvec_q8) {
-  MV_RED_DECL
-  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
-  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  __global const uint4* restrict xw = (__global const uint4*)(xq + xq_off);
-  float acc[MV_ACC];
-#pragma unroll
-  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
-  grp_t q[MV_R];
-  for (uint g = lane; g < gpr; g += MV_TPR) {
-#pragma unroll
-    for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);
-#pragma unroll
-    for (uint m = 0; m < MV_MM; m++) {
-      if (m < M) {
-        uint xi = (m * gpr + g) * 3u;
-        uint4 xa = xw[xi], xb = xw[xi + 1u], xc = xw[xi + 2u];
-#pragma unroll
-        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += dot32w(q[k], xa, xb, xc);
-      }
-    }
-  }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r);
-}
+// @shared matvec_q8
 #endif
 #endif  // MV_V
 #endif  // MV_WG
