@@ -1,8 +1,8 @@
 // The C kernels that the CUDA plugin (kernels.cu, CUDA C by NVRTC) and the OpenCL plugin (kernels.cl,
-// OpenCL C 1.2) share: element-wise and row kernels, rope, the memory kernels, the quantized weights'
-// groups and their dot products, GET_ROWS of a quantized weight, the matrix-vector products' kernels.
-// Written once here, in a small dialect that each plugin's source defines for its language before the
-// first section:
+// OpenCL C 1.2) share: element-wise and row kernels, split attention's combine, rope, the memory
+// kernels, the quantized weights' groups and their dot products, GET_ROWS of a quantized weight, the
+// matrix-vector products' kernels. Written once here, in a small dialect that each plugin's source
+// defines for its language before the first section:
 //
 //   KERNEL           a kernel                     (extern "C" __global__ / __kernel)
 //   KERNEL_WG(n)     a kernel of n work-items a work-group (__launch_bounds__ / reqd_work_group_size)
@@ -188,6 +188,32 @@ KERNEL_WG(RWG) void argmax(ARGS_argmax) {
   }
   AM_REDUCE(best, at, nf)
   if (li == 0) ((GLOBAL int*)o)[o_off + row] = bad[0] ? -1 : bi[0];
+}
+
+// @section flash_combine
+// the partial sums of split attention (flash_attn_part: a part's acc[D], m and l) merged into o, a
+// work-group of AWG a (row, head)
+#define CDIMS (MAX_HEAD / AWG)   // dims a thread of the combine holds: li + AWG * j
+KERNEL_WG(AWG) void flash_combine(ARGS_flash_combine) {
+  uint id = get_group_id(0), li = get_local_id(0);
+  uint base = p_off + id * nc * (D + 2);
+  float m = NEG_BIG;
+  for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
+  float l = 0.0f, acc[CDIMS];
+  for (uint j = 0; j < CDIMS; j++) acc[j] = 0.0f;
+  for (uint c = 0; c < nc; c++) {
+    uint pc = base + c * (D + 2);
+    float f = exp(p[pc + D] - m);
+    l += p[pc + D + 1] * f;
+    for (uint j = 0; j < CDIMS; j++) {
+      uint d = li + AWG * j;
+      if (d < D) acc[j] += p[pc + d] * f;
+    }
+  }
+  for (uint j = 0; j < CDIMS; j++) {
+    uint d = li + AWG * j;
+    if (d < D) o[o_off + id * D + d] = acc[j] / l;
+  }
 }
 
 // @section rope

@@ -6,10 +6,11 @@
 // views need no pointers of their own. Every reduction runs in a fixed order: a program run twice gives
 // bit-identical results. The kernels keep OpenCL's vocabulary where it reads plainly (work-items of a
 // work-group: a block's threads; get_global_id and friends below), with the vector helpers OpenCL C has
-// built in written out here. The kernels the OpenCL plugin holds too (element-wise, rows, rope, memory,
-// the quantized weights' groups and dot products, GET_ROWS of a weight, the matrix-vector products) are
-// written once in the skeleton's framework/backend/kernels/c_kernels.h: each `// @shared NAME` line
-// below is replaced by that section (c_kernels.source), in the dialect defined below for CUDA.
+// built in written out here. The kernels the OpenCL plugin holds too (element-wise, rows, split
+// attention's combine, rope, memory, the quantized weights' groups and dot products, GET_ROWS of a
+// weight, the matrix-vector products) are written once in the skeleton's
+// framework/backend/kernels/c_kernels.h: each `// @shared NAME` line below is replaced by that section
+// (c_kernels.source), in the dialect defined below for CUDA.
 
 typedef unsigned int uint;
 typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp16.h, which NVRTC may lack)
@@ -214,28 +215,7 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_attn_part(ARGS_flash_att
   }
 }
 
-#define CDIMS (MAX_HEAD / AWG)   // dims a thread of the combine holds: li + AWG * j
-extern "C" __global__ void __launch_bounds__(AWG) flash_combine(ARGS_flash_combine) {
-  uint id = get_group_id(0), li = get_local_id(0);
-  uint base = p_off + id * nc * (D + 2);
-  float m = NEG_BIG;
-  for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
-  float l = 0.0f, acc[CDIMS];
-  for (uint j = 0; j < CDIMS; j++) acc[j] = 0.0f;
-  for (uint c = 0; c < nc; c++) {
-    uint pc = base + c * (D + 2);
-    float f = exp(p[pc + D] - m);
-    l += p[pc + D + 1] * f;
-    for (uint j = 0; j < CDIMS; j++) {
-      uint d = li + AWG * j;
-      if (d < D) acc[j] += p[pc + d] * f;
-    }
-  }
-  for (uint j = 0; j < CDIMS; j++) {
-    uint d = li + AWG * j;
-    if (d < D) o[o_off + id * D + d] = acc[j] / l;
-  }
-}
+// @shared flash_combine
 
 // @shared rope
 

@@ -6,8 +6,8 @@
 // build: its GET_ROWS, or one shape of one product), so each compiles quickly. Tensors are a buffer
 // plus an element offset (NAME_off), so views need no sub-buffers. Every reduction runs in a fixed
 // order: a program run twice gives bit-identical results. The kernels the CUDA plugin holds too
-// (element-wise, rows, rope, memory, the quantized weights' groups and dot products, GET_ROWS of a
-// weight, the matrix-vector products) are written once in the skeleton's
+// (element-wise, rows, split attention's combine, rope, memory, the quantized weights' groups and dot
+// products, GET_ROWS of a weight, the matrix-vector products) are written once in the skeleton's
 // framework/backend/kernels/c_kernels.h: each `// @shared NAME` line below is replaced by that section
 // (c_kernels.source), in the dialect defined below for OpenCL C.
 
@@ -192,27 +192,7 @@ __kernel __attribute__((reqd_work_group_size(AWG, 1, 1))) void flash_attn_part(A
   if (li == 0) { p[pb + D] = m; p[pb + D + 1] = l; }
 }
 
-__kernel __attribute__((reqd_work_group_size(AWG, 1, 1))) void flash_combine(ARGS_flash_combine) {
-  uint id = get_group_id(0), li = get_local_id(0);
-  uint base = p_off + id * nc * (D + 2);
-  float m = NEG_BIG;
-  for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
-  float l = 0.0f, acc[ADIMS];
-  for (uint j = 0; j < ADIMS; j++) acc[j] = 0.0f;
-  for (uint c = 0; c < nc; c++) {
-    uint pc = base + c * (D + 2);
-    float f = exp(p[pc + D] - m);
-    l += p[pc + D + 1] * f;
-    for (uint j = 0; j < ADIMS; j++) {
-      uint d = li + AWG * j;
-      if (d < D) acc[j] += p[pc + d] * f;
-    }
-  }
-  for (uint j = 0; j < ADIMS; j++) {
-    uint d = li + AWG * j;
-    if (d < D) o[o_off + id * D + d] = acc[j] / l;
-  }
-}
+// @shared flash_combine
 
 // The same on a CPU device: one work-item per query row and head, the keys in order, no local memory
 // and no barriers (PoCL runs barrier-free kernels far faster); D a multiple of 4.
