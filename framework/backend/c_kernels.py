@@ -1,12 +1,13 @@
 """What plugins whose kernels are the shared C kernels (the CUDA plugin's kernels.cu, the OpenCL plugin's
 kernels.cl: the same kernel names, parameters and op codes) lower alike: the codes the kernels read as
 OP_<NAME>, the parameters of the kernels both define (each plugin's signatures.py adds its own), the
-source with its generated header, the verdicts the kernels' limits give, and the ops' lowering
-(``Dialect``: element-wise, rows, rope, rows in and out, float products, attention) over the plugin's
-launch grid, build options and quantized products."""
+source with its generated header and the kernels both hold (kernels/c_kernels.h), the verdicts the kernels'
+limits give, and the ops' lowering (``Dialect``: element-wise, rows, rope, rows in and out, float products,
+attention) over the plugin's launch grid, build options and quantized products."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,9 +111,14 @@ ARGMAX_PART, ARGMAX_PARTS = 2048, 256     # an ARGMAX part's fewest columns, a r
 
 
 def source(signatures: Signatures, path: Path) -> str:
-    """A kernel source as it is built: the ARGS_ macros, the op codes (OP_<NAME>), then the file."""
+    """A kernel source as it is built: the ARGS_ macros, the op codes (OP_<NAME>), then the file, each of its
+    ``// @shared NAME`` lines replaced by that section of kernels/c_kernels.h (from its ``// @section NAME``
+    line to the next: the kernels both plugins hold, written once; one string, as NVRTC and OpenCL build)."""
     codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in OP_CODES.items())
-    return signatures.c_header() + codes + path.read_text()
+    parts = re.split(r"^// @section (\w+)\n", (Path(__file__).parent / "kernels/c_kernels.h").read_text(), flags=re.M)
+    shared = dict(zip(parts[1::2], parts[2::2]))
+    text = re.sub(r"^// @shared (\w+)$", lambda m: shared[m.group(1)].rstrip("\n"), path.read_text(), flags=re.M)
+    return signatures.c_header() + codes + text
 
 
 def verdict(dev, n: Tensor, kernels: str, max_head: int) -> Verdict:

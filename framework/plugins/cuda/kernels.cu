@@ -6,7 +6,11 @@
 // views need no pointers of their own. Every reduction runs in a fixed order: a program run twice gives
 // bit-identical results. The kernels keep OpenCL's vocabulary where it reads plainly (work-items of a
 // work-group: a block's threads; get_global_id and friends below), with the vector helpers OpenCL C has
-// built in written out here.
+// built in written out here. The kernels the OpenCL plugin holds too (element-wise, rows, split
+// attention's combine, rope, memory, the quantized weights' groups and dot products, GET_ROWS of a
+// weight, the matrix-vector products) are written once in the skeleton's
+// framework/backend/kernels/c_kernels.h: each `// @shared NAME` line below is replaced by that section
+// (c_kernels.source), in the dialect defined below for CUDA.
 
 typedef unsigned int uint;
 typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp16.h, which NVRTC may lack)
@@ -15,9 +19,19 @@ typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp1
 #define get_local_id(d) (threadIdx.x)
 #define get_group_id(d) (blockIdx.x)
 
-#ifndef ELEM
-#define ELEM float
-#endif
+// the dialect of the kernels shared with the OpenCL plugin (framework/backend/kernels/c_kernels.h)
+#define KERNEL extern "C" __global__
+#define KERNEL_WG(n) extern "C" __global__ __launch_bounds__(n)
+#define DEVICE_FN __device__ inline
+#define GLOBAL
+#define LOCAL __shared__
+#define RESTRICT __restrict__
+#define LOCAL_BARRIER() __syncthreads()
+#define UINT4(...) make_uint4(__VA_ARGS__)
+#define LOCAL_AS      // a pointer into LOCAL memory (CUDA's pointers are generic)
+
+// @shared defaults
+
 #ifdef HAS_FP64
 #define TABLE_T double
 #else
@@ -26,8 +40,6 @@ typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp1
 
 // a uint4 parameter arrives as four (NAME_x .. NAME_w: CuPy passes scalars, not vector structs)
 #define U4(n) const uint4 n = make_uint4(n##_x, n##_y, n##_z, n##_w)
-
-#define NEG_BIG (-3.0e38f)   // a masked score: finite, so no inf - inf ever happens
 
 // -- OpenCL C's vector arithmetic, for the types the kernels use ------------------------------------
 __device__ inline float4 make_float4(float a) { return make_float4(a, a, a, a); }
@@ -60,169 +72,18 @@ __device__ inline float vload_half(uint i, const half* p) { return half_to_float
 __device__ inline float2 vload_half2(uint i, const half* p) {
   return make_float2(half_to_float(p[2 * i]), half_to_float(p[2 * i + 1]));
 }
-#ifdef ELEM_HALF
-#define LOADE(p, i) vload_half((i), (p))
-#else
-#define LOADE(p, i) ((p)[i])
-#endif
 #if PTX_SHFL   // a butterfly exchange between the lanes of a warp (every lane takes part)
 __device__ inline float shfl_xor(float v, uint m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 #endif
 
 
-__device__ inline float gelu_tanh(float x) {   // ggml_gelu: the tanh approximation
-  return 0.5f * x * (1.0f + tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
-__device__ inline float act(uint op, float x) {
-  if (op == OP_GELU) return gelu_tanh(x);
-  if (op == OP_SILU) return x / (1.0f + exp(-x));
-  if (op == OP_SIGMOID) return 1.0f / (1.0f + exp(-x));
-  if (op == OP_SOFTPLUS) return x > 20.0f ? x : log1p(exp(x));   // ggml_vec_softplus_f32
-  return tanh(x);
-}
+// @shared act
 
 #ifndef QT_WPB   // the base build: every kernel that reads no quantized weight
 
-// ------------------------------------------------------------------------------------------------
-// element-wise
-// ------------------------------------------------------------------------------------------------
+// @shared elementwise
 
-// a (4-D shape ashape) op b repeated to it (ggml_repeat: b's shape divides a's along every axis)
-extern "C" __global__ void binary(ARGS_binary) {
-  U4(ashape); U4(bshape);
-  uint i = get_global_id(0);
-  if (i >= n) return;
-  uint i3 = i % ashape.w, r = i / ashape.w;
-  uint i2 = r % ashape.z; r /= ashape.z;
-  uint i1 = r % ashape.y, i0 = r / ashape.y;
-  uint bi = (((i0 % bshape.x) * bshape.y + i1 % bshape.y) * bshape.z + i2 % bshape.z) * bshape.w + i3 % bshape.w;
-  float x = a[a_off + i], y = b[b_off + bi];
-  o[o_off + i] = op == OP_ADD ? x + y : x * y;
-}
-
-extern "C" __global__ void unary(ARGS_unary) {
-  uint i = get_global_id(0);
-  if (i >= n) return;
-  float x = a[a_off + i];
-  o[o_off + i] = op == OP_SCALE ? x * s : act(op, x);
-}
-
-extern "C" __global__ void glu(ARGS_glu) {
-  uint i = get_global_id(0);
-  if (i >= n) return;
-  o[o_off + i] = act(op, g[g_off + i]) * v[v_off + i];
-}
-
-// ------------------------------------------------------------------------------------------------
-// rows: RMS norm (optionally times a gain, the models' norm), softmax. One work-group of RWG a row.
-// ------------------------------------------------------------------------------------------------
-
-// the sum (or max) of red[0..RWG) into red[0], in a fixed order
-#define TREE(red, li, OPR)                                            \
-  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {                         \
-    if ((li) < s_) red[li] = OPR(red[li], red[(li) + s_]);            \
-    __syncthreads();                                     \
-  }
-#define PLUS(x, y) ((x) + (y))
-
-extern "C" __global__ void __launch_bounds__(RWG) rms_norm(ARGS_rms_norm) {
-  __shared__ float red[RWG];
-  uint row = get_group_id(0), li = get_local_id(0);
-  uint base = a_off + row * ncols;
-  float s = 0.0f;
-  for (uint c = li; c < ncols; c += RWG) { float x = a[base + c]; s += x * x; }
-  red[li] = s;
-  __syncthreads();
-  TREE(red, li, PLUS)
-  float sc = 1.0f / sqrt(red[0] * (1.0f / (float)ncols) + eps);
-  uint ob = o_off + row * ncols;
-  for (uint c = li; c < ncols; c += RWG) {
-    float y = a[base + c] * sc;
-    if (has_gain) y *= gain[gain_off + c % glen];
-    if (has_r) y += r[r_off + row * ncols + c];
-    o[ob + c] = y;
-  }
-}
-
-__device__ inline float sm_val(const float* __restrict__ a, uint base, const float* __restrict__ mk, uint mb,
-                    uint c, uint has_mask, float scale) {
-  float x = a[base + c] * scale;
-  if (has_mask) x += max(mk[mb + c], NEG_BIG);
-  return x;
-}
-
-// softmax(a * scale + mask) over rows of ncols; the mask (t rows) repeats over the leading axes
-extern "C" __global__ void __launch_bounds__(RWG) soft_max(ARGS_soft_max) {
-  __shared__ float red[RWG];
-  uint row = get_group_id(0), li = get_local_id(0);
-  uint base = a_off + row * ncols, mb = mk_off + (row % t) * ncols;
-  float m = NEG_BIG;
-  for (uint c = li; c < ncols; c += RWG) m = max(m, sm_val(a, base, mk, mb, c, has_mask, scale));
-  red[li] = m;
-  __syncthreads();
-  TREE(red, li, max)
-  float mx = red[0];
-  __syncthreads();
-  float s = 0.0f;
-  for (uint c = li; c < ncols; c += RWG) s += exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx);
-  red[li] = s;
-  __syncthreads();
-  TREE(red, li, PLUS)
-  float inv = 1.0f / red[0];
-  uint ob = o_off + row * ncols;
-  for (uint c = li; c < ncols; c += RWG) o[ob + c] = exp(sm_val(a, base, mk, mb, c, has_mask, scale) - mx) * inv;
-}
-
-// ARGMAX over (value, index, not-finite) triples: the larger value wins, the lower index among equal ones; an
-// index of -1 is none yet. Each row's columns in nb parts (argmax_part: a work-group a part, enough of them to
-// fill the device), then a work-group a row combines its parts (argmax); the index is written as an int into
-// o's words, -1 where the row holds a value that is not finite (greedy sampling on the device keeps the check
-// of the logits)
-#define AM_TAKE(bv, bi, v, j) if ((j) >= 0 && ((bi) < 0 || (v) > (bv) || ((v) == (bv) && (j) < (bi)))) { bv = v; bi = j; }
-#define AM_REDUCE(best, at, nf)                                                       \
-  __shared__ float bv[RWG];                                                             \
-  __shared__ int bi[RWG];                                                               \
-  __shared__ int bad[RWG];                                                              \
-  bv[li] = best; bi[li] = at; bad[li] = nf;                                         \
-  __syncthreads();                                                                             \
-  for (uint s_ = RWG / 2; s_ > 0; s_ >>= 1) {                                       \
-    if (li < s_) { AM_TAKE(bv[li], bi[li], bv[li + s_], bi[li + s_]) bad[li] |= bad[li + s_]; } \
-    __syncthreads();                                                                           \
-  }
-
-extern "C" __global__ void __launch_bounds__(RWG) argmax_part(ARGS_argmax_part) {
-  uint row = get_group_id(0) / nb, part = get_group_id(0) % nb, li = get_local_id(0);
-  uint base = a_off + row * ncols, c1 = min(part * per + per, ncols);
-  float best = 0.0f;
-  int at = -1, nf = 0;
-  for (uint c = part * per + li; c < c1; c += RWG) {
-    float x = a[base + c];
-    if (!isfinite(x)) nf = 1;
-    else AM_TAKE(best, at, x, (int)c)
-  }
-  AM_REDUCE(best, at, nf)
-  if (li == 0) {
-    uint q = p_off + 3 * get_group_id(0);
-    p[q] = bv[0];
-    ((int*)p)[q + 1] = bi[0];
-    ((int*)p)[q + 2] = bad[0];
-  }
-}
-
-extern "C" __global__ void __launch_bounds__(RWG) argmax(ARGS_argmax) {
-  uint row = get_group_id(0), li = get_local_id(0);
-  float best = 0.0f;
-  int at = -1, nf = 0;
-  for (uint k = li; k < nb; k += RWG) {
-    uint q = p_off + 3 * (row * nb + k);
-    int j = ((const int*)p)[q + 1];
-    nf |= ((const int*)p)[q + 2];
-    AM_TAKE(best, at, p[q], j)
-  }
-  AM_REDUCE(best, at, nf)
-  if (li == 0) ((int*)o)[o_off + row] = bad[0] ? -1 : bi[0];
-}
+// @shared rows
 
 // ------------------------------------------------------------------------------------------------
 // attention: q (T, H, D), k and v (S, Hkv, D), mask (T, S). A block of AWG threads (AWG / 32 warps) per
@@ -354,53 +215,9 @@ extern "C" __global__ void __launch_bounds__(AWG) flash_attn_part(ARGS_flash_att
   }
 }
 
-#define CDIMS (MAX_HEAD / AWG)   // dims a thread of the combine holds: li + AWG * j
-extern "C" __global__ void __launch_bounds__(AWG) flash_combine(ARGS_flash_combine) {
-  uint id = get_group_id(0), li = get_local_id(0);
-  uint base = p_off + id * nc * (D + 2);
-  float m = NEG_BIG;
-  for (uint c = 0; c < nc; c++) m = max(m, p[base + c * (D + 2) + D]);
-  float l = 0.0f, acc[CDIMS];
-  for (uint j = 0; j < CDIMS; j++) acc[j] = 0.0f;
-  for (uint c = 0; c < nc; c++) {
-    uint pc = base + c * (D + 2);
-    float f = exp(p[pc + D] - m);
-    l += p[pc + D + 1] * f;
-    for (uint j = 0; j < CDIMS; j++) {
-      uint d = li + AWG * j;
-      if (d < D) acc[j] += p[pc + d] * f;
-    }
-  }
-  for (uint j = 0; j < CDIMS; j++) {
-    uint d = li + AWG * j;
-    if (d < D) o[o_off + id * D + d] = acc[j] / l;
-  }
-}
+// @shared flash_combine
 
-// (Gemma's query scaling). One thread a pair.
-// ------------------------------------------------------------------------------------------------
-
-extern "C" __global__ void rope(ARGS_rope) {
-  uint half_d = D / 2;
-  uint i = get_global_id(0);
-  if (i >= T * H * half_d) return;
-  uint j = i % half_d, th = i / half_d, t = th / H;
-  uint ia = a_off + th * D, io = o_off + th * D;
-  uint nh = n_dims / 2;
-  if (j < nh) {
-    TABLE_T freq = has_ff ? inv[j] / (TABLE_T)ff[ff_off + j] : inv[j];
-    TABLE_T theta = (TABLE_T)pos[pos_off + t] * freq;
-    float c = (float)cos(theta), sn = (float)sin(theta);
-    uint i0 = neox ? j : 2 * j, i1 = neox ? j + nh : 2 * j + 1;
-    float x0 = a[ia + i0], x1 = a[ia + i1];
-    o[io + i0] = (x0 * c - x1 * sn) * s;
-    o[io + i1] = (x0 * sn + x1 * c) * s;
-  } else {
-    uint e = n_dims + 2 * (j - nh);
-    o[io + e] = a[ia + e] * s;
-    o[io + e + 1] = a[ia + e + 1] * s;
-  }
-}
+// @shared rope
 
 // The attention block's q, k and v of one new token (fused.py's attention groups): each head's norm
 // (Gemma's q and k norms), the rope, q's scale; k and v written into the caches at row kr, q into q. One
@@ -450,52 +267,7 @@ extern "C" __global__ void __launch_bounds__(RWG) rope_kv(ARGS_rope_kv) {
   }
 }
 
-// ------------------------------------------------------------------------------------------------
-// memory: SET_ROWS into a cache, CONT of a strided view, GET_ROWS of float rows, float products
-// ------------------------------------------------------------------------------------------------
-
-extern "C" __global__ void set_rows(ARGS_set_rows) {
-  uint i = get_global_id(0);
-  if (i >= W * T) return;
-  uint t = i / W, c = i % W;
-  int r = rows[rows_off + t];
-  if (r < 0 || (uint)r >= nrows) return;
-  dst[dst_off + (uint)r * W + c] = s[s_off + i];
-}
-
-extern "C" __global__ void cont(ARGS_cont) {
-  U4(shape); U4(strides);
-  uint i = get_global_id(0);
-  if (i >= n) return;
-  uint i3 = i % shape.w, r = i / shape.w;
-  uint i2 = r % shape.z; r /= shape.z;
-  uint i1 = r % shape.y, i0 = r / shape.y;
-  o[o_off + i] = a[a_off + i0 * strides.x + i1 * strides.y + i2 * strides.z + i3 * strides.w];
-}
-
-// rows of a float weight chunk (rows row0 .. row0 + nrows) or of an activation tensor
-extern "C" __global__ void get_rows_f(ARGS_get_rows_f) {
-  uint i = get_global_id(0);
-  if (i >= W * T) return;
-  uint t = i / W, c = i % W;
-  uint r = (uint)rows[rows_off + t] - row0;
-  if (r >= nrows) return;
-  o[o_off + i] = LOADE(a, a_off + r * W + c);
-}
-
-// b (B0, B1, M, K) times a^T, a (A0, A1, N, K) repeated to b's batch axes; one chunk's rows of a
-extern "C" __global__ void mul_mat_f(ARGS_mul_mat_f) {
-  uint i = get_global_id(0);
-  if (i >= B0 * B1 * M * rows) return;
-  uint nl = i % rows, r = i / rows;
-  uint m = r % M, bb = r / M, i1 = bb % B1, i0 = bb / B1;
-  uint j0 = i0 / (B0 / A0), j1 = i1 / (B1 / A1);
-  uint ab = a_off + ((j0 * A1 + j1) * rows + nl) * K;
-  uint bbase = b_off + ((i0 * B1 + i1) * M + m) * K;
-  float s = 0.0f;
-  for (uint kk = 0; kk < K; kk++) s += LOADE(a, ab + kk) * b[bbase + kk];
-  o[o_off + ((i0 * B1 + i1) * M + m) * ld + row0 + nl] = s;
-}
+// @shared memory
 
 // rows of x in 8 bits (as ggml's q8_1), for products of several rows of x: per 32-element group the codes
 // round(x / d), d = max|x| / 127, as bytes, then (d, sum of codes 0..15, of 16..31, sum of x): 12 words a
@@ -526,138 +298,9 @@ extern "C" __global__ void quant_x(ARGS_quant_x) {
 #endif  // the base build
 
 #ifdef QT_WPB
-// quantized weights (framework/core/weight_words.py): every kernel reads a weight through grp(a, moff, gpr, row, g), a
-// 32-element group as 8 words of unsigned byte codes (lo: elements 0..15, hi: 16..31, four a word)
-// and its scales: element e is (code_e - QZ) * (lo ? q.a : q.b) + q.m. Codes become floats without
-// int-to-float conversions (a byte OR-ed into the mantissa of 2^23 is exactly 2^23 + byte; QZF is
-// 2^23 + the zero point): conversions run at a quarter of the FMA rate on NVIDIA GPUs.
-// ------------------------------------------------------------------------------------------------
+// @shared groups
 
-
-typedef struct { uint4 lo, hi; float a, b, m; } grp_t;
-#define M4 (make_uint4(0x0F0F0F0Fu))
-#define W4(p) ((const uint4*)(p))
-
-__device__ inline uint pick(uint4 v, uint j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-
-// block b's f16 scale from the scale plane (after the chunk's blocks, at word moff)
-__device__ inline float dplane(const uint* __restrict__ w, uint moff, uint b) {
-  return vload_half(b, (const half*)(w + moff));
-}
-
-// Q4_0
-#define QZ_Q4_0 8
-__device__ inline grp_t grp_Q4_0(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
-  uint b = r * gpr + g;
-  uint4 q = W4(w)[b];
-  float d = dplane(w, moff, b);
-  grp_t o = {q & M4, (q >> 4u) & M4, d, d, 0.0f};
-  return o;
-}
-// Q4_1
-#define QZ_Q4_1 0
-__device__ inline grp_t grp_Q4_1(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
-  uint b = (r * gpr + g) * 5u;
-  float2 dm = vload_half2(0, (const half*)(w + b));
-  uint4 q = vload4(0, w + b + 1u);
-  grp_t o = {q & M4, (q >> 4u) & M4, dm.x, dm.x, dm.y};
-  return o;
-}
-// Q5_0
-#define QZ_Q5_0 16
-// 4 bits -> bit 4 of each of 4 bytes (the multiply puts copies of bit k at bit 8k, with no carries)
-__device__ inline uint4 spread4(uint4 h) { return ((h * 0x00204081u) & make_uint4(0x01010101u)) << 4u; }
-__device__ inline grp_t grp_Q5_0(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
-  uint b = r * gpr + g;
-  uint qh = w[b * 5u];
-  uint4 q = vload4(0, w + b * 5u + 1u);
-  uint4 hl = spread4((make_uint4(qh) >> make_uint4(0u, 4u, 8u, 12u)) & make_uint4(0xFu));
-  uint4 hh = spread4((make_uint4(qh) >> make_uint4(16u, 20u, 24u, 28u)) & make_uint4(0xFu));
-  float d = dplane(w, moff, b);
-  grp_t o = {(q & M4) | hl, ((q >> 4u) & M4) | hh, d, d, 0.0f};
-  return o;
-}
-// Q8_0
-#define QZ_Q8_0 128
-// signed bytes; XOR 0x80 makes a signed byte s the unsigned s + 128
-__device__ inline grp_t grp_Q8_0(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
-  uint b = r * gpr + g;
-  float d = dplane(w, moff, b);
-  grp_t o = {W4(w)[2u * b] ^ make_uint4(0x80808080u), W4(w)[2u * b + 1u] ^ make_uint4(0x80808080u), d, d, 0.0f};
-  return o;
-}
-// Q4_K
-#define QZ_Q4_K 0
-// the super-block as it is (9 uint4): (d, dmin), 12 bytes of 6-bit scales and mins, then 128 bytes of
-// nibbles: groups 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31
-__device__ inline grp_t grp_Q4_K(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
-  uint sb = r * (gpr >> 3u) + (g >> 3u), s = g & 7u;
-  uint4 h = W4(w)[sb * 9u];
-  float2 dm = vload_half2(0, (const half*)(w + sb * 36u));
-  uint sh8 = 8u * (s & 3u);
-  bool lo4 = s < 4u;
-  uint b0 = ((lo4 ? h.y : h.z) >> sh8) & 0xFFu;   // scale byte s
-  uint b1 = ((lo4 ? h.z : h.w) >> sh8) & 0xFFu;   // scale byte s + 4
-  uint bm = (h.y >> sh8) & 0xFFu;                 // scale byte s - 4 (s >= 4)
-  uint sc = lo4 ? (b0 & 63u) : ((b1 & 0xFu) | ((bm >> 6) << 4));
-  uint mn = lo4 ? (b1 & 63u) : ((b1 >> 4) | ((b0 >> 6) << 4));
-  uint qi = sb * 9u + 1u + 2u * (s >> 1u);
-  uint sh = (s & 1u) * 4u;
-  float d = dm.x * (float)sc;
-  grp_t o = {(W4(w)[qi] >> sh) & M4, (W4(w)[qi + 1u] >> sh) & M4, d, d, -dm.y * (float)mn};
-  return o;
-}
-// Q6_K
-#define QZ_Q6_K 32
-// ql (8 uint4), qh (4 uint4), 16 signed scales (1 uint4) a super-block; d in the scale plane. Group
-// gg: half n = gg / 4, quarter qd = gg % 4: low bits from ql's nibble qd / 2, high bits from qh's
-// bit pair qd; its halves have scales 8n + 2qd and 8n + 2qd + 1
-__device__ inline grp_t grp_Q6_K(const uint* __restrict__ w, uint moff, uint gpr, uint r, uint g) {
-  uint sb = r * (gpr >> 3u) + (g >> 3u), gg = g & 7u;
-  uint n = gg >> 2u, qd = gg & 3u;
-  uint base = sb * 13u;
-  uint li = base + 4u * n + 2u * (qd & 1u);
-  uint lsh = (qd >> 1u) * 4u, hsh = 2u * qd;
-  uint4 h2 = make_uint4(0x03030303u);
-  uint4 lo = ((W4(w)[li] >> lsh) & M4) | (((W4(w)[base + 8u + 2u * n] >> hsh) & h2) << 4u);
-  uint4 hi = ((W4(w)[li + 1u] >> lsh) & M4) | (((W4(w)[base + 9u + 2u * n] >> hsh) & h2) << 4u);
-  uint si = 8u * n + 2u * qd;
-  uint scw = w[(base + 12u) * 4u + (si >> 2u)];
-  float d = dplane(w, moff, sb);
-  char s0 = (signed char)((scw >> (8u * (si & 3u))) & 0xFFu), s1 = (signed char)((scw >> (8u * ((si + 1u) & 3u))) & 0xFFu);
-  grp_t o = {lo, hi, d * (float)s0, d * (float)s1, 0.0f};
-  return o;
-}
-#define HAS_MIN_Q4_0 0
-#define HAS_MIN_Q4_1 1
-#define HAS_MIN_Q5_0 0
-#define HAS_MIN_Q8_0 0
-#define HAS_MIN_Q4_K 1
-#define HAS_MIN_Q6_K 0
-#define XCAT_(a, b) a##b
-#define XCAT(a, b) XCAT_(a, b)
-#define QZF_OF(t) (8388608.0f + (float)XCAT(QZ_, t))   // 2^23 + a type's zero point
-__device__ inline float hsum(float4 v) { return (v.x + v.y) + (v.z + v.w); }
-
-// one weight type's build: QT_<type> names it
-#if defined(QT_Q4_0)
-#define QTN Q4_0
-#elif defined(QT_Q4_1)
-#define QTN Q4_1
-#elif defined(QT_Q5_0)
-#define QTN Q5_0
-#elif defined(QT_Q8_0)
-#define QTN Q8_0
-#elif defined(QT_Q4_K)
-#define QTN Q4_K
-#elif defined(QT_Q6_K)
-#define QTN Q6_K
-#endif
-#define grp XCAT(grp_, QTN)
-#define QZ XCAT(QZ_, QTN)
-#define HAS_MIN XCAT(HAS_MIN_, QTN)
-#define QZF QZF_OF(QTN)
-
+// @shared weight_type
 // the four bytes of w as floats less the zero point: byte k moved into the mantissa of 2^23 by one byte
 // permute (PRMT: byte k of w, two zero bytes, 0x4B), where shifting, masking and OR-ing took three
 __device__ inline float4 f4z(uint w, float qzf) {
@@ -668,22 +311,16 @@ __device__ inline float4 f4z(uint w, float qzf) {
 }
 __device__ inline float4 f4(uint w) { return f4z(w, QZF); }
 
-// values 4j .. 4j + 3 (lo) and 16 + 4j .. 16 + 4j + 3 (hi) of a group
-__device__ inline float4 deq_lo(grp_t q, uint j) { return f4(pick(q.lo, j)) * q.a + q.m; }
-__device__ inline float4 deq_hi(grp_t q, uint j) { return f4(pick(q.hi, j)) * q.b + q.m; }
-
-// a group's dot product with 32 values of x (8 float4), the scales factored out of the sums, as four
-// partial sums (lanes of a float4: no horizontal sums until the caller's last)
-__device__ inline float4 dot32r(grp_t q, float4 x0, float4 x1, float4 x2, float4 x3, float4 x4, float4 x5, float4 x6,
-                     float4 x7) {
-  float4 lo = f4(q.lo.x) * x0 + f4(q.lo.y) * x1 + f4(q.lo.z) * x2 + f4(q.lo.w) * x3;
-  float4 hi = f4(q.hi.x) * x4 + f4(q.hi.y) * x5 + f4(q.hi.z) * x6 + f4(q.hi.w) * x7;
-  float4 r = q.a * lo + q.b * hi;
-#if HAS_MIN
-  r += q.m * (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7);
-#endif
+// DOT4A (the shared dot32w's): PTX's dp4a, four products of an unsigned weight byte and a signed x byte an
+// instruction, in integers
+__device__ inline int dp4a_us(uint u, uint s, int c) {
+  int r;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(s), "r"(c));
   return r;
 }
+#define DOT4A(u, s, c) dp4a_us((u), (s), (c))
+
+// @shared dots
 
 // dot32r for a weight of another type than the build's (its zero point and whether it has a min)
 __device__ inline float4 dot32z(grp_t q, float qzf, int has_min, float4 x0, float4 x1, float4 x2, float4 x3, float4 x4,
@@ -694,48 +331,8 @@ __device__ inline float4 dot32z(grp_t q, float qzf, int has_min, float4 x0, floa
   if (has_min) r += q.m * (x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7);
   return r;
 }
-
-__device__ inline float4 dot32v(grp_t q, const float* __restrict__ x) {
-  return dot32r(q, vload4(0, x), vload4(1, x), vload4(2, x), vload4(3, x), vload4(4, x), vload4(5, x),
-                vload4(6, x), vload4(7, x));
-}
-
-__device__ inline float dot32(grp_t q, const float* __restrict__ x) { return hsum(dot32v(q, x)); }
-
-// the same with x in 8 bits (quant_x's 12 words: xa, xb the 32 codes; xc (d, sum of codes 0..15, of
-// 16..31, sum of x)): PTX's dp4a, four products of an unsigned weight byte and a signed x byte an
-// instruction, in integers; the zero point taken out through the sums of x's codes
-__device__ inline int dp4a_us(uint u, uint s, int c) {
-  int r;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(s), "r"(c));
-  return r;
-}
-
-__device__ inline float dot32w(grp_t q, uint4 xa, uint4 xb, uint4 xc) {
-  int s0 = dp4a_us(q.lo.w, xa.w, dp4a_us(q.lo.z, xa.z, dp4a_us(q.lo.y, xa.y, dp4a_us(q.lo.x, xa.x, 0))));
-  int s1 = dp4a_us(q.hi.w, xb.w, dp4a_us(q.hi.z, xb.z, dp4a_us(q.hi.y, xb.y, dp4a_us(q.hi.x, xb.x, 0))));
-  float r = as_float(xc.x) * (q.a * (float)(s0 - QZ * (int)xc.y) + q.b * (float)(s1 - QZ * (int)xc.z));
-#if HAS_MIN
-  r += q.m * as_float(xc.w);
-#endif
-  return r;
-}
-
 #if !defined(MV_WG) && !defined(MM_BM)   // the build of one weight type's GET_ROWS
-// rows of a quantized weight chunk (the token embedding): one thread per 8 values
-extern "C" __global__ void get_rows_q(ARGS_get_rows_q) {
-  uint pieces = W / 8u;
-  uint i = get_global_id(0);
-  if (i >= pieces * T) return;
-  uint t = i / pieces, pc = i % pieces;
-  uint r = (uint)rows[rows_off + t] - row0;
-  if (r >= nrows) return;
-  uint j = pc % 4u;
-  grp_t q = grp(a, a_moff, gpr, r, pc / 4u);
-  uint ob = o_off + t * W + (pc / 4u) * 32u + 4u * j;
-  vstore4(deq_lo(q, j), 0, o + ob);
-  vstore4(deq_hi(q, j), 0, o + ob + 16u);
-}
+// @shared get_rows_q
 #endif
 
 // Matrix-vector products (decode; M <= MV_MM rows of x). The output is (M, ld); this chunk's rows are
@@ -824,81 +421,15 @@ __device__ inline void mv_store(float acc[MV_ACC], float* red, uint li, uint lan
 #define MV_RED red
 #endif
 
+// the store of a team's sums in the shared matrix-vector kernels (matvec_q, matvec_q8)
+#define MV_STORE() mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld)
+
 #if !defined(F_K) && !MV_X8   // (a fused product's build holds rowvec alone)
-extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q(ARGS_matvec_q) {
-  MV_RED_DECL
-#if MV_XL
-  __shared__ float4 xs[MV_MM * MV_XG * 9];
-#endif
-  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
-  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  float acc[MV_ACC];
-#pragma unroll
-  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
-  uint g = lane;
-  grp_t q[MV_R];
-#pragma unroll
-  for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), min(g, gpr - 1u));
-#if MV_XL
-  float* xsf = (float*)xs;
-  for (uint m = 0; m < M; m++)
-    for (uint c = li; c < K; c += MV_WG) xsf[(m * MV_XG + (c >> 5)) * 36u + (c & 31u)] = x[x_off + m * K + c];
-  __syncthreads();
-#endif
-  while (g < gpr) {
-#pragma unroll
-    for (uint m = 0; m < MV_MM; m++) {
-      if (m < M) {
-#if MV_XL
-        const float4* xg = xs + (m * MV_XG + g) * 9u;
-        float4 x0 = xg[0], x1 = xg[1], x2 = xg[2], x3 = xg[3], x4 = xg[4], x5 = xg[5], x6 = xg[6], x7 = xg[7];
-#else
-        const float* xg = x + x_off + m * K + g * 32u;
-        float4 x0 = vload4(0, xg), x1 = vload4(1, xg), x2 = vload4(2, xg), x3 = vload4(3, xg);
-        float4 x4 = vload4(4, xg), x5 = vload4(5, xg), x6 = vload4(6, xg), x7 = vload4(7, xg);
-#endif
-#pragma unroll
-        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += hsum(dot32r(q[k], x0, x1, x2, x3, x4, x5, x6, x7));
-      }
-    }
-    g += MV_TPR;
-    if (g < gpr) {
-#pragma unroll
-      for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
-    }
-  }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
-}
+// @shared matvec_q
 #endif  // !F_K && !MV_X8
 
-// x in 8 bits (MV_X8; xq: quant_x's groups, M rows of gpr groups, xq_off a multiple of 4): each thread's
-// weight groups loaded once, then dot products with every row's group, 3 uint4 loads a row (the few KB of
-// x stay in the L1 and L2 caches that every block reads them from)
 #if !defined(F_K) && MV_X8
-extern "C" __global__ void __launch_bounds__(MV_WG) matvec_q8(ARGS_matvec_q8) {
-  MV_RED_DECL
-  uint li = get_local_id(0), team = li / MV_TPR, lane = li % MV_TPR;
-  uint r0 = (get_group_id(0) * MV_TEAMS + team) * MV_R;
-  const uint4* __restrict__ xw = (const uint4*)(xq + xq_off);
-  float acc[MV_ACC];
-#pragma unroll
-  for (uint i = 0; i < MV_ACC; i++) acc[i] = 0.0f;
-  grp_t q[MV_R];
-  for (uint g = lane; g < gpr; g += MV_TPR) {
-#pragma unroll
-    for (uint k = 0; k < MV_R; k++) q[k] = grp(a, a_moff, gpr, min(r0 + k, N - 1u), g);   // past N: the last row
-#pragma unroll
-    for (uint m = 0; m < MV_MM; m++) {
-      if (m < M) {
-        uint xi = (m * gpr + g) * 3u;
-        uint4 xa = xw[xi], xb = xw[xi + 1u], xc = xw[xi + 2u];
-#pragma unroll
-        for (uint k = 0; k < MV_R; k++) acc[k * MV_MM + m] += dot32w(q[k], xa, xb, xc);
-      }
-    }
-  }
-  mv_store(acc, MV_RED, li, lane, r0, N, M, o, o_off + col0, ld, r, r_off + col0, has_r, r_ld);
-}
+// @shared matvec_q8
 #endif
 
 // Fused decode products (fused.py lowers the core's product groups: framework/core/graph/fusion.py).

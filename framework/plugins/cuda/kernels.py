@@ -31,7 +31,7 @@ MATVEC_XL_BYTES = 44 << 10  # shared memory the matrix-vector kernel may take to
 SPLIT_ATTN_KEYS = 32     # the fewest keys a part of decode attention's keys (8 a warp)
 MATMUL_KG = 2            # 32-element groups of K a tiled product stages between two barriers
 MATMUL_BIG_BLOCKS = 264  # blocks a tiled product's 64 x 64 tiles must make, else it takes 32 x 32 ones
-DEFINED = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\w+\) )?(\w+)\(ARGS_(\w+)\)')
+DEFINED = re.compile(r'(?:__global__|KERNEL|KERNEL_WG\(\w+\)) void (?:__launch_bounds__\(\w+\) )?(\w+)\(ARGS_(\w+)\)')
 
 
 @lru_cache(maxsize=1)
@@ -40,8 +40,8 @@ def source() -> str:
 
 
 def defined_kernels(text: str | None = None) -> dict[str, str]:
-    """The kernels kernels.cu defines: name -> the ARGS_ macro its parameter list is."""
-    return dict(DEFINED.findall(text if text is not None else SOURCE.read_text()))
+    """The kernels kernels.cu defines, its shared ones (KERNEL, KERNEL_WG) too: name -> its ARGS_ macro."""
+    return dict(DEFINED.findall(text if text is not None else source()))
 
 
 def base_options() -> dict[str, int]:
