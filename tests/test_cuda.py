@@ -109,6 +109,14 @@ def test_the_source_is_cuda_c_with_no_opencl_left():
         assert opencl not in text, opencl
     src = kernels.source()
     assert src.startswith(signatures.c_header()) and "#define OP_SILU 2\n" in src
+    assert not re.search(r"^// @shared", src, re.M) and "KERNEL void binary(ARGS_binary)" in src   # spliced
+
+
+def test_a_shared_section_that_does_not_exist_is_named(tmp_path):
+    src = tmp_path / "kernels.cu"
+    src.write_text("// @shared elementwise\n// @shared no_such_section\n")
+    with pytest.raises(ValueError, match=r"kernels.cu asks for '// @shared no_such_section'.*sections: defaults, act"):
+        c_kernels.source(signatures.KERNELS, src)
 
 
 def _lower_all(dev):

@@ -117,8 +117,15 @@ def source(signatures: Signatures, path: Path) -> str:
     codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in OP_CODES.items())
     parts = re.split(r"^// @section (\w+)\n", (Path(__file__).parent / "kernels/c_kernels.h").read_text(), flags=re.M)
     shared = dict(zip(parts[1::2], parts[2::2]))
-    text = re.sub(r"^// @shared (\w+)$", lambda m: shared[m.group(1)].rstrip("\n"), path.read_text(), flags=re.M)
+    text = re.sub(r"^// @shared (\w+)$", lambda m: _section(shared, m.group(1), path), path.read_text(), flags=re.M)
     return signatures.c_header() + codes + text
+
+
+def _section(shared: dict[str, str], name: str, path: Path) -> str:
+    if name not in shared:
+        raise ValueError(f"{path.name} asks for '// @shared {name}', which kernels/c_kernels.h has no section of; "
+                         f"its sections: {', '.join(shared)}")
+    return shared[name].rstrip("\n")
 
 
 def verdict(dev, n: Tensor, kernels: str, max_head: int) -> Verdict:
