@@ -53,15 +53,20 @@ DEVICE_FN float act(uint op, float x) {
 // element-wise
 // ------------------------------------------------------------------------------------------------
 
+// the 4-D index (x outermost .. w innermost) of element i of a row-major shape (the memory section's cont too)
+DEVICE_FN uint4 unravel4(uint i, uint4 shape) {
+  uint i3 = i % shape.w, r = i / shape.w;
+  uint i2 = r % shape.z; r /= shape.z;
+  return UINT4(r / shape.y, r % shape.y, i2, i3);
+}
+
 // a (4-D shape ashape) op b repeated to it (ggml_repeat: b's shape divides a's along every axis)
 KERNEL void binary(ARGS_binary) {
   U4(ashape); U4(bshape);
   uint i = get_global_id(0);
   if (i >= n) return;
-  uint i3 = i % ashape.w, r = i / ashape.w;
-  uint i2 = r % ashape.z; r /= ashape.z;
-  uint i1 = r % ashape.y, i0 = r / ashape.y;
-  uint bi = (((i0 % bshape.x) * bshape.y + i1 % bshape.y) * bshape.z + i2 % bshape.z) * bshape.w + i3 % bshape.w;
+  uint4 ix = unravel4(i, ashape);
+  uint bi = (((ix.x % bshape.x) * bshape.y + ix.y % bshape.y) * bshape.z + ix.z % bshape.z) * bshape.w + ix.w % bshape.w;
   float x = a[a_off + i], y = b[b_off + bi];
   o[o_off + i] = op == OP_ADD ? x + y : x * y;
 }
@@ -265,10 +270,8 @@ KERNEL void cont(ARGS_cont) {
   U4(shape); U4(strides);
   uint i = get_global_id(0);
   if (i >= n) return;
-  uint i3 = i % shape.w, r = i / shape.w;
-  uint i2 = r % shape.z; r /= shape.z;
-  uint i1 = r % shape.y, i0 = r / shape.y;
-  o[o_off + i] = a[a_off + i0 * strides.x + i1 * strides.y + i2 * strides.z + i3 * strides.w];
+  uint4 ix = unravel4(i, shape);
+  o[o_off + i] = a[a_off + ix.x * strides.x + ix.y * strides.y + ix.z * strides.z + ix.w * strides.w];
 }
 
 // rows of a float weight chunk (rows row0 .. row0 + nrows) or of an activation tensor
