@@ -112,6 +112,20 @@ def rounding_class(c: dict, devs: dict, model) -> None:
                                      CpuDevice("q8"), model)
 
 
+def rounding_only(args, work: Path, rng) -> None:
+    """The CPU plugin's 8-bit activations against its f32 path on the files the check reads (written as it
+    writes them): how far rounding x alone moves each file's logits."""
+    from framework.model.model import Model
+    from framework.plugins.cpu.device import CpuDevice
+    specs = json.loads((ROOT / "benchmarks" / "vulkan_models.json").read_text())
+    for name in args.models.split(","):
+        path = work / f"{name}-random.gguf"
+        if not (args.keep_models and path.exists()):
+            vb.write_model(name, specs[name], path, rng)
+        c = vb.check_models_against_cpu(CpuDevice("q8"), Model(path))
+        log(f"{name}: the cpu plugin's 8-bit activations vs its f32 path on random weights: {c}")
+
+
 def with_env(name: str, value: str, fn, *a):
     """fn(*a) with the variable set to value (unset: '')."""
     os.environ[name] = value
@@ -230,10 +244,14 @@ def main() -> None:
     ap.add_argument("--skip-conformance", action="store_true")
     ap.add_argument("--conformance-s", type=float, default=150, help="seconds after which cases left are counted")
     ap.add_argument("--stand-in", help="a dry run: this device (opencl:0 or vulkan:0) in cuda:0's place")
+    ap.add_argument("--rounding-only", action="store_true", help="only the CPU plugin's 8-bit activations against "
+                    "its f32 path on each model's random-weight file (no GPU needed), then stop")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.rounding_only:
+        return rounding_only(args, work, rng)
     out = Path(args.out) / "cuda_bench.json"
     result: dict = {"args": vars(args)}
 
