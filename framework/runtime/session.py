@@ -17,6 +17,8 @@ indexed by position and the mask hides rows past n_past, so nothing is cleared.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +57,6 @@ class Session:
         # the context's, read by callers and reports; none of them changes during the session
         self.model, self.devices, self.n_ctx, self.n_batch = c.model, c.devices, c.n_ctx, c.n_batch
         self.cache, self.fit, self.residence, self.budgets = c.cache, c.fit, c.residence, c.budgets
-        self.argmax_on_device = argmax_on_device(self.devices, model.hp.n_vocab)    # runtime/greedy.py's steps
         self.progress, self.strict = progress, strict
         self.hidden_rows: np.ndarray | None = None    # with hidden: the rows the head read in the last step
         self.partners: list[Session] = []   # sessions of this process whose plans are checked with these
@@ -74,6 +75,9 @@ class Session:
         self.executor = Executor(self.devices, model.weight_bytes, self.residence, kv,
                                  lender.executor if lender is not None else None, check_values, verifier)
         self.n_past, self.prefill, self.decode = 0, StepStats(), StepStats()
+
+    # runtime/greedy.py's steps: the devices asked on first use only (a server's slots may never decode greedily)
+    argmax_on_device = functools.cached_property(lambda self: argmax_on_device(self.devices, self.model.hp.n_vocab))
 
     def reset(self) -> None:
         self.n_past = 0
