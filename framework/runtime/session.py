@@ -18,7 +18,6 @@ indexed by position and the mask hides rows past n_past, so nothing is cleared.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import numpy as np
