@@ -286,6 +286,8 @@ def test_unavailable_device_keeps_limits_as_data():
     dev = CudaDevice(3, reason="no GPU here")
     assert dev.name == "cuda:3" and not dev.available and dev.max_chunk_bytes == options.MAX_BUFFER
     assert dev.buffer_type.name == "cuda:3" and "Q4_K" in dev.limits.dtypes
+    # queued_inputs comes from the program class (backend_limits): the CUDA program copies a held token on the device
+    assert dev.limits.queued_inputs is CudaDevice.program_class.stage_device_inputs is True
 
 
 # -- on a CUDA GPU ---------------------------------------------------------------------------------------------
