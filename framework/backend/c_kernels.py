@@ -110,22 +110,25 @@ MAX_ELEMENTS = 1 << 32          # the kernels index elements with 32-bit integer
 ARGMAX_PART, ARGMAX_PARTS = 2048, 256     # an ARGMAX part's fewest columns, a row's most parts
 
 
+def argmax_parts(n: Tensor) -> tuple[int, int, int]:
+    """(columns, rows, parts a row) of ARGMAX node n: parts of ARGMAX_PART columns or more, at most ARGMAX_PARTS."""
+    s = n.src[0].shape[-1]
+    return s, n.src[0].nelements // s, max(1, min(ARGMAX_PARTS, s // ARGMAX_PART))
+
+
 def source(signatures: Signatures, path: Path) -> str:
     """A kernel source as it is built: the ARGS_ macros, the op codes (OP_<NAME>), then the file, each of its
     ``// @shared NAME`` lines replaced by that section of kernels/c_kernels.h (from its ``// @section NAME``
     line to the next: the kernels both plugins hold, written once; one string, as NVRTC and OpenCL build)."""
     codes = "".join(f"#define OP_{name.upper()} {code}\n" for name, code in OP_CODES.items())
     parts = re.split(r"^// @section (\w+)\n", (Path(__file__).parent / "kernels/c_kernels.h").read_text(), flags=re.M)
-    shared = dict(zip(parts[1::2], parts[2::2]))
-    text = re.sub(r"^// @shared (\w+)$", lambda m: _section(shared, m.group(1), path), path.read_text(), flags=re.M)
+    shared, text = dict(zip(parts[1::2], parts[2::2])), path.read_text()
+    for name in re.findall(r"^// @shared (\w+)$", text, flags=re.M):
+        if name not in shared:
+            raise ValueError(f"{path.name} asks for '// @shared {name}', which kernels/c_kernels.h has no section "
+                             f"of; its sections: {', '.join(shared)}")
+    text = re.sub(r"^// @shared (\w+)$", lambda m: shared[m.group(1)].rstrip("\n"), text, flags=re.M)
     return signatures.c_header() + codes + text
-
-
-def _section(shared: dict[str, str], name: str, path: Path) -> str:
-    if name not in shared:
-        raise ValueError(f"{path.name} asks for '// @shared {name}', which kernels/c_kernels.h has no section of; "
-                         f"its sections: {', '.join(shared)}")
-    return shared[name].rstrip("\n")
 
 
 def verdict(dev, n: Tensor, kernels: str, max_head: int) -> Verdict:
@@ -273,8 +276,7 @@ class Dialect:
     def argmax(self, lw, n):
         """Two launches: each row's columns in parts of ARGMAX_PART or more, a work-group a part (one work-group
         for a vocabulary of 262,144 is one multiprocessor's loads), then a work-group a row combines its parts."""
-        s = n.src[0].shape[-1]
-        rows, nb = n.src[0].nelements // s, max(1, min(ARGMAX_PARTS, s // ARGMAX_PART))
+        s, rows, nb = argmax_parts(n)
         part, opts = lw.scratch((rows * nb * 3,)), self.base_options(lw.dev)
         self.launch(lw, f"ARGMAX[parts] {n.name}", "argmax_part", opts, rows * nb * self.rwg, self.rwg,
                     a=lw.ref(n.src[0]), p=part, ncols=s, nb=nb, per=-(-s // nb))

@@ -65,8 +65,7 @@ def op_soft_max(lw, n):
 def op_argmax(lw, n):
     """Each row's columns in parts, a workgroup a part, then a workgroup a row combining them (the shared C
     kernels' split, c_kernels.Dialect.argmax)."""
-    s = n.src[0].shape[-1]
-    rows, nb = n.src[0].nelements // s, max(1, min(c_kernels.ARGMAX_PARTS, s // c_kernels.ARGMAX_PART))
+    s, rows, nb = c_kernels.argmax_parts(n)
     part = lw.scratch((rows * nb * 3,))
     emit(lw, f"ARGMAX[parts] {n.name}", ("argmax_part",), None, [lw.ref(n.src[0]), part],
          {"ncols": s, "nrows": rows, "nb": nb, "per": -(-s // nb)}, rows * nb)

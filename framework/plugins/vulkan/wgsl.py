@@ -132,9 +132,10 @@ SOFT_MAX = source("soft_max", each_row=_EACH_ROW, neg_big=NEG_BIG)
 SOFT_MAX_PARAMS = Params("ncols nrows mask_rows has_mask scale:f32")
 
 # ARGMAX: each row's columns in parts, a workgroup a part, then a workgroup a row combining them
-ARGMAX_PART = source("argmax_part", reduce=source("argmax_reduce"))
+_ARGMAX_REDUCE = source("argmax_reduce")        # the workgroup's (value, index, not-finite) reduction both use
+ARGMAX_PART = source("argmax_part", reduce=_ARGMAX_REDUCE)
 ARGMAX_PART_PARAMS = Params("ncols nrows nb per")
-ARGMAX = source("argmax", reduce=source("argmax_reduce"))
+ARGMAX = source("argmax", reduce=_ARGMAX_REDUCE)
 ARGMAX_PARAMS = Params("nrows nb")
 
 # Attention of one query row of one head per workgroup, online softmax over tiles of 64 keys.
