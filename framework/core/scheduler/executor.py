@@ -47,7 +47,7 @@ class Held:
     wait=False)``), which a fragment on that device reads where it is, with no copy through the host."""
     device: str
     handle: Any
-    tensor: Tensor | None = None        # the graph output it holds, named in errors
+    tensor: Tensor                      # the graph output it holds, named in errors
 
 
 @dataclass(eq=False)
@@ -246,14 +246,14 @@ class Executor:
         """The values of an output that run(..., wait=False) gave (waiting for its device), checked finite as
         run checks the outputs it reads; the wait counts as that device's time."""
         t0 = time.perf_counter()
-        what = held.tensor.describe() if held.tensor is not None else "an output"
+        what = held.tensor.describe                 # named on failure only (a queued step's every read)
         host = self._device_call(held.device, "reading", what, self.devices[held.device].to_host, held.handle)
         self.stats[held.device]["seconds"] += time.perf_counter() - t0
         if host.dtype.kind == "f" and not np.isfinite(host).all():
-            raise DeviceRunError(f"{_where(self.devices[held.device])}: node {what}: {_bad(host)}\n  fix: "
+            raise DeviceRunError(f"{_where(self.devices[held.device])}: node {what()}: {_bad(host)}\n  fix: "
                                  f"--check-values checks every device's outputs where they are made, naming the node",
                                  device=held.device, plugin=plugin_of(self.devices[held.device]),
-                                 node=held.tensor.name if held.tensor is not None else None)
+                                 node=held.tensor.name)
         return host
 
     def _host_args(self, f, b: _Bound, args: list, inputs: dict[int, np.ndarray]) -> list:
@@ -377,14 +377,15 @@ class Executor:
         self.stats[held[0]]["seconds"] += time.perf_counter() - t0
         return host
 
-    def _device_call(self, dev_name: str, doing: str, what: str, fn, *args):
-        """Never swallow a device's failure: re-raise it in words, keeping its own message."""
+    def _device_call(self, dev_name: str, doing: str, what, fn, *args):
+        """Never swallow a device's failure: re-raise it in words, with its message (what: or a function naming it)"""
         try:
             return fn(*args)
         except DeviceRunError:
             raise
         except Exception as e:
             dev = self.devices[dev_name]
+            what = what() if callable(what) else what
             raise DeviceRunError(f"device {dev_name} failed while {doing} {what}: {type(e).__name__}: {e} "
                                  f"(plugin {plugin_of(dev)})", device=dev_name, plugin=plugin_of(dev)) from e
 
