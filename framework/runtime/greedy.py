@@ -107,15 +107,15 @@ def queue_greedy(session: Session, tokens: list[int] | Held) -> Held:
 
 
 def checked_index(session: Session, values: np.ndarray, node: Callable[[], Tensor | None]) -> int:
-    """The last row's index from a greedy step's ARGMAX, which is -1 where the logits were not finite; node: the
-    ARGMAX node, asked for on that error only."""
-    index = int(values.reshape(-1)[-1])
-    if index < 0:
+    """The last row's index from a greedy step's ARGMAX, whose rows are -1 where the logits were not finite (an error
+    for any row: a verification step's too); node: the ARGMAX node, asked for on that error only."""
+    values = values.reshape(-1)
+    if (values < 0).any():
         arg = node()
         what = f"node {arg.describe()}: the logits {arg.src[0].describe()}" if arg is not None else "the logits"
         raise DeviceRunError(f"{what} of a greedy step hold values that are not finite (ARGMAX gave -1 on "
                              f"{', '.join(d.name for d in session.devices)})\n  fix: --check-values checks every "
                              f"device's outputs where they are made, naming the node that made them",
                              node=arg.name if arg is not None else None)
-    return index
+    return int(values[-1])
 

@@ -779,8 +779,7 @@ class SpeculativeDecoder:
             return t.eval(tokens, all_logits=True, prompt=False)
         n_past = t.n_past
         best = np.asarray(t.step(tokens, True, False, greedy=True)).reshape(-1)
-        for i in np.flatnonzero(best < 0)[:1]:       # a row's logits were not finite: the error names the node
-            checked_index(t, best[: i + 1], lambda: t.plan(len(tokens), n_past, None, greedy=True)[0].graph.outputs[0])
+        checked_index(t, best, lambda: t.plan(len(tokens), n_past, None, True)[0].graph.outputs[0])   # -1: not finite
         return best
 
     def _baseline(self, token: int, n_prompt: int, greedy: bool = False) -> None:
