@@ -346,6 +346,32 @@ def test_fast_attention_of_several_sequences_scores_only_their_cells(monkeypatch
     np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, mask, scale=d ** -0.5), got)
 
 
+@pytest.mark.parametrize("t, h, hkv, d", [(1, 9, 3, 64), (8, 9, 3, 64), (3, 4, 1, 72)])
+def test_decode_attention_gives_the_same_bits_however_its_jobs_split(t, h, hkv, d):
+    """_attend_keys a query a job with all its heads (each key's row read once for them all), a head a job, with
+    the value rows prefetched or not, on one thread or over the threads: every way the same bits, which are those of
+    the reference's order (by_key_jobs picks among them by the thread count, so every machine must get these)."""
+    from framework.core.graph import reference
+    from framework.plugins.cpu import attention as A
+    rng = np.random.default_rng(t + d)
+    s = 150
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((t, h, d), (s, hkv, d), (s, hkv, d)))
+    mask = np.where(rng.integers(0, t, s)[None, :] == np.arange(t)[:, None], 0.0, -np.inf).astype(np.float32)
+    keys, counts = A.OpenKeys().of(mask).keys
+    ways = {}
+    for build in (A._by_key_one, A._by_key_threads):
+        for parts in (1, h):
+            for prefetch in (False, True):
+                out = np.empty(q.shape, np.float32)
+                build(q, k, v, mask, True, np.float32(d ** -0.5), keys, counts, out, parts, prefetch)
+                ways[(build.__name__, parts, prefetch)] = out
+    first = next(iter(ways.values()))
+    for way, out in ways.items():
+        np.testing.assert_array_equal(out, first, err_msg=f"{way} differs")
+    want = reference.flash_attn_ext(q, k, v, mask, scale=d ** -0.5)
+    assert float(((first - want) ** 2).sum() / (want ** 2).sum()) < 1e-10
+
+
 def test_a_program_s_attention_calls_scan_their_mask_once_a_run():
     """Every layer's attention reads the step's one mask: OpenKeys finds its open keys once a run and gives
     each call the bits a call alone gets; an entry serves only the array it was made from, and a mask buffer

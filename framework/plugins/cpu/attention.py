@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
 from numba import prange
 
 from .jit import kernel
-from .vectors import lanes8_dot
+from .vectors import lanes8_dot, prefetch_floats
 
 _NO_MASK = np.zeros((1, 1), np.float32)
 
@@ -30,34 +31,39 @@ def _keys_seen(mask, i, n_keys, has_mask):
     return seen
 
 
-def _softmax_values(scores, keys, n, mask, i, has_mask, scale, v, g, out, head):
-    """Query i's raw scores of its n keys at positions keys[:n] (ascending) scaled and masked, their softmax
-    (shifted by the largest), and the values they weigh (kv head g) into out[i, head]: the one order both
-    kernels below share. A key the mask hides weighs exactly 0, listed or not."""
-    d = out.shape[2]
+def _weigh_heads(scores, keys, n, mask, i, has_mask, scale, v, group, h0, out):
+    """Query i's raw scores (heads, n) of its n keys at positions keys[:n] (ascending) for heads h0 .. h0 + heads - 1
+    scaled and masked, their softmax (shifted by each head's largest), and the values they weigh into out[i, head]
+    (each key's value row read once for all those heads): the one order every kernel below shares, a head's sums
+    the same whichever heads it is weighed with. A key the mask hides weighs exactly 0, listed or not."""
+    nh, d = scores.shape[0], out.shape[2]
     neg_inf = np.float32(-np.inf)
-    top = neg_inf
+    top = np.full(nh, neg_inf, np.float32)
     for j in range(n):
         m = mask[i, keys[j]] if has_mask else np.float32(0.0)
-        sc = scores[j] * scale + m if m != neg_inf else neg_inf
-        scores[j] = sc
-        top = max(top, sc)
-    acc = np.zeros(d, np.float32)
-    total = np.float32(0.0)
+        for hh in range(nh):
+            sc = scores[hh, j] * scale + m if m != neg_inf else neg_inf
+            scores[hh, j] = sc
+            top[hh] = max(top[hh], sc)
+    acc = np.zeros((nh, d), np.float32)
+    total = np.zeros(nh, np.float32)
     for j in range(n):
-        if scores[j] == neg_inf:
-            continue
-        p = np.exp(scores[j] - top)
-        total += p
         s = keys[j]
+        for hh in range(nh):
+            if scores[hh, j] == neg_inf:
+                continue
+            p = np.exp(scores[hh, j] - top[hh])
+            total[hh] += p
+            g = (h0 + hh) // group
+            for c in range(d):
+                acc[hh, c] += p * v[s, g, c]
+    for hh in range(nh):
+        inv = np.float32(1.0) / total[hh] if total[hh] > 0 else np.float32(0.0)
         for c in range(d):
-            acc[c] += p * v[s, g, c]
-    inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
-    for c in range(d):
-        out[i, head, c] = acc[c] * inv
+            out[i, h0 + hh, c] = acc[hh, c] * inv
 
 
-_weigh = kernel()(_softmax_values)
+_weigh = kernel()(_weigh_heads)
 _seen = kernel()(_keys_seen)
 
 
@@ -90,33 +96,40 @@ def _attend(q, kt, v, mask, has_mask, scale, out):
         for s in range(seen):
             scores[s] = (((parts[0, s] + parts[1, s]) + (parts[2, s] + parts[3, s]))
                          + ((parts[4, s] + parts[5, s]) + (parts[6, s] + parts[7, s]))) + tail[s]
-        _weigh(scores, np.arange(seen), seen, mask, i, has_mask, scale, v, g, out, head)
+        _weigh(scores.reshape(1, seen), np.arange(seen), seen, mask, i, has_mask, scale, v, group, head, out)
 
 
-def _attend_keys(q, k, v, mask, has_mask, scale, keys, counts, out):
+def _attend_keys(q, k, v, mask, has_mask, scale, keys, counts, out, parts, prefetch):
     """As _attend, with the keys as the cache holds them (S, Hkv, D), for a few queries (a decode step, or the
     decode rows of several sequences, each seeing only its own cells): where transposing the whole window for
     every call cost more than the scores. Only the keys a query's mask leaves open are scored (keys[i, :counts[i]],
     _open_keys); each key's D products go into its eight running sums in the same order (element j into sum j
     mod 8, j ascending, then the same tree and tail), so each score, and the output, is the same bits as
-    _attend's."""
+    _attend's. A job for each query and each of ``parts`` runs of its heads: 1, all of them (each key's and
+    value's row read once, in order, for every head), or H, a head a job. prefetch: ask for each key's value
+    row while scoring it."""
     t, h, d = q.shape
-    group = h // k.shape[1]
+    hkv = k.shape[1]
+    group = h // hkv
     d8 = d // 8 * 8
-    for job in prange(t * h):
-        i = job // h
-        head = job - i * h
-        g = head // group
+    for job in prange(t * parts):
+        i = job // parts
+        part = job - i * parts
+        h0, h1 = part * h // parts, (part + 1) * h // parts
+        g0, g1 = h0 // group, (h1 - 1) // group + 1
         n = counts[i]
-        scores = np.empty(n, np.float32)
-        q_at = (i * h + head) * d
+        scores = np.empty((h1 - h0, n), np.float32)
         for j in range(n):
             s = keys[i, j]
-            tail = np.float32(0.0)
-            for c in range(d8, d):
-                tail += q[i, head, c] * k[s, g, c]
-            scores[j] = lanes8_dot(q, q_at, k, (s * k.shape[1] + g) * d, d8) + tail
-        _weigh(scores, keys[i], n, mask, i, has_mask, scale, v, g, out, head)
+            if prefetch:
+                prefetch_floats(v, (s * hkv + g0) * d, (g1 - g0) * d)
+            for head in range(h0, h1):
+                g = head // group
+                tail = np.float32(0.0)
+                for c in range(d8, d):
+                    tail += q[i, head, c] * k[s, g, c]
+                scores[head - h0, j] = lanes8_dot(q, (i * h + head) * d, k, (s * hkv + g) * d, d8) + tail
+        _weigh(scores, keys[i], n, mask, i, has_mask, scale, v, group, h0, out)
 
 
 @kernel()
@@ -143,6 +156,17 @@ BY_KEY_SHARE = 0.5
 # a decode step's heads go over the threads from a window of a few hundred keys (SmolLM2's 9 heads of 64: 228
 # keys): there the attention is a tenth of a small model's step, which one thread left the other waiting for
 BY_KEY_THREADED_FROM = 1 << 17
+
+
+def by_key_jobs(t: int, h: int, work: int):
+    """(build, parts, prefetch) of _attend_keys for t queries of h heads and ``work`` multiply-adds. A query a job
+    with all its heads where the queries are at least half the threads: each key's and value's row then read once
+    for every head, which beat a head a job over two threads even for one query; else a head a job, over more
+    threads. Value rows prefetched where several queries share the threads (for one, not faster).
+    `python benchmarks/attention_jobs.py` measures both (docs/benchmarks.md, "Attention a query a job")."""
+    whole = 2 * t >= numba.get_num_threads()
+    threaded = work >= BY_KEY_THREADED_FROM and (t > 1 or not whole)
+    return (_by_key_threads if threaded else _by_key_one), (1 if whole else h), t > 1
 
 
 # Two builds of one loop: a decode step's few (query, head) pairs do not pay for waking the threads (on a
@@ -206,10 +230,10 @@ def flash_attn_ext(q, k, v, mask=None, *, scale, masks: OpenKeys | None = None):
     qc, vc = np.ascontiguousarray(q, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
     if q.shape[0] <= BY_KEY_UNTIL or w.open_pairs <= BY_KEY_SHARE * q.shape[0] * n:
         work = w.open_pairs * q.shape[1] * q.shape[2]
-        by_key = _by_key_threads if work >= BY_KEY_THREADED_FROM else _by_key_one
+        by_key, parts, prefetch = by_key_jobs(q.shape[0], q.shape[1], work)
         keys, counts = w.keys
         by_key(qc, np.ascontiguousarray(k[:n], dtype=np.float32), vc, w.mm, w.has_mask, np.float32(scale), keys,
-               counts, out)
+               counts, out, parts, prefetch)
         return out
     run = _attend_threads if q.shape[0] * q.shape[1] * k.shape[0] * q.shape[2] >= THREADED_FROM else _attend_one
     kt = np.ascontiguousarray(np.asarray(k[:n], dtype=np.float32).transpose(1, 2, 0))

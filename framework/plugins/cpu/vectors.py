@@ -1141,3 +1141,23 @@ def lanes8_dot(typingctx, q, q_at, k, k_at, n):
     element j into running sum j mod 8 (a multiply, then an add: no fused multiply-add), then
     ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)): attention.py's order for a key's score, in one vector."""
     return types.float32(q, q_at, k, k_at, n), _lanes8_codegen
+
+
+# -- a hint to the memory system --------------------------------------------------------------------------
+def _prefetch_codegen(context, b, signature, args):
+    (arr,) = _arrays(context, b, (signature.args[0],), (args[0],))
+    at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 2))
+    byte = ir.IntType(8).as_pointer()
+    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [byte, I32, I32, I32]),
+                                        "llvm.prefetch.p0")
+    base = b.bitcast(b.gep(arr.data, [at]), byte)
+    with cgutils.for_range(b, b.udiv(b.add(n, _i64(15)), _i64(16))) as loop:       # 16 floats a 64-byte line
+        b.call(fn, [b.gep(base, [b.mul(loop.index, _i64(64))]), _i32(0), _i32(3), _i32(1)])
+    return context.get_dummy_value()
+
+
+@intrinsic
+def prefetch_floats(typingctx, a, at, n):
+    """Ask for the cache lines of n float32 values of a from flat offset at (prefetcht0): a hint, which changes
+    no result."""
+    return types.void(a, at, n), _prefetch_codegen
