@@ -1,9 +1,9 @@
-"""How the cpu plugin's decode attention splits its work, measured in a model's real steps: a query a job with
-all its heads (`attention.by_key_jobs`' choice where the queries are at least half the threads, each key's and
-value's row read once for every head, value rows prefetched for several queries) against a head a job over the
-threads (the earlier way, and the choice with more threads than that), and the first without the prefetch. The
-three take turns on one batch of N sequences (each its own prompt of P tokens, as a server's batched step), a
-few steps each, so the host's drift falls on all alike; the same bits either way (tests/test_cpu_quantized.py).
+"""How the cpu plugin's decode attention splits its work, measured in a model's real steps: `attention.by_key_jobs`'
+choice (as few runs of a query's heads as give every thread a job, each key's and value's row read once for all
+the heads of a run, value rows prefetched for several queries), the same without the prefetch, a query a job
+with all its heads whatever the threads, and a head a job over the threads (the earlier way). The four take turns
+on one batch of N sequences (each its own prompt of P tokens, as a server's batched step), a few steps each, so
+the host's drift falls on all alike; the same bits every way (tests/test_cpu_quantized.py).
 
     python benchmarks/attention_jobs.py --model smollm2 --rows 1,8 --prompt 64,300
 
@@ -38,7 +38,12 @@ def no_prefetch(t, h, work):
     return build, parts, False
 
 
-WAYS = {"a query a job (the choice)": CHOICE, "a query a job, no prefetch": no_prefetch, "a head a job": heads}
+def whole_queries(t, h, work):
+    """A query a job with all its heads, over the threads from the same work."""
+    return (attention._by_key_threads if work >= attention.BY_KEY_THREADED_FROM else attention._by_key_one), 1, t > 1
+
+
+WAYS = {"the choice": CHOICE, "no prefetch": no_prefetch, "a query a job": whole_queries, "a head a job": heads}
 
 
 def timed_attention(spent: list):
@@ -51,7 +56,7 @@ def timed_attention(spent: list):
 
 
 def case(model: Model, rows: int, prompt: int, turns: int, steps: int) -> dict:
-    cells = (prompt + turns * steps * len(WAYS) + 8) * rows
+    cells = (prompt + (turns + 1) * steps * len(WAYS) + 8) * rows
     b = Batch(Session(model, default_registry().select("cpu"), n_ctx=cells, n_batch=prompt, out_rows=rows))
     for seq in range(rows):
         b.step([Part(seq, [100 + (seq * 7 + i) % 1000 for i in range(prompt)])])
@@ -81,7 +86,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8", help="sequences stepped together, comma-separated (default: 1,8)")
     ap.add_argument("--prompt", default="64,300", help="each sequence's prompt tokens, (default: 64,300)")
     ap.add_argument("--threads", type=int, default=2, help="the cpu plugin's threads (default: 2)")
-    ap.add_argument("--turns", type=int, default=12, help="turns of the three ways (default: 12)")
+    ap.add_argument("--turns", type=int, default=12, help="turns of the four ways (default: 12)")
     ap.add_argument("--steps", type=int, default=4, help="steps a way takes each turn (default: 4)")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)

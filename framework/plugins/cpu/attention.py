@@ -159,14 +159,15 @@ BY_KEY_THREADED_FROM = 1 << 17
 
 
 def by_key_jobs(t: int, h: int, work: int):
-    """(build, parts, prefetch) of _attend_keys for t queries of h heads and ``work`` multiply-adds. A query a job
-    with all its heads where the queries are at least half the threads: each key's and value's row then read once
-    for every head, which beat a head a job over two threads even for one query; else a head a job, over more
-    threads. Value rows prefetched where several queries share the threads (for one, not faster).
-    `python benchmarks/attention_jobs.py` measures both (docs/benchmarks.md, "Attention a query a job")."""
-    whole = 2 * t >= numba.get_num_threads()
-    threaded = work >= BY_KEY_THREADED_FROM and (t > 1 or not whole)
-    return (_by_key_threads if threaded else _by_key_one), (1 if whole else h), t > 1
+    """(build, parts, prefetch) of _attend_keys for t queries of h heads and ``work`` multiply-adds: as few runs of
+    a query's heads as give every thread a job (a query a job where the queries are as many as the threads), each
+    key's and value's row read once for all the heads of a run; on one thread below BY_KEY_THREADED_FROM, all of a
+    query's heads in one run. Value rows prefetched for several queries. A head a job, as before, read the rows
+    again for every head: `python benchmarks/attention_jobs.py` measures the ways in turns (docs/benchmarks.md,
+    "Decode attention a query a job")."""
+    if work < BY_KEY_THREADED_FROM:
+        return _by_key_one, 1, t > 1
+    return _by_key_threads, min(h, -(-numba.get_num_threads() // t)), t > 1
 
 
 # Two builds of one loop: a decode step's few (query, head) pairs do not pay for waking the threads (on a

@@ -522,10 +522,15 @@ def _prefetch_next(b, row0, row_bytes, blk, block_bytes: int):
     hardware's own prefetch, which follows eight streams a row apart, stays too close behind (worst on short
     rows: the 1.5B's K-quant rows of 864 bytes read 5.3-5.8 GB/s cold without it, 7.7-8.4 with it, one
     thread; benchmarks/results/cpu_cold_prefetch_kquants-2026-12-06.log)."""
-    fn = _declare(b, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
     ahead = b.add(b.mul(row_bytes, _i64(PREFETCH_CHUNKS * TILE_R)), b.mul(blk, _i64(TILE_R * block_bytes)))
     for line in range(0, TILE_R * block_bytes, 64):
-        b.call(fn, [b.gep(row0, [b.add(ahead, _i64(line))]), _i32(0), _i32(3), _i32(1)])
+        _prefetch(b, b.gep(row0, [b.add(ahead, _i64(line))]))
+
+
+def _prefetch(b, at):
+    """prefetcht0 of the cache line holding byte pointer ``at``: a hint, which changes no result."""
+    fn = _declare(b, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    b.call(fn, [at, _i32(0), _i32(3), _i32(1)])
 
 
 def _heads(b, row0, row_bytes, offset, head):
@@ -1147,12 +1152,9 @@ def lanes8_dot(typingctx, q, q_at, k, k_at, n):
 def _prefetch_codegen(context, b, signature, args):
     (arr,) = _arrays(context, b, (signature.args[0],), (args[0],))
     at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 2))
-    byte = ir.IntType(8).as_pointer()
-    fn = cgutils.get_or_insert_function(b.module, ir.FunctionType(ir.VoidType(), [byte, I32, I32, I32]),
-                                        "llvm.prefetch.p0")
-    base = b.bitcast(b.gep(arr.data, [at]), byte)
+    base = b.bitcast(b.gep(arr.data, [at]), I8.as_pointer())
     with cgutils.for_range(b, b.udiv(b.add(n, _i64(15)), _i64(16))) as loop:       # 16 floats a 64-byte line
-        b.call(fn, [b.gep(base, [b.mul(loop.index, _i64(64))]), _i32(0), _i32(3), _i32(1)])
+        _prefetch(b, b.gep(base, [b.mul(loop.index, _i64(64))]))
     return context.get_dummy_value()
 
 
