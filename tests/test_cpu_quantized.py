@@ -348,9 +348,9 @@ def test_fast_attention_of_several_sequences_scores_only_their_cells(monkeypatch
 
 @pytest.mark.parametrize("t, h, hkv, d", [(1, 9, 3, 64), (8, 9, 3, 64), (3, 4, 1, 72)])
 def test_decode_attention_gives_the_same_bits_however_its_jobs_split(t, h, hkv, d):
-    """_attend_keys a query a job with all its heads (each key's row read once for them all), a head a job, with
-    the value rows prefetched or not, on one thread or over the threads: every way the same bits, which are those of
-    the reference's order (by_key_jobs picks among them by the thread count, so every machine must get these)."""
+    """_attend_keys a query a job with all its heads (each key's row read once for them all), whole kv heads a job,
+    runs of heads, a head a job, with the value rows prefetched or not, on one thread or over the threads: every
+    way the same bits, near the reference (by_key_jobs picks among them by the thread count: every machine's)."""
     from framework.core.graph import reference
     from framework.plugins.cpu import attention as A
     rng = np.random.default_rng(t + d)
@@ -360,7 +360,7 @@ def test_decode_attention_gives_the_same_bits_however_its_jobs_split(t, h, hkv, 
     keys, counts = A.OpenKeys().of(mask).keys
     ways = {}
     for build in (A._by_key_one, A._by_key_threads):
-        for parts in (1, h):
+        for parts in sorted({1, 2, hkv, h}):
             for prefetch in (False, True):
                 out = np.empty(q.shape, np.float32)
                 build(q, k, v, mask, True, np.float32(d ** -0.5), keys, counts, out, parts, prefetch)

@@ -105,9 +105,9 @@ def _attend_keys(q, k, v, mask, has_mask, scale, keys, counts, out, parts, prefe
     every call cost more than the scores. Only the keys a query's mask leaves open are scored (keys[i, :counts[i]],
     _open_keys); each key's D products go into its eight running sums in the same order (element j into sum j
     mod 8, j ascending, then the same tree and tail), so each score, and the output, is the same bits as
-    _attend's. A job for each query and each of ``parts`` runs of its heads: 1, all of them (each key's and
-    value's row read once, in order, for every head), or H, a head a job. prefetch: ask for each key's value
-    row while scoring it."""
+    _attend's. A job for each query and each of ``parts`` runs of its heads, each key's and value's row read once,
+    in order, for all the heads of a run: whole kv heads a run where parts <= Hkv (1: every head), else runs of
+    about H / parts heads (H: a head a job). prefetch: ask for each key's value row while scoring it."""
     t, h, d = q.shape
     hkv = k.shape[1]
     group = h // hkv
@@ -115,8 +115,12 @@ def _attend_keys(q, k, v, mask, has_mask, scale, keys, counts, out, parts, prefe
     for job in prange(t * parts):
         i = job // parts
         part = job - i * parts
-        h0, h1 = part * h // parts, (part + 1) * h // parts
-        g0, g1 = h0 // group, (h1 - 1) // group + 1
+        if parts <= hkv:                  # whole kv heads a job: each of their rows read by this job alone
+            g0, g1 = part * hkv // parts, (part + 1) * hkv // parts
+            h0, h1 = g0 * group, g1 * group
+        else:
+            h0, h1 = part * h // parts, (part + 1) * h // parts
+            g0, g1 = h0 // group, (h1 - 1) // group + 1
         n = counts[i]
         scores = np.empty((h1 - h0, n), np.float32)
         for j in range(n):
