@@ -529,9 +529,9 @@ def _prefetch_next(b, row0, row_bytes, blk, block_bytes: int):
 
 def _prefetch(b, at):
     """Ask for the cache line holding byte pointer ``at`` (a hint, which changes no result) with locality 1,
-    prefetcht2: into the outer caches, not L1. With prefetcht0 (locality 3) a decode step's products ran half as
-    fast cold: the 1.5B's layer products 43-45 -> 25-26 ms a pass at two threads (Q6_K 12 -> 8 ms), its decode step
-    66-69 -> 45-50 ms (docs/benchmarks.md, "Prefetched into L2, not L1")."""
+    prefetcht2: into the outer caches, not L1. With prefetcht0 (locality 3) a decode step's products ran up to
+    half as fast cold: the 1.5B's layer products 57-62 -> 39-42 ms a pass at one thread, Q6_K 18-20 -> 10-12
+    (docs/benchmarks.md, "Prefetched into L2, not L1")."""
     fn = _declare(b, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
     b.call(fn, [at, _i32(0), _i32(1), _i32(1)])
 
