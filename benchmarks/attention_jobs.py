@@ -28,9 +28,14 @@ from framework.runtime.session import Session
 CHOICE, PLAIN = attention.by_key_jobs, attention.flash_attn_ext
 
 
+def _build(work):
+    """The one-thread or the threaded build, from the same work as by_key_jobs."""
+    return attention._by_key_threads if work >= attention.BY_KEY_THREADED_FROM else attention._by_key_one
+
+
 def heads(t, h, work):
-    """A head a job (threaded from the same work), no prefetch: the earlier way."""
-    return (attention._by_key_threads if work >= attention.BY_KEY_THREADED_FROM else attention._by_key_one), h, False
+    """A head a job, no prefetch: the earlier way."""
+    return _build(work), h, False
 
 
 def no_prefetch(t, h, work):
@@ -39,8 +44,8 @@ def no_prefetch(t, h, work):
 
 
 def whole_queries(t, h, work):
-    """A query a job with all its heads, over the threads from the same work."""
-    return (attention._by_key_threads if work >= attention.BY_KEY_THREADED_FROM else attention._by_key_one), 1, t > 1
+    """A query a job with all its heads."""
+    return _build(work), 1, t > 1
 
 
 WAYS = {"the choice": CHOICE, "no prefetch": no_prefetch, "a query a job": whole_queries, "a head a job": heads}
@@ -79,12 +84,11 @@ def case(model: Model, rows: int, prompt: int, turns: int, steps: int) -> dict:
     return {name: (statistics.median(a) * 1e3, statistics.median(s) * 1e3) for name, (a, s) in got.items()}
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="a packaged model's name or a GGUF file (default: smollm2)")
     ap.add_argument("--rows", default="1,8", help="sequences stepped together, comma-separated (default: 1,8)")
-    ap.add_argument("--prompt", default="64,300", help="each sequence's prompt tokens, (default: 64,300)")
+    ap.add_argument("--prompt", default="64,300", help="prompt tokens of each sequence (default: 64,300)")
     ap.add_argument("--threads", type=int, default=2, help="the cpu plugin's threads (default: 2)")
     ap.add_argument("--turns", type=int, default=12, help="turns of the four ways (default: 12)")
     ap.add_argument("--steps", type=int, default=4, help="steps a way takes each turn (default: 4)")
