@@ -33,8 +33,8 @@ def _keys_seen(mask, i, n_keys, has_mask):
 
 def _softmax_values(scores, keys, n, mask, i, has_mask, scale, v, g, out, head):
     """_weigh_heads for one head (kv head g), the prefill path's: its arithmetic in the same order (the same bits),
-    with scalars: _weigh_heads of one head made the prefill's attention about 1.4x slower (a comparison of the two
-    in one process, not kept)."""
+    with scalars: _weigh_heads of one head made the prefill's attention markedly slower (a comparison of the two in
+    one process, not kept)."""
     d = out.shape[2]
     neg_inf = np.float32(-np.inf)
     top = neg_inf
