@@ -12,7 +12,8 @@
 //   LOCAL_AS         a pointer into it            (nothing: CUDA's pointers are generic / __local)
 //   RESTRICT         an unaliased pointer         (__restrict__ / restrict)
 //   LOCAL_BARRIER()  the work-group's barrier     (__syncthreads() / barrier(CLK_LOCAL_MEM_FENCE))
-//   UINT4(...)       a uint4 of 1 or 4 values     (make_uint4 / a vector literal)
+//   UINT4(a, b, c, d) a uint4 of four values      (make_uint4 / a vector literal)
+//   SPLAT4(a)        a uint4 of one value, four times (OpenCL C has no variadic macros)
 //   U4(n)            a uint4 parameter made whole (CUDA passes its four words; OpenCL: nothing to do)
 //   DOT4A(u, s, c)   c plus the dot product of u's unsigned and s's signed bytes
 //   MV_STORE()       the matrix-vector kernels' store of a team's sums (the plugin's mv_store)
@@ -308,7 +309,7 @@ KERNEL void mul_mat_f(ARGS_mul_mat_f) {
 // ------------------------------------------------------------------------------------------------
 
 typedef struct { uint4 lo, hi; float a, b, m; } grp_t;
-#define M4 (UINT4(0x0F0F0F0Fu))
+#define M4 (SPLAT4(0x0F0F0F0Fu))
 #define W4(p) ((GLOBAL const uint4*)(p))
 
 DEVICE_FN uint pick(uint4 v, uint j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
@@ -339,13 +340,13 @@ DEVICE_FN grp_t grp_Q4_1(GLOBAL const uint* RESTRICT w, uint moff, uint gpr, uin
 // Q5_0
 #define QZ_Q5_0 16
 // 4 bits -> bit 4 of each of 4 bytes (the multiply puts copies of bit k at bit 8k, with no carries)
-DEVICE_FN uint4 spread4(uint4 h) { return ((h * 0x00204081u) & UINT4(0x01010101u)) << 4u; }
+DEVICE_FN uint4 spread4(uint4 h) { return ((h * 0x00204081u) & SPLAT4(0x01010101u)) << 4u; }
 DEVICE_FN grp_t grp_Q5_0(GLOBAL const uint* RESTRICT w, uint moff, uint gpr, uint r, uint g) {
   uint b = r * gpr + g;
   uint qh = w[b * 5u];
   uint4 q = vload4(0, w + b * 5u + 1u);
-  uint4 hl = spread4((UINT4(qh) >> UINT4(0u, 4u, 8u, 12u)) & UINT4(0xFu));
-  uint4 hh = spread4((UINT4(qh) >> UINT4(16u, 20u, 24u, 28u)) & UINT4(0xFu));
+  uint4 hl = spread4((SPLAT4(qh) >> UINT4(0u, 4u, 8u, 12u)) & SPLAT4(0xFu));
+  uint4 hh = spread4((SPLAT4(qh) >> UINT4(16u, 20u, 24u, 28u)) & SPLAT4(0xFu));
   float d = dplane(w, moff, b);
   grp_t o = {(q & M4) | hl, ((q >> 4u) & M4) | hh, d, d, 0.0f};
   return o;
@@ -356,7 +357,7 @@ DEVICE_FN grp_t grp_Q5_0(GLOBAL const uint* RESTRICT w, uint moff, uint gpr, uin
 DEVICE_FN grp_t grp_Q8_0(GLOBAL const uint* RESTRICT w, uint moff, uint gpr, uint r, uint g) {
   uint b = r * gpr + g;
   float d = dplane(w, moff, b);
-  grp_t o = {W4(w)[2u * b] ^ UINT4(0x80808080u), W4(w)[2u * b + 1u] ^ UINT4(0x80808080u), d, d, 0.0f};
+  grp_t o = {W4(w)[2u * b] ^ SPLAT4(0x80808080u), W4(w)[2u * b + 1u] ^ SPLAT4(0x80808080u), d, d, 0.0f};
   return o;
 }
 // Q4_K
@@ -391,7 +392,7 @@ DEVICE_FN grp_t grp_Q6_K(GLOBAL const uint* RESTRICT w, uint moff, uint gpr, uin
   uint base = sb * 13u;
   uint li = base + 4u * n + 2u * (qd & 1u);
   uint lsh = (qd >> 1u) * 4u, hsh = 2u * qd;
-  uint4 h2 = UINT4(0x03030303u);
+  uint4 h2 = SPLAT4(0x03030303u);
   uint4 lo = ((W4(w)[li] >> lsh) & M4) | (((W4(w)[base + 8u + 2u * n] >> hsh) & h2) << 4u);
   uint4 hi = ((W4(w)[li + 1u] >> lsh) & M4) | (((W4(w)[base + 9u + 2u * n] >> hsh) & h2) << 4u);
   uint si = 8u * n + 2u * qd;

@@ -27,7 +27,8 @@ typedef unsigned short half;        // f16 bits: loaded through cvt (no cuda_fp1
 #define LOCAL __shared__
 #define RESTRICT __restrict__
 #define LOCAL_BARRIER() __syncthreads()
-#define UINT4(...) make_uint4(__VA_ARGS__)
+#define UINT4(a, b, c, d) make_uint4(a, b, c, d)
+#define SPLAT4(a) make_uint4(a)   // the one-value overload below: a is read once
 #define LOCAL_AS      // a pointer into LOCAL memory (CUDA's pointers are generic)
 
 // @shared defaults

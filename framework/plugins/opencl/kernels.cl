@@ -19,7 +19,8 @@
 #define LOCAL __local
 #define RESTRICT restrict
 #define LOCAL_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
-#define UINT4(...) ((uint4)(__VA_ARGS__))
+#define UINT4(a, b, c, d) ((uint4)(a, b, c, d))
+#define SPLAT4(a) ((uint4)(a))
 #define LOCAL_AS __local   // a pointer into LOCAL memory
 #define U4(n)       // a uint4 parameter is whole already (CUDA's arrive as four words)
 
