@@ -21,7 +21,8 @@ medians of 7 timings.
 
     python benchmarks/cpu_products.py --attention
 
-a decode step's attention (one query, SmolLM2's 9 heads over 3 kv heads of 64, 300 keys), and a batched decode
+a decode step's attention (one query, SmolLM2's 9 heads over 3 kv heads of 64, 300 keys; the 1.5B's 12 over 2 of
+128, 257 keys), and a batched decode
 step's of 8 sequences each seeing its own cells of a shared cache (Gemma 3's heads), ms a call with the keys read
 as the cache holds them (the plugin's path up to attention.BY_KEY_UNTIL queries, and for rows that see at most
 attention.BY_KEY_SHARE of the window) and with the window transposed first (the prefill path), medians of 7
@@ -278,6 +279,9 @@ def attention() -> None:
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 9, 64)).astype(np.float32)
     k, v = (rng.standard_normal((300, 3, 64)).astype(np.float32) for _ in range(2))
+    # the 1.5B's decode step after 256 tokens: 12 heads over 2 kv heads of 128
+    q12 = rng.standard_normal((1, 12, 128)).astype(np.float32)
+    k12, v12 = (rng.standard_normal((257, 2, 128)).astype(np.float32) for _ in range(2))
     # a batched decode step of 8 sequences (Gemma 3's 4 heads over 1 kv head of 256), each seeing its own 64
     # cells of a shared cache of 512, interleaved as a unified cache places them
     q8 = rng.standard_normal((8, 4, 256)).astype(np.float32)
@@ -290,6 +294,8 @@ def attention() -> None:
             A.BY_KEY_UNTIL, A.BY_KEY_SHARE = until, share
             one = _call_ms(lambda: A.flash_attn_ext(q, k, v, scale=0.125))
             print(f"attention, 1 query, 9 heads / 3 kv heads of 64, 300 keys, {label}: {one:.3f} ms a call")
+            wide = _call_ms(lambda: A.flash_attn_ext(q12, k12, v12, scale=0.088))
+            print(f"attention, 1 query, 12 heads / 2 kv heads of 128, 257 keys, {label}: {wide:.3f} ms a call")
             eight = _call_ms(lambda: A.flash_attn_ext(q8, k8, v8, mask8, scale=0.0625))
             print(f"attention, 8 sequences' queries, 4 heads / 1 kv head of 256, 64 of 512 cells each, {label}"
                   f"{' (the open keys only)' if share else ''}: {eight:.3f} ms a call")

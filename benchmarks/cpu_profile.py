@@ -84,7 +84,8 @@ def main() -> None:
     model = Model(resolve_model(os.path.expanduser(args.model)))
     session = Session(model, select_devices("cpu"), n_ctx=max(512, args.prompt_tokens + args.decode_tokens + 8))
     ids = prompt_ids(model.tokenizer, args.prompt_tokens)
-    session.eval(ids)                                     # warm-up: compiles, page faults
+    logits = session.eval(ids)                            # warm-up: compiles, page faults (prefill's kernels,
+    session.eval([int(np.argmax(logits))])                # then a decode step's: one-row products, its attention)
     totals = {"prefill": [0.0, 0.0], "decode": [0.0, 0.0], "batch": [0.0, 0.0]}      # CPU, wall seconds
     batch = _batch(session, ids, args.parallel) if args.parallel > 1 else None
     for _ in range(args.repeats):

@@ -346,11 +346,13 @@ def test_fast_attention_of_several_sequences_scores_only_their_cells(monkeypatch
     np.testing.assert_array_equal(A.flash_attn_ext(q, k, v, mask, scale=d ** -0.5), got)
 
 
-@pytest.mark.parametrize("t, h, hkv, d", [(1, 9, 3, 64), (8, 9, 3, 64), (3, 4, 1, 72)])
+@pytest.mark.parametrize("t, h, hkv, d", [(1, 9, 3, 64), (8, 9, 3, 64), (3, 4, 1, 72), (1, 12, 2, 128), (5, 10, 2, 68)])
 def test_decode_attention_gives_the_same_bits_however_its_jobs_split(t, h, hkv, d):
     """_attend_keys a query a job with all its heads (each key's row read once for them all), whole kv heads a job,
     runs of heads, a head a job, with the value rows prefetched or not, on one thread or over the threads: every
-    way the same bits, near the reference (by_key_jobs picks among them by the thread count: every machine's)."""
+    way the same bits, near the reference (by_key_jobs picks among them by the thread count: every machine's). Kv
+    heads of 3, 4, 6 and 5 query heads: scored four at a time (vectors.lanes8_dot4) and one at a time, and one at a
+    time where the head's width is not a multiple of 8 (68)."""
     from framework.core.graph import reference
     from framework.plugins.cpu import attention as A
     rng = np.random.default_rng(t + d)

@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange
 
 from .jit import kernel
-from .vectors import lanes8_dot, prefetch_floats
+from .vectors import lanes8_dot, lanes8_dot4, prefetch_floats
 
 _NO_MASK = np.zeros((1, 1), np.float32)
 
@@ -74,6 +74,9 @@ def _weigh_heads(scores, keys, n, mask, i, has_mask, scale, v, group, h0, out):
             top[hh] = max(top[hh], sc)
     acc = np.zeros((nh, d), np.float32)
     total = np.zeros(nh, np.float32)
+    kv = np.empty(nh, np.int64)           # each head's kv head, worked out once (a division per key and head cost)
+    for hh in range(nh):
+        kv[hh] = (h0 + hh) // group
     for j in range(n):
         s = keys[j]
         for hh in range(nh):
@@ -81,7 +84,7 @@ def _weigh_heads(scores, keys, n, mask, i, has_mask, scale, v, group, h0, out):
                 continue
             p = np.exp(scores[hh, j] - top[hh])
             total[hh] += p
-            g = (h0 + hh) // group
+            g = kv[hh]
             for c in range(d):
                 acc[hh, c] += p * v[s, g, c]
     for hh in range(nh):
@@ -155,12 +158,19 @@ def _attend_keys(q, k, v, mask, has_mask, scale, keys, counts, out, parts, prefe
             s = keys[i, j]
             if prefetch:
                 prefetch_floats(v, (s * hkv + g0) * d, (g1 - g0) * d)
-            for head in range(h0, h1):
-                g = head // group
-                tail = np.float32(0.0)
-                for c in range(d8, d):
-                    tail += q[i, head, c] * k[s, g, c]
-                scores[head - h0, j] = lanes8_dot(q, (i * h + head) * d, k, (s * hkv + g) * d, d8) + tail
+            for g in range(g0, g1):       # the heads of kv head g (no division in this loop: it is per key)
+                head, last = max(h0, g * group), min(h1, (g + 1) * group)
+                while head + 4 <= last and d8 == d:
+                    s0, s1, s2, s3 = lanes8_dot4(q, (i * h + head) * d, d, k, (s * hkv + g) * d, d8)
+                    scores[head - h0, j], scores[head - h0 + 1, j] = s0, s1
+                    scores[head - h0 + 2, j], scores[head - h0 + 3, j] = s2, s3
+                    head += 4
+                while head < last:
+                    tail = np.float32(0.0)
+                    for c in range(d8, d):
+                        tail += q[i, head, c] * k[s, g, c]
+                    scores[head - h0, j] = lanes8_dot(q, (i * h + head) * d, k, (s * hkv + g) * d, d8) + tail
+                    head += 1
         _weigh(scores, keys[i], n, mask, i, has_mask, scale, v, group, h0, out)
 
 
