@@ -1129,18 +1129,29 @@ def tile_dot(kind: int, n_x: int):
 
 
 # -- attention's scores ---------------------------------------------------------------------------------
+def _lanes8_sums(b, aq, ak, q_ats, k_at, n):
+    """Each q row's (flat offsets q_ats) dot product with k's row at k_at, lanes8_dot's order; the rows' chains of adds
+    side by side, k's row loaded once for them all."""
+    accs = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in q_ats]
+    with cgutils.for_range(b, b.udiv(n, _i64(8))) as loop:
+        j = b.mul(loop.index, _i64(8))
+        kv = b.load(b.bitcast(b.gep(ak.data, [b.add(k_at, j)]), V8F32.as_pointer()), align=4)
+        for q_at, acc in zip(q_ats, accs):
+            qv = b.load(b.bitcast(b.gep(aq.data, [b.add(q_at, j)]), V8F32.as_pointer()), align=4)
+            b.store(b.fadd(b.load(acc), b.fmul(qv, kv)), acc)
+    sums = []
+    for acc in accs:
+        v = b.load(acc)
+        p = [b.extract_element(v, _i32(i)) for i in range(8)]
+        sums.append(b.fadd(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])),
+                           b.fadd(b.fadd(p[4], p[5]), b.fadd(p[6], p[7]))))
+    return sums
+
+
 def _lanes8_codegen(context, b, signature, args):
     aq, ak = _arrays(context, b, (signature.args[0], signature.args[2]), (args[0], args[2]))
     q_at, k_at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 3, 4))
-    acc = cgutils.alloca_once_value(b, ir.Constant(V8F32, None))
-    with cgutils.for_range(b, b.udiv(n, _i64(8))) as loop:
-        j = b.mul(loop.index, _i64(8))
-        qv = b.load(b.bitcast(b.gep(aq.data, [b.add(q_at, j)]), V8F32.as_pointer()), align=4)
-        kv = b.load(b.bitcast(b.gep(ak.data, [b.add(k_at, j)]), V8F32.as_pointer()), align=4)
-        b.store(b.fadd(b.load(acc), b.fmul(qv, kv)), acc)
-    v = b.load(acc)
-    p = [b.extract_element(v, _i32(i)) for i in range(8)]
-    return b.fadd(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])), b.fadd(b.fadd(p[4], p[5]), b.fadd(p[6], p[7])))
+    return _lanes8_sums(b, aq, ak, [q_at], k_at, n)[0]
 
 
 @intrinsic
@@ -1151,26 +1162,11 @@ def lanes8_dot(typingctx, q, q_at, k, k_at, n):
     return types.float32(q, q_at, k, k_at, n), _lanes8_codegen
 
 
-def _lanes8_rows_codegen(rows: int):
-    def codegen(context, b, signature, args):
-        aq, ak = _arrays(context, b, (signature.args[0], signature.args[3]), (args[0], args[3]))
-        q_at, q_step, k_at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 2, 4, 5))
-        accs = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(rows)]
-        with cgutils.for_range(b, b.udiv(n, _i64(8))) as loop:
-            j = b.mul(loop.index, _i64(8))
-            kv = b.load(b.bitcast(b.gep(ak.data, [b.add(k_at, j)]), V8F32.as_pointer()), align=4)
-            for r, acc in enumerate(accs):       # independent sums: their adds overlap, not wait for each other
-                at = b.add(b.add(q_at, b.mul(q_step, _i64(r))), j)
-                qv = b.load(b.bitcast(b.gep(aq.data, [at]), V8F32.as_pointer()), align=4)
-                b.store(b.fadd(b.load(acc), b.fmul(qv, kv)), acc)
-        sums = []
-        for acc in accs:
-            v = b.load(acc)
-            p = [b.extract_element(v, _i32(i)) for i in range(8)]
-            sums.append(b.fadd(b.fadd(b.fadd(p[0], p[1]), b.fadd(p[2], p[3])),
-                               b.fadd(b.fadd(p[4], p[5]), b.fadd(p[6], p[7]))))
-        return context.make_tuple(b, signature.return_type, sums)
-    return codegen
+def _lanes8_dot4_codegen(context, b, signature, args):
+    aq, ak = _arrays(context, b, (signature.args[0], signature.args[3]), (args[0], args[3]))
+    q_at, q_step, k_at, n = (_int(context, b, signature.args[i], args[i]) for i in (1, 2, 4, 5))
+    q_ats = [b.add(q_at, b.mul(q_step, _i64(r))) for r in range(4)]
+    return context.make_tuple(b, signature.return_type, _lanes8_sums(b, aq, ak, q_ats, k_at, n))
 
 
 @intrinsic
@@ -1178,7 +1174,7 @@ def lanes8_dot4(typingctx, q, q_at, q_step, k, k_at, n):
     """lanes8_dot of four rows of q (flat offsets q_at + r * q_step, r < 4) with one row of k, as a 4-tuple:
     each the same bits as lanes8_dot of that row, k's row read once for the four. One row's sums are a chain of
     dependent adds (n / 8 of them); four chains side by side keep the adder busy."""
-    return types.UniTuple(types.float32, 4)(q, q_at, q_step, k, k_at, n), _lanes8_rows_codegen(4)
+    return types.UniTuple(types.float32, 4)(q, q_at, q_step, k, k_at, n), _lanes8_dot4_codegen
 
 
 # -- a hint to the memory system --------------------------------------------------------------------------
