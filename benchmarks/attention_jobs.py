@@ -28,14 +28,9 @@ from framework.runtime.session import Session
 CHOICE, PLAIN = attention.by_key_jobs, attention.flash_attn_ext
 
 
-def _build(work):
-    """The one-thread or the threaded build, from the same work as by_key_jobs."""
-    return attention._by_key_threads if work >= attention.BY_KEY_THREADED_FROM else attention._by_key_one
-
-
 def heads(t, h, work):
-    """A head a job, no prefetch: the earlier way."""
-    return _build(work), h, False
+    """A head a job, no prefetch: the earlier way (the build by_key_jobs picks for the work)."""
+    return CHOICE(t, h, work)[0], h, False
 
 
 def no_prefetch(t, h, work):
@@ -45,7 +40,7 @@ def no_prefetch(t, h, work):
 
 def whole_queries(t, h, work):
     """A query a job with all its heads."""
-    return _build(work), 1, t > 1
+    return CHOICE(t, h, work)[0], 1, t > 1
 
 
 WAYS = {"the choice": CHOICE, "no prefetch": no_prefetch, "a query a job": whole_queries, "a head a job": heads}
